@@ -74,8 +74,7 @@ struct SampleConfig {
   int tokens = 64;                // tokens to generate
   double temperature = 1.0;
   int top_k = 0;                  // 0 = full distribution
-  int seed = 1337;
-  std::string prompt = "";        // text prompt ("" = start from <|endoftext|>)
+  int seed = 1337;                // sampling starts from <|endoftext|>
 };
 
 struct LogConfig {
