@@ -52,6 +52,13 @@ struct ParamTable {
 // Builds the table for the spec; throws llmc::Error for an unsupported arch.
 ParamTable build_param_table(const ModelSpec& spec);
 
+// Initial values (FP32) for every tensor of the table, written at each tensor's offset into out
+// (table.total_elements floats; alignment gaps and padded vocabulary rows are 0). GPT-2 scheme: linear weights and
+// embeddings normal(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) normal(0, 0.02 / sqrt(2 * n_layer)),
+// biases 0, norm weights 1. Deterministic for a seed and independent of thread count: each tensor draws from its
+// own generator seeded by (seed, tensor index).
+void init_parameters(const ParamTable& table, uint64_t seed, float* out);
+
 // Parameter count with the padded vocabulary (GPT-2 124M: 124,475,904) or the real one (124,439,808).
 size_t count_parameters(const ModelSpec& spec, bool padded_vocab);
 
