@@ -1,0 +1,714 @@
+// llmc/attention.cu: causal scaled-dot-product attention, FlashAttention-2 style, on BF16 tensor cores
+// (mma.sync m16n8k16 + ldmatrix, FP32 accumulation, FP32 online softmax), forward and deterministic backward, plus the
+// CPU references (computed in double precision).
+//
+// Layouts (see llmc/kernels.h):
+//   qkv  (B, T, (NH + 2*NKV) * HS)   per token: NH query heads, then NKV key heads, then NKV value heads
+//   out  (B, T, NH * HS)
+//   lse  (B, NH, T)                  natural-log log-sum-exp of the scaled scores of each query row
+// Query head h reads key/value head h / (NH / NKV). scale = 1/sqrt(HS). No (T, T) matrix is ever stored.
+//
+// Kernels (each CTA = 4 warps; each warp owns 16 rows of the CTA's 64-row tile):
+//   forward      one CTA per (b, h, 64-query block); loops over key blocks 0..diagonal, online softmax in exp2 space.
+//   bwd dsum     D[b,h,t] = sum_d dout * out (one warp per row), written into `scratch`.
+//   bwd dK/dV    one CTA per (b, kv head, 64-key block); loops over every query head of the group and every query
+//                block at or after the key block, recomputing P from Q, K and lse. Accumulates in registers, so the
+//                GQA sum over the group has a fixed order: deterministic, no atomics.
+//   bwd dQ       one CTA per (b, h, 64-query block); loops over key blocks 0..diagonal (recomputes P and dP again).
+// Rows beyond T are zero-filled in shared memory (a NaN of uninitialised memory times P = 0 would still be NaN).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "llmc/common.h"
+#include "llmc/kernels.h"
+
+namespace llmc {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWarpRows = 16;                   // one m16 MMA row tile per warp
+constexpr int kBlockRows = kWarps * kWarpRows;  // 64: query rows per CTA (forward, dQ) or key rows per CTA (dK/dV)
+constexpr int kBlockKeys = 64;                  // keys per inner iteration (forward, dQ)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Shared-memory tiles store HS bf16 per row plus 8 bf16 (16 bytes) of padding: the 8 row addresses of one ldmatrix
+// phase then fall into 8 different 16-byte bank groups (no bank conflicts).
+template <int HS>
+constexpr int tile_stride() { return HS + 8; }
+
+// Rows of the (dK/dV) inner query block: 64 for HS 64; 32 for HS 128 keeps the dK + dV accumulators (128 floats per
+// thread) plus the two score tiles under the register limit.
+template <int HS>
+constexpr int dkdv_query_rows() { return HS == 64 ? 64 : 32; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous global->shared copy; when `valid` is false nothing is read and the 16 bytes are zero-filled.
+__device__ __forceinline__ void cp_async_16(bf16* smem, const bf16* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `kPending` of the most recently committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives matrix i
+// (lane l holds row l/4, columns 2*(l%4), 2*(l%4)+1). The .trans form delivers each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+// c (16x8 fp32) += a (16x16 bf16, row-major fragment) * b (16x8 bf16, column fragment).
+// Accumulator layout: c[0], c[1] = row l/4, columns 2*(l%4) + {0, 1}; c[2], c[3] = row l/4 + 8, same columns.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Warp-level tile products (one warp, 16 output rows)
+
+// c (16, N) += A (16, K) * B^T, where A is 16 rows of a row-major shared tile (stride lda) and B is an (N, K) row-major
+// shared tile (stride ldb). Used for Q K^T, dO V^T, K Q^T and V dO^T.
+template <int N, int K>
+__device__ __forceinline__ void warp_mma_abt(float (&c)[N / 8][4], const bf16* a, int lda, const bf16* b, int ldb) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+    uint32_t a_frag[4];  // matrices: rows 0-7 / 8-15 x columns kk*16 + 0-7, then + 8-15
+    ldmatrix_x4(a_frag, a + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int nn = 0; nn < N / 16; nn++) {
+      uint32_t b_frag[4];  // matrices: (B rows nn*16 + 0-7, k 0-7), (0-7, k 8-15), (8-15, k 0-7), (8-15, k 8-15)
+      ldmatrix_x4(b_frag, b + (nn * 16 + lane % 8 + (lane / 16) * 8) * ldb + kk * 16 + ((lane / 8) % 2) * 8);
+      mma_16816(c[2 * nn], a_frag, b_frag[0], b_frag[1]);
+      mma_16816(c[2 * nn + 1], a_frag, b_frag[2], b_frag[3]);
+    }
+  }
+}
+
+// c (16, N) += A (16, K) * B, where A is held in registers in the accumulator layout of a previous warp_mma (an fp32
+// (16, K) tile, K/8 column tiles; rounded to bf16 here) and B is a (K, N) row-major shared tile (stride ldb).
+// Used for P V, P^T dO, dS^T Q and dS K.
+template <int N, int K>
+__device__ __forceinline__ void warp_mma_ab_regs(float (&c)[N / 8][4], const float (&a)[K / 8][4], const bf16* b,
+                                                 int ldb) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+    // accumulator tiles 2kk (columns 0-7) and 2kk+1 (columns 8-15) form the A fragment of this k-step
+    const uint32_t a_frag[4] = {pack_bf16x2(a[2 * kk][0], a[2 * kk][1]), pack_bf16x2(a[2 * kk][2], a[2 * kk][3]),
+                                pack_bf16x2(a[2 * kk + 1][0], a[2 * kk + 1][1]),
+                                pack_bf16x2(a[2 * kk + 1][2], a[2 * kk + 1][3])};
+#pragma unroll
+    for (int nn = 0; nn < N / 16; nn++) {
+      uint32_t b_frag[4];  // transposed matrices: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
+      ldmatrix_x4_trans(b_frag, b + (kk * 16 + lane % 16) * ldb + nn * 16 + (lane / 16) * 8);
+      mma_16816(c[2 * nn], a_frag, b_frag[0], b_frag[1]);
+      mma_16816(c[2 * nn + 1], a_frag, b_frag[2], b_frag[3]);
+    }
+  }
+}
+
+// Copies rows [row0, row0 + ROWS) of one head (HS contiguous bf16 per row, consecutive rows `row_stride` elements
+// apart) into a padded shared tile (ROWS, HS + 8). Rows at or beyond T are zero-filled. Asynchronous (cp.async).
+template <int ROWS, int HS>
+__device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* head, int row0, int T, size_t row_stride) {
+  constexpr int kChunksPerRow = HS / 8;  // 16-byte chunks
+  constexpr int kChunks = ROWS * kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "tile must split evenly over the CTA");
+#pragma unroll
+  for (int chunk = threadIdx.x; chunk < kChunks; chunk += kThreads) {
+    const int row = chunk / kChunksPerRow;
+    const int col = (chunk % kChunksPerRow) * 8;
+    const int t = row0 + row;
+    const bool valid = t < T;
+    const bf16* src = head + (size_t)(valid ? t : 0) * row_stride + col;
+    cp_async_16(tile + row * tile_stride<HS>() + col, src, valid);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Forward
+
+template <int HS>
+constexpr size_t forward_smem_bytes() {  // Q tile + double-buffered K and V tiles
+  return (size_t)(kBlockRows + 4 * kBlockKeys) * tile_stride<HS>() * sizeof(bf16);
+}
+
+// grid (B*NH, ceil(T/64)); blockIdx.y = 0 is the last (most expensive) query block.
+template <int HS>
+__global__ void __launch_bounds__(kThreads, 2) attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T,
+                                                                     int NH, int NKV) {
+  constexpr int LD = tile_stride<HS>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* q_tile = reinterpret_cast<bf16*>(smem_raw);  // (64, LD)
+  bf16* k_tiles = q_tile + kBlockRows * LD;          // 2 x (64, LD)
+  bf16* v_tiles = k_tiles + 2 * kBlockKeys * LD;     // 2 x (64, LD)
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.x / NH, h = blockIdx.x % NH;
+  const int kv_head = h / (NH / NKV);
+  const int num_q_blocks = (T + kBlockRows - 1) / kBlockRows;
+  const int q_block = num_q_blocks - 1 - blockIdx.y;
+  const int q0 = q_block * kBlockRows;
+  const size_t qkv_stride = (size_t)(NH + 2 * NKV) * HS;
+  const bf16* q_head = qkv + (size_t)b * T * qkv_stride + h * HS;                   // (T, HS) rows, stride qkv_stride
+  const bf16* k_head = qkv + (size_t)b * T * qkv_stride + (NH + kv_head) * HS;
+  const bf16* v_head = qkv + (size_t)b * T * qkv_stride + (NH + NKV + kv_head) * HS;
+
+  load_tile_async<kBlockRows, HS>(q_tile, q_head, q0, T, qkv_stride);
+  load_tile_async<kBlockKeys, HS>(k_tiles, k_head, 0, T, qkv_stride);
+  load_tile_async<kBlockKeys, HS>(v_tiles, v_head, 0, T, qkv_stride);
+  cp_async_commit();
+
+  // this thread's two query rows: warp_row0 + lane/4 (accumulator elements 0,1) and + 8 (elements 2,3)
+  const int warp_row0 = q0 + warp * kWarpRows;
+  const float scale_log2 = kLog2e / sqrtf((float)HS);
+  float o_acc[HS / 8][4] = {};                       // (16, HS) unnormalised output of this warp
+  float row_max[2] = {-INFINITY, -INFINITY};         // running max of the log2-scaled scores
+  float row_sum[2] = {0.f, 0.f};                     // this thread's share of the running sum of exp2(s - max)
+
+  const int num_k_blocks = q_block + 1;  // causal: key blocks after the diagonal are fully masked, never visited
+  for (int kb = 0; kb < num_k_blocks; kb++) {
+    const int buf = kb % 2;
+    if (kb + 1 < num_k_blocks) {  // prefetch the next key/value block into the other buffer
+      load_tile_async<kBlockKeys, HS>(k_tiles + (1 - buf) * kBlockKeys * LD, k_head, (kb + 1) * kBlockKeys, T,
+                                      qkv_stride);
+      load_tile_async<kBlockKeys, HS>(v_tiles + (1 - buf) * kBlockKeys * LD, v_head, (kb + 1) * kBlockKeys, T,
+                                      qkv_stride);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // everything but the prefetch just issued has landed
+    __syncthreads();
+    const bf16* k_tile = k_tiles + buf * kBlockKeys * LD;
+    const bf16* v_tile = v_tiles + buf * kBlockKeys * LD;
+
+    float s[kBlockKeys / 8][4] = {};  // (16, 64) scores of this warp's rows
+    warp_mma_abt<kBlockKeys, HS>(s, q_tile + warp * kWarpRows * LD, LD, k_tile, LD);
+
+    const bool diagonal = kb == q_block;
+    const int k0 = kb * kBlockKeys;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kBlockKeys / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = s[nt][e] * scale_log2;
+        if (diagonal) {
+          const int key = k0 + nt * 8 + (lane % 4) * 2 + e % 2;
+          const int query = warp_row0 + lane / 4 + (e / 2) * 8;
+          if (key > query) x = -INFINITY;
+        }
+        s[nt][e] = x;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      }
+    }
+    float max_used[2], correction[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+      max_used[r] = new_max == -INFINITY ? 0.f : new_max;  // a fully masked row so far: keep exp2 finite
+      correction[r] = exp2f(row_max[r] - max_used[r]);      // 0 on the first visit (row_max = -inf)
+      row_max[r] = new_max;
+    }
+    float tile_sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < kBlockKeys / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        s[nt][e] = exp2f(s[nt][e] - max_used[e / 2]);  // s now holds P (unnormalised)
+        tile_sum[e / 2] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) row_sum[r] = row_sum[r] * correction[r] + tile_sum[r];
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) o_acc[dt][e] *= correction[e / 2];
+    }
+    warp_mma_ab_regs<HS, kBlockKeys>(o_acc, s, v_tile, LD);  // O += P V
+    __syncthreads();  // the next iteration's prefetch overwrites this buffer
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int t = warp_row0 + lane / 4 + r * 8;
+    const float total = quad_sum(row_sum[r]);
+    if (t >= T) continue;
+    const float inv = 1.f / total;
+    bf16* out_row = out + ((size_t)b * T + t) * NH * HS + h * HS;
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) {
+      const int col = dt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<__nv_bfloat162*>(out_row + col) =
+          __floats2bfloat162_rn(o_acc[dt][2 * r] * inv, o_acc[dt][2 * r + 1] * inv);
+    }
+    if (lane % 4 == 0) lse[((size_t)b * NH + h) * T + t] = (row_max[r] + log2f(total)) * kLn2;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward
+
+// dsum (B, NH, T) = sum over d of dout * out, per query row. One warp per row (b, t, h); fixed-order warp reduction.
+__global__ void attention_backward_dsum_kernel(float* dsum, const bf16* dout, const bf16* out, int B, int T, int NH,
+                                               int HS) {
+  const int lane = threadIdx.x % 32;
+  const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // = (b*T + t)*NH + h
+  if (row >= (size_t)B * T * NH) return;
+  const bf16* dout_row = dout + row * HS;  // (B, T, NH*HS) is (B*T*NH, HS) row-major
+  const bf16* out_row = out + row * HS;
+  float acc = 0.f;
+  for (int d = lane; d < HS; d += 32) acc += __bfloat162float(dout_row[d]) * __bfloat162float(out_row[d]);
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  if (lane == 0) {
+    const int h = (int)(row % NH);
+    const size_t bt = row / NH;
+    const size_t b = bt / T, t = bt % T;
+    dsum[(b * NH + h) * T + t] = acc;
+  }
+}
+
+template <int HS>
+constexpr size_t dkdv_smem_bytes() {  // K, V tiles + double-buffered Q, dO tiles + double-buffered lse, dsum rows
+  return (size_t)(2 * kBlockRows + 4 * dkdv_query_rows<HS>()) * tile_stride<HS>() * sizeof(bf16) +
+         4 * dkdv_query_rows<HS>() * sizeof(float);
+}
+
+// grid (B*NKV, ceil(T/64)); blockIdx.y = key block (block 0 has the most queries after it, so it starts first).
+// Writes dK and dV (bf16) of kv head `kv_head` for the CTA's 64 keys into dqkv.
+template <int HS>
+__global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(bf16* dqkv, const bf16* dout,
+                                                                           const bf16* qkv, const float* lse,
+                                                                           const float* dsum, int T, int NH,
+                                                                           int NKV) {
+  constexpr int LD = tile_stride<HS>();
+  constexpr int BQ = dkdv_query_rows<HS>();
+  static_assert(kBlockRows % BQ == 0, "query blocks must tile the key block");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* k_tile = reinterpret_cast<bf16*>(smem_raw);  // (64, LD)
+  bf16* v_tile = k_tile + kBlockRows * LD;           // (64, LD)
+  bf16* q_tiles = v_tile + kBlockRows * LD;          // 2 x (BQ, LD)
+  bf16* do_tiles = q_tiles + 2 * BQ * LD;            // 2 x (BQ, LD)
+  float* lse_rows = reinterpret_cast<float*>(do_tiles + 2 * BQ * LD);  // 2 x (BQ): lse * log2(e); +inf beyond T
+  float* dsum_rows = lse_rows + 2 * BQ;                                 // 2 x (BQ): D; 0 beyond T
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.x / NKV, kv_head = blockIdx.x % NKV;
+  const int group = NH / NKV;
+  const int k0 = blockIdx.y * kBlockRows;
+  const size_t qkv_stride = (size_t)(NH + 2 * NKV) * HS;
+  const size_t out_stride = (size_t)NH * HS;
+  const bf16* qkv_b = qkv + (size_t)b * T * qkv_stride;
+  const bf16* dout_b = dout + (size_t)b * T * out_stride;
+
+  // iterations: every (query head of the group, query block at or after the key block), head-major: a fixed order
+  const int first_q_block = k0 / BQ;
+  const int q_blocks_per_head = (T + BQ - 1) / BQ - first_q_block;
+  const int num_iters = group * q_blocks_per_head;
+  auto issue_loads = [&](int it, int buf) {
+    const int h = kv_head * group + it / q_blocks_per_head;
+    const int qr0 = (first_q_block + it % q_blocks_per_head) * BQ;
+    load_tile_async<BQ, HS>(q_tiles + buf * BQ * LD, qkv_b + h * HS, qr0, T, qkv_stride);
+    load_tile_async<BQ, HS>(do_tiles + buf * BQ * LD, dout_b + h * HS, qr0, T, out_stride);
+    for (int i = threadIdx.x; i < BQ; i += kThreads) {
+      const int t = qr0 + i;
+      const size_t row = ((size_t)b * NH + h) * T + t;
+      lse_rows[buf * BQ + i] = t < T ? lse[row] * kLog2e : INFINITY;  // +inf makes P = 0 for padding rows
+      dsum_rows[buf * BQ + i] = t < T ? dsum[row] : 0.f;
+    }
+  };
+
+  load_tile_async<kBlockRows, HS>(k_tile, qkv_b + (NH + kv_head) * HS, k0, T, qkv_stride);
+  load_tile_async<kBlockRows, HS>(v_tile, qkv_b + (NH + NKV + kv_head) * HS, k0, T, qkv_stride);
+  issue_loads(0, 0);
+  cp_async_commit();
+
+  // this thread's two key rows: k0 + warp*16 + lane/4 (accumulator elements 0,1) and + 8 (elements 2,3)
+  const int warp_key0 = k0 + warp * kWarpRows;
+  const float scale_log2 = kLog2e / sqrtf((float)HS);
+  float dk_acc[HS / 8][4] = {};  // (16, HS) of this warp's keys, unscaled
+  float dv_acc[HS / 8][4] = {};
+
+  for (int it = 0; it < num_iters; it++) {
+    const int buf = it % 2;
+    if (it + 1 < num_iters) issue_loads(it + 1, 1 - buf);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* q_tile = q_tiles + buf * BQ * LD;
+    const bf16* do_tile = do_tiles + buf * BQ * LD;
+    const float* lse_tile = lse_rows + buf * BQ;
+    const float* dsum_tile = dsum_rows + buf * BQ;
+    const int qr0 = (first_q_block + it % q_blocks_per_head) * BQ;
+
+    float pt[BQ / 8][4] = {};  // (16 keys, BQ queries): S^T, then P^T
+    warp_mma_abt<BQ, HS>(pt, k_tile + warp * kWarpRows * LD, LD, q_tile, LD);
+    float dst[BQ / 8][4] = {};  // (16 keys, BQ queries): dP^T = V dO^T, then dS^T
+    warp_mma_abt<BQ, HS>(dst, v_tile + warp * kWarpRows * LD, LD, do_tile, LD);
+
+    const bool needs_mask = qr0 < k0 + kBlockRows;  // some query of this block precedes some key of the CTA
+#pragma unroll
+    for (int nt = 0; nt < BQ / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = nt * 8 + (lane % 4) * 2 + e % 2;  // query within the block
+        float p = exp2f(pt[nt][e] * scale_log2 - lse_tile[col]);
+        if (needs_mask && warp_key0 + lane / 4 + (e / 2) * 8 > qr0 + col) p = 0.f;
+        pt[nt][e] = p;
+        dst[nt][e] = p * (dst[nt][e] - dsum_tile[col]);
+      }
+    }
+    warp_mma_ab_regs<HS, BQ>(dv_acc, pt, do_tile, LD);  // dV += P^T dO
+    warp_mma_ab_regs<HS, BQ>(dk_acc, dst, q_tile, LD);  // dK += dS^T Q
+    __syncthreads();
+  }
+
+  const float scale = 1.f / sqrtf((float)HS);
+  bf16* dqkv_b = dqkv + (size_t)b * T * qkv_stride;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int t = warp_key0 + lane / 4 + r * 8;
+    if (t >= T) continue;
+    bf16* dk_row = dqkv_b + (size_t)t * qkv_stride + (NH + kv_head) * HS;
+    bf16* dv_row = dqkv_b + (size_t)t * qkv_stride + (NH + NKV + kv_head) * HS;
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) {
+      const int col = dt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<__nv_bfloat162*>(dk_row + col) =
+          __floats2bfloat162_rn(dk_acc[dt][2 * r] * scale, dk_acc[dt][2 * r + 1] * scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv_row + col) =
+          __floats2bfloat162_rn(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+    }
+  }
+}
+
+template <int HS>
+constexpr size_t dq_smem_bytes() {  // Q, dO tiles + double-buffered K, V tiles
+  return (size_t)(2 * kBlockRows + 4 * kBlockKeys) * tile_stride<HS>() * sizeof(bf16);
+}
+
+// grid (B*NH, ceil(T/64)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
+template <int HS>
+__global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(bf16* dqkv, const bf16* dout,
+                                                                         const bf16* qkv, const float* lse,
+                                                                         const float* dsum, int T, int NH, int NKV) {
+  constexpr int LD = tile_stride<HS>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* q_tile = reinterpret_cast<bf16*>(smem_raw);  // (64, LD)
+  bf16* do_tile = q_tile + kBlockRows * LD;          // (64, LD)
+  bf16* k_tiles = do_tile + kBlockRows * LD;         // 2 x (64, LD)
+  bf16* v_tiles = k_tiles + 2 * kBlockKeys * LD;     // 2 x (64, LD)
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.x / NH, h = blockIdx.x % NH;
+  const int kv_head = h / (NH / NKV);
+  const int num_q_blocks = (T + kBlockRows - 1) / kBlockRows;
+  const int q_block = num_q_blocks - 1 - blockIdx.y;
+  const int q0 = q_block * kBlockRows;
+  const size_t qkv_stride = (size_t)(NH + 2 * NKV) * HS;
+  const size_t out_stride = (size_t)NH * HS;
+  const bf16* qkv_b = qkv + (size_t)b * T * qkv_stride;
+  const bf16* k_head = qkv_b + (NH + kv_head) * HS;
+  const bf16* v_head = qkv_b + (NH + NKV + kv_head) * HS;
+
+  load_tile_async<kBlockRows, HS>(q_tile, qkv_b + h * HS, q0, T, qkv_stride);
+  load_tile_async<kBlockRows, HS>(do_tile, dout + (size_t)b * T * out_stride + h * HS, q0, T, out_stride);
+  load_tile_async<kBlockKeys, HS>(k_tiles, k_head, 0, T, qkv_stride);
+  load_tile_async<kBlockKeys, HS>(v_tiles, v_head, 0, T, qkv_stride);
+  cp_async_commit();
+
+  // this thread's two query rows: warp_row0 + lane/4 (accumulator elements 0,1) and + 8 (elements 2,3)
+  const int warp_row0 = q0 + warp * kWarpRows;
+  float lse_log2[2], row_dsum[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int t = warp_row0 + lane / 4 + r * 8;
+    const size_t row = ((size_t)b * NH + h) * T + t;
+    lse_log2[r] = t < T ? lse[row] * kLog2e : 0.f;  // padding rows compute finite garbage that is never written
+    row_dsum[r] = t < T ? dsum[row] : 0.f;
+  }
+  const float scale_log2 = kLog2e / sqrtf((float)HS);
+  float dq_acc[HS / 8][4] = {};  // (16, HS) of this warp's queries, unscaled
+
+  const int num_k_blocks = q_block + 1;
+  for (int kb = 0; kb < num_k_blocks; kb++) {
+    const int buf = kb % 2;
+    if (kb + 1 < num_k_blocks) {
+      load_tile_async<kBlockKeys, HS>(k_tiles + (1 - buf) * kBlockKeys * LD, k_head, (kb + 1) * kBlockKeys, T,
+                                      qkv_stride);
+      load_tile_async<kBlockKeys, HS>(v_tiles + (1 - buf) * kBlockKeys * LD, v_head, (kb + 1) * kBlockKeys, T,
+                                      qkv_stride);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* k_tile = k_tiles + buf * kBlockKeys * LD;
+    const bf16* v_tile = v_tiles + buf * kBlockKeys * LD;
+
+    float ds[kBlockKeys / 8][4] = {};  // (16, 64): S, then dS
+    warp_mma_abt<kBlockKeys, HS>(ds, q_tile + warp * kWarpRows * LD, LD, k_tile, LD);
+    float dp[kBlockKeys / 8][4] = {};  // (16, 64): dP = dO V^T
+    warp_mma_abt<kBlockKeys, HS>(dp, do_tile + warp * kWarpRows * LD, LD, v_tile, LD);
+
+    const bool diagonal = kb == q_block;
+    const int k0 = kb * kBlockKeys;
+#pragma unroll
+    for (int nt = 0; nt < kBlockKeys / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float p = exp2f(ds[nt][e] * scale_log2 - lse_log2[e / 2]);
+        if (diagonal && k0 + nt * 8 + (lane % 4) * 2 + e % 2 > warp_row0 + lane / 4 + (e / 2) * 8) p = 0.f;
+        ds[nt][e] = p * (dp[nt][e] - row_dsum[e / 2]);
+      }
+    }
+    warp_mma_ab_regs<HS, kBlockKeys>(dq_acc, ds, k_tile, LD);  // dQ += dS K
+    __syncthreads();
+  }
+
+  const float scale = 1.f / sqrtf((float)HS);
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int t = warp_row0 + lane / 4 + r * 8;
+    if (t >= T) continue;
+    bf16* dq_row = dqkv + ((size_t)b * T + t) * qkv_stride + h * HS;
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) {
+      const int col = dt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<__nv_bfloat162*>(dq_row + col) =
+          __floats2bfloat162_rn(dq_acc[dt][2 * r] * scale, dq_acc[dt][2 * r + 1] * scale);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host-side checks and dispatch
+
+void check_attention_shape(const char* who, int B, int T, int NH, int NKV, int HS, bool gpu) {
+  if (B < 1 || T < 1 || NH < 1 || NKV < 1 || HS < 1)
+    throw_error("%s: B=%d, T=%d, n_head=%d, n_kv_head=%d, head_size=%d must all be positive", who, B, T, NH, NKV, HS);
+  if (NH % NKV != 0)
+    throw_error("%s: n_kv_head=%d must divide n_head=%d (grouped-query attention); check the model config", who, NKV,
+                NH);
+  if (gpu && HS != 64 && HS != 128)
+    throw_error("%s: head_size=%d is not supported by the attention kernels (64 or 128); choose n_embd / n_head "
+                "accordingly",
+                who, HS);
+}
+
+void check_aligned16(const char* who, const char* name, const void* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    throw_error("%s: %s must be 16-byte aligned (the kernels use 16-byte vector copies); allocate it with "
+                "cudaMalloc or at a 16-byte multiple offset",
+                who, name);
+}
+
+template <typename Kernel>
+void set_dynamic_smem(Kernel kernel, size_t bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <int HS>
+void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+  const size_t smem = forward_smem_bytes<HS>();
+  set_dynamic_smem(attention_forward_kernel<HS>, smem);
+  const dim3 grid(B * NH, (T + kBlockRows - 1) / kBlockRows);
+  attention_forward_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+void launch_backward(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse, int B, int T,
+                     int NH, int NKV, cudaStream_t stream) {
+  const int num_blocks = (T + kBlockRows - 1) / kBlockRows;
+  const size_t dkdv_smem = dkdv_smem_bytes<HS>();
+  set_dynamic_smem(attention_backward_dkdv_kernel<HS>, dkdv_smem);
+  attention_backward_dkdv_kernel<HS><<<dim3(B * NKV, num_blocks), kThreads, dkdv_smem, stream>>>(
+      dqkv, dout, qkv, lse, dsum, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
+  const size_t dq_smem = dq_smem_bytes<HS>();
+  set_dynamic_smem(attention_backward_dq_kernel<HS>, dq_smem);
+  attention_backward_dq_kernel<HS><<<dim3(B * NH, num_blocks), kThreads, dq_smem, stream>>>(dqkv, dout, qkv, lse,
+                                                                                          dsum, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// CPU references: straightforward O(T^2) per head, accumulated in double; Real is the storage type (float or double).
+
+template <typename Real>
+void forward_reference(Real* out, Real* lse, const Real* qkv, int B, int T, int NH, int NKV, int HS) {
+  check_attention_shape("attention_forward_cpu", B, T, NH, NKV, HS, false);
+  const size_t qkv_stride = (size_t)(NH + 2 * NKV) * HS;
+  const double scale = 1.0 / std::sqrt((double)HS);
+  const int group = NH / NKV;
+  std::vector<double> scores(T), acc(HS);
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < NH; h++) {
+      const int kv_head = h / group;
+      for (int t = 0; t < T; t++) {
+        const Real* q = qkv + ((size_t)b * T + t) * qkv_stride + h * HS;
+        double max_score = -INFINITY;
+        for (int s = 0; s <= t; s++) {
+          const Real* k = qkv + ((size_t)b * T + s) * qkv_stride + (NH + kv_head) * HS;
+          double dot = 0.0;
+          for (int d = 0; d < HS; d++) dot += (double)q[d] * (double)k[d];
+          scores[s] = dot * scale;
+          max_score = std::max(max_score, scores[s]);
+        }
+        double sum = 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int s = 0; s <= t; s++) {
+          const Real* v = qkv + ((size_t)b * T + s) * qkv_stride + (NH + NKV + kv_head) * HS;
+          const double p = std::exp(scores[s] - max_score);
+          sum += p;
+          for (int d = 0; d < HS; d++) acc[d] += p * (double)v[d];
+        }
+        Real* o = out + ((size_t)b * T + t) * NH * HS + h * HS;
+        for (int d = 0; d < HS; d++) o[d] = (Real)(acc[d] / sum);
+        lse[((size_t)b * NH + h) * T + t] = (Real)(max_score + std::log(sum));
+      }
+    }
+  }
+}
+
+// P[t,s] = exp(scale q_t.k_s - lse_t) (s <= t);  D_t = dout_t.out_t;  dS = P (dout_t.v_s - D_t)
+// dq_t = scale sum_s dS k_s;  dk_s = scale sum_t dS q_t;  dv_s = sum_t P dout_t  (summed over the heads of a group)
+template <typename Real>
+void backward_reference(Real* dqkv, const Real* dout, const Real* qkv, const Real* out, const Real* lse, int B, int T,
+                        int NH, int NKV, int HS) {
+  check_attention_shape("attention_backward_cpu", B, T, NH, NKV, HS, false);
+  const size_t qkv_stride = (size_t)(NH + 2 * NKV) * HS;
+  const size_t out_stride = (size_t)NH * HS;
+  const double scale = 1.0 / std::sqrt((double)HS);
+  const int group = NH / NKV;
+  std::vector<double> grad((size_t)B * T * qkv_stride, 0.0);  // (B, T, (NH + 2*NKV) * HS)
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < NH; h++) {
+      const int kv_head = h / group;
+      for (int t = 0; t < T; t++) {
+        const Real* q = qkv + ((size_t)b * T + t) * qkv_stride + h * HS;
+        const Real* o = out + ((size_t)b * T + t) * out_stride + h * HS;
+        const Real* dout_t = dout + ((size_t)b * T + t) * out_stride + h * HS;
+        double* dq = grad.data() + ((size_t)b * T + t) * qkv_stride + h * HS;
+        const double row_lse = (double)lse[((size_t)b * NH + h) * T + t];
+        double dsum = 0.0;
+        for (int d = 0; d < HS; d++) dsum += (double)dout_t[d] * (double)o[d];
+        for (int s = 0; s <= t; s++) {
+          const size_t kv_row = ((size_t)b * T + s) * qkv_stride;
+          const Real* k = qkv + kv_row + (NH + kv_head) * HS;
+          const Real* v = qkv + kv_row + (NH + NKV + kv_head) * HS;
+          double* dk = grad.data() + kv_row + (NH + kv_head) * HS;
+          double* dv = grad.data() + kv_row + (NH + NKV + kv_head) * HS;
+          double score = 0.0, dp = 0.0;
+          for (int d = 0; d < HS; d++) {
+            score += (double)q[d] * (double)k[d];
+            dp += (double)dout_t[d] * (double)v[d];
+          }
+          const double p = std::exp(score * scale - row_lse);
+          const double ds = p * (dp - dsum);
+          for (int d = 0; d < HS; d++) {
+            dv[d] += p * (double)dout_t[d];
+            dq[d] += ds * scale * (double)k[d];
+            dk[d] += ds * scale * (double)q[d];
+          }
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < grad.size(); i++) dqkv[i] = (Real)grad[i];
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Public API (llmc/kernels.h)
+
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int NKV, int HS,
+                       cudaStream_t stream) {
+  check_attention_shape("attention_forward", B, T, NH, NKV, HS, true);
+  check_aligned16("attention_forward", "qkv", qkv);
+  check_aligned16("attention_forward", "out", out);
+  if (HS == 64) launch_forward<64>(out, lse, qkv, B, T, NH, NKV, stream);
+  else launch_forward<128>(out, lse, qkv, B, T, NH, NKV, stream);
+}
+
+void attention_forward_cpu(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int HS) {
+  forward_reference<float>(out, lse, qkv, B, T, NH, NKV, HS);
+}
+
+size_t attention_backward_scratch_floats(int B, int T, int NH, int HS) {
+  return (size_t)B * NH * T;  // dsum (B, NH, T); dK/dV/dQ need no scratch (register accumulation, fixed order)
+}
+
+void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
+                        const float* lse, int B, int T, int NH, int NKV, int HS, cudaStream_t stream) {
+  check_attention_shape("attention_backward", B, T, NH, NKV, HS, true);
+  check_aligned16("attention_backward", "dqkv", dqkv);
+  check_aligned16("attention_backward", "dout", dout);
+  check_aligned16("attention_backward", "qkv", qkv);
+  float* dsum = scratch;  // (B, NH, T)
+  const size_t rows = (size_t)B * T * NH;
+  const int warps_per_block = 8;
+  attention_backward_dsum_kernel<<<(unsigned)ceil_div(rows, warps_per_block), warps_per_block * 32, 0, stream>>>(
+      dsum, dout, out, B, T, NH, HS);
+  CUDA_CHECK_LAUNCH();
+  if (HS == 64) launch_backward<64>(dqkv, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  else launch_backward<128>(dqkv, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+}
+
+void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                            int B, int T, int NH, int NKV, int HS) {
+  backward_reference<float>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS);
+}
+
+// Double-precision variants of the references, for the finite-difference test (test/cpu/test_attention_ref.cpp
+// declares them itself; they are not part of the kernels.h interface).
+void attention_forward_cpu_f64(double* out, double* lse, const double* qkv, int B, int T, int NH, int NKV, int HS) {
+  forward_reference<double>(out, lse, qkv, B, T, NH, NKV, HS);
+}
+void attention_backward_cpu_f64(double* dqkv, const double* dout, const double* qkv, const double* out,
+                                const double* lse, int B, int T, int NH, int NKV, int HS) {
+  backward_reference<double>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS);
+}
+
+}  // namespace llmc
