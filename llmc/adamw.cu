@@ -1,0 +1,134 @@
+// llmc/adamw: the AdamW step on FP32 master weights with FP32 moments, writing the bf16 working weights (round to
+// nearest even), and the clipping scale from the global norm; kernels and CPU references.
+#include <cmath>
+
+#include "llmc/cuda_utils.cuh"
+#include "llmc/kernels.h"
+
+namespace llmc {
+
+// The per-step constants, bias corrections computed once on the host in FP64 (the CPU reference does the same).
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1;  // 1 - beta1^t
+  float bias_correction2;  // 1 - beta2^t
+};
+
+static AdamWStep make_adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+  if (t < 1) throw_error("adamw_update: optimizer step t = %d must be >= 1 (t is 1-based)", t);
+  return {lr,
+          beta1,
+          beta2,
+          eps,
+          weight_decay,
+          static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t)),
+          static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t))};
+}
+
+// Multiply and add without fused multiply-add on the device, so that the GPU rounds exactly like the host reference
+// (division and sqrtf are IEEE round-to-nearest on both unless built with fast math).
+__host__ __device__ inline float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ inline float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// One parameter: the documented update in FP32, in the same operation order on host and device.
+__host__ __device__ inline void adamw_element(float& master, float& m, float& v, float grad, float grad_scale,
+                                              const AdamWStep& s) {
+  const float g = mul_rn(grad, grad_scale);
+  m = add_rn(mul_rn(s.beta1, m), mul_rn(1.0f - s.beta1, g));
+  v = add_rn(mul_rn(s.beta2, v), mul_rn(mul_rn(1.0f - s.beta2, g), g));
+  const float m_hat = m / s.bias_correction1;
+  const float v_hat = v / s.bias_correction2;
+  const float update = add_rn(m_hat / add_rn(sqrtf(v_hat), s.eps), mul_rn(s.weight_decay, master));
+  master = master - mul_rn(s.lr, update);
+}
+
+// W consecutive elements per thread: W = 4 uses 128-bit loads of master / grads / m / v and a 64-bit store of the
+// four bf16 params; W = 1 handles unaligned tensors and the tail.
+template <int W>
+struct alignas(sizeof(float) * W) FloatVec {
+  float v[W];
+};
+template <int W>
+struct alignas(sizeof(bf16) * W) Bf16Vec {
+  bf16 v[W];
+};
+
+template <int W>
+__global__ void adamw_kernel(float* master, bf16* params, const float* grads, float* m, float* v, size_t num_vecs,
+                             AdamWStep step, const float* grad_scale) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= num_vecs) return;
+  const float scale = *grad_scale;
+  FloatVec<W> w = reinterpret_cast<const FloatVec<W>*>(master)[i];
+  FloatVec<W> mv = reinterpret_cast<const FloatVec<W>*>(m)[i];
+  FloatVec<W> vv = reinterpret_cast<const FloatVec<W>*>(v)[i];
+  const FloatVec<W> g = reinterpret_cast<const FloatVec<W>*>(grads)[i];
+  Bf16Vec<W> p;
+#pragma unroll
+  for (int k = 0; k < W; k++) {
+    adamw_element(w.v[k], mv.v[k], vv.v[k], g.v[k], scale, step);
+    p.v[k] = __float2bfloat16_rn(w.v[k]);
+  }
+  reinterpret_cast<FloatVec<W>*>(master)[i] = w;
+  reinterpret_cast<FloatVec<W>*>(m)[i] = mv;
+  reinterpret_cast<FloatVec<W>*>(v)[i] = vv;
+  reinterpret_cast<Bf16Vec<W>*>(params)[i] = p;
+}
+
+void adamw_update(float* master, bf16* params, const float* grads, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t, const float* grad_scale,
+                  cudaStream_t stream) {
+  const AdamWStep step = make_adamw_step(lr, beta1, beta2, eps, weight_decay, t);
+  if (n == 0) return;
+  const int block = 256;
+  const bool vectorisable = is_aligned(master, 16) && is_aligned(grads, 16) && is_aligned(m, 16) &&
+                            is_aligned(v, 16) && is_aligned(params, 8);
+  size_t done = 0;
+  if (vectorisable && n >= 4) {
+    const size_t num_vecs = n / 4;
+    adamw_kernel<4><<<ceil_div(num_vecs, block), block, 0, stream>>>(master, params, grads, m, v, num_vecs, step,
+                                                                     grad_scale);
+    CUDA_CHECK_LAUNCH();
+    done = 4 * num_vecs;
+  }
+  if (done < n) {
+    const size_t rest = n - done;
+    adamw_kernel<1><<<ceil_div(rest, block), block, 0, stream>>>(master + done, params + done, grads + done, m + done,
+                                                                 v + done, rest, step, grad_scale);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+void adamw_update_cpu(float* master, float* params, const float* grads, float* m, float* v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
+  const AdamWStep step = make_adamw_step(lr, beta1, beta2, eps, weight_decay, t);
+  for (size_t i = 0; i < n; i++) {
+    adamw_element(master[i], m[i], v[i], grads[i], grad_scale, step);
+    params[i] = round_to_bf16_host(master[i]);
+  }
+}
+
+// grad_scale[0] = (clip > 0 && norm > clip) ? clip / norm : 1, on the device (no host sync).
+__global__ void clip_scale_kernel(float* grad_scale, const float* norm, float clip) {
+  const float n = norm[0];
+  grad_scale[0] = (clip > 0.0f && n > clip) ? clip / n : 1.0f;
+}
+
+void clip_scale_from_norm(float* grad_scale, const float* norm, float clip, cudaStream_t stream) {
+  clip_scale_kernel<<<1, 1, 0, stream>>>(grad_scale, norm, clip);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace llmc

@@ -1,0 +1,136 @@
+// llmc/cuda_utils: device helpers shared by the handwritten kernels: 128-bit packed loads/stores (8 bf16 or 4 float
+// per access), warp and block reductions that combine values in a fixed order (so results are bit-reproducible),
+// host-side shape/alignment checks with clear errors, the column-partials reduction used by every deterministic
+// "sum over rows" (bias_backward, layernorm_backward), and a host bf16 rounding helper for the CPU references.
+// Only .cu files include this header.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+#include <cstring>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "llmc/common.h"
+
+namespace llmc {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarpSize = 32;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Packed128: 16 bytes of T, loaded and stored with one 128-bit instruction. x128 = 8 bf16, f128 = 4 float.
+template <class T>
+struct alignas(16) Packed128 {
+  static constexpr int size = 16 / sizeof(T);
+  T v[size];
+  __device__ T& operator[](int i) { return v[i]; }
+  __device__ const T& operator[](int i) const { return v[i]; }
+  __device__ static Packed128 filled(float value) {
+    Packed128 p;
+#pragma unroll
+    for (int k = 0; k < size; k++) p.v[k] = T(value);
+    return p;
+  }
+};
+using x128 = Packed128<bf16>;
+using f128 = Packed128<float>;
+
+// Plain 128-bit load / store (p must be 16-byte aligned).
+template <class T>
+__device__ inline Packed128<T> load128(const T* p) {
+  return *reinterpret_cast<const Packed128<T>*>(p);
+}
+template <class T>
+__device__ inline void store128(T* p, const Packed128<T>& value) {
+  *reinterpret_cast<Packed128<T>*>(p) = value;
+}
+// Streaming variants (cache hint "evict first") for data touched once.
+template <class T>
+__device__ inline Packed128<T> load128cs(const T* p) {
+  int4 bits = __ldcs(reinterpret_cast<const int4*>(p));
+  Packed128<T> result;
+  memcpy(&result, &bits, sizeof(bits));
+  return result;
+}
+template <class T>
+__device__ inline void store128cs(T* p, const Packed128<T>& value) {
+  int4 bits;
+  memcpy(&bits, &value, sizeof(bits));
+  __stcs(reinterpret_cast<int4*>(p), bits);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reductions. The xor butterfly gives every lane the same bits (each step adds the same two values, and float
+// addition is commutative), so results depend only on the launch shape, never on scheduling.
+template <class T>
+__device__ inline T warp_sum(T x) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ inline float warp_max(float x) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// Fixed order: butterfly inside each warp, then the per-warp sums in warp order. Safe to call repeatedly.
+template <class T>
+__device__ inline T block_sum(T x) {
+  __shared__ T warp_sums[kWarpSize];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+  x = warp_sum(x);
+  __syncthreads();  // a previous call may still be reading warp_sums
+  if (lane == 0) warp_sums[warp] = x;
+  __syncthreads();
+  x = lane < num_warps ? warp_sums[lane] : T(0);
+  return warp_sum(x);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host-side checks, each naming the kernel and the argument.
+inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+inline void require_multiple_of_8(const char* kernel, const char* name, long long value) {
+  if (value <= 0 || value % 8 != 0)
+    throw_error("%s: %s = %lld must be a positive multiple of 8 (the kernels move 8 bf16 per 128-bit access; "
+                "pad the dimension to a multiple of 8)",
+                kernel, name, value);
+}
+inline void require_aligned16(const char* kernel, const char* name, const void* p) {
+  if (!is_aligned(p, 16))
+    throw_error("%s: pointer %s = %p is not 16-byte aligned (128-bit loads need it; allocate with cudaMalloc and "
+                "offset by multiples of 8 bf16 / 4 floats)",
+                kernel, name, p);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Deterministic column sums over rows, in two fixed-shape stages:
+//   stage 1 (per kernel): partials (num_row_chunks(N), C): chunk k holds the sum over rows [k*kRowsPerChunk, ...)
+//   stage 2 (reduce.cu):  out (C) += sum over k = 0 .. num_chunks-1 of partials[k, :]
+constexpr int kRowsPerChunk = 32;
+inline int num_row_chunks(int N) { return static_cast<int>(ceil_div(static_cast<size_t>(N), kRowsPerChunk)); }
+void sum_column_partials(float* out, const float* partials, int num_chunks, int C, cudaStream_t stream);
+
+// Host bf16 rounding (round to nearest, ties to even; NaN stays NaN), for the CPU references.
+inline float round_to_bf16_host(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    bits = (bits | 0x00400000u) & 0xffff0000u;  // quiet NaN
+  } else {
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    bits &= 0xffff0000u;
+  }
+  float y;
+  std::memcpy(&y, &bits, sizeof(y));
+  return y;
+}
+
+}  // namespace llmc

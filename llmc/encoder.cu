@@ -1,0 +1,203 @@
+// llmc/encoder: GPT-2 token + position embedding, forward and deterministic backward (kernels, the host-built
+// EncoderBackwardPlan, and the CPU references).
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "llmc/cuda_utils.cuh"
+#include "llmc/kernels.h"
+
+namespace llmc {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Forward: out (N, C) = wte[tokens[n]] + wpe[n % T]. One thread per 8 channels of one row.
+__global__ void encoder_forward_kernel(bf16* out, const int* tokens, const bf16* wte, const bf16* wpe, int N, int T,
+                                       int C) {
+  const int C8 = C / 8;
+  const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<size_t>(N) * C8) return;
+  const int row = static_cast<int>(idx / C8);
+  const int c = static_cast<int>(idx % C8) * 8;
+  const int t = row % T;
+  const x128 tok = load128(wte + static_cast<size_t>(tokens[row]) * C + c);
+  const x128 pos = load128(wpe + static_cast<size_t>(t) * C + c);
+  x128 sum;
+#pragma unroll
+  for (int k = 0; k < x128::size; k++)
+    sum[k] = __float2bfloat16_rn(__bfloat162float(tok[k]) + __bfloat162float(pos[k]));
+  store128(out + static_cast<size_t>(row) * C + c, sum);
+}
+
+void encoder_forward(bf16* out, const int* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
+  require_multiple_of_8("encoder_forward", "C", C);
+  require_aligned16("encoder_forward", "out", out);
+  require_aligned16("encoder_forward", "wte", wte);
+  require_aligned16("encoder_forward", "wpe", wpe);
+  const int N = B * T;
+  const int block = 256;
+  const size_t threads = static_cast<size_t>(N) * (C / 8);
+  if (threads == 0) return;
+  encoder_forward_kernel<<<ceil_div(threads, block), block, 0, stream>>>(out, tokens, wte, wpe, N, T, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+void encoder_forward_cpu(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      const int n = b * T + t;
+      const float* tok = wte + static_cast<size_t>(tokens[n]) * C;
+      const float* pos = wpe + static_cast<size_t>(t) * C;
+      for (int c = 0; c < C; c++) out[static_cast<size_t>(n) * C + c] = tok[c] + pos[c];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The plan: positions grouped by token id (buckets in ascending token id), ascending position inside a bucket.
+// A stable counting sort by token id gives exactly that order.
+void EncoderBackwardPlan::build(const int* host_tokens, int B, int T, cudaStream_t stream) {
+  const int N = B * T;
+  int max_token = -1;
+  for (int n = 0; n < N; n++) {
+    if (host_tokens[n] < 0)
+      throw_error("EncoderBackwardPlan::build: token %d at position %d is negative (the data shard or the "
+                  "target/ignore handling is wrong: inputs must be valid token ids)",
+                  host_tokens[n], n);
+    max_token = std::max(max_token, host_tokens[n]);
+  }
+  std::vector<int> count(static_cast<size_t>(max_token) + 2, 0);  // count[tok + 1] = occurrences of tok
+  for (int n = 0; n < N; n++) count[host_tokens[n] + 1]++;
+  std::vector<int> starts_by_token(count.size(), 0);  // exclusive prefix sum: first slot of each token
+  std::partial_sum(count.begin(), count.end(), starts_by_token.begin());
+  std::vector<int> positions(N);
+  std::vector<int> next_slot(starts_by_token.begin(), starts_by_token.end() - 1);
+  for (int n = 0; n < N; n++) positions[next_slot[host_tokens[n]]++] = n;  // ascending n inside each token
+
+  std::vector<int> bucket_starts, bucket_tokens;
+  for (int tok = 0; tok <= max_token; tok++) {
+    if (count[tok + 1] == 0) continue;
+    bucket_tokens.push_back(tok);
+    bucket_starts.push_back(starts_by_token[tok]);
+  }
+  bucket_starts.push_back(N);
+  num_buckets = static_cast<int>(bucket_tokens.size());
+
+  if (capacity < static_cast<size_t>(N)) {  // one bucket per position at most, so N bounds every array
+    free();
+    CUDA_CHECK(cudaMalloc(&d_bucket_starts, (static_cast<size_t>(N) + 1) * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&d_bucket_tokens, static_cast<size_t>(N) * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&d_positions, static_cast<size_t>(N) * sizeof(int)));
+    capacity = N;
+  }
+  // Copies from pageable memory: cudaMemcpyAsync stages the host data before it returns, so the local vectors may
+  // go out of scope; the copies stay ordered before the encoder_backward launched later on the same stream.
+  CUDA_CHECK(cudaMemcpyAsync(d_bucket_starts, bucket_starts.data(), bucket_starts.size() * sizeof(int),
+                             cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaMemcpyAsync(d_bucket_tokens, bucket_tokens.data(), bucket_tokens.size() * sizeof(int),
+                             cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaMemcpyAsync(d_positions, positions.data(), positions.size() * sizeof(int), cudaMemcpyHostToDevice,
+                             stream));
+}
+
+void EncoderBackwardPlan::free() {
+  if (d_bucket_starts) CUDA_CHECK(cudaFree(d_bucket_starts));
+  if (d_bucket_tokens) CUDA_CHECK(cudaFree(d_bucket_tokens));
+  if (d_positions) CUDA_CHECK(cudaFree(d_positions));
+  d_bucket_starts = d_bucket_tokens = d_positions = nullptr;
+  num_buckets = 0;
+  capacity = 0;
+}
+
+// dwte: one block per bucket (token). Each thread owns 8 channels, sums that token's dout rows in the plan's order in
+// FP32, then adds the sum into dwte[token] (exactly one block touches each dwte row: no atomics).
+__global__ void wte_backward_kernel(float* dwte, const bf16* dout, const int* bucket_starts, const int* bucket_tokens,
+                                    const int* positions, int C) {
+  const int bucket = blockIdx.x;
+  const int begin = bucket_starts[bucket], end = bucket_starts[bucket + 1];
+  float* dwte_row = dwte + static_cast<size_t>(bucket_tokens[bucket]) * C;
+  for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = begin; i < end; i++) {
+      const x128 d = load128(dout + static_cast<size_t>(positions[i]) * C + c);
+#pragma unroll
+      for (int k = 0; k < 8; k++) acc[k] += __bfloat162float(d[k]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      f128 w = load128(dwte_row + c + 4 * half);
+#pragma unroll
+      for (int k = 0; k < 4; k++) w[k] += acc[4 * half + k];
+      store128(dwte_row + c + 4 * half, w);
+    }
+  }
+}
+
+// dwpe (T, C) += sum over b (in order b = 0 .. B-1) of dout[b, t]. One thread per (t, 8 channels).
+__global__ void wpe_backward_kernel(float* dwpe, const bf16* dout, int B, int T, int C) {
+  const int C8 = C / 8;
+  const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<size_t>(T) * C8) return;
+  const int t = static_cast<int>(idx / C8);
+  const int c = static_cast<int>(idx % C8) * 8;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int b = 0; b < B; b++) {
+    const x128 d = load128(dout + (static_cast<size_t>(b) * T + t) * C + c);
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] += __bfloat162float(d[k]);
+  }
+  float* dwpe_row = dwpe + static_cast<size_t>(t) * C + c;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    f128 w = load128(dwpe_row + 4 * half);
+#pragma unroll
+    for (int k = 0; k < 4; k++) w[k] += acc[4 * half + k];
+    store128(dwpe_row + 4 * half, w);
+  }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const EncoderBackwardPlan& plan, int B, int T,
+                      int C, cudaStream_t stream) {
+  require_multiple_of_8("encoder_backward", "C", C);
+  require_aligned16("encoder_backward", "dwte", dwte);
+  require_aligned16("encoder_backward", "dwpe", dwpe);
+  require_aligned16("encoder_backward", "dout", dout);
+  if (plan.capacity < static_cast<size_t>(B) * T)
+    throw_error("encoder_backward: the plan holds %zu positions but B*T = %d (call plan.build with this "
+                "micro-batch's tokens first)",
+                plan.capacity, B * T);
+  if (plan.num_buckets > 0) {
+    const int block = std::min(256, static_cast<int>(round_up(C / 8, kWarpSize)));
+    wte_backward_kernel<<<plan.num_buckets, block, 0, stream>>>(dwte, dout, plan.d_bucket_starts,
+                                                               plan.d_bucket_tokens, plan.d_positions, C);
+    CUDA_CHECK_LAUNCH();
+  }
+  const int block = 256;
+  const size_t threads = static_cast<size_t>(T) * (C / 8);
+  if (threads == 0) return;
+  wpe_backward_kernel<<<ceil_div(threads, block), block, 0, stream>>>(dwpe, dout, B, T, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+// CPU reference, organised like the GPU (per token, rows in ascending position) but summing in FP64.
+void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+  const int N = B * T;
+  std::vector<int> order(N);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tokens[a] < tokens[b]; });
+  std::vector<double> acc(C);
+  for (int i = 0; i < N;) {
+    const int token = tokens[order[i]];
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (; i < N && tokens[order[i]] == token; i++)
+      for (int c = 0; c < C; c++) acc[c] += dout[static_cast<size_t>(order[i]) * C + c];
+    for (int c = 0; c < C; c++) dwte[static_cast<size_t>(token) * C + c] += static_cast<float>(acc[c]);
+  }
+  for (int t = 0; t < T; t++)
+    for (int c = 0; c < C; c++) {
+      double sum = 0.0;
+      for (int b = 0; b < B; b++) sum += dout[(static_cast<size_t>(b) * T + t) * C + c];
+      dwpe[static_cast<size_t>(t) * C + c] += static_cast<float>(sum);
+    }
+}
+
+}  // namespace llmc

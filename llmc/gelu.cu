@@ -1,0 +1,94 @@
+// llmc/gelu: GELU with the tanh approximation (GPT-2, PyTorch approximate="tanh"), forward and in-place backward;
+// kernels and CPU references. Any length n: full 8-element packs use 128-bit accesses, the last partial pack is scalar.
+#include <cmath>
+
+#include "llmc/cuda_utils.cuh"
+#include "llmc/kernels.h"
+
+namespace llmc {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+// gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+__device__ inline float gelu_device(float x) {
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+// gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+__device__ inline float gelu_grad_device(float x) {
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  const float tanh_u = tanhf(u);
+  const float sech2_u = 1.0f - tanh_u * tanh_u;
+  return 0.5f * (1.0f + tanh_u) + 0.5f * x * sech2_u * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+// out (n) = gelu(inp). One thread per pack of 8 elements; the pack at n/8 (if n % 8 != 0) is done element by element.
+__global__ void gelu_forward_kernel(bf16* out, const bf16* inp, size_t n) {
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (i + 8 <= n) {
+    const x128 x = load128cs(inp + i);
+    x128 y;
+#pragma unroll
+    for (int k = 0; k < 8; k++) y[k] = __float2bfloat16_rn(gelu_device(__bfloat162float(x[k])));
+    store128(out + i, y);
+  } else {
+    for (size_t j = i; j < n; j++) out[j] = __float2bfloat16_rn(gelu_device(__bfloat162float(inp[j])));
+  }
+}
+
+// dinout (n) = dinout * gelu'(inp).
+__global__ void gelu_backward_inplace_kernel(bf16* dinout, const bf16* inp, size_t n) {
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (i + 8 <= n) {
+    const x128 x = load128cs(inp + i);
+    x128 d = load128cs(dinout + i);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      d[k] = __float2bfloat16_rn(__bfloat162float(d[k]) * gelu_grad_device(__bfloat162float(x[k])));
+    store128(dinout + i, d);
+  } else {
+    for (size_t j = i; j < n; j++)
+      dinout[j] = __float2bfloat16_rn(__bfloat162float(dinout[j]) * gelu_grad_device(__bfloat162float(inp[j])));
+  }
+}
+
+void gelu_forward(bf16* out, const bf16* inp, size_t n, cudaStream_t stream) {
+  require_aligned16("gelu_forward", "out", out);
+  require_aligned16("gelu_forward", "inp", inp);
+  if (n == 0) return;
+  const int block = 256;
+  gelu_forward_kernel<<<ceil_div(ceil_div(n, 8), block), block, 0, stream>>>(out, inp, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward_inplace(bf16* dinout, const bf16* inp, size_t n, cudaStream_t stream) {
+  require_aligned16("gelu_backward_inplace", "dinout", dinout);
+  require_aligned16("gelu_backward_inplace", "inp", inp);
+  if (n == 0) return;
+  const int block = 256;
+  gelu_backward_inplace_kernel<<<ceil_div(ceil_div(n, 8), block), block, 0, stream>>>(dinout, inp, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+// CPU references in FP64.
+void gelu_forward_cpu(float* out, const float* inp, size_t n) {
+  const double scale = std::sqrt(2.0 / M_PI);
+  for (size_t i = 0; i < n; i++) {
+    const double x = inp[i];
+    out[i] = static_cast<float>(0.5 * x * (1.0 + std::tanh(scale * (x + 0.044715 * x * x * x))));
+  }
+}
+
+void gelu_backward_inplace_cpu(float* dinout, const float* inp, size_t n) {
+  const double scale = std::sqrt(2.0 / M_PI);
+  for (size_t i = 0; i < n; i++) {
+    const double x = inp[i];
+    const double tanh_u = std::tanh(scale * (x + 0.044715 * x * x * x));
+    const double grad =
+        0.5 * (1.0 + tanh_u) + 0.5 * x * (1.0 - tanh_u * tanh_u) * scale * (1.0 + 3.0 * 0.044715 * x * x);
+    dinout[i] = static_cast<float>(dinout[i] * grad);
+  }
+}
+
+}  // namespace llmc

@@ -1,0 +1,273 @@
+// llmc/layernorm: LayerNorm forward (plain and fused with the residual add) and backward, FP32 statistics, eps 1e-5;
+// kernels and CPU references. One warp per row; parameter gradients through deterministic per-chunk partials.
+#include <cmath>
+#include <vector>
+
+#include "llmc/cuda_utils.cuh"
+#include "llmc/kernels.h"
+
+namespace llmc {
+
+constexpr float kLayerNormEps = 1e-5f;
+constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels (one warp per row)
+
+// Normalises one row x (C) held in global memory into out (C) with one warp; returns mean and rstd (same in all
+// lanes). Lane l handles the 8-channel chunks l, l + 32, ...; the row is read three times (L1/L2 hits after the first).
+__device__ inline void layernorm_row(bf16* out, float& mean, float& rstd, const bf16* x, const bf16* weight,
+                                     const bf16* bias, int C, int lane) {
+  float sum = 0.0f;
+  for (int c = lane * 8; c < C; c += kWarpSize * 8) {
+    const x128 p = load128(x + c);
+#pragma unroll
+    for (int k = 0; k < 8; k++) sum += __bfloat162float(p[k]);
+  }
+  mean = warp_sum(sum) / C;
+  float sum_sq = 0.0f;
+  for (int c = lane * 8; c < C; c += kWarpSize * 8) {
+    const x128 p = load128(x + c);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const float d = __bfloat162float(p[k]) - mean;
+      sum_sq += d * d;
+    }
+  }
+  rstd = rsqrtf(warp_sum(sum_sq) / C + kLayerNormEps);
+  for (int c = lane * 8; c < C; c += kWarpSize * 8) {
+    const x128 p = load128cs(x + c);
+    const x128 w = load128(weight + c);
+    const x128 b = load128(bias + c);
+    x128 y;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const float xhat = (__bfloat162float(p[k]) - mean) * rstd;
+      y[k] = __float2bfloat16_rn(xhat * __bfloat162float(w[k]) + __bfloat162float(b[k]));
+    }
+    store128(out + c, y);
+  }
+}
+
+// out (N, C) = LayerNorm(inp (N, C)); mean, rstd (N) (either may be null: not saved).
+__global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
+                                         const bf16* bias, int N, int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (row >= N) return;
+  float m, s;
+  layernorm_row(out + static_cast<size_t>(row) * C, m, s, inp + static_cast<size_t>(row) * C, weight, bias, C, lane);
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = s;
+  }
+}
+
+// residual (N, C) = bf16(inp1 + inp2); out = LayerNorm(residual). Each lane re-reads only what it wrote itself.
+__global__ void fused_residual_layernorm_kernel(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* inp1,
+                                                const bf16* inp2, const bf16* weight, const bf16* bias, int N,
+                                                int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (row >= N) return;
+  const size_t offset = static_cast<size_t>(row) * C;
+  for (int c = lane * 8; c < C; c += kWarpSize * 8) {
+    const x128 a = load128cs(inp1 + offset + c);
+    const x128 b = load128cs(inp2 + offset + c);
+    x128 r;
+#pragma unroll
+    for (int k = 0; k < 8; k++) r[k] = __float2bfloat16_rn(__bfloat162float(a[k]) + __bfloat162float(b[k]));
+    store128(residual + offset + c, r);
+  }
+  float m, s;
+  layernorm_row(out + offset, m, s, residual + offset, weight, bias, C, lane);
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = s;
+  }
+}
+
+static void check_layernorm_args(const char* kernel, const void* out, const void* inp, const void* weight,
+                                 const void* bias, int C) {
+  require_multiple_of_8(kernel, "C", C);
+  require_aligned16(kernel, "out", out);
+  require_aligned16(kernel, "inp", inp);
+  require_aligned16(kernel, "weight", weight);
+  require_aligned16(kernel, "bias", bias);
+}
+
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias,
+                       int N, int C, cudaStream_t stream) {
+  check_layernorm_args("layernorm_forward", out, inp, weight, bias, C);
+  if (N <= 0) return;
+  const int grid = static_cast<int>(ceil_div(N, kRowsPerBlock));
+  layernorm_forward_kernel<<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fused_residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* inp1,
+                                      const bf16* inp2, const bf16* weight, const bf16* bias, int N, int C,
+                                      cudaStream_t stream) {
+  check_layernorm_args("fused_residual_layernorm_forward", out, inp1, weight, bias, C);
+  require_aligned16("fused_residual_layernorm_forward", "inp2", inp2);
+  require_aligned16("fused_residual_layernorm_forward", "residual", residual);
+  if (N <= 0) return;
+  const int grid = static_cast<int>(ceil_div(N, kRowsPerBlock));
+  fused_residual_layernorm_kernel<<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(residual, out, mean, rstd, inp1,
+                                                                                  inp2, weight, bias, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+void layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                           const float* bias, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    double sum = 0.0;
+    for (int c = 0; c < C; c++) sum += x[c];
+    const double m = sum / C;
+    double sum_sq = 0.0;
+    for (int c = 0; c < C; c++) sum_sq += (x[c] - m) * (x[c] - m);
+    const double s = 1.0 / std::sqrt(sum_sq / C + kLayerNormEps);
+    for (int c = 0; c < C; c++)
+      out[static_cast<size_t>(n) * C + c] = static_cast<float>((x[c] - m) * s * weight[c] + bias[c]);
+    if (mean) mean[n] = static_cast<float>(m);
+    if (rstd) rstd[n] = static_cast<float>(s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward. With xhat = (x - mean) * rstd and g = weight * dout:
+//   dinp = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat));  dweight = sum_rows dout * xhat;  dbias = sum_rows dout
+
+// dinp (N, C) += the row gradient above. One warp per row; two passes over the row.
+__global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* weight,
+                                               const float* mean, const float* rstd, int N, int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (row >= N) return;
+  const size_t offset = static_cast<size_t>(row) * C;
+  const float m = mean[row], s = rstd[row];
+  float sum_g = 0.0f, sum_g_xhat = 0.0f;
+  for (int c = lane * 8; c < C; c += kWarpSize * 8) {
+    const x128 d = load128(dout + offset + c);
+    const x128 x = load128(inp + offset + c);
+    const x128 w = load128(weight + c);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const float g = __bfloat162float(w[k]) * __bfloat162float(d[k]);
+      sum_g += g;
+      sum_g_xhat += g * (__bfloat162float(x[k]) - m) * s;
+    }
+  }
+  const float mean_g = warp_sum(sum_g) / C;
+  const float mean_g_xhat = warp_sum(sum_g_xhat) / C;
+  for (int c = lane * 8; c < C; c += kWarpSize * 8) {
+    const x128 d = load128(dout + offset + c);  // plain loads: the param-partials kernel reads dout, inp next
+    const x128 x = load128(inp + offset + c);
+    const x128 w = load128(weight + c);
+    x128 di = load128(dinp + offset + c);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const float g = __bfloat162float(w[k]) * __bfloat162float(d[k]);
+      const float xhat = (__bfloat162float(x[k]) - m) * s;
+      di[k] = __float2bfloat16_rn(__bfloat162float(di[k]) + (g - mean_g - xhat * mean_g_xhat) * s);
+    }
+    store128(dinp + offset + c, di);
+  }
+}
+
+// Stage 1 of dweight / dbias: one thread per (row chunk, 8 channels) sums dout * xhat and dout over the chunk's rows
+// in row order. dweight_partials, dbias_partials (num_row_chunks(N), C), overwritten.
+__global__ void layernorm_param_partials_kernel(float* dweight_partials, float* dbias_partials, const bf16* dout,
+                                                const bf16* inp, const float* mean, const float* rstd, int N, int C,
+                                                int num_chunks) {
+  const int C8 = C / 8;
+  const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<size_t>(num_chunks) * C8) return;
+  const int chunk = static_cast<int>(idx / C8);
+  const int c = static_cast<int>(idx % C8) * 8;
+  float dw[8] = {0, 0, 0, 0, 0, 0, 0, 0}, db[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int row_end = min(N, (chunk + 1) * kRowsPerChunk);
+#pragma unroll 4
+  for (int row = chunk * kRowsPerChunk; row < row_end; row++) {
+    const x128 d = load128(dout + static_cast<size_t>(row) * C + c);
+    const x128 x = load128(inp + static_cast<size_t>(row) * C + c);
+    const float m = mean[row], s = rstd[row];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const float dk = __bfloat162float(d[k]);
+      dw[k] += dk * ((__bfloat162float(x[k]) - m) * s);
+      db[k] += dk;
+    }
+  }
+  const size_t out = static_cast<size_t>(chunk) * C + c;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    f128 pw, pb;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      pw[k] = dw[4 * half + k];
+      pb[k] = db[4 * half + k];
+    }
+    store128(dweight_partials + out + 4 * half, pw);
+    store128(dbias_partials + out + 4 * half, pb);
+  }
+}
+
+size_t layernorm_backward_scratch_floats(int N, int C) {
+  return 2 * static_cast<size_t>(num_row_chunks(N)) * static_cast<size_t>(C);
+}
+
+void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout, const bf16* inp,
+                        const bf16* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+  const char* kernel = "layernorm_backward";
+  require_multiple_of_8(kernel, "C", C);
+  require_aligned16(kernel, "dinp", dinp);
+  require_aligned16(kernel, "scratch", scratch);
+  require_aligned16(kernel, "dout", dout);
+  require_aligned16(kernel, "inp", inp);
+  require_aligned16(kernel, "weight", weight);
+  if (N <= 0) return;
+  layernorm_backward_dinp_kernel<<<static_cast<int>(ceil_div(N, kRowsPerBlock)), kRowsPerBlock * kWarpSize, 0,
+                                   stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+  CUDA_CHECK_LAUNCH();
+
+  const int num_chunks = num_row_chunks(N);
+  float* dweight_partials = scratch;                                       // (num_chunks, C)
+  float* dbias_partials = scratch + static_cast<size_t>(num_chunks) * C;  // (num_chunks, C)
+  const int block = 256;
+  const size_t threads = static_cast<size_t>(num_chunks) * (C / 8);
+  layernorm_param_partials_kernel<<<ceil_div(threads, block), block, 0, stream>>>(
+      dweight_partials, dbias_partials, dout, inp, mean, rstd, N, C, num_chunks);
+  CUDA_CHECK_LAUNCH();
+  sum_column_partials(dweight, dweight_partials, num_chunks, C, stream);
+  sum_column_partials(dbias, dbias_partials, num_chunks, C, stream);
+}
+
+void layernorm_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, const float* mean, const float* rstd, int N, int C) {
+  std::vector<double> dweight_sum(C, 0.0), dbias_sum(C, 0.0);
+  for (int n = 0; n < N; n++) {
+    const float* d = dout + static_cast<size_t>(n) * C;
+    const float* x = inp + static_cast<size_t>(n) * C;
+    float* di = dinp + static_cast<size_t>(n) * C;
+    const double m = mean[n], s = rstd[n];
+    double sum_g = 0.0, sum_g_xhat = 0.0;
+    for (int c = 0; c < C; c++) {
+      const double g = static_cast<double>(weight[c]) * d[c];
+      sum_g += g;
+      sum_g_xhat += g * (x[c] - m) * s;
+    }
+    const double mean_g = sum_g / C, mean_g_xhat = sum_g_xhat / C;
+    for (int c = 0; c < C; c++) {
+      const double g = static_cast<double>(weight[c]) * d[c];
+      const double xhat = (x[c] - m) * s;
+      di[c] += static_cast<float>((g - mean_g - xhat * mean_g_xhat) * s);
+      dweight_sum[c] += d[c] * xhat;
+      dbias_sum[c] += d[c];
+    }
+  }
+  for (int c = 0; c < C; c++) {
+    dweight[c] += static_cast<float>(dweight_sum[c]);
+    dbias[c] += static_cast<float>(dbias_sum[c]);
+  }
+}
+
+}  // namespace llmc
