@@ -87,23 +87,39 @@ void EncoderBackwardPlan::build(const int* host_tokens, int B, int T, cudaStream
     CUDA_CHECK(cudaMalloc(&d_bucket_starts, (static_cast<size_t>(N) + 1) * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&d_bucket_tokens, static_cast<size_t>(N) * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&d_positions, static_cast<size_t>(N) * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&h_staging, (3 * static_cast<size_t>(N) + 1) * sizeof(int)));
+    CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
     capacity = N;
+  } else {
+    CUDA_CHECK(cudaEventSynchronize(uploaded));  // the previous upload has finished reading the staging buffer
   }
-  // Copies from pageable memory: cudaMemcpyAsync stages the host data before it returns, so the local vectors may
-  // go out of scope; the copies stay ordered before the encoder_backward launched later on the same stream.
-  CUDA_CHECK(cudaMemcpyAsync(d_bucket_starts, bucket_starts.data(), bucket_starts.size() * sizeof(int),
-                             cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaMemcpyAsync(d_bucket_tokens, bucket_tokens.data(), bucket_tokens.size() * sizeof(int),
-                             cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaMemcpyAsync(d_positions, positions.data(), positions.size() * sizeof(int), cudaMemcpyHostToDevice,
+  // Stage in pinned memory: an asynchronous copy may read its host source after this function returns (with
+  // pageable memory some drivers do so too), so the source must outlive the call.
+  int* h_starts = h_staging;
+  int* h_tokens = h_starts + bucket_starts.size();
+  int* h_positions = h_tokens + bucket_tokens.size();
+  std::copy(bucket_starts.begin(), bucket_starts.end(), h_starts);
+  std::copy(bucket_tokens.begin(), bucket_tokens.end(), h_tokens);
+  std::copy(positions.begin(), positions.end(), h_positions);
+  CUDA_CHECK(cudaMemcpyAsync(d_bucket_starts, h_starts, bucket_starts.size() * sizeof(int), cudaMemcpyHostToDevice,
                              stream));
+  CUDA_CHECK(cudaMemcpyAsync(d_bucket_tokens, h_tokens, bucket_tokens.size() * sizeof(int), cudaMemcpyHostToDevice,
+                             stream));
+  CUDA_CHECK(cudaMemcpyAsync(d_positions, h_positions, positions.size() * sizeof(int), cudaMemcpyHostToDevice,
+                             stream));
+  CUDA_CHECK(cudaEventRecord(uploaded, stream));
 }
 
 void EncoderBackwardPlan::free() {
   if (d_bucket_starts) CUDA_CHECK(cudaFree(d_bucket_starts));
   if (d_bucket_tokens) CUDA_CHECK(cudaFree(d_bucket_tokens));
   if (d_positions) CUDA_CHECK(cudaFree(d_positions));
+  if (uploaded) CUDA_CHECK(cudaEventSynchronize(uploaded));
+  if (h_staging) CUDA_CHECK(cudaFreeHost(h_staging));
+  if (uploaded) CUDA_CHECK(cudaEventDestroy(uploaded));
   d_bucket_starts = d_bucket_tokens = d_positions = nullptr;
+  h_staging = nullptr;
+  uploaded = nullptr;
   num_buckets = 0;
   capacity = 0;
 }

@@ -41,6 +41,10 @@ struct EncoderBackwardPlan {
   int* d_positions = nullptr;      // (B*T) flat positions b*T+t, grouped by token, ascending within a group
   int num_buckets = 0;
   size_t capacity = 0;
+  // pinned host staging of the three arrays (the async upload reads it after build returns), and the event that
+  // tells when the previous upload has finished reading it
+  int* h_staging = nullptr;  // (2 * capacity + 1) ints: bucket starts, bucket tokens, positions
+  cudaEvent_t uploaded = nullptr;
   void build(const int* host_tokens, int B, int T, cudaStream_t stream);  // uploads with cudaMemcpyAsync
   void free();
 };

@@ -193,7 +193,9 @@ TEST(Gemm, DgradMatchesCpu) {
       ref_acc[i] = (double)initial.host[i] + ref_f[i];
       absref_acc[i] = std::fabs(initial.host[i]) + absref[i];
     }
-    expect_close(download_bf16(dinp, n_out), ref_acc, absref_acc, ulp, "dgrad accumulate");
+    // 2 ulps: with a bf16 C operand cuBLASLt rounds the product before adding C (measured on H100: errors up to
+    // ~1.1 ulp of the result), so the accumulated output carries two roundings.
+    expect_close(download_bf16(dinp, n_out), ref_acc, absref_acc, 2 * ulp, "dgrad accumulate");
 
     // DGELU epilogue: dinp = (dout · W) * gelu'(pre_gelu)
     CUDA_CHECK(cudaMemset(dinp, 0xFF, n_out * sizeof(bf16)));
