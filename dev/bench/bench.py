@@ -1,0 +1,739 @@
+#!/usr/bin/env python3
+"""dev/bench/bench.py: the llm8 benchmark driver. Runs train_gpt configs for a fixed number of steps, measures
+tokens/s, MFU (against the BF16 and FP8 peaks of the GPU it finds), peak device memory and loss, runs the PyTorch
+reference (dev/reference/gpt2.py --time: torch.compile, BF16 autocast, fused AdamW) beside each run as a peer on the
+same GPU, appends one Markdown row per run to dev/bench/results/<gpu>.md and prints a side-by-side table.
+
+How a run is measured (details in dev/bench/README.md):
+  - train_gpt runs `--steps` optimizer steps with one micro-step per step (train.global_batch_tokens=0), no
+    validation, sampling or checkpoints, and writes its JSONL metrics; the first `--warmup` steps are dropped and
+    tokens/s = tokens per step / median step time of the rest.
+  - FLOPs per token come from `train_gpt --dry-run` (6N + 6LCT); MFU = FLOPs/token * tokens/s / (peak * GPUs).
+  - peak memory = the largest mem_gib of the JSONL records; loss = the last train loss.
+
+Examples:
+  python3 dev/bench/bench.py                              # the gpt2 suite (124M and 350M), peer included
+  python3 dev/bench/bench.py --suite quick --peer none
+  python3 dev/bench/bench.py --runs 124m:32:1024,350m:16:1024:2 --recipe bf16 --steps 40 --dry
+"""
+import argparse
+import datetime
+import glob
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Dense peak TFLOP/s per GPU (BF16, FP8) from NVIDIA's datasheets; the same table as llmc/metrics.cpp. Matched as
+# lower-case substrings of the nvidia-smi name, most specific first. None = the GPU has no such peak (A100: no FP8).
+GPU_PEAKS = [
+    ("gh200", (989.0, 1979.0)),
+    ("h200", (989.0, 1979.0)),
+    ("h100 pcie", (756.0, 1513.0)),
+    ("h100 nvl", (835.0, 1671.0)),
+    ("h100", (989.0, 1979.0)),  # H100 SXM5 (nvidia-smi: "NVIDIA H100 80GB HBM3")
+    ("h800", (989.0, 1979.0)),
+    ("a100", (312.0, None)),
+    ("gb200", (2500.0, 5000.0)),
+    ("b200", (2250.0, 4500.0)),
+]
+
+# GPT-2 model presets (n_layer, n_head, n_embd, max_seq_len), as in llmc/model_spec.cpp. Used only when the
+# trainer's --dry-run output cannot be parsed (FLOPs fallback, peer model sizes).
+GPT2_PRESETS = {
+    "gpt2-tiny": (2, 2, 128, 256),
+    "gpt2-mini": (6, 6, 384, 512),
+    "gpt2-124m": (12, 12, 768, 1024),
+    "gpt2-350m": (24, 16, 1024, 1024),
+    "gpt2-774m": (36, 20, 1280, 1024),
+    "gpt2-1558m": (48, 25, 1600, 1024),
+}
+GPT2_VOCAB = 50257
+
+# Named suites: run specs "model:micro_batch:seq_len[:gpus]".
+SUITES = {
+    "gpt2": ["124m:32:1024", "124m:64:1024", "350m:16:1024", "350m:32:1024"],
+    "quick": ["mini:16:512"],
+}
+
+PEER_RECIPE = "pytorch-compile-bf16"
+RESULT_COLUMNS = ["model", "recipe", "GPUs", "micro-batch", "sequence", "tokens/s", "MFU (BF16 peak)",
+                  "MFU (FP8 peak)", "peak memory GiB", "loss", "commit", "date"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# run specs and commands
+
+@dataclass
+class RunSpec:
+    model: str        # short name ("124m", "mini") or a path to a config .json
+    micro_batch: int  # B
+    seq_len: int      # T
+    gpus: int = 1
+
+    def label(self):
+        return f"{os.path.basename(self.model)} B={self.micro_batch} T={self.seq_len} x{self.gpus}"
+
+
+def parse_run_spec(text):
+    """'124m:32:1024' or '124m:32:1024:2' (model:micro_batch:seq_len[:gpus]) -> RunSpec."""
+    parts = text.strip().split(":")
+    if len(parts) not in (3, 4) or not parts[0]:
+        raise ValueError(f"run spec '{text}': expected model:micro_batch:seq_len[:gpus], e.g. 124m:32:1024")
+    try:
+        numbers = [int(p) for p in parts[1:]]
+    except ValueError:
+        raise ValueError(f"run spec '{text}': micro_batch, seq_len and gpus must be integers") from None
+    if min(numbers) < 1:
+        raise ValueError(f"run spec '{text}': micro_batch, seq_len and gpus must be >= 1")
+    return RunSpec(parts[0], *numbers)
+
+
+def parse_run_list(runs, suite):
+    specs = []
+    if suite:
+        for name in suite.split(","):
+            if name not in SUITES:
+                raise ValueError(f"unknown suite '{name}' (known: {', '.join(sorted(SUITES))})")
+            specs += [parse_run_spec(s) for s in SUITES[name]]
+    if runs:
+        specs += [parse_run_spec(s) for s in runs.split(",") if s.strip()]
+    return specs
+
+
+def config_for(model, recipe, configs_dir):
+    """The config file of a run and whether precision.recipe must be overridden. A model that names a .json file is
+    used as is; otherwise configs/gpt2_<model>_<recipe>.json if it exists, else configs/gpt2_<model>_bf16.json."""
+    if model.endswith(".json"):
+        return model, True
+    specific = os.path.join(configs_dir, f"gpt2_{model}_{recipe}.json")
+    if os.path.exists(specific):
+        return specific, False
+    return os.path.join(configs_dir, f"gpt2_{model}_bf16.json"), True
+
+
+def bench_overrides(spec, recipe, steps, warmup, jsonl_path, train_glob):
+    """--set overrides that turn a training config into a benchmark: fixed batch and steps, one micro-step per
+    optimizer step, the learning-rate warm-up as long as the timing warm-up (it must not exceed the steps), no
+    validation/sampling/checkpoints, JSONL metrics every step."""
+    return [
+        f"train.micro_batch={spec.micro_batch}",
+        f"train.seq_len={spec.seq_len}",
+        "train.global_batch_tokens=0",
+        f"train.steps={steps}",
+        f"train.warmup_steps={warmup}",
+        f"precision.recipe={recipe}",
+        f"data.train={train_glob}",
+        'data.val=""',
+        "eval.every=0",
+        "sample.every=0",
+        "sample.tokens=0",
+        'checkpoint.dir=""',
+        "log.every=1",
+        f"log.jsonl={jsonl_path}",
+    ]
+
+
+def trainer_command(train_gpt, config, overrides, dry_run=False):
+    cmd = [train_gpt, "--config", config]
+    for o in overrides:
+        cmd += ["--set", o]
+    if dry_run:
+        cmd.append("--dry-run")
+    return cmd
+
+
+def peer_command(python, dims, spec, warmup, steps):
+    """dev/reference/gpt2.py in timing mode with the model sizes given explicitly (works for any preset)."""
+    n_layer, n_head, n_embd, max_seq_len, vocab = dims
+    return [python, os.path.join("dev", "reference", "gpt2.py"), "--time",
+            "--n_layer", str(n_layer), "--n_head", str(n_head), "--n_embd", str(n_embd),
+            "--max_seq_len", str(max(max_seq_len, spec.seq_len)), "--vocab_size", str(vocab),
+            "--B", str(spec.micro_batch), "--T", str(spec.seq_len),
+            "--warmup", str(warmup), "--iters", str(max(1, steps - warmup))]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# parsing: the trainer's --dry-run report, its JSONL metrics, the peer's JSON line
+
+_NUMBER = r"(\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([kKMGTP](?![a-zA-Z]))?"
+_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_FLOPS_PHRASE = re.compile(r"flops\s*(?:/|per|_per_)\s*_?(?:token|tok)\b", re.IGNORECASE)
+
+
+def parse_flops_per_token(text):
+    """FLOPs per token from a line such as 'FLOPs/token  7.985e+08 (6N + 6LCT at T = 1024)' or
+    'FLOPs per token: 798,523,392'. Returns the largest number on the matching line (after the phrase; a unit
+    suffix k/M/G/T is applied), which skips small numbers like 'T = 1024'; None if no line matches."""
+    for line in text.splitlines():
+        m = _FLOPS_PHRASE.search(line)
+        if not m:
+            continue
+        values = [float(num.replace(",", "")) * _SCALE[unit]
+                  for num, unit in re.findall(_NUMBER, line[m.end():])]
+        values = [v for v in values if math.isfinite(v)]
+        if values:
+            return max(values)
+    return None
+
+
+def parse_resolved_model(text):
+    """The model section of the --dry-run 'resolved config' dump ('  model: n_layer=12 n_head=12 ...') as a dict,
+    or {} when absent. Values are JSON (strings quoted)."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("model:"):
+            continue
+        out = {}
+        for key, value in re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", stripped[len("model:"):]):
+            try:
+                out[key] = json.loads(value)
+            except ValueError:
+                out[key] = value
+        if "n_layer" in out:
+            return out
+    return {}
+
+
+def parse_metrics(text, warmup):
+    """Summary of a trainer JSONL metrics file: drops the first `warmup` train records and takes the median step
+    time of the rest. Returns dict(timed_steps, step_ms (median), step_ms_mean, tokens_per_step, tokens_per_s,
+    mem_gib (largest, None if never reported), loss (last train loss), val_loss (last, None if none), last_step).
+    Raises ValueError when there are no train records after the warm-up."""
+    train, evals = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            raise ValueError(f"metrics line {n} is not JSON: {line[:80]}") from None
+        if record.get("type") == "train":
+            train.append(record)
+        elif record.get("type") == "eval":
+            evals.append(record)
+    timed = [r for r in train[warmup:] if r.get("ms") is not None and r.get("tokens") is not None]
+    if not timed:
+        raise ValueError(f"no timed steps: {len(train)} train records, warm-up {warmup} "
+                         f"(run more --steps than --warmup)")
+    step_ms = statistics.median(r["ms"] for r in timed)
+    tokens = statistics.median(r["tokens"] for r in timed)
+    mems = [r["mem_gib"] for r in train if r.get("mem_gib") is not None]
+    losses = [r["loss"] for r in train if r.get("loss") is not None]
+    vals = [r["val_loss"] for r in evals if r.get("val_loss") is not None]
+    return {
+        "timed_steps": len(timed),
+        "step_ms": step_ms,
+        "step_ms_mean": statistics.fmean(r["ms"] for r in timed),
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / (step_ms / 1000.0) if step_ms > 0 else float("nan"),
+        "mem_gib": max(mems) if mems else None,
+        "loss": losses[-1] if losses else None,
+        "val_loss": vals[-1] if vals else None,
+        "last_step": train[-1].get("step") if train else None,
+    }
+
+
+def parse_peer_output(text):
+    """The last JSON object line with "tokens_per_s" printed by dev/reference/gpt2.py --time, or None."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "tokens_per_s" in record:
+                return record
+    return None
+
+
+def last_error_line(text):
+    """The line that best explains a failure: the last one mentioning an error, else the last non-empty one."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    for pattern in (r"error|out of memory|\boom\b", r"exception|fatal|abort|killed|terminate|traceback"):
+        for line in reversed(lines):
+            if re.search(pattern, line, re.IGNORECASE):
+                return line[:300]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# FLOPs, peaks, MFU
+
+def gpt2_flops_per_token(n_layer, n_embd, seq_len, vocab=GPT2_VOCAB, ffn_hidden=None):
+    """6N + 6LCT, the convention of llmc flops_per_token: N = non-embedding parameters + the lm_head matmul on the
+    real vocabulary (= all parameters except wpe, wte counted once as the tied lm_head)."""
+    C, L, F = n_embd, n_layer, ffn_hidden or 4 * n_embd
+    per_layer = (2 * C) + (3 * C * C + 3 * C) + (C * C + C) + (2 * C) + (F * C + F) + (C * F + C)
+    n = vocab * C + L * per_layer + 2 * C
+    return 6.0 * n + 6.0 * L * C * seq_len
+
+
+def gpu_peaks(name):
+    """(bf16, fp8) dense peak TFLOP/s for an nvidia-smi GPU name, or None when unknown."""
+    lower = name.lower()
+    for part, peaks in GPU_PEAKS:
+        if part in lower:
+            return peaks
+    return None
+
+
+def mfu_percent(flops_per_token, tokens_per_s, peak_tflops, gpus):
+    if not flops_per_token or not tokens_per_s or not peak_tflops or gpus < 1:
+        return None
+    if not all(math.isfinite(v) for v in (flops_per_token, tokens_per_s, peak_tflops)):
+        return None
+    return 100.0 * flops_per_token * tokens_per_s / (peak_tflops * 1e12 * gpus)
+
+
+def slug(name):
+    s = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return s or "unknown-gpu"
+
+
+def detect_gpus():
+    """(name of GPU 0, number of GPUs) from nvidia-smi, or (None, 0) when there is none."""
+    if not shutil.which("nvidia-smi"):
+        return None, 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None, 0
+    names = [l.strip() for l in out.stdout.splitlines() if l.strip()]
+    if out.returncode != 0 or not names:
+        return None, 0
+    return names[0], len(names)
+
+
+def git_commit():
+    """Short HEAD, with '+dirty' when tracked files other than dev/bench/results differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)dev/bench/results"], cwd=REPO_ROOT, capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# results
+
+def fmt(value, spec, none="n/a"):
+    return none if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
+
+
+RESULTS_HEADER = """# llm8 benchmarks on {gpu}
+
+One row per benchmark run, appended by `dev/bench/bench.py` (see dev/bench/README.md).
+
+- **model, recipe**: the model preset and precision recipe; `{peer}` is the PyTorch reference
+  (`dev/reference/gpt2.py --time`: torch.compile, BF16 autocast, fused AdamW) run beside ours on the same GPU in
+  the same session.
+- **GPUs, micro-batch, sequence**: data-parallel GPUs, sequences per GPU per step, tokens per sequence.
+- **tokens/s**: over all GPUs. llm8 runs one micro-step per optimizer step with no validation, sampling or
+  checkpoints; the first warm-up steps are dropped and tokens/s = tokens per step / median step time of the rest
+  (train_gpt's per-step `ms`). The peer drops the same number of warm-up steps (torch.compile happens there) and
+  reports the mean step time of the rest (synchronised wall clock around the loop).
+- **MFU**: FLOPs/token x tokens/s / (peak x GPUs), FLOPs/token = 6N + 6LCT (N = non-embedding parameters + the
+  lm_head on the real vocabulary; L layers, C width, T sequence), against the dense peaks of this GPU:
+  {peaks}.
+- **peak memory GiB**: per GPU; llm8's largest `mem_gib`, the peer's torch.cuda.max_memory_allocated.
+- **loss**: the last training loss (llm8 on the bundled KJV text; the peer on random tokens, so not comparable).
+- **commit, date**: `git rev-parse --short HEAD` (`+dirty` = uncommitted changes outside the results) and UTC time.
+
+| {columns} |
+|{rule}|
+"""
+
+
+def result_row(r):
+    return "| " + " | ".join([
+        r["model"], r["recipe"], str(r["gpus"]), str(r["micro_batch"]), str(r["seq_len"]),
+        fmt(r["tokens_per_s"], ",.0f"), fmt(r["mfu_bf16"], ".1f") + "%" * (r["mfu_bf16"] is not None),
+        fmt(r["mfu_fp8"], ".1f") + "%" * (r["mfu_fp8"] is not None),
+        fmt(r["mem_gib"], ".1f"), fmt(r["loss"], ".4f"), r["commit"], r["date"],
+    ]) + " |"
+
+
+def append_results(path, gpu_name, rows):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    new = not os.path.exists(path)
+    with open(path, "a") as f:
+        if new:
+            peaks = gpu_peaks(gpu_name)
+            peak_text = ("BF16 {:g}, FP8 {} TFLOP/s".format(peaks[0], fmt(peaks[1], "g"))
+                         if peaks else "unknown to bench.py, so MFU is n/a")
+            f.write(RESULTS_HEADER.format(gpu=gpu_name, peer=PEER_RECIPE, peaks=peak_text,
+                                          columns=" | ".join(RESULT_COLUMNS),
+                                          rule="|".join("---" for _ in RESULT_COLUMNS)))
+        for r in rows:
+            f.write(result_row(r) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# running
+
+@dataclass
+class Outcome:
+    ok: bool
+    row: dict = field(default_factory=dict)  # result row fields when ok
+    error: str = ""                          # last error line when not ok
+    raw: dict = field(default_factory=dict)
+
+
+def run_logged(cmd, log_path, timeout, env=None):
+    """Runs cmd with stdout+stderr to log_path; returns (exit code or None on timeout, log text)."""
+    with open(log_path, "w") as log:
+        try:
+            rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                env=env).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    with open(log_path, errors="replace") as log:
+        return rc, log.read()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_trainer(cmd, gpus, log_prefix, timeout):
+    """One process, or `gpus` processes with torchrun-style variables (rank 0's log is returned)."""
+    if gpus == 1:
+        return run_logged(cmd, log_prefix + ".log", timeout)
+    port = str(free_port())
+    procs, logs = [], []
+    for rank in range(gpus):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(gpus), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(gpus), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NCCL_NVLS_ENABLE="0")
+        logs.append(open(f"{log_prefix}.rank{rank}.log", "w"))
+        procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=logs[-1], stderr=subprocess.STDOUT, env=env))
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for p, c in zip(procs, codes):
+        if c is None:
+            p.kill()
+            p.wait()
+    for log in logs:
+        log.close()
+    texts = [open(log.name, errors="replace").read() for log in logs]
+    bad = [i for i, c in enumerate(codes) if c != 0]
+    if not bad:
+        return 0, texts[0]
+    return codes[bad[0]], texts[bad[0]]
+
+
+def failure_text(rc, text, timeout):
+    if rc is None:
+        return f"timed out after {timeout} s; " + last_error_line(text)
+    return f"exit {rc}: " + last_error_line(text)
+
+
+def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
+    model = os.path.basename(spec.model).removesuffix(".json")
+    name = f"{model}_b{spec.micro_batch}_t{spec.seq_len}_g{spec.gpus}_{recipe}"
+    jsonl = os.path.join(workdir, name + ".jsonl")
+    config, set_recipe = config_for(spec.model, recipe, args.configs)
+    overrides = bench_overrides(spec, recipe, args.steps, args.warmup, jsonl, args.data)
+    if not set_recipe:
+        overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
+    env = dict(os.environ, WORLD_SIZE=str(spec.gpus))
+    raw = {"impl": "llm8", "spec": spec.__dict__, "recipe": recipe, "config": config, "overrides": overrides}
+
+    # the dry run validates the config (no GPU) and gives FLOPs/token and the resolved model sizes
+    with open(os.path.join(workdir, name + ".dryrun.log"), "w") as log:
+        dry = subprocess.run(trainer_command(args.train_gpt, config, overrides, dry_run=True), cwd=REPO_ROOT,
+                             stdout=log, stderr=subprocess.STDOUT, env=env)
+    dry_text = open(log.name, errors="replace").read()
+    if dry.returncode != 0:
+        return Outcome(False, error="dry run " + failure_text(dry.returncode, dry_text, 0), raw=raw), None
+    resolved = parse_resolved_model(dry_text)
+    preset_name = resolved.get("preset") or read_preset(config, spec.model)
+    dims = model_dims(resolved, preset_name)
+    flops = parse_flops_per_token(dry_text)
+    raw["flops_source"] = "train_gpt --dry-run"
+    if flops is None and dims:
+        flops = gpt2_flops_per_token(dims[0], dims[2], spec.seq_len, dims[4], resolved.get("ffn_hidden"))
+        raw["flops_source"] = "bench.py 6N+6LCT fallback"
+    raw["flops_per_token"] = flops
+    if dims and resolved.get("arch", "gpt2") == "gpt2":
+        # cross-check against bench.py's own 6N + 6LCT (the dry run prints 4 significant digits)
+        formula = gpt2_flops_per_token(dims[0], dims[2], spec.seq_len, dims[4], resolved.get("ffn_hidden"))
+        raw["flops_per_token_formula"] = formula
+        if flops and abs(flops / formula - 1) > 0.01:
+            print(f"  warning: FLOPs/token {flops:.4g} from --dry-run differs from 6N+6LCT = {formula:.4g}",
+                  flush=True)
+
+    if os.path.exists(jsonl):
+        os.remove(jsonl)
+    rc, text = launch_trainer(trainer_command(args.train_gpt, config, overrides), spec.gpus,
+                              os.path.join(workdir, name), args.timeout)
+    if rc != 0:
+        return Outcome(False, error=failure_text(rc, text, args.timeout), raw=raw), dims
+    try:
+        with open(jsonl) as f:
+            metrics = parse_metrics(f.read(), args.warmup)
+    except (OSError, ValueError) as e:
+        return Outcome(False, error=f"metrics {jsonl}: {e}", raw=raw), dims
+    raw["metrics"] = metrics
+    peaks = gpu_peaks(gpu_name) or (None, None)
+    row = {
+        "model": preset_name or spec.model, "recipe": recipe, "gpus": spec.gpus, "micro_batch": spec.micro_batch,
+        "seq_len": spec.seq_len, "tokens_per_s": metrics["tokens_per_s"],
+        "mfu_bf16": mfu_percent(flops, metrics["tokens_per_s"], peaks[0], spec.gpus),
+        "mfu_fp8": mfu_percent(flops, metrics["tokens_per_s"], peaks[1], spec.gpus),
+        "mem_gib": metrics["mem_gib"], "loss": metrics["loss"], "commit": commit, "date": date,
+    }
+    return Outcome(True, row=row, raw=raw), dims
+
+
+def run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date):
+    cmd = peer_command(args.python, dims, spec, args.warmup, args.steps)
+    name = f"peer_{model_name}_b{spec.micro_batch}_t{spec.seq_len}"
+    raw = {"impl": "pytorch", "spec": spec.__dict__, "command": cmd}
+    rc, text = run_logged(cmd, os.path.join(workdir, name + ".log"), args.timeout)
+    if rc == 77:
+        return Outcome(False, error="skipped: PyTorch is not installed", raw=raw)
+    if rc != 0:
+        return Outcome(False, error=failure_text(rc, text, args.timeout), raw=raw)
+    out = parse_peer_output(text)
+    if out is None:
+        return Outcome(False, error="no JSON line with tokens_per_s in the output: " + last_error_line(text), raw=raw)
+    raw["output"] = out
+    flops = gpt2_flops_per_token(dims[0], dims[2], spec.seq_len, dims[4])
+    peaks = gpu_peaks(gpu_name) or (None, None)
+    tok_s = out["tokens_per_s"]
+    row = {
+        "model": model_name, "recipe": PEER_RECIPE, "gpus": 1, "micro_batch": spec.micro_batch,
+        "seq_len": spec.seq_len, "tokens_per_s": tok_s, "mfu_bf16": mfu_percent(flops, tok_s, peaks[0], 1),
+        "mfu_fp8": mfu_percent(flops, tok_s, peaks[1], 1), "mem_gib": out.get("peak_mem_gib"),
+        "loss": out.get("loss"), "commit": commit, "date": date,
+    }
+    return Outcome(True, row=row, raw=raw)
+
+
+def read_preset(config, model=""):
+    """model.preset of a config file; when the file cannot be read, 'gpt2-<model>' if that is a known preset."""
+    try:
+        with open(os.path.join(REPO_ROOT, config)) as f:
+            return json.load(f).get("model", {}).get("preset", "")
+    except (OSError, ValueError, AttributeError):
+        return f"gpt2-{model}" if f"gpt2-{model}" in GPT2_PRESETS else ""
+
+
+def model_dims(resolved, preset_name):
+    """(n_layer, n_head, n_embd, max_seq_len, vocab_size) from the resolved config, else the preset table."""
+    keys = ("n_layer", "n_head", "n_embd", "max_seq_len")
+    if all(k in resolved for k in keys):
+        return tuple(int(resolved[k]) for k in keys) + (int(resolved.get("vocab_size", GPT2_VOCAB)),)
+    if preset_name in GPT2_PRESETS:
+        return GPT2_PRESETS[preset_name] + (GPT2_VOCAB,)
+    return None
+
+
+DEFAULT_DATA = "data/kjv/kjv_train_*.bin"
+
+
+def ensure_data(args, dry):
+    """Prepares the bundled KJV corpus when its training shards are missing; another --data glob must exist."""
+    if glob.glob(os.path.join(REPO_ROOT, args.data)):
+        return True
+    if args.data != DEFAULT_DATA:
+        print(f"bench.py: no shards match --data {args.data}", file=sys.stderr)
+        return dry
+    cmd = [args.python, os.path.join("dev", "data", "prepare.py"), "--kjv"]
+    if dry:
+        print("# no shards match", args.data, "- would prepare them with:")
+        print(shlex.join(cmd))
+        return True
+    if not os.path.exists(os.path.join(REPO_ROOT, "dev", "data", "prepare.py")):
+        print(f"bench.py: no shards match {args.data} and dev/data/prepare.py is missing", file=sys.stderr)
+        return False
+    print("preparing data:", shlex.join(cmd), flush=True)
+    if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0 or not glob.glob(os.path.join(REPO_ROOT, args.data)):
+        print(f"bench.py: '{shlex.join(cmd)}' did not produce {args.data}", file=sys.stderr)
+        return False
+    return True
+
+
+def print_dry(args, specs, recipes, gpu_name):
+    print(f"# GPU: {gpu_name or 'none found'}; results would go to "
+          f"{os.path.join(args.results, slug(gpu_name or 'unknown-gpu') + '.md')}")
+    ensure_data(args, dry=True)
+    for spec in specs:
+        for recipe in recipes:
+            config, set_recipe = config_for(spec.model, recipe, args.configs)
+            overrides = bench_overrides(spec, recipe, args.steps, args.warmup, f"{args.workdir}/<run>.jsonl", args.data)
+            if not set_recipe:
+                overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
+            prefix = f"WORLD_SIZE={spec.gpus} " if spec.gpus > 1 else ""
+            launch = f" (x{spec.gpus} processes: RANK/LOCAL_RANK 0..{spec.gpus - 1}, MASTER_ADDR/PORT)" \
+                if spec.gpus > 1 else ""
+            print(f"# {spec.label()} {recipe}")
+            print(prefix + shlex.join(trainer_command(args.train_gpt, config, overrides, dry_run=True)))
+            print(shlex.join(trainer_command(args.train_gpt, config, overrides)) + launch)
+        if args.peer == "torch" and spec.gpus == 1:
+            config, _ = config_for(spec.model, recipes[0], args.configs)
+            dims = model_dims({}, read_preset(config, spec.model))
+            if dims:
+                print(shlex.join(peer_command(args.python, dims, spec, args.warmup, args.steps)))
+            else:
+                print(f"# peer: model sizes of {config} come from its --dry-run output at run time")
+
+
+def print_summary(entries):
+    """Side-by-side table: ours vs the PyTorch peer per run, with the speed ratio."""
+    header = f"{'run':<30} {'recipe':<16} {'tok/s':>11} {'MFU bf16':>8} {'mem GiB':>7} {'loss':>7} " \
+             f"{'peer tok/s':>11} {'peer GiB':>8} {'ours/peer':>9}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for spec, recipe, ours, peer in entries:
+        label = spec.label()
+        peer_tok = peer.row["tokens_per_s"] if peer and peer.ok else None
+        peer_mem = peer.row["mem_gib"] if peer and peer.ok else None
+        if ours.ok:
+            r = ours.row
+            ratio = r["tokens_per_s"] / peer_tok if peer_tok else None
+            print(f"{label:<30} {recipe:<16} {fmt(r['tokens_per_s'], ',.0f'):>11} "
+                  f"{fmt(r['mfu_bf16'], '.1f'):>8} {fmt(r['mem_gib'], '.1f'):>7} {fmt(r['loss'], '.4f'):>7} "
+                  f"{fmt(peer_tok, ',.0f', '-'):>11} {fmt(peer_mem, '.1f', '-'):>8} "
+                  f"{fmt(ratio, '.2f', '-'):>9}")
+        else:
+            print(f"{label:<30} {recipe:<16} FAILED: {ours.error}")
+            if peer_tok:
+                print(f"{'':<30} {'':<16} peer {fmt(peer_tok, ',.0f')} tok/s, {fmt(peer_mem, '.1f')} GiB")
+        if peer is not None and not peer.ok:
+            print(f"{'':<30} {'peer':<16} {peer.error}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build", help="CMake build directory holding train_gpt (default: build)")
+    ap.add_argument("--runs", help="comma-separated model:micro_batch:seq_len[:gpus], e.g. 124m:32:1024,350m:16:1024;"
+                                   " model is a configs/gpt2_<model>_<recipe>.json name or a config path")
+    ap.add_argument("--suite", help="named run lists: " + "; ".join(f"{k} = {' '.join(v)}" for k, v in SUITES.items())
+                    + " (default gpt2 when --runs is not given)")
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
+    ap.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing (default 5)")
+    ap.add_argument("--recipe", default="bf16", help="comma-separated precision recipes (default bf16)")
+    ap.add_argument("--peer", choices=["torch", "none"], default="torch",
+                    help="run the PyTorch reference beside each single-GPU run (default torch)")
+    ap.add_argument("--results", default=os.path.join("dev", "bench", "results"), help="results directory")
+    ap.add_argument("--configs", default="configs", help="config directory (default configs)")
+    ap.add_argument("--data", default=DEFAULT_DATA,
+                    help="training shard glob (default the bundled KJV corpus, prepared if missing)")
+    ap.add_argument("--workdir", help="logs and JSONL metrics of the runs (default runs/bench/<UTC time>)")
+    ap.add_argument("--python", default=sys.executable or "python3", help="python for the peer and data preparation")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds before a run is killed (default 1800)")
+    ap.add_argument("--no-record", action="store_true", help="print the table but do not append to the results")
+    ap.add_argument("--dry", action="store_true", help="print the commands only")
+    args = ap.parse_args(argv)
+
+    try:
+        specs = parse_run_list(args.runs, args.suite if (args.suite or args.runs) else "gpt2")
+    except ValueError as e:
+        ap.error(str(e))
+    recipes = [r.strip() for r in args.recipe.split(",") if r.strip()]
+    if not specs or not recipes:
+        ap.error("nothing to run (give --runs or --suite, and --recipe)")
+    if args.warmup < 0 or args.steps <= args.warmup:
+        ap.error(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup})")
+    os.chdir(REPO_ROOT)  # every relative path (build, configs, data, results, workdir) is relative to the repository
+    now = datetime.datetime.now(datetime.timezone.utc)
+    args.workdir = args.workdir or os.path.join("runs", "bench", now.strftime("%Y%m%dT%H%M%SZ"))
+    args.train_gpt = os.path.join(args.build, "train_gpt")
+    gpu_name, gpu_count = detect_gpus()
+
+    if args.dry:
+        print_dry(args, specs, recipes, gpu_name)
+        return 0
+
+    if gpu_name is None:
+        print("bench.py: nvidia-smi finds no GPU; run on a GPU machine (or use --dry)", file=sys.stderr)
+        return 1
+    if not os.access(os.path.join(REPO_ROOT, args.train_gpt), os.X_OK):
+        print(f"bench.py: {args.train_gpt} not found; build first: cmake -S . -B {args.build} "
+              f"-DCMAKE_BUILD_TYPE=Release && cmake --build {args.build} -j", file=sys.stderr)
+        return 1
+    if not ensure_data(args, dry=False):
+        return 1
+    workdir = os.path.join(REPO_ROOT, args.workdir)
+    os.makedirs(workdir, exist_ok=True)
+    commit, date = git_commit(), now.strftime("%Y-%m-%d %H:%M UTC")
+    results_md = os.path.join(args.results, slug(gpu_name) + ".md")
+    raw_path = os.path.join(args.results, "raw", f"{now.strftime('%Y-%m-%d')}_{slug(gpu_name)}.jsonl")
+    print(f"GPU: {gpu_name} x{gpu_count}; peaks {gpu_peaks(gpu_name) or 'unknown (MFU n/a)'}; commit {commit}; "
+          f"logs in {args.workdir}", flush=True)
+
+    entries = []
+    for spec in specs:
+        if spec.gpus > gpu_count:
+            entries.append((spec, recipes[0], Outcome(False, error=f"needs {spec.gpus} GPUs, found {gpu_count}"),
+                            None))
+            continue
+        dims = None
+        for recipe in recipes:
+            print(f"[{spec.label()} {recipe}] running {args.steps} steps ...", flush=True)
+            ours, found = run_ours(args, spec, recipe, gpu_name, workdir, commit, date)
+            dims = dims or found
+            entries.append([spec, recipe, ours, None])
+            print(f"  {'ok: %s tok/s' % fmt(ours.row['tokens_per_s'], ',.0f') if ours.ok else 'FAILED: ' + ours.error}",
+                  flush=True)
+            record(ours, results_md, raw_path, gpu_name, args.no_record)
+        if args.peer == "torch" and spec.gpus == 1:
+            if dims is None:
+                config, _ = config_for(spec.model, recipes[0], args.configs)
+                dims = model_dims({}, read_preset(config, spec.model))
+            if dims is None:
+                peer = Outcome(False, error="model sizes unknown (the dry run failed and the preset is not a gpt2 one)")
+            else:
+                print(f"[{spec.label()} {PEER_RECIPE}] running ...", flush=True)
+                config, _ = config_for(spec.model, recipes[0], args.configs)
+                model_name = read_preset(config, spec.model) or spec.model
+                peer = run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date)
+                print(f"  {'ok: %s tok/s' % fmt(peer.row['tokens_per_s'], ',.0f') if peer.ok else peer.error}",
+                      flush=True)
+                record(peer, results_md, raw_path, gpu_name, args.no_record)
+            for e in entries:
+                if e[0] is spec:
+                    e[3] = peer
+    print_summary(entries)
+    if not args.no_record:
+        print(f"\nresults: {results_md}\nraw:     {raw_path}")
+    return 0 if all(e[2].ok for e in entries) else 2
+
+
+def record(outcome, results_md, raw_path, gpu_name, no_record):
+    """Appends a successful run's row to the results table; every run (failed ones too) goes to the raw JSONL."""
+    if no_record:
+        return
+    os.makedirs(os.path.dirname(raw_path), exist_ok=True)
+    with open(raw_path, "a") as f:
+        f.write(json.dumps({"ok": outcome.ok, "row": outcome.row, "error": outcome.error, "gpu": gpu_name,
+                            **outcome.raw}) + "\n")
+    if outcome.ok:
+        append_results(results_md, gpu_name, [outcome.row])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
