@@ -2,6 +2,7 @@
 // validation for the launcher's world size) → --print-config / --dry-run, then run_training. The training loop itself
 // (devices, model, data, optimizer, checkpoints) is filled in by the trainer work; until then run_training refuses.
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "llmc/cli.h"
@@ -32,6 +33,10 @@ int main(int argc, char** argv) {
   } catch (const llmc::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {  // a bug, not a user error: still a message and exit code 1, not an abort
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: internal error: %s\n", e.what());
     return 1;
   }
 }
