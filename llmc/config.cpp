@@ -366,7 +366,10 @@ void apply_override(json& j, const std::string& text) {
   } catch (const Error& e) {
     throw_error("--set '%s': %s", text.c_str(), e.what());
   }
-  if (!j.contains(section) || !j[section].is_object()) j[section] = json::object();
+  if (!j.contains(section)) j[section] = json::object();
+  if (!j[section].is_object())
+    throw_error("--set '%s': section '%s' of the config must be a JSON object of keys, got %s", text.c_str(),
+                section.c_str(), describe_value(j[section]).c_str());
   j[section][key] = value;
 }
 

@@ -296,6 +296,7 @@ TEST(ConfigErrors, WrongTypeSaysExpectedAndGot) {
   j["train"] = 5;
   expect_error(load_error(j), {"section 'train' must be a JSON object", "got number"});
   expect_error(load_error(json::array()), {"top level must be a JSON object"});
+  expect_error(load_error(j, {"train.lr=1e-3"}), {"--set 'train.lr=1e-3'", "section 'train'", "JSON object"});
 }
 
 TEST(ConfigErrors, OutOfRange) {

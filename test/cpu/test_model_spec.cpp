@@ -148,7 +148,7 @@ TEST(ModelSpec, RolesDecayAndInitConstants) {
 }
 
 TEST(ModelSpec, OffsetsAlignedAndDisjoint) {
-  for (const std::string& name : {"gpt2-tiny", "gpt2-124m"}) {
+  for (const char* name : {"gpt2-tiny", "gpt2-124m"}) {
     ModelSpec s = preset(name);
     ParamTable t = llmc::build_param_table(s);
     size_t end = 0, sum = 0;
