@@ -85,6 +85,7 @@ struct LogConfig {
 struct RunConfig {
   std::string model_preset;       // the preset named in model.preset ("" = none)
   ModelSpec model;                // resolved model
+  int padded_vocab_multiple = 128;  // model.padded_vocab_multiple: model.padded_vocab_size = vocab rounded up to it
   DataConfig data;
   TrainConfig train;
   OptimizerConfig optimizer;

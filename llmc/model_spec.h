@@ -45,6 +45,7 @@ struct ParamTable {
   std::vector<ParamInfo> params;         // in storage order
   size_t total_elements = 0;             // size of the flat buffers including alignment gaps
   size_t num_parameters = 0;             // sum of numel (padded vocabulary rows included)
+  int vocab_size = 0;                    // real vocabulary: rows of transformer.wte.weight past it are padding
   const ParamInfo& get(const std::string& name) const;  // throws llmc::Error naming the tensor if absent
   const ParamInfo* find(const std::string& name) const;  // nullptr if absent
 };
@@ -80,7 +81,7 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const ModelSpec& spec, int micro_batch, int seq_len, bool recompute, int world_size,
                                int zero_stage);
 
-// Known model presets: "gpt2-tiny", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m".
+// Known model presets: "gpt2-tiny", "gpt2-mini", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m".
 bool model_preset(const std::string& name, ModelSpec* out);
 std::vector<std::string> model_preset_names();
 

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# test/integration/test_cli: the train_gpt command line end to end: --help lists every flag, --list-keys, --dry-run
+# sizes, --print-config round trip, and every kind of bad input exits non-zero with a message naming the problem,
+# prints nothing on stdout and writes nothing. Usage: test_cli.sh path/to/train_gpt (run from the repository root).
+set -u
+BIN=$(realpath "$1")
+ROOT=$(pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# expect_ok NAME "NEEDLE" ARGS...: exit 0 and NEEDLE on stdout.
+expect_ok() {
+  local name=$1 needle=$2; shift 2
+  local out rc
+  out=$("$BIN" "$@" 2>"$WORK/stderr"); rc=$?
+  [ $rc -eq 0 ] || fail "$name: exit $rc (stderr: $(cat "$WORK/stderr"))"
+  grep -qF -- "$needle" <<<"$out" || fail "$name: '$needle' not in stdout"
+}
+
+# expect_error NAME CODE "NEEDLE" ARGS...: exit CODE, "error: ...NEEDLE..." on stderr, empty stdout, no files written.
+expect_error() {
+  local name=$1 code=$2 needle=$3; shift 3
+  local before after rc
+  before=$(cd "$WORK/run" && find . | sort)
+  (cd "$WORK/run" && "$BIN" "$@" >"$WORK/stdout" 2>"$WORK/stderr"); rc=$?
+  after=$(cd "$WORK/run" && find . | sort)
+  [ $rc -eq "$code" ] || fail "$name: exit $rc, expected $code (stderr: $(cat "$WORK/stderr"))"
+  grep -qF -- "error:" "$WORK/stderr" || fail "$name: no 'error:' on stderr: $(cat "$WORK/stderr")"
+  grep -qF -- "$needle" "$WORK/stderr" || fail "$name: '$needle' not in stderr: $(cat "$WORK/stderr")"
+  [ -s "$WORK/stdout" ] && fail "$name: printed on stdout: $(head -3 "$WORK/stdout")"
+  [ "$before" == "$after" ] || fail "$name: files were written"
+}
+
+unset WORLD_SIZE OMPI_COMM_WORLD_SIZE PMI_SIZE SLURM_NTASKS
+
+# --help documents every flag.
+help=$("$BIN" --help) || fail "--help exit code"
+for flag in --help --config --set --dry-run --print-config --list-keys; do
+  grep -qF -- "$flag" <<<"$help" || fail "--help does not list $flag"
+done
+
+# --list-keys: a header and one line per key, every section present.
+keys=$("$BIN" --list-keys) || fail "--list-keys exit code"
+for key in model.preset model.padded_vocab_multiple data.train train.global_batch_tokens optimizer.beta1 \
+           precision.recipe parallel.zero_stage checkpoint.resume eval.batches sample.top_k log.jsonl; do
+  grep -qE "^$key " <<<"$keys" || fail "--list-keys lacks $key"
+done
+[ "$(wc -l <<<"$keys")" -eq 54 ] || fail "--list-keys: expected 53 keys + header, got $(wc -l <<<"$keys") lines"
+
+# Dry runs need no GPU and report the size.
+expect_ok "dry-run 124m" "124,475,904" --config configs/gpt2_124m_bf16.json --dry-run
+expect_ok "dry-run 124m accumulation" "32 accumulation steps" --config configs/gpt2_124m_bf16.json --dry-run
+expect_ok "dry-run tiny" "gpt2-tiny" --config configs/gpt2_tiny_bf16.json --dry-run
+expect_ok "dry-run override" "lr 0.0003" --config configs/gpt2_124m_bf16.json --set train.lr=3e-4 --dry-run
+WORLD_SIZE=8 expect_ok "dry-run 8 GPUs" "4 accumulation steps" --config configs/gpt2_124m_bf16.json --dry-run
+for cfg in configs/*.json; do expect_ok "dry-run $cfg" "parameters" --config "$cfg" --dry-run; done
+
+# --print-config output is a valid config that resolves to itself.
+"$BIN" --config configs/gpt2_mini_bf16.json --set train.steps=77 --print-config >"$WORK/resolved.json" ||
+  fail "--print-config exit code"
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert c['train']['steps']==77 and c['model']['n_layer']==6" \
+  "$WORK/resolved.json" || fail "--print-config is not the resolved JSON"
+"$BIN" --config "$WORK/resolved.json" --print-config >"$WORK/again.json" || fail "--print-config of its own output"
+cmp -s "$WORK/resolved.json" "$WORK/again.json" || fail "--print-config does not round-trip"
+
+# Bad input: each exits non-zero with a message naming the problem.
+mkdir -p "$WORK/run"
+cp "$ROOT"/configs/*.json "$WORK/run/"
+printf '{\n  "train": {"lr": 1e-3,,}\n}\n' >"$WORK/run/malformed.json"
+printf '{"data": {"train": "a_*.bin"}, "train": {"lrr": 1e-3}}\n' >"$WORK/run/unknown_key.json"
+printf '{"data": {"train": "a_*.bin"}, "train": {"steps": "many"}}\n' >"$WORK/run/wrong_type.json"
+T=gpt2_tiny_bf16.json
+expect_error "missing file" 1 "cannot open config file 'no_such.json'" --config no_such.json
+expect_error "malformed JSON" 1 "malformed.json: invalid JSON: parse error at line 2" --config malformed.json
+expect_error "unknown key" 1 "unknown key 'train.lrr' (did you mean 'train.lr'?)" --config unknown_key.json
+expect_error "key in the wrong section" 1 "did you mean 'optimizer.beta1'?" --config $T --set train.beta1=0.9
+expect_error "wrong type" 1 "train.steps: expected an integer, got string" --config wrong_type.json
+expect_error "wrong type in --set" 1 "train.lr: expected a number" --config $T --set train.lr=fast
+expect_error "batch not dividing" 1 "must be a multiple of micro_batch * seq_len * world_size = 8 * 128 * 1 = 1024" \
+  --config $T --set train.global_batch_tokens=1500
+WORLD_SIZE=3 expect_error "batch not dividing the world" 1 "world_size = 16 * 1024 * 3" \
+  --config gpt2_124m_bf16.json --dry-run
+expect_error "seq too long" 1 "train.seq_len = 512 exceeds model.max_seq_len = 256" --config $T --set train.seq_len=512
+expect_error "unknown recipe" 1 "precision.recipe: unknown recipe 'fp8_magic'" --config $T --set precision.recipe=fp8_magic
+expect_error "unknown preset" 1 "unknown preset 'gpt2-huge'" --config $T --set model.preset=gpt2-huge
+expect_error "llama" 1 "not supported yet" --config $T --set model.arch=llama
+expect_error "bad --set without =" 1 "--set 'train.lr': expected section.key=value" --config $T --set train.lr
+expect_error "bad --set without section" 1 "must be section.key" --config $T --set lr=3e-4
+WORLD_SIZE=two expect_error "bad world size" 1 "WORLD_SIZE='two'" --config $T --dry-run
+expect_error "unknown flag" 2 "--bogus" --config $T --bogus
+expect_error "no --config" 2 "--config" --dry-run
+
+# Training without a GPU (GPUs hidden): the clear no-GPU message, nothing written.
+CUDA_VISIBLE_DEVICES="" expect_error "no GPU" 1 \
+  "no CUDA GPU found: training needs an NVIDIA GPU (compute capability 8.0 or newer); use --dry-run" --config gpt2_mini_bf16.json
+
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all CLI checks passed"
