@@ -33,11 +33,16 @@ int parse_cli(int argc, char** argv, CliOptions* out) {
                "print the resolved config (presets expanded, every key) as JSON and exit; the output is a valid "
                "--config file");
   app.add_flag("--list-keys", out->list_keys, "list every config key with its type, default and meaning, and exit");
+  app.add_option("--stop-at-step", out->stop_at_step,
+                 "stop after this optimizer step as if the job were killed there (the LR schedule still spans "
+                 "train.steps; a checkpoint is written there when checkpoint.every divides it); for resume tests")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
   app.footer(
       "Examples:\n"
       "  train_gpt --config configs/gpt2_mini_bf16.json\n"
       "  train_gpt --config configs/gpt2_124m_bf16.json --set train.lr=3e-4 --set train.micro_batch=8 --dry-run\n"
-      "Multi-GPU: launch with mpirun -np N, srun, or torchrun-style WORLD_SIZE/RANK variables.\n"
+      "One process trains on one GPU (multi-GPU data parallelism is not in this build yet).\n"
       "Config keys and presets: train_gpt --list-keys, and configs/README.md.");
 
   try {

@@ -15,6 +15,7 @@ struct CliOptions {
   bool dry_run = false;                // --dry-run: validate and report, no GPU needed
   bool print_config = false;           // --print-config: print the resolved config as JSON
   bool list_keys = false;              // --list-keys: print every config key with type, default and help
+  int stop_at_step = 0;                // --stop-at-step N: end the run after optimizer step N (0 = train.steps)
 };
 
 // Parses argv into out. Returns -1 to continue, or the exit code to return from main: 0 after --help or --list-keys

@@ -80,7 +80,6 @@ void EncoderBackwardPlan::build(const int* host_tokens, int B, int T, cudaStream
     bucket_starts.push_back(starts_by_token[tok]);
   }
   bucket_starts.push_back(N);
-  num_buckets = static_cast<int>(bucket_tokens.size());
 
   if (capacity < static_cast<size_t>(N)) {  // one bucket per position at most, so N bounds every array
     free();
@@ -108,6 +107,7 @@ void EncoderBackwardPlan::build(const int* host_tokens, int B, int T, cudaStream
   CUDA_CHECK(cudaMemcpyAsync(d_positions, h_positions, positions.size() * sizeof(int), cudaMemcpyHostToDevice,
                              stream));
   CUDA_CHECK(cudaEventRecord(uploaded, stream));
+  num_buckets = static_cast<int>(bucket_tokens.size());  // after the (re)allocation above: free() resets it
 }
 
 void EncoderBackwardPlan::free() {

@@ -27,7 +27,8 @@ void gemm_shutdown();
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int M, int N, int K,
                     cudaStream_t stream, bf16* pre_gelu = nullptr);
 
-// dinp = dout · weight, overwritten (accumulate=false) or added (accumulate=true).
+// dinp = dout · weight, overwritten (accumulate=false) or added (accumulate=true; the product is rounded to bf16
+// before the existing bf16 values are added, as cuBLASLt does with a bf16 C operand).
 // If pre_gelu is non-null: dinp = (dout · weight) * gelu_tanh'(pre_gelu) (cuBLASLt DGELU epilogue); accumulate must be
 // false then.
 void matmul_dgrad(bf16* dinp, const bf16* dout, const bf16* weight, int M, int N, int K, bool accumulate,

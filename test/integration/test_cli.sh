@@ -37,7 +37,7 @@ unset WORLD_SIZE OMPI_COMM_WORLD_SIZE PMI_SIZE SLURM_NTASKS
 
 # --help documents every flag.
 help=$("$BIN" --help) || fail "--help exit code"
-for flag in --help --config --set --dry-run --print-config --list-keys; do
+for flag in --help --config --set --dry-run --print-config --list-keys --stop-at-step; do
   grep -qF -- "$flag" <<<"$help" || fail "--help does not list $flag"
 done
 
