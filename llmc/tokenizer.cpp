@@ -57,6 +57,9 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& encoder_json_path) : path_(encod
   } catch (const nlohmann::json::exception& e) {
     throw_error("tokenizer: '%s' is not valid JSON (%s) (hint: restore dev/data/gpt2/encoder.json)",
                 encoder_json_path.c_str(), e.what());
+  } catch (const std::exception& e) {  // a read error while parsing, e.g. the path is a directory
+    throw_error("tokenizer: cannot read '%s' (%s) (hint: data.tokenizer must name the encoder.json file)",
+                encoder_json_path.c_str(), e.what());
   }
   if (!encoder.is_object() || encoder.empty())
     throw_error("tokenizer: '%s' is not a GPT-2 encoder.json (expected an object mapping token strings to ids)",

@@ -378,7 +378,10 @@ def prepare(args):
     is_val = assign_splits(hashes, args.val_fraction)
 
     # Pass 2: tokenise (threads, results in document order) and write shards.
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise PrepareError(f"cannot create the output directory '{args.out}': {e} (hint: --out must name a directory)")
     writers = {split: ShardWriter(args.out, args.name, split, args.shard_tokens, args.use_uint32, log)
                for split in ("train", "val")}
     start = last_report = time.time()

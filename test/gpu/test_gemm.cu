@@ -210,7 +210,10 @@ TEST(Gemm, DgradMatchesCpu) {
       ref_dgelu[i] = ref_f[i] * g;
       absref_dgelu[i] = absref[i] * (float)std::fabs(g);
     }
-    expect_close(download_bf16(dinp, n_out), ref_dgelu, absref_dgelu, 1.5 * ulp, "dgrad DGELU", 1e-6);
+    // The DGELU epilogue rounds the product to bf16 before multiplying by gelu'(pre_gelu) (measured on H100: errors
+    // up to 1.7 half-ulps of the result), so two roundings of 2^-8 relative each, plus the epilogue's tanh
+    // approximation: 2.5 half-ulps relative.
+    expect_close(download_bf16(dinp, n_out), ref_dgelu, absref_dgelu, 2.5 * ulp, "dgrad DGELU", 1e-6);
     cudaFree(dinp);
   }
 }
