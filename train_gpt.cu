@@ -298,14 +298,12 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
   auto run_eval = [&](int step) {
     if (!val_data) return;
     const double val_loss = evaluate(model, *val_data, cfg, inputs, targets, stream);
-    std::printf("step %d: val loss %.4f\n", step, val_loss);
-    logger.log_eval(step, val_loss);
+    logger.log_eval(step, val_loss);  // prints "step S/N | val loss L" and writes the JSONL record
   };
   auto run_sample = [&](int step) {
     if (!tokenizer) return;
     const std::string text = generate_sample(model, cfg, *tokenizer, sample_rng, stream);
-    std::printf("step %d: sample\n---\n%s\n---\n", step, text.c_str());
-    logger.log_sample(step, text);
+    logger.log_sample(step, text);  // prints "step S/N | sample:" and the text, writes the JSONL record
   };
 
   // The training loop. `step` counts completed optimizer steps.

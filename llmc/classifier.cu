@@ -1,5 +1,7 @@
 // llmc/classifier: fused softmax + cross-entropy + dlogits over the (padded) vocabulary, one block per row; the
-// probabilities are never written to memory. Kernel and CPU reference.
+// probabilities are never written to memory. Two kernels (the row staged in shared memory for vocabularies up to
+// 57,344 columns: one read and one write of the logits; a two-pass online-softmax kernel above that) and the CPU
+// reference.
 #include <cfloat>
 #include <cmath>
 #include <vector>
@@ -10,6 +12,7 @@
 namespace llmc {
 
 constexpr int kClassifierThreads = 1024;
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Running softmax statistics of a set of logits: max and sum of exp(logit - max). Starts from -FLT_MAX (not -inf) so
 // that merging two empty sets never computes exp(-inf - -inf).
@@ -92,14 +95,112 @@ __global__ void __launch_bounds__(kClassifierThreads)
   }
 }
 
+// exp2 on the special-function unit (relative error ~2^-22, flushes subnormal results to 0: they are below any
+// bf16 probability that matters and below the FP32 sum's resolution).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The shared-memory variant, for rows of up to kClassifierSmemMaxVp columns: the block copies its row into shared
+// memory while taking the max (one read of the logits), sums exp(logit - max) from shared memory, then writes the
+// dlogits (one write). 512 threads and ~100 KB of shared memory per block for GPT-2's 50,304 columns, so two blocks
+// share an SM and one block's loads overlap the other's arithmetic. Same loss and dlogits formulas and conventions
+// as the two-pass kernel; the sums are folded in a fixed order (deterministic).
+constexpr int kClassifierSmemThreads = 512;
+constexpr int kClassifierSmemMaxVp = 56 * 1024;  // 112 KB of bf16: two blocks per SM on Hopper (228 KB)
+
+__device__ inline float block_fold(float v, float* warp_partials, bool is_max) {
+  constexpr int kNumWarps = kClassifierSmemThreads / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = is_max ? fmaxf(v, o) : v + o;
+  }
+  __syncthreads();  // the previous fold's readers are done with warp_partials
+  if (lane == 0) warp_partials[warp] = v;
+  __syncthreads();
+  float total = warp_partials[0];  // every thread folds the warps in the same order: identical bits everywhere
+#pragma unroll
+  for (int w = 1; w < kNumWarps; w++) total = is_max ? fmaxf(total, warp_partials[w]) : total + warp_partials[w];
+  return total;
+}
+
+__global__ void __launch_bounds__(kClassifierSmemThreads, 2)
+    fused_classifier_smem_kernel(bf16* logits, float* losses, const int* targets, int V, int Vp, float dloss,
+                                 bool write_dlogits) {
+  extern __shared__ x128 row_chunks[];  // (Vp / 8,) this row's logits
+  __shared__ float warp_partials[kWarpSize];
+  const int row = blockIdx.x;
+  bf16* x = logits + static_cast<size_t>(row) * Vp;
+  const int target = targets[row];
+  const int num_chunks = Vp / 8;
+  if (target < 0) {
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (write_dlogits)
+      for (int i = threadIdx.x; i < num_chunks; i += blockDim.x) store128(x + i * 8, x128::filled(0.0f));
+    return;
+  }
+  float thread_max = -FLT_MAX;
+  for (int i = threadIdx.x; i < num_chunks; i += blockDim.x) {
+    const x128 p = load128cs(x + i * 8);
+    row_chunks[i] = p;
+    const int valid = min(8, V - i * 8);  // columns >= V are padding, never read into the statistics
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      if (k < valid) thread_max = fmaxf(thread_max, __bfloat162float(p[k]));
+  }
+  const float max = block_fold(thread_max, warp_partials, true);  // its barriers also publish row_chunks
+  const float max_log2 = max * kLog2e;
+  float thread_sum = 0.0f;
+  for (int i = threadIdx.x; i < num_chunks; i += blockDim.x) {
+    const x128 p = row_chunks[i];
+    const int valid = min(8, V - i * 8);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      if (k < valid) thread_sum += fast_exp2(fmaf(__bfloat162float(p[k]), kLog2e, -max_log2));
+  }
+  const float sum = block_fold(thread_sum, warp_partials, false);
+  const float target_logit = target < V ? __bfloat162float(reinterpret_cast<const bf16*>(row_chunks)[target]) : NAN;
+  if (threadIdx.x == 0) losses[row] = max + logf(sum) - target_logit;
+  if (!write_dlogits) return;
+
+  const float scale = dloss / sum;  // dlogit = dloss * prob - dloss * onehot
+  for (int i = threadIdx.x; i < num_chunks; i += blockDim.x) {
+    const x128 p = row_chunks[i];
+    x128 g;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const int col = i * 8 + k;
+      const float scaled_prob = col < V ? fast_exp2(fmaf(__bfloat162float(p[k]), kLog2e, -max_log2)) * scale : 0.0f;
+      g[k] = __float2bfloat16_rn(col == target ? scaled_prob - dloss : scaled_prob);
+    }
+    store128(x + i * 8, g);
+  }
+}
+
 void fused_classifier(bf16* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
                       bool write_dlogits, cudaStream_t stream) {
   require_multiple_of_8("fused_classifier", "Vp (padded vocabulary)", Vp);
   require_aligned16("fused_classifier", "logits", logits);
   if (V <= 0 || V > Vp) throw_error("fused_classifier: vocabulary V = %d must be in [1, Vp = %d]", V, Vp);
   if (N <= 0) return;
-  fused_classifier_kernel<<<N, kClassifierThreads, 0, stream>>>(logits, losses, targets, V, Vp, dloss,
-                                                                write_dlogits);
+  if (Vp <= kClassifierSmemMaxVp) {
+    const size_t smem = static_cast<size_t>(Vp) * sizeof(bf16);
+    static size_t smem_opted_in = 0;  // per process: the attribute is set once for the largest row seen
+    if (smem > smem_opted_in) {
+      CUDA_CHECK(cudaFuncSetAttribute(fused_classifier_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+      smem_opted_in = smem;
+    }
+    fused_classifier_smem_kernel<<<N, kClassifierSmemThreads, smem, stream>>>(logits, losses, targets, V, Vp, dloss,
+                                                                             write_dlogits);
+  } else {  // large vocabularies (e.g. Llama 3's 128,256): two passes over the row
+    fused_classifier_kernel<<<N, kClassifierThreads, 0, stream>>>(logits, losses, targets, V, Vp, dloss,
+                                                                  write_dlogits);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

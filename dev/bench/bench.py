@@ -318,7 +318,10 @@ def detect_gpus():
 
 
 def git_commit():
-    """Short HEAD, with '+dirty' when tracked files other than dev/bench/results differ from it."""
+    """Short HEAD, with '+dirty' when tracked files other than dev/bench/results differ from it. LLM8_COMMIT overrides
+    it, for machines that receive a copy of the working tree without its .git (the commit must then be clean)."""
+    if os.environ.get("LLM8_COMMIT"):
+        return os.environ["LLM8_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -354,7 +357,7 @@ One row per benchmark run, appended by `dev/bench/bench.py` (see dev/bench/READM
   {peaks}.
 - **peak memory GiB**: per GPU; llm8's largest `mem_gib`, the peer's torch.cuda.max_memory_allocated.
 - **loss**: the last training loss (llm8 on the bundled KJV text; the peer on random tokens, so not comparable).
-- **commit, date**: `git rev-parse --short HEAD` (`+dirty` = uncommitted changes outside the results) and UTC time.
+- **commit, date**: `git rev-parse --short HEAD` (`+dirty` = uncommitted changes outside the results; the environment variable `LLM8_COMMIT` overrides it where the tree has no .git) and UTC time.
 
 | {columns} |
 |{rule}|

@@ -461,7 +461,8 @@ TEST_P(ClassifierTest, MatchesReferenceAndIsDeterministic) {
 INSTANTIATE_TEST_SUITE_P(Shapes, ClassifierTest,
                          ::testing::Values(ClassifierShape{3, 10, 16}, ClassifierShape{37, 1000, 1008},
                                            ClassifierShape{5, 50257, 50304}, ClassifierShape{64, 50257, 50304},
-                                           ClassifierShape{2, 8, 8}));
+                                           ClassifierShape{2, 8, 8}, ClassifierShape{9, 20000, 20008},
+                                           ClassifierShape{6, 128256, 128256}));  // last: the two-pass kernel
 
 // ---------------------------------------------------------------------------------------------------------------
 class BiasBackwardTest : public ::testing::TestWithParam<RowsShape> {};
