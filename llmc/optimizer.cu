@@ -25,8 +25,7 @@ AdamW::AdamW(const ParamTable& table, double beta1, double beta2, double eps, do
   CUDA_CHECK(cudaMemset(master_, 0, bytes));
   CUDA_CHECK(cudaMemset(m_, 0, bytes));
   CUDA_CHECK(cudaMemset(v_, 0, bytes));
-  const size_t partials = segments_.size() * (size_t)global_norm_partials_per_tensor();
-  CUDA_CHECK(cudaMalloc(&partials_, partials * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&partials_, (size_t)global_norm_partials_per_tensor() * sizeof(float)));
   CUDA_CHECK(cudaMalloc(&norm_, sizeof(float)));
   CUDA_CHECK(cudaMalloc(&grad_scale_, sizeof(float)));
   CUDA_CHECK(cudaMemset(norm_, 0, sizeof(float)));
@@ -49,12 +48,10 @@ void AdamW::set_master(const float* host, bf16* params, cudaStream_t s) {
 
 void AdamW::step(bf16* params, const float* grads, float lr, int t, float grad_clip, cudaStream_t s) {
   if (t < 1) throw_error("AdamW::step: the step count t=%d must be 1-based", t);
-  // Global norm: each tensor writes its own fixed slice of partial sums, then one fixed-order sum of all of them.
-  const int per_tensor = global_norm_partials_per_tensor();
-  for (size_t i = 0; i < segments_.size(); i++) {
-    global_norm_squared(partials_ + i * per_tensor, grads + segments_[i].offset, segments_[i].numel, s);
-  }
-  global_norm_finish(norm_, partials_, (int)segments_.size() * per_tensor, s);
+  // Global norm over the whole gradient buffer in one launch (the tensors are contiguous; the padded vocabulary rows
+  // of wte hold zeros): a fixed grid of partial sums, then their fixed-order sum. One launch instead of one per tensor.
+  global_norm_squared(partials_, grads, n_, s);
+  global_norm_finish(norm_, partials_, global_norm_partials_per_tensor(), s);
   clip_scale_from_norm(grad_scale_, norm_, grad_clip, s);
   for (const Segment& seg : segments_) {
     const size_t o = seg.offset;

@@ -49,7 +49,7 @@ class AdamW {
   float* master_ = nullptr;      // (n) FP32 master weights
   float* m_ = nullptr;           // (n) first moment
   float* v_ = nullptr;           // (n) second moment
-  float* partials_ = nullptr;    // (segments * global_norm_partials_per_tensor()) squared-norm partial sums
+  float* partials_ = nullptr;    // (global_norm_partials_per_tensor(),) squared-norm partial sums of the whole buffer
   float* norm_ = nullptr;        // (1) global gradient norm
   float* grad_scale_ = nullptr;  // (1) clip scale applied to the gradients
 };
