@@ -94,6 +94,19 @@ __device__ inline T block_sum(T x) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// amax (max |x|) for FP8 scaling, reported by the kernels that produce a tensor. |x| is non-negative, and
+// non-negative floats order exactly like their bit patterns as unsigned integers, so the max is taken on the bits:
+// exact, independent of the order of the atomics (deterministic), and NaN-propagating (a NaN's bits exceed +inf's),
+// so a non-finite tensor is seen. The caller zeroes the float slot before the producer runs.
+//   unsigned m = amax_bits(fabsf(v)); ... m = max(m, amax_bits(...)); m = warp_max_bits(m);
+//   if (lane == 0) atomic_max_amax(amax, m);      (or reduce over the block first and issue one atomic per block)
+__device__ inline unsigned amax_bits(float abs_value) { return __float_as_uint(abs_value); }
+__device__ inline unsigned warp_max_bits(unsigned bits) { return __reduce_max_sync(0xffffffffu, bits); }
+__device__ inline void atomic_max_amax(float* amax, unsigned bits) {
+  atomicMax(reinterpret_cast<unsigned int*>(amax), bits);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Host-side checks, each naming the kernel and the argument.
 inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 

@@ -1,5 +1,6 @@
 // llmc/gemm: the cuBLASLt wrapper for every linear layer. BF16 inputs, FP32 accumulation, bias and GELU epilogues,
-// one workspace, algorithm selection cached per (shape, layout, epilogue). Later recipes extend it with FP8.
+// one workspace, algorithm selection cached per (shape, layout, epilogue); and the FP8 products of the FP8 recipes
+// (per-tensor scales, 1x128 / 128x128 block scales) in the TN form Hopper's FP8 tensor cores require.
 //
 // All matrices are row-major as the model stores them:
 //   inp (M, K) activations, weight (N, K) in nn.Linear layout, out (M, N).
@@ -13,6 +14,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include "llmc/tensor.h"
 
 namespace llmc {
 
@@ -37,6 +40,47 @@ void matmul_dgrad(bf16* dinp, const bf16* dout, const bf16* weight, int M, int N
 // dweight (FP32) = doutᵀ · inp, overwritten or accumulated.
 void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int N, int K, bool accumulate,
                   cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------------------------
+// FP8. Hopper's FP8 tensor cores take both operands K-contiguous ("TN"), so every product is written as
+//   D (M, N) = A (M, K) · B (N, K)ᵀ        A, B row-major FP8 codes, FP32 accumulation
+// and the three products of a linear layer use the transposed copies of llmc/tensor.h:
+//   fprop  Y  (M, N) = Xq  (M, K) · Wq  (N, K)ᵀ
+//   dgrad  dX (M, K) = dYq (M, N) · Wᵀq (K, N)ᵀ          (Wᵀq = the weight's data_t)
+//   wgrad  dW (N, K) = dYᵀq (N, M) · Xᵀq (K, M)ᵀ         (data_t of dY and of X)
+// Scales: per-tensor scale_inv pointers (SCALAR_32F), or block scales in the GEMM-ready layouts of llmc/tensor.h
+// (1x128 = VEC128_32F, 128x128 = BLK128x128_32F; at most one operand 128x128). K must be a multiple of 16 (of 128
+// with block scales); M, N multiples of 16.
+struct Fp8Operand {
+  const uint8_t* data = nullptr;     // (rows, K) row-major FP8 codes
+  Fp8Format format = Fp8Format::E4M3;
+  ScaleGranularity granularity = ScaleGranularity::Tensor;
+  const float* scale_inv = nullptr;  // device: 1 float, or the GEMM-ready block scales of (rows, K)
+};
+// The operands of a QTensor: its data with scale_inv, or (transposed) its data_t with scale_inv_t (per-tensor:
+// scale_inv).
+Fp8Operand fp8_operand(const QTensor& q, bool transposed);
+
+struct Fp8GemmOptions {
+  const bf16* bias = nullptr;  // (N) added to every row of D (bf16 D only)
+  bf16* pre_gelu = nullptr;    // GELU_AUX: pre_gelu (M, N) = A·Bᵀ + bias, D = gelu_tanh(pre_gelu) (bf16 D only)
+  bool accumulate = false;     // D += A·Bᵀ (FP32 D only)
+  bool fast_accum = false;     // CUBLASLT_MATMUL_DESC_FAST_ACCUM: per-tensor scales only (fprop)
+};
+// D (M, N) bf16 = A·Bᵀ (+ bias, GELU_AUX).
+void matmul_fp8(bf16* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
+                cudaStream_t stream);
+// D (M, N) FP32 = A·Bᵀ, or D += A·Bᵀ with opt.accumulate (weight gradients).
+void matmul_fp8(float* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
+                cudaStream_t stream);
+// Whether cuBLASLt on this device runs this combination (FP8 tensor cores present, scale modes and epilogue
+// supported); cached. The linear layer falls back (e.g. GELU in a separate kernel) where it does not.
+bool matmul_fp8_supported(bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
+                          const Fp8GemmOptions& opt);
+// Host reference: D (M, N) = sum_k dequant(A)[m,k] * dequant(B)[n,k] in FP64 (+ bias), from the codes and scales.
+void matmul_fp8_cpu(double* D, const uint8_t* A, const float* a_scale_inv, ScaleGranularity ag, Fp8Format af,
+                    const uint8_t* B, const float* b_scale_inv, ScaleGranularity bg, Fp8Format bf, int M, int N, int K,
+                    const float* bias);
 
 // CPU references (FP64 accumulation) used by the GEMM tests.
 void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K);

@@ -1,7 +1,7 @@
 // llmc/kernels: the declared interface of every handwritten CUDA kernel the models use (everything but the GEMMs,
 // which live in llmc/gemm.h). Each launcher has a CPU reference beside it (`*_cpu`, FP32/FP64 on host arrays) that
 // the GPU tests compare against. Implementations: encoder.cu, layernorm.cu, gelu.cu, attention.cu, classifier.cu,
-// adamw.cu, reduce.cu.
+// adamw.cu, reduce.cu, and for Llama rmsnorm.cu, rope.cu, swiglu.cu.
 //
 // Conventions
 //   - bf16 = __nv_bfloat16. Activations are row-major (B, T, C) with N = B*T rows. Weights use PyTorch nn.Linear
@@ -97,6 +97,49 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
                         const float* lse, int B, int T, int NH, int NKV, int HS, cudaStream_t stream);
 void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                             int B, int T, int NH, int NKV, int HS);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Llama kernels. Optional `*_amax` arguments (may be null): max |value written| is atomically maxed into that float
+// (llmc/cuda_utils.cuh atomic_max_amax; the caller zeroed it), for the FP8 scale of the linear that consumes it.
+//
+// rmsnorm.cu: RMSNorm with FP32 statistics: out (N, C) = inp * rstd * weight, rstd = 1 / sqrt(mean(inp^2) + eps);
+// rstd (N) saved for backward.
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int N, int C, float eps,
+                     cudaStream_t stream, float* out_amax = nullptr);
+void rmsnorm_forward_cpu(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps);
+// residual (N, C) = inp1 + inp2 (rounded to bf16), then out = RMSNorm(residual) from the rounded residual.
+void fused_residual_rmsnorm_forward(bf16* residual, bf16* out, float* rstd, const bf16* inp1, const bf16* inp2,
+                                    const bf16* weight, int N, int C, float eps, cudaStream_t stream,
+                                    float* out_amax = nullptr);
+// dinp (N, C) += dRMSNorm/dinp; dweight (C) += ... (FP32). scratch: rmsnorm_backward_scratch_floats(N, C) floats.
+// dinp_amax receives max |dinp| after the addition (the final value written).
+size_t rmsnorm_backward_scratch_floats(int N, int C);
+void rmsnorm_backward(bf16* dinp, float* dweight, float* scratch, const bf16* dout, const bf16* inp,
+                      const bf16* weight, const float* rstd, int N, int C, cudaStream_t stream,
+                      float* dinp_amax = nullptr);
+void rmsnorm_backward_cpu(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                          const float* rstd, int N, int C);
+
+// rope.cu: rotary position embeddings, Hugging Face Llama convention ("rotate_half": dimension i pairs with
+// i + HS/2; inv_freq[i] = theta^(-2i/HS); angle = t * inv_freq[i] in FP32, cos/sin in FP32), applied in place to the
+// NH query heads and NKV key heads of a packed qkv (B, T, (NH + 2*NKV) * HS) (value heads untouched); position t is
+// the index within the sequence.
+void rope_forward(bf16* qkv, int B, int T, int NH, int NKV, int HS, float theta, cudaStream_t stream);
+void rope_forward_cpu(float* qkv, int B, int T, int NH, int NKV, int HS, float theta);
+// In place on dqkv (B, T, (NH + 2*NKV) * HS): the gradient w.r.t. the rotated q, k becomes the gradient w.r.t. the
+// unrotated ones (the inverse rotation); value heads untouched. dqkv_amax: max |dqkv| over the whole tensor.
+void rope_backward(bf16* dqkv, int B, int T, int NH, int NKV, int HS, float theta, cudaStream_t stream,
+                   float* dqkv_amax = nullptr);
+void rope_backward_cpu(float* dqkv, int B, int T, int NH, int NKV, int HS, float theta);
+
+// swiglu.cu: gate_up (N, 2F) holds per row [gate (F) | up (F)] (the fused gate_proj|up_proj GEMM output);
+// out (N, F) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+void swiglu_forward(bf16* out, const bf16* gate_up, int N, int F, cudaStream_t stream, float* out_amax = nullptr);
+void swiglu_forward_cpu(float* out, const float* gate_up, int N, int F);
+// dgate_up (N, 2F) = [dout * up * silu'(gate) | dout * silu(gate)] (overwritten).
+void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int N, int F, cudaStream_t stream,
+                     float* dgate_up_amax = nullptr);
+void swiglu_backward_cpu(float* dgate_up, const float* dout, const float* gate_up, int N, int F);
 
 // ---------------------------------------------------------------------------------------------------------------
 // classifier.cu: fused softmax + cross-entropy + dlogits; the probabilities are never written to memory.

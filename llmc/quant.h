@@ -1,0 +1,97 @@
+// llmc/quant: the FP8 quantisation kernels and their host references (`*_cpu`, bit-exact: same codes, same scales).
+// Conventions of llmc/tensor.h (q = fp8(x * scale), scale_inv = 1 / scale, GEMM-ready block-scale layouts). Every
+// kernel is deterministic; amax reductions use an order-independent max (atomicMax on the bits of |x|).
+//
+// Scale from an amax (the one formula every path uses, host and device):
+//   scale = fp8_max(format) / amax / 2^margin, computed in FP32 as fp8_max / (amax * 2^margin);
+//   pow2: scale = pow2_floor(scale);  scale is clamped to [2^-126, FLT_MAX] before that (a tiny amax never gives inf);
+//   amax == 0 or not finite: per-tensor paths keep the previous scale; blocks use scale = 1.
+//   scale_inv = 1.0f / scale.
+//
+// Where the amax comes from, per recipe:
+//   current per-tensor: the kernel that PRODUCES the tensor (layernorm, gelu, attention, their backwards...) writes
+//     it with atomic_max_abs (llmc/cuda_utils.cuh) into a slot the caller zeroed; fp8_scale_from_amax turns it into
+//     scale / scale_inv on the device; fp8_quantize_tensorwise casts with it (one more read of the tensor, the cast).
+//   delayed per-tensor: the scale comes from the amax history (fp8_delayed_scaling_update, once per step for every
+//     delayed tensor at once); the cast reports the tensor's amax into amax_out for the next update.
+//   blocks: each block's scale comes from its own amax, inside fp8_quantize_blockwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "llmc/tensor.h"
+
+namespace llmc {
+
+using bf16 = __nv_bfloat16;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Scales
+float fp8_scale_from_amax_cpu(float amax, float previous_scale, Fp8Format f, int margin, bool pow2);
+// scale[0], scale_inv[0] from amax[0] (one thread). Keeps scale (and writes scale_inv = 1/scale) when amax is 0 or
+// not finite.
+void fp8_scale_from_amax(float* scale, float* scale_inv, const float* amax, Fp8Format f, int margin, bool pow2,
+                         cudaStream_t stream);
+
+// Delayed scaling for `count` tensors at once (one launch per optimizer step).
+//   history (count, len): ring buffers of amaxes, slot `pos` receives this step's amax;
+//   amax (count): this step's amax of each tensor (reset to 0 after it is recorded);
+//   scale, scale_inv (count): replaced by the scale from max(history) (use_max) or from the recorded amax alone
+//     (most recent), with fp8_max of formats[i] and the margin; kept where that amax is 0 or not finite.
+// pos is the caller's step counter modulo len.
+void fp8_delayed_scaling_update(float* history, float* amax, float* scale, float* scale_inv, const uint8_t* formats,
+                                int count, int len, int pos, bool use_max, int margin, bool pow2, cudaStream_t stream);
+void fp8_delayed_scaling_update_cpu(float* history, float* amax, float* scale, float* scale_inv,
+                                    const uint8_t* formats, int count, int len, int pos, bool use_max, int margin,
+                                    bool pow2);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Casts. x (rows, cols) bf16 row-major, cols a multiple of 16; rows any.
+// max |x| of n bf16 values into *amax (atomic max: the caller zeroes *amax first). For tensors no producer reports.
+void amax_bf16(float* amax, const bf16* x, size_t n, cudaStream_t stream);
+float amax_bf16_cpu(const float* x, size_t n);
+
+// Per-tensor: q.data (if non-null) = fp8(x * q.scale[0]); q.data_t (if non-null) = the same codes transposed
+// (cols, rows), written in the same pass over x. If amax_out is non-null, max |x| is atomically maxed into it.
+void fp8_quantize_tensorwise(const QTensor& q, const bf16* x, float* amax_out, cudaStream_t stream);
+// Host reference on float values (exactly representable in bf16); scale is the multiplier.
+void fp8_quantize_tensorwise_cpu(uint8_t* data, uint8_t* data_t, float* amax_out, const float* x, int rows, int cols,
+                                 float scale, Fp8Format f);
+
+// Block-wise (q.granularity Block1x128 or Block128x128): every block's scale from its own amax (margin 0), the
+// codes and GEMM-ready scale_inv of q.data (if non-null) and of q.data_t (if non-null), in one pass over x. For
+// Block1x128 the transposed copy is quantised from x along rows (never by transposing the 1x128 codes). If q.amax
+// is non-null it receives max |x| (overwritten).
+void fp8_quantize_blockwise(const QTensor& q, const bf16* x, bool pow2, cudaStream_t stream);
+// Host reference: scale_inv / scale_inv_t in the GEMM-ready layouts (padding entries 1).
+void fp8_quantize_blockwise_cpu(uint8_t* data, float* scale_inv, uint8_t* data_t, float* scale_inv_t, const float* x,
+                                int rows, int cols, ScaleGranularity g, Fp8Format f, bool pow2);
+
+// Dequantisation (tests, telemetry): out (rows, cols) FP32 = codes * scale_inv of their block; transposed = true reads
+// q.data_t / q.scale_inv_t and writes (cols, rows).
+void fp8_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream);
+void fp8_dequantize_cpu(float* out, const uint8_t* data, const float* scale_inv, int rows, int cols,
+                        ScaleGranularity g, Fp8Format f);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Numerics telemetry of one quantisation: x (rows, cols) bf16 and q.data quantised from it.
+struct QuantStats {
+  double amax = 0;             // max |x|
+  double scale = 0;            // per-tensor: the scale used; blocks: the smallest block scale
+  double saturated_frac = 0;   // fraction of elements with |x * scale| >= fp8_max (clipped or exactly at max)
+  double underflow_frac = 0;   // fraction of nonzero x whose code is +-0
+  double snr_db = 0;           // 10 log10(sum x^2 / sum (x - dequant(q))^2); +inf when exact
+};
+// Writes the raw sums for one tensor into stats_out (kQuantStatsSlots doubles on the device: amax, min scale,
+// saturated count, underflow count, nonzero count, sum x^2, sum err^2, element count), deterministically.
+constexpr int kQuantStatsSlots = 8;
+void fp8_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream);
+QuantStats finish_quant_stats(const double* host_slots);  // the 8 slots (downloaded) -> fractions and dB
+QuantStats fp8_quant_stats_cpu(const float* x, const uint8_t* data, const float* scale_inv, int rows, int cols,
+                               ScaleGranularity g, Fp8Format f);
+
+}  // namespace llmc
