@@ -30,6 +30,9 @@ using bf16 = __nv_bfloat16;
 // (every later launch leaves them alone); layer = -1 once the embeddings and the final norm are final too (the last
 // call of a backward). Data parallelism starts the reduction of those gradients from here.
 using GradReadyHook = std::function<void(int layer, cudaStream_t stream)>;
+// Data parallelism: reduces (MAX over ranks, in place) the `count` per-tensor amaxes a step recorded, before delayed
+// scaling turns them into scales, so every rank keeps the same amax histories and scales.
+using AmaxReducer = std::function<void(float* amax, int count, cudaStream_t stream)>;
 
 class Model {
  public:
@@ -66,6 +69,7 @@ class Model {
   const bf16* logits() const;
   void zero_grads(cudaStream_t s);
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+  void set_amax_reducer(AmaxReducer reducer) { amax_reducer_ = std::move(reducer); }
 
  protected:
   Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe);
@@ -98,6 +102,7 @@ class Model {
   bool last_wrote_dlogits_ = false;
   std::vector<int> last_targets_;  // host copy, for the mean over non-ignored tokens
   GradReadyHook grad_ready_;
+  AmaxReducer amax_reducer_;
 };
 
 // Hands out 256-byte aligned pieces of one allocation (first pass: base = null, only counts the bytes). The models
