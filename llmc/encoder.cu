@@ -1,5 +1,6 @@
-// llmc/encoder: GPT-2 token + position embedding, forward and deterministic backward (kernels, the host-built
-// EncoderBackwardPlan, and the CPU references).
+// llmc/encoder: token (+ position) embedding, forward and deterministic backward (kernels, the host-built
+// EncoderBackwardPlan, and the CPU references). GPT-2 adds the learned position embedding wpe; Llama (RoPE) passes
+// wpe = dwpe = null and gets the token rows alone.
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -10,7 +11,7 @@
 namespace llmc {
 
 // ---------------------------------------------------------------------------------------------------------------
-// Forward: out (N, C) = wte[tokens[n]] + wpe[n % T]. One thread per 8 channels of one row.
+// Forward: out (N, C) = wte[tokens[n]] (+ wpe[n % T] when wpe is non-null). One thread per 8 channels of one row.
 __global__ void encoder_forward_kernel(bf16* out, const int* tokens, const bf16* wte, const bf16* wpe, int N, int T,
                                        int C) {
   const int C8 = C / 8;
@@ -20,6 +21,10 @@ __global__ void encoder_forward_kernel(bf16* out, const int* tokens, const bf16*
   const int c = static_cast<int>(idx % C8) * 8;
   const int t = row % T;
   const x128 tok = load128(wte + static_cast<size_t>(tokens[row]) * C + c);
+  if (wpe == nullptr) {  // token rows only (the bits of wte, no rounding)
+    store128(out + static_cast<size_t>(row) * C + c, tok);
+    return;
+  }
   const x128 pos = load128(wpe + static_cast<size_t>(t) * C + c);
   x128 sum;
 #pragma unroll
@@ -33,7 +38,7 @@ void encoder_forward(bf16* out, const int* tokens, const bf16* wte, const bf16* 
   require_multiple_of_8("encoder_forward", "C", C);
   require_aligned16("encoder_forward", "out", out);
   require_aligned16("encoder_forward", "wte", wte);
-  require_aligned16("encoder_forward", "wpe", wpe);
+  if (wpe) require_aligned16("encoder_forward", "wpe", wpe);
   const int N = B * T;
   const int block = 256;
   const size_t threads = static_cast<size_t>(N) * (C / 8);
@@ -47,8 +52,8 @@ void encoder_forward_cpu(float* out, const int* tokens, const float* wte, const 
     for (int t = 0; t < T; t++) {
       const int n = b * T + t;
       const float* tok = wte + static_cast<size_t>(tokens[n]) * C;
-      const float* pos = wpe + static_cast<size_t>(t) * C;
-      for (int c = 0; c < C; c++) out[static_cast<size_t>(n) * C + c] = tok[c] + pos[c];
+      const float* pos = wpe ? wpe + static_cast<size_t>(t) * C : nullptr;
+      for (int c = 0; c < C; c++) out[static_cast<size_t>(n) * C + c] = tok[c] + (pos ? pos[c] : 0.0f);
     }
 }
 
@@ -175,7 +180,7 @@ void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const EncoderB
                       int C, cudaStream_t stream) {
   require_multiple_of_8("encoder_backward", "C", C);
   require_aligned16("encoder_backward", "dwte", dwte);
-  require_aligned16("encoder_backward", "dwpe", dwpe);
+  if (dwpe) require_aligned16("encoder_backward", "dwpe", dwpe);
   require_aligned16("encoder_backward", "dout", dout);
   if (plan.capacity < static_cast<size_t>(B) * T)
     throw_error("encoder_backward: the plan holds %zu positions but B*T = %d (call plan.build with this "
@@ -189,7 +194,7 @@ void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const EncoderB
   }
   const int block = 256;
   const size_t threads = static_cast<size_t>(T) * (C / 8);
-  if (threads == 0) return;
+  if (threads == 0 || dwpe == nullptr) return;
   wpe_backward_kernel<<<ceil_div(threads, block), block, 0, stream>>>(dwpe, dout, B, T, C);
   CUDA_CHECK_LAUNCH();
 }
@@ -208,7 +213,7 @@ void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int
       for (int c = 0; c < C; c++) acc[c] += dout[static_cast<size_t>(order[i]) * C + c];
     for (int c = 0; c < C; c++) dwte[static_cast<size_t>(token) * C + c] += static_cast<float>(acc[c]);
   }
-  for (int t = 0; t < T; t++)
+  for (int t = 0; t < T && dwpe; t++)
     for (int c = 0; c < C; c++) {
       double sum = 0.0;
       for (int b = 0; b < B; b++) sum += dout[(static_cast<size_t>(b) * T + t) * C + c];

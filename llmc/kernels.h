@@ -25,15 +25,15 @@ namespace llmc {
 using bf16 = __nv_bfloat16;
 
 // ---------------------------------------------------------------------------------------------------------------
-// encoder.cu: token + position embedding (GPT-2)
-// out (N=B*T, C) = wte[tokens[b,t]] + wpe[t]
+// encoder.cu: token + position embedding (GPT-2), or token embedding alone (Llama: wpe = null, dwpe = null)
+// out (N=B*T, C) = wte[tokens[b,t]] + wpe[t]  (wpe null: out = wte[tokens[b,t]] exactly)
 void encoder_forward(bf16* out, const int* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C,
                      cudaStream_t stream);
 void encoder_forward_cpu(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
 
 // Deterministic embedding backward. The host builds the plan from the host copy of the tokens of this micro-batch
 // (grouping positions by token id in a fixed order); the kernel then sums each token's rows in that order.
-// dwte (Vp, C) += ...; dwpe (maxT, C) += sum over b of dout[b, t].
+// dwte (Vp, C) += ...; dwpe (maxT, C) += sum over b of dout[b, t] (skipped when dwpe is null).
 struct EncoderBackwardPlan {
   // device buffers owned by the plan (allocated on first build, grown as needed)
   int* d_bucket_starts = nullptr;  // (num_buckets + 1) offsets into d_positions

@@ -204,4 +204,22 @@ TEST(SwigluRef, BackwardMatchesFiniteDifferences) {
     EXPECT_NEAR(dgate_up[i], finite_difference(gate_up, i, loss), kFdTolerance) << "dgate_up[" << i << "]";
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Token embedding without positions (Llama): wpe = dwpe = null.
+TEST(EncoderRef, TokenOnlyEmbedding) {
+  std::mt19937 rng(41);
+  const int B = 2, T = 5, C = 8, Vp = 7;
+  const std::vector<int> tokens = {3, 0, 6, 3, 1, 1, 2, 5, 6, 0};
+  const std::vector<float> wte = random_vector(static_cast<size_t>(Vp) * C, rng);
+  std::vector<float> out(static_cast<size_t>(B) * T * C);
+  llmc::encoder_forward_cpu(out.data(), tokens.data(), wte.data(), nullptr, B, T, C);
+  for (int n = 0; n < B * T; n++)
+    for (int c = 0; c < C; c++) EXPECT_EQ(out[n * C + c], wte[tokens[n] * C + c]);
+  const std::vector<float> dout = random_vector(out.size(), rng);
+  std::vector<float> with_pos(wte.size(), 0.5f), without_pos(wte.size(), 0.5f), dwpe(static_cast<size_t>(T) * C, 0.0f);
+  llmc::encoder_backward_cpu(with_pos.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  llmc::encoder_backward_cpu(without_pos.data(), nullptr, dout.data(), tokens.data(), B, T, C);
+  EXPECT_EQ(with_pos, without_pos);
+}
+
 }  // namespace

@@ -378,6 +378,40 @@ TEST(SwigluChecks, RejectsBadArguments) {
   EXPECT_THROW(llmc::swiglu_backward(out.ptr, out.ptr, gate_up.ptr + 4, 1, 8, 0), llmc::Error);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Token embedding without positions (Llama: wpe = dwpe = null): the forward copies the rows bit for bit; the backward
+// matches the reference and never touches a position table.
+TEST(EncoderTokenOnly, ForwardCopiesRowsBackwardMatchesReference) {
+  auto rng = rng_for_test();
+  const int B = 3, T = 37, C = 2048, Vp = 1024;
+  std::uniform_int_distribution<int> token_dist(0, 50);  // repeats: buckets of several rows
+  std::vector<int> tokens(B * T);
+  for (int& t : tokens) t = token_dist(rng);
+  const std::vector<float> wte = random_bf16_values(static_cast<size_t>(Vp) * C, rng, -1, 1);
+  DeviceBuffer<int> d_tokens(tokens);
+  auto d_wte = upload_bf16(wte);
+  DeviceBuffer<bf16> d_out(static_cast<size_t>(B) * T * C);
+  d_out.poison();
+  llmc::encoder_forward(d_out.ptr, d_tokens.ptr, d_wte.ptr, nullptr, B, T, C, 0);
+  std::vector<float> ref(static_cast<size_t>(B) * T * C);
+  llmc::encoder_forward_cpu(ref.data(), tokens.data(), wte.data(), nullptr, B, T, C);
+  EXPECT_TRUE(bitwise_equal("token-only embedding", download_bf16(d_out), ref));
+
+  const std::vector<float> dout = random_bf16_values(ref.size(), rng, -1, 1);
+  const std::vector<float> dwte0 = random_floats(wte.size(), rng, -1, 1);
+  llmc::EncoderBackwardPlan plan;
+  plan.build(tokens.data(), B, T, 0);
+  auto d_dout = upload_bf16(dout);
+  DeviceBuffer<float> d_dwte(dwte0);
+  llmc::encoder_backward(d_dwte.ptr, nullptr, d_dout.ptr, plan, B, T, C, 0);
+  const std::vector<float> got = d_dwte.download();
+  plan.free();
+  std::vector<float> want = dwte0, abs_sum = absolute(dwte0);
+  llmc::encoder_backward_cpu(want.data(), nullptr, dout.data(), tokens.data(), B, T, C);
+  llmc::encoder_backward_cpu(abs_sum.data(), nullptr, absolute(dout).data(), tokens.data(), B, T, C);
+  EXPECT_TRUE(within("dwte (token-only)", got, want, fp32_sum_tolerance(abs_sum, B * T + 1)));
+}
+
 // An amax slot already holding a larger value keeps it (atomic max, never a store).
 TEST(AmaxSlot, KeepsALargerPreviousValue) {
   auto rng = rng_for_test();
