@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """dev/bench/bench.py: the llm8 benchmark driver. Runs train_gpt configs for a fixed number of steps, measures
-tokens/s, MFU (against the BF16 and FP8 peaks of the GPU it finds), peak device memory and loss, runs the PyTorch
-reference (dev/reference/gpt2.py --time: torch.compile, BF16 autocast, fused AdamW) beside each run as a peer on the
-same GPU, appends one Markdown row per run to dev/bench/results/<gpu>.md and prints a side-by-side table.
+tokens/s, MFU (against the BF16 and FP8 peaks of the GPU it finds), peak device memory and loss, runs a PyTorch peer
+beside each run on the same GPU (GPT-2: dev/reference/gpt2.py --time; Llama: dev/reference/llama.py --time, i.e.
+transformers' LlamaForCausalLM with sdpa; both torch.compile, BF16 autocast, fused AdamW), appends one Markdown row
+per run to dev/bench/results/<gpu>.md and prints a side-by-side table.
 
 How a run is measured (details in dev/bench/README.md):
   - train_gpt runs `--steps` optimizer steps with one micro-step per step (train.global_batch_tokens=0), no
@@ -13,6 +14,7 @@ How a run is measured (details in dev/bench/README.md):
 
 Examples:
   python3 dev/bench/bench.py                              # the gpt2 suite (124M and 350M), peer included
+  python3 dev/bench/bench.py --suite llama                # llama-350m and llama-1b at T=2048, HF peer included
   python3 dev/bench/bench.py --suite quick --peer none
   python3 dev/bench/bench.py --runs 124m:32:1024,350m:16:1024:2 --recipe bf16 --steps 40 --dry
 """
@@ -59,13 +61,25 @@ GPT2_PRESETS = {
 }
 GPT2_VOCAB = 50257
 
+# Llama presets (n_layer, n_head, n_kv_head, n_embd, ffn_hidden, max_seq_len, rope_theta, tied), as in
+# llmc/model_spec.cpp; the same fallback role as GPT2_PRESETS.
+LLAMA_PRESETS = {
+    "llama-tiny": (2, 2, 1, 128, 512, 256, 10000.0, False),
+    "llama-125m": (12, 12, 4, 768, 2048, 2048, 500000.0, True),
+    "llama-350m": (24, 16, 4, 1024, 2816, 2048, 500000.0, True),
+    "llama-1b": (16, 32, 8, 2048, 8192, 2048, 500000.0, True),
+    "llama-3b": (28, 24, 8, 3072, 8192, 2048, 500000.0, True),
+}
+
 # Named suites: run specs "model:micro_batch:seq_len[:gpus]".
 SUITES = {
     "gpt2": ["124m:32:1024", "124m:64:1024", "350m:16:1024", "350m:32:1024"],
+    "llama": ["llama-350m:8:2048", "llama-1b:4:2048", "llama-1b:8:2048"],
     "quick": ["mini:16:512"],
 }
 
-PEER_RECIPE = "pytorch-compile-bf16"
+PEER_RECIPE = "pytorch-compile-bf16"            # dev/reference/gpt2.py --time
+LLAMA_PEER_RECIPE = "hf-llama-compile-bf16"     # dev/reference/llama.py --time (transformers' LlamaForCausalLM)
 RESULT_COLUMNS = ["model", "recipe", "GPUs", "micro-batch", "sequence", "tokens/s", "MFU (BF16 peak)",
                   "MFU (FP8 peak)", "peak memory GiB", "loss", "commit", "date"]
 
@@ -110,15 +124,23 @@ def parse_run_list(runs, suite):
     return specs
 
 
+def config_stem(model):
+    """'124m' -> 'gpt2_124m'; 'llama-1b' or 'llama_1b' -> 'llama_1b' (a model named with its architecture)."""
+    stem = model.replace("-", "_")
+    return stem if stem.startswith(("gpt2_", "llama_")) else f"gpt2_{stem}"
+
+
 def config_for(model, recipe, configs_dir):
     """The config file of a run and whether precision.recipe must be overridden. A model that names a .json file is
-    used as is; otherwise configs/gpt2_<model>_<recipe>.json if it exists, else configs/gpt2_<model>_bf16.json."""
+    used as is; otherwise configs/<stem>_<recipe>.json if it exists, else configs/<stem>_bf16.json, with
+    <stem> = gpt2_<model> (124m) or the model itself when it names its architecture (llama-1b -> llama_1b)."""
     if model.endswith(".json"):
         return model, True
-    specific = os.path.join(configs_dir, f"gpt2_{model}_{recipe}.json")
+    stem = config_stem(model)
+    specific = os.path.join(configs_dir, f"{stem}_{recipe}.json")
     if os.path.exists(specific):
         return specific, False
-    return os.path.join(configs_dir, f"gpt2_{model}_bf16.json"), True
+    return os.path.join(configs_dir, f"{stem}_bf16.json"), True
 
 
 def bench_overrides(spec, recipe, steps, warmup, jsonl_path, train_glob):
@@ -153,13 +175,18 @@ def trainer_command(train_gpt, config, overrides, dry_run=False):
 
 
 def peer_command(python, dims, spec, warmup, steps):
-    """dev/reference/gpt2.py in timing mode with the model sizes given explicitly (works for any preset)."""
-    n_layer, n_head, n_embd, max_seq_len, vocab = dims
-    return [python, os.path.join("dev", "reference", "gpt2.py"), "--time",
-            "--n_layer", str(n_layer), "--n_head", str(n_head), "--n_embd", str(n_embd),
-            "--max_seq_len", str(max(max_seq_len, spec.seq_len)), "--vocab_size", str(vocab),
-            "--B", str(spec.micro_batch), "--T", str(spec.seq_len),
-            "--warmup", str(warmup), "--iters", str(max(1, steps - warmup))]
+    """The PyTorch peer in timing mode with the model sizes given explicitly (works for any preset):
+    dev/reference/gpt2.py for gpt2, dev/reference/llama.py (transformers' LlamaForCausalLM) for llama."""
+    common = ["--B", str(spec.micro_batch), "--T", str(spec.seq_len),
+              "--warmup", str(warmup), "--iters", str(max(1, steps - warmup))]
+    sizes = ["--n_layer", str(dims["n_layer"]), "--n_head", str(dims["n_head"]), "--n_embd", str(dims["n_embd"]),
+             "--max_seq_len", str(max(dims["max_seq_len"], spec.seq_len)), "--vocab_size", str(dims["vocab_size"])]
+    if dims["arch"] == "llama":
+        return [python, os.path.join("dev", "reference", "llama.py"), "--time"] + sizes + [
+            "--n_kv_head", str(dims["n_kv_head"]), "--ffn_hidden", str(dims["ffn_hidden"]),
+            "--rope_theta", repr(float(dims["rope_theta"])), "--tied" if dims["tied_embeddings"] else "--untied",
+        ] + common
+    return [python, os.path.join("dev", "reference", "gpt2.py"), "--time"] + sizes + common
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -280,6 +307,23 @@ def gpt2_flops_per_token(n_layer, n_embd, seq_len, vocab=GPT2_VOCAB, ffn_hidden=
     return 6.0 * n + 6.0 * L * C * seq_len
 
 
+def llama_flops_per_token(n_layer, n_head, n_kv_head, n_embd, ffn_hidden, seq_len, vocab=GPT2_VOCAB):
+    """6N + 6LCT for llama, the convention of llmc flops_per_token: N = non-embedding parameters (RMSNorm weights,
+    q/k/v/o with the grouped-query k/v sizes, gate/up/down) + the lm_head matmul on the real vocabulary."""
+    C, L, F, HS = n_embd, n_layer, ffn_hidden, n_embd // n_head
+    per_layer = 2 * C + n_head * HS * C + 2 * n_kv_head * HS * C + C * n_head * HS + 3 * F * C
+    n = vocab * C + L * per_layer + C
+    return 6.0 * n + 6.0 * L * C * seq_len
+
+
+def model_flops_per_token(dims, seq_len):
+    """The 6N + 6LCT formula of the architecture in dims (see model_dims)."""
+    if dims["arch"] == "llama":
+        return llama_flops_per_token(dims["n_layer"], dims["n_head"], dims["n_kv_head"], dims["n_embd"],
+                                     dims["ffn_hidden"], seq_len, dims["vocab_size"])
+    return gpt2_flops_per_token(dims["n_layer"], dims["n_embd"], seq_len, dims["vocab_size"], dims.get("ffn_hidden"))
+
+
 def gpu_peaks(name):
     """(bf16, fp8) dense peak TFLOP/s for an nvidia-smi GPU name, or None when unknown."""
     lower = name.lower()
@@ -346,7 +390,8 @@ One row per benchmark run, appended by `dev/bench/bench.py` (see dev/bench/READM
 
 - **model, recipe**: the model preset and precision recipe; `{peer}` is the PyTorch reference
   (`dev/reference/gpt2.py --time`: torch.compile, BF16 autocast, fused AdamW) run beside ours on the same GPU in
-  the same session.
+  the same session; for Llama models the peer is `{llama_peer}` (`dev/reference/llama.py --time`: transformers'
+  LlamaForCausalLM with sdpa attention, torch.compile, BF16 autocast, fused AdamW).
 - **GPUs, micro-batch, sequence**: data-parallel GPUs, sequences per GPU per step, tokens per sequence.
 - **tokens/s**: over all GPUs. llm8 runs one micro-step per optimizer step with no validation, sampling or
   checkpoints; the first warm-up steps are dropped and tokens/s = tokens per step / median step time of the rest
@@ -381,7 +426,7 @@ def append_results(path, gpu_name, rows):
             peaks = gpu_peaks(gpu_name)
             peak_text = ("BF16 {:g}, FP8 {} TFLOP/s".format(peaks[0], fmt(peaks[1], "g"))
                          if peaks else "unknown to bench.py, so MFU is n/a")
-            f.write(RESULTS_HEADER.format(gpu=gpu_name, peer=PEER_RECIPE, peaks=peak_text,
+            f.write(RESULTS_HEADER.format(gpu=gpu_name, peer=PEER_RECIPE, llama_peer=LLAMA_PEER_RECIPE, peaks=peak_text,
                                           columns=" | ".join(RESULT_COLUMNS),
                                           rule="|".join("---" for _ in RESULT_COLUMNS)))
         for r in rows:
@@ -477,12 +522,12 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
     flops = parse_flops_per_token(dry_text)
     raw["flops_source"] = "train_gpt --dry-run"
     if flops is None and dims:
-        flops = gpt2_flops_per_token(dims[0], dims[2], spec.seq_len, dims[4], resolved.get("ffn_hidden"))
+        flops = model_flops_per_token(dims, spec.seq_len)
         raw["flops_source"] = "bench.py 6N+6LCT fallback"
     raw["flops_per_token"] = flops
-    if dims and resolved.get("arch", "gpt2") == "gpt2":
+    if dims:
         # cross-check against bench.py's own 6N + 6LCT (the dry run prints 4 significant digits)
-        formula = gpt2_flops_per_token(dims[0], dims[2], spec.seq_len, dims[4], resolved.get("ffn_hidden"))
+        formula = model_flops_per_token(dims, spec.seq_len)
         raw["flops_per_token_formula"] = formula
         if flops and abs(flops / formula - 1) > 0.01:
             print(f"  warning: FLOPs/token {flops:.4g} from --dry-run differs from 6N+6LCT = {formula:.4g}",
@@ -514,7 +559,8 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
 def run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date):
     cmd = peer_command(args.python, dims, spec, args.warmup, args.steps)
     name = f"peer_{model_name}_b{spec.micro_batch}_t{spec.seq_len}"
-    raw = {"impl": "pytorch", "spec": spec.__dict__, "command": cmd}
+    llama = dims["arch"] == "llama"
+    raw = {"impl": "pytorch-hf-llama" if llama else "pytorch", "spec": spec.__dict__, "command": cmd}
     rc, text = run_logged(cmd, os.path.join(workdir, name + ".log"), args.timeout)
     if rc == 77:
         return Outcome(False, error="skipped: PyTorch is not installed", raw=raw)
@@ -524,11 +570,12 @@ def run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date):
     if out is None:
         return Outcome(False, error="no JSON line with tokens_per_s in the output: " + last_error_line(text), raw=raw)
     raw["output"] = out
-    flops = gpt2_flops_per_token(dims[0], dims[2], spec.seq_len, dims[4])
+    flops = model_flops_per_token(dims, spec.seq_len)
     peaks = gpu_peaks(gpu_name) or (None, None)
     tok_s = out["tokens_per_s"]
     row = {
-        "model": model_name, "recipe": PEER_RECIPE, "gpus": 1, "micro_batch": spec.micro_batch,
+        "model": model_name, "recipe": LLAMA_PEER_RECIPE if llama else PEER_RECIPE, "gpus": 1,
+        "micro_batch": spec.micro_batch,
         "seq_len": spec.seq_len, "tokens_per_s": tok_s, "mfu_bf16": mfu_percent(flops, tok_s, peaks[0], 1),
         "mfu_fp8": mfu_percent(flops, tok_s, peaks[1], 1), "mem_gib": out.get("peak_mem_gib"),
         "loss": out.get("loss"), "commit": commit, "date": date,
@@ -537,21 +584,40 @@ def run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date):
 
 
 def read_preset(config, model=""):
-    """model.preset of a config file; when the file cannot be read, 'gpt2-<model>' if that is a known preset."""
+    """model.preset of a config file; when the file cannot be read, the preset the model names if it is known
+    ('124m' -> 'gpt2-124m', 'llama_1b' -> 'llama-1b')."""
     try:
         with open(os.path.join(REPO_ROOT, config)) as f:
             return json.load(f).get("model", {}).get("preset", "")
     except (OSError, ValueError, AttributeError):
-        return f"gpt2-{model}" if f"gpt2-{model}" in GPT2_PRESETS else ""
+        name = config_stem(model).replace("_", "-")
+        return name if name in GPT2_PRESETS or name in LLAMA_PRESETS else ""
 
 
 def model_dims(resolved, preset_name):
-    """(n_layer, n_head, n_embd, max_seq_len, vocab_size) from the resolved config, else the preset table."""
+    """The model sizes as a dict (arch, n_layer, n_head, n_embd, max_seq_len, vocab_size; llama also n_kv_head,
+    ffn_hidden, rope_theta, tied_embeddings) from the resolved config, else the preset tables; None if unknown."""
     keys = ("n_layer", "n_head", "n_embd", "max_seq_len")
+    arch = resolved.get("arch") or ("llama" if preset_name in LLAMA_PRESETS else "gpt2")
     if all(k in resolved for k in keys):
-        return tuple(int(resolved[k]) for k in keys) + (int(resolved.get("vocab_size", GPT2_VOCAB)),)
+        dims = {k: int(resolved[k]) for k in keys}
+        dims.update(arch=arch, vocab_size=int(resolved.get("vocab_size", GPT2_VOCAB)))
+        if "ffn_hidden" in resolved:
+            dims["ffn_hidden"] = int(resolved["ffn_hidden"])
+        if arch == "llama":
+            if not all(k in resolved for k in ("n_kv_head", "ffn_hidden", "rope_theta", "tied_embeddings")):
+                return None
+            dims.update(n_kv_head=int(resolved["n_kv_head"]), rope_theta=float(resolved["rope_theta"]),
+                        tied_embeddings=bool(resolved["tied_embeddings"]))
+        return dims
     if preset_name in GPT2_PRESETS:
-        return GPT2_PRESETS[preset_name] + (GPT2_VOCAB,)
+        n_layer, n_head, n_embd, max_seq_len = GPT2_PRESETS[preset_name]
+        return dict(arch="gpt2", n_layer=n_layer, n_head=n_head, n_embd=n_embd, max_seq_len=max_seq_len,
+                    vocab_size=GPT2_VOCAB)
+    if preset_name in LLAMA_PRESETS:
+        n_layer, n_head, n_kv, n_embd, ffn, max_seq_len, theta, tied = LLAMA_PRESETS[preset_name]
+        return dict(arch="llama", n_layer=n_layer, n_head=n_head, n_kv_head=n_kv, n_embd=n_embd, ffn_hidden=ffn,
+                    max_seq_len=max_seq_len, vocab_size=GPT2_VOCAB, rope_theta=theta, tied_embeddings=tied)
     return None
 
 
@@ -708,9 +774,10 @@ def main(argv=None):
                 config, _ = config_for(spec.model, recipes[0], args.configs)
                 dims = model_dims({}, read_preset(config, spec.model))
             if dims is None:
-                peer = Outcome(False, error="model sizes unknown (the dry run failed and the preset is not a gpt2 one)")
+                peer = Outcome(False, error="model sizes unknown (the dry run failed and the preset is not known)")
             else:
-                print(f"[{spec.label()} {PEER_RECIPE}] running ...", flush=True)
+                peer_recipe = LLAMA_PEER_RECIPE if dims["arch"] == "llama" else PEER_RECIPE
+                print(f"[{spec.label()} {peer_recipe}] running ...", flush=True)
                 config, _ = config_for(spec.model, recipes[0], args.configs)
                 model_name = read_preset(config, spec.model) or spec.model
                 peer = run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date)
