@@ -58,7 +58,7 @@ LlamaTensors<Scalar> carve_tensors(Scalar* base, const ParamTable& table, const 
 }  // namespace
 
 Llama::Llama(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe)
-    : Model(spec, B, T, recompute, recipe) {
+    : Model(spec, B, T, recompute, recipe), precision_(recipe) {
   if (spec.arch != "llama") throw_error("Llama: model.arch is '%s'; this class builds 'llama' only", spec.arch.c_str());
   const int HS = spec.head_size();
   if (HS != 64 && HS != 128)
@@ -71,30 +71,25 @@ Llama::Llama(const ModelSpec& spec, int B, int T, int recompute, const Precision
   g_ = carve_tensors(grads_, table_, spec);
 
   const int N = B * T, C = spec.n_embd, Q = spec.qkv_channels(), F = spec.ffn_hidden, L = spec.n_layer;
-  precision_ = std::make_unique<PrecisionState>(recipe);
   linears_.resize(L);
   for (int l = 0; l < L; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     BlockLinears& b = linears_[l];
-    b.qkv = std::make_unique<Linear>(*precision_, p + "self_attn.qkv_proj", LinearKind::Qkv, l, Q, C,
+    b.qkv = std::make_unique<Linear>(precision_, p + "self_attn.qkv_proj", LinearKind::Qkv, l, Q, C,
                                      plan_linear(recipe, l, L, LinearKind::Qkv), N);
-    b.o = std::make_unique<Linear>(*precision_, p + "self_attn.o_proj", LinearKind::AttnOut, l, C,
+    b.o = std::make_unique<Linear>(precision_, p + "self_attn.o_proj", LinearKind::AttnOut, l, C,
                                    spec.n_head * HS, plan_linear(recipe, l, L, LinearKind::AttnOut), N);
-    b.gate_up = std::make_unique<Linear>(*precision_, p + "mlp.gate_up_proj", LinearKind::MlpUp, l, 2 * F, C,
+    b.gate_up = std::make_unique<Linear>(precision_, p + "mlp.gate_up_proj", LinearKind::MlpUp, l, 2 * F, C,
                                          plan_linear(recipe, l, L, LinearKind::MlpUp), N);
-    b.down = std::make_unique<Linear>(*precision_, p + "mlp.down_proj", LinearKind::MlpDown, l, C, F,
+    b.down = std::make_unique<Linear>(precision_, p + "mlp.down_proj", LinearKind::MlpDown, l, C, F,
                                       plan_linear(recipe, l, L, LinearKind::MlpDown), N);
   }
-  lm_head_ = std::make_unique<Linear>(*precision_, "lm_head", LinearKind::LmHead, -1, spec.padded_vocab_size, C,
+  lm_head_ = std::make_unique<Linear>(precision_, "lm_head", LinearKind::LmHead, -1, spec.padded_vocab_size, C,
                                       plan_linear(recipe, -1, L, LinearKind::LmHead), N);
   plan_activations();
 }
 
-Llama::~Llama() {
-  encoder_plan_.free();
-  cudaFree(act_memory_);
-  act_memory_ = nullptr;
-}
+Llama::~Llama() { encoder_plan_.free(); }  // the base frees the activation memory
 
 void Llama::plan_activations() {
   const size_t N = static_cast<size_t>(B_max_) * T_max_;
@@ -184,7 +179,7 @@ Linear::BackwardOptions dy_from_producer(const Linear& linear) {
 void Llama::forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) {
   begin_forward(h_inputs, h_targets, B, T, grad_scale, s);
   const bool train = grad_scale > 0.0f;
-  precision_->begin_forward(s);
+  precision_.begin_forward(s);
   const int N = B * T, C = spec_.n_embd, F = spec_.ffn_hidden, NH = spec_.n_head, NKV = spec_.n_kv_head;
   const int HS = spec_.head_size(), V = spec_.vocab_size, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const float eps = spec_.norm_eps, theta = spec_.rope_theta;
@@ -225,7 +220,7 @@ void Llama::forward(const int* h_inputs, const int* h_targets, int B, int T, flo
 
 void Llama::backward(cudaStream_t s) {
   begin_backward();
-  precision_->begin_backward(s);
+  precision_.begin_backward(s);
   const int B = last_B_, T = last_T_, N = B * T;
   const int C = spec_.n_embd, F = spec_.ffn_hidden, NH = spec_.n_head, NKV = spec_.n_kv_head, HS = spec_.head_size();
   const int L = spec_.n_layer;

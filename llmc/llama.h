@@ -74,7 +74,7 @@ class Llama : public Model {
 
   LlamaTensors<bf16> w_;
   LlamaTensors<float> g_;
-  std::unique_ptr<PrecisionState> precision_;
+  PrecisionState precision_;  // before the linears: they register with it and must be destroyed first
   std::vector<BlockLinears> linears_;
   std::unique_ptr<Linear> lm_head_;
 
