@@ -174,6 +174,11 @@ void global_norm_squared(float* partials, const float* values, size_t n, cudaStr
 void global_norm_finish(float* out, const float* partials, int count, cudaStream_t stream);
 double global_norm_cpu(const float* values, size_t n);
 
+// x (M, N) += bias (N) in place, rounded to bf16 (for FP8 GEMMs whose epilogue cannot add the bias: block scales);
+// amax: max |result|. N a multiple of 8.
+void add_bias(bf16* x, const bf16* bias, int M, int N, cudaStream_t stream, float* amax = nullptr);
+void add_bias_cpu(float* x, const float* bias, int M, int N);
+
 void convert_float_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
 void convert_bf16_to_float(float* out, const bf16* in, size_t n, cudaStream_t stream);
 

@@ -196,24 +196,30 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   }
   if (training && state_.numerics_requested()) state_.record_numerics(name_ + ".x", xq, x, s);
 
-  Fp8GemmOptions g;
-  g.bias = bias;
-  g.fast_accum = plan_.fast_accum_fprop;
+  // The GEMM with as much of the bias / GELU as the epilogue supports for this combination (block scales support
+  // neither; then the bias is added and the GELU applied by our kernels, which also report the output amax).
   const Fp8Operand A = fp8_operand(xq, false), B = fp8_operand(wq_, false);
-  if (opt.pre_gelu != nullptr) {
-    g.pre_gelu = opt.pre_gelu;
-    if (matmul_fp8_supported(false, A, B, M, N_, K_, g)) {
-      matmul_fp8(out, A, B, M, N_, K_, g, s);
-      if (opt.out_amax) amax_bf16(opt.out_amax, out, (size_t)M * N_, s);
-    } else {
-      g.pre_gelu = nullptr;
-      matmul_fp8(opt.pre_gelu, A, B, M, N_, K_, g, s);
-      gelu_forward(out, opt.pre_gelu, (size_t)M * N_, s, opt.out_amax);
-    }
-  } else {
-    matmul_fp8(out, A, B, M, N_, K_, g, s);
+  Fp8GemmOptions g;
+  g.fast_accum = plan_.fast_accum_fprop;
+  g.bias = bias;
+  g.pre_gelu = opt.pre_gelu;
+  if (opt.pre_gelu != nullptr && matmul_fp8_supported(false, A, B, M, N_, K_, g)) {
+    matmul_fp8(out, A, B, M, N_, K_, g, s);  // out = gelu(pre_gelu), pre_gelu = x·wᵀ + bias
     if (opt.out_amax) amax_bf16(opt.out_amax, out, (size_t)M * N_, s);
+    return;
   }
+  g.pre_gelu = nullptr;
+  const bool fused_bias = bias != nullptr && matmul_fp8_supported(false, A, B, M, N_, K_, g);
+  if (!fused_bias) g.bias = nullptr;
+  bf16* gemm_out = opt.pre_gelu != nullptr ? opt.pre_gelu : out;
+  matmul_fp8(gemm_out, A, B, M, N_, K_, g, s);
+  float* gemm_out_amax = opt.pre_gelu != nullptr ? nullptr : opt.out_amax;
+  if (bias != nullptr && !fused_bias) {
+    add_bias(gemm_out, bias, M, N_, s, gemm_out_amax);
+  } else if (gemm_out_amax != nullptr) {
+    amax_bf16(gemm_out_amax, gemm_out, (size_t)M * N_, s);
+  }
+  if (opt.pre_gelu != nullptr) gelu_forward(out, opt.pre_gelu, (size_t)M * N_, s, opt.out_amax);
 }
 
 void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w, int M, cudaStream_t s,

@@ -588,6 +588,24 @@ TEST(ClipScaleTest, FollowsTheDocumentedRule) {
     }
 }
 
+// add_bias: x += bias per row, one bf16 rounding of the FP32 sum (exact reference), and the amax of the result.
+TEST(AddBias, MatchesReferenceWithAmax) {
+  auto rng = make_rng();
+  for (const auto& [M, N] : {std::pair<int, int>{1, 8}, {37, 768}, {1024, 3072}}) {
+    const std::vector<float> x = random_bf16_values(static_cast<size_t>(M) * N, rng, -4, 4),
+                             bias = random_bf16_values(N, rng, -1, 1);
+    auto d_x = upload_bf16(x), d_bias = upload_bf16(bias);
+    AmaxSlot amax;
+    llmc::add_bias(d_x.ptr, d_bias.ptr, M, N, 0, amax.ptr);
+    std::vector<float> ref = x;
+    llmc::add_bias_cpu(ref.data(), bias.data(), M, N);
+    for (float& v : ref) v = round_bf16(v);
+    const std::vector<float> got = download_bf16(d_x);
+    EXPECT_TRUE(within("add_bias", got, ref, std::vector<double>(ref.size(), 0.0))) << M << "x" << N;
+    EXPECT_EQ(amax.value(), max_abs(got)) << M << "x" << N;
+  }
+}
+
 // The divergence guard: with grad_scale = NaN (a non-finite gradient norm) AdamW changes nothing at all.
 TEST(AdamWSkip, NonFiniteGradScaleLeavesEverythingUnchanged) {
   auto rng = make_rng();
