@@ -94,7 +94,11 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 53u);  // 11 model keys + the 42 fields of the other sections
+  EXPECT_EQ(docs.size(), 70u);  // 11 model keys + 16 precision keys + the 43 fields of the other sections
+  EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
+  EXPECT_EQ(doc("precision.bf16_layers").default_value, "[]");
+  EXPECT_EQ(doc("precision.dy_format").default_value, "\"e5m2\"");
+  EXPECT_EQ(doc("precision.x_granularity").default_value, "\"tensor\"");
   EXPECT_EQ(doc("train.lr").default_value, json(6e-4).dump());
   EXPECT_EQ(doc("train.lr").type, "float");
   EXPECT_EQ(doc("train.steps").default_value, "100");
@@ -392,8 +396,8 @@ TEST(ConfigErrors, PrecisionCombinations) {
   j["precision"]["x_granularity"] = "128x128";
   expect_error(load_error(j), {"x and w are both 128x128"});
   j = recipe("fp8_tensorwise");
-  j["precision"]["bf16_layers"] = json::array({0, 12});
-  expect_error(load_error(j), {"precision.bf16_layers", "layer 12 does not exist", "12 blocks"});
+  j["precision"]["bf16_layers"] = json::array({0, 2});
+  expect_error(load_error(j), {"precision.bf16_layers", "layer 2 does not exist", "2 blocks"});
   j = recipe("fp8_tensorwise");
   j["precision"]["bf16_layers"] = json::array({0, "last"});
   expect_error(load_error(j), {"precision.bf16_layers", "expected a list of integers"});
