@@ -373,16 +373,17 @@ std::string fp8_argument_error(const void* D, bool d_fp32, const Fp8Operand& A, 
       return;
     }
     if (pointer_alignment(p) < align) {
-      err = strformat("%s (%p) is not %d-byte aligned (cuBLASLt FP8 GEMMs need 16-byte aligned matrices and "
-                      "block-scale arrays, 4-byte aligned per-tensor scales)",
+      err = strformat("%s (%p) is not %d-byte aligned (cuBLASLt FP8 GEMMs need 16-byte aligned matrices, "
+                      "block-scale arrays and per-tensor scales: an H100 returned CUBLAS_STATUS_NOT_SUPPORTED for a "
+                      "4-byte aligned per-tensor scale)",
                       name, p, align);
     }
   };
   check(D, "D", 16, true);
   check(A.data, "A.data", 16, true);
   check(B.data, "B.data", 16, true);
-  check(A.scale_inv, "A.scale_inv", a_block ? 16 : 4, true);
-  check(B.scale_inv, "B.scale_inv", b_block ? 16 : 4, true);
+  check(A.scale_inv, "A.scale_inv", 16, true);
+  check(B.scale_inv, "B.scale_inv", 16, true);
   check(opt.bias, "opt.bias", 16, false);
   check(opt.pre_gelu, "opt.pre_gelu", 16, false);
   return err;

@@ -328,16 +328,16 @@ void PrecisionState::reserve(int which, size_t bytes, size_t scale_floats) {
 void PrecisionState::ensure_allocated() {
   if (allocated_) return;
   allocated_ = true;
-  const size_t n = slot_names_.size();
+  const size_t n = slot_names_.size(), np = padded_slots();
   size_t bytes = 0;
   auto take = [&](size_t b) {
     const size_t at = bytes;
     bytes += align256(std::max<size_t>(b, 1));
     return at;
   };
-  const size_t o_scale = take(n * sizeof(float)), o_scale_inv = take(n * sizeof(float));
-  const size_t o_amax = take((n + 1) * sizeof(float)), o_formats = take(n);
-  const size_t o_history = take(n * (size_t)history_len_ * sizeof(float));
+  const size_t o_scale = take(np * sizeof(float)), o_scale_inv = take(np * sizeof(float));
+  const size_t o_amax = take(np * sizeof(float)), o_formats = take(np);
+  const size_t o_history = take(np * (size_t)history_len_ * sizeof(float));
   std::vector<size_t> o_scratch(kScratchCount), o_scales(kScratchCount);
   for (int i = 0; i < kScratchCount; i++) {
     o_scratch[i] = take(scratch_bytes_[i]);
@@ -356,15 +356,16 @@ void PrecisionState::ensure_allocated() {
     scratch_ptrs_[i] = reinterpret_cast<uint8_t*>(base + o_scratch[i]);
     scratch_scale_ptrs_[i] = reinterpret_cast<float*>(base + o_scales[i]);
   }
-  // Initial state: scale 1, amax 0, empty histories.
-  std::vector<float> ones(n, 1.0f);
-  if (n > 0) {
-    CUDA_CHECK(cudaMemcpy(scale_, ones.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(scale_inv_, ones.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(formats_, slot_formats_.data(), n, cudaMemcpyHostToDevice));
-  }
-  CUDA_CHECK(cudaMemset(amax_, 0, (n + 1) * sizeof(float)));
-  CUDA_CHECK(cudaMemset(history_, 0, std::max<size_t>(n * history_len_, 1) * sizeof(float)));
+  // Initial state: scale 1, amax 0, empty histories; the inert entries between slots carry their slot's format.
+  std::vector<float> ones(np, 1.0f);
+  std::vector<uint8_t> formats(np, static_cast<uint8_t>(Fp8Format::E4M3));
+  for (size_t i = 0; i < n; i++)
+    for (int j = 0; j < kSlotStride; j++) formats[kSlotStride * i + j] = slot_formats_[i];
+  CUDA_CHECK(cudaMemcpy(scale_, ones.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(scale_inv_, ones.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(formats_, formats.data(), np, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(amax_, 0, np * sizeof(float)));
+  CUDA_CHECK(cudaMemset(history_, 0, np * history_len_ * sizeof(float)));
   // Scratch: the block-scale padding entries must read as 1 (never written by the quantisers for rows past the
   // tensor); fill every scale scratch with 1 once.
   for (int i = 0; i < kScratchCount; i++) {
@@ -387,8 +388,7 @@ float* PrecisionState::scratch_scales(int which) {
 void PrecisionState::begin_forward(cudaStream_t s) {
   if (!recipe_.fp8 || slot_names_.empty()) return;
   ensure_allocated();
-  if (recipe_.scaling == ScalingMode::Current)
-    CUDA_CHECK(cudaMemsetAsync(amax_, 0, slot_names_.size() * sizeof(float), s));
+  if (recipe_.scaling == ScalingMode::Current) CUDA_CHECK(cudaMemsetAsync(amax_, 0, padded_slots() * sizeof(float), s));
 }
 
 void PrecisionState::begin_backward(cudaStream_t s) { begin_forward(s); }
@@ -397,7 +397,7 @@ void PrecisionState::end_step(cudaStream_t s) {
   for (Linear* l : linears_) l->weights_changed();
   if (!recipe_.fp8 || slot_names_.empty() || recipe_.scaling != ScalingMode::Delayed) return;
   ensure_allocated();
-  const int n = static_cast<int>(slot_names_.size());
+  const int n = static_cast<int>(kSlotStride * slot_names_.size());  // the inert entries update to themselves
   if (amax_reducer_) amax_reducer_(amax_, n, s);
   fp8_delayed_scaling_update(history_, amax_, scale_, scale_inv_, formats_, n, history_len_, history_pos_,
                              recipe_.amax_compute != "most_recent", recipe_.margin, recipe_.pow2_scales, s);
@@ -407,7 +407,7 @@ void PrecisionState::end_step(cudaStream_t s) {
 
 void PrecisionState::discard_step(cudaStream_t s) {
   if (!recipe_.fp8 || slot_names_.empty() || !allocated_) return;
-  CUDA_CHECK(cudaMemsetAsync(amax_, 0, (slot_names_.size() + 1) * sizeof(float), s));
+  CUDA_CHECK(cudaMemsetAsync(amax_, 0, padded_slots() * sizeof(float), s));
 }
 
 void PrecisionState::weights_changed() {
@@ -443,8 +443,7 @@ size_t PrecisionState::device_bytes() const {
   size_t bytes = 0;
   for (const Linear* l : linears_) bytes += l->memory_bytes_;
   for (int i = 0; i < kScratchCount; i++) bytes += align256(scratch_bytes_[i]) + align256(scratch_floats_[i] * 4);
-  const size_t n = slot_names_.size();
-  return bytes + n * (13 + (size_t)history_len_ * 4);
+  return bytes + padded_slots() * (13 + (size_t)history_len_ * 4);
 }
 
 nlohmann::json PrecisionState::describe() const {
@@ -452,25 +451,30 @@ nlohmann::json PrecisionState::describe() const {
           {"steps_recorded", steps_recorded_}};
 }
 
+// Checkpoint form: compact (one entry per slot, no inert padding).
 void PrecisionState::download(std::vector<float>* scales, std::vector<float>* history) const {
-  const size_t n = slot_names_.size();
-  scales->assign(2 * n, 0.0f);
-  history->assign(n * history_len_, 0.0f);
-  if (n == 0 || !allocated_) {
-    std::fill(scales->begin(), scales->end(), 1.0f);
-    return;
+  const size_t n = slot_names_.size(), L = history_len_;
+  scales->assign(2 * n, 1.0f);
+  history->assign(n * L, 0.0f);
+  if (n == 0 || !allocated_) return;
+  const size_t np = padded_slots();
+  std::vector<float> s(np), si(np), h(np * L);
+  CUDA_CHECK(cudaMemcpy(s.data(), scale_, np * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(si.data(), scale_inv_, np * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(h.data(), history_, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; i++) {
+    (*scales)[i] = s[kSlotStride * i];
+    (*scales)[n + i] = si[kSlotStride * i];
+    std::copy(h.begin() + kSlotStride * i * L, h.begin() + (kSlotStride * i + 1) * L, history->begin() + i * L);
   }
-  CUDA_CHECK(cudaMemcpy(scales->data(), scale_, n * sizeof(float), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(scales->data() + n, scale_inv_, n * sizeof(float), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(history->data(), history_, history->size() * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 void PrecisionState::upload(const nlohmann::json& description, const std::vector<float>& scales,
                             const std::vector<float>& history) {
-  const size_t n = slot_names_.size();
+  const size_t n = slot_names_.size(), L = history_len_;
   const std::vector<std::string> names = description.at("slots").get<std::vector<std::string>>();
   if (names != slot_names_ || description.at("history_len").get<int>() != history_len_ ||
-      scales.size() != 2 * n || history.size() != n * (size_t)history_len_)
+      scales.size() != 2 * n || history.size() != n * L)
     throw_error("precision state: the checkpoint's FP8 scaling state (%zu tensors, history %d) does not match this "
                 "run's recipe (%zu tensors, history %d): resume with the same precision section",
                 names.size(), description.at("history_len").get<int>(), n, history_len_);
@@ -478,10 +482,17 @@ void PrecisionState::upload(const nlohmann::json& description, const std::vector
   history_pos_ = description.at("history_pos").get<int>();
   steps_recorded_ = description.at("steps_recorded").get<long long>();
   if (n == 0) return;
-  CUDA_CHECK(cudaMemcpy(scale_, scales.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(scale_inv_, scales.data() + n, n * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(history_, history.data(), history.size() * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemset(amax_, 0, (n + 1) * sizeof(float)));
+  const size_t np = padded_slots();
+  std::vector<float> s(np, 1.0f), si(np, 1.0f), h(np * L, 0.0f);
+  for (size_t i = 0; i < n; i++) {
+    s[kSlotStride * i] = scales[i];
+    si[kSlotStride * i] = scales[n + i];
+    std::copy(history.begin() + i * L, history.begin() + (i + 1) * L, h.begin() + kSlotStride * i * L);
+  }
+  CUDA_CHECK(cudaMemcpy(scale_, s.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(scale_inv_, si.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(history_, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(amax_, 0, np * sizeof(float)));
 }
 
 }  // namespace llmc

@@ -154,10 +154,14 @@ class PrecisionState {
   void ensure_allocated();  // on first use, once every linear is registered
   uint8_t* scratch(int which);
   float* scratch_scales(int which);
-  float* scale_ptr(int slot) { return scale_ + slot; }
-  float* scale_inv_ptr(int slot) { return scale_inv_ + slot; }
-  float* amax_ptr(int slot) const { return amax_ + slot; }
-  float* temp_amax() { return amax_ + slot_names_.size(); }  // one spare amax slot (delayed scaling's first step)
+  // Slot i lives at index kSlotStride * i of the device arrays: cuBLASLt wants every scale pointer 16-byte aligned.
+  // The entries in between are inert (amax 0 keeps their scale at 1 in the delayed update).
+  static constexpr int kSlotStride = 4;
+  float* scale_ptr(int slot) { return scale_ + kSlotStride * slot; }
+  float* scale_inv_ptr(int slot) { return scale_inv_ + kSlotStride * slot; }
+  float* amax_ptr(int slot) const { return amax_ + kSlotStride * slot; }
+  float* temp_amax() { return amax_ + kSlotStride * slot_names_.size(); }  // the spare slot (delayed's first step)
+  size_t padded_slots() const { return kSlotStride * (slot_names_.size() + 1); }
   bool history_started() const { return steps_recorded_ > 0; }
   void record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s);
 
@@ -167,11 +171,11 @@ class PrecisionState {
   std::vector<uint8_t> slot_formats_;
   bool allocated_ = false;
   void* device_memory_ = nullptr;  // one allocation for everything below
-  float* scale_ = nullptr;         // (n) quantisation multipliers
-  float* scale_inv_ = nullptr;     // (n)
-  float* amax_ = nullptr;          // (n + 1) amax slots (+ the spare)
-  uint8_t* formats_ = nullptr;     // (n) Fp8Format of each slot
-  float* history_ = nullptr;       // (n, history_len) delayed scaling ring buffers
+  float* scale_ = nullptr;         // (padded_slots) quantisation multipliers
+  float* scale_inv_ = nullptr;     // (padded_slots)
+  float* amax_ = nullptr;          // (padded_slots) amax slots (+ the spare)
+  uint8_t* formats_ = nullptr;     // (padded_slots) Fp8Format of each slot
+  float* history_ = nullptr;       // (padded_slots, history_len) delayed scaling ring buffers
   int history_len_ = 1;
   int history_pos_ = 0;
   long long steps_recorded_ = 0;
