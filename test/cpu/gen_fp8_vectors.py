@@ -6,7 +6,8 @@ committed; test/cpu/test_fp8_vectors.py regenerates it and checks it is unchange
     python3 test/cpu/gen_fp8_vectors.py [--out PATH]      (run from anywhere; default: the committed file)
 
 What it holds, for FP8 E4M3 (ml_dtypes.float8_e4m3fn) and E5M2 (ml_dtypes.float8_e5m2):
-  decode: all 256 codes -> their FP32 value (NaN codes -> a NaN: the test only asks for a NaN).
+  decode: all 256 codes -> their FP32 value (NaN codes -> the quiet NaN 0x7FC00000 with the code's sign; the test
+    only asks for a NaN).
   encode: FP32 -> code for
     every representable value (both zeros, subnormals, normals, +-max);
     every midpoint between adjacent representable values (exact in FP32: ties go to the even code), and the
@@ -100,7 +101,10 @@ def fp8_sections(name, type_name, emin, emax, fmax, seed):
 
     lines = [f"@ decode {name}"]
     for c, v in zip(codes, values):
-        lines.append(f"{int(c):02x} {f32_bits(v):08x}")
+        bits = f32_bits(v)
+        if np.isnan(v):  # canonical quiet NaN with the code's sign: the payload is not part of the contract
+            bits = (bits & 0x80000000) | 0x7FC00000
+        lines.append(f"{int(c):02x} {bits:08x}")
 
     finite_codes = [int(c) for c, v in zip(codes, values) if np.isfinite(v)]
     positives = sorted({float(values[c]) for c in finite_codes if values[c] >= 0})  # 0 .. max
