@@ -463,7 +463,8 @@ void check_same_spec(const ModelSpec& imported, const ModelSpec& configured, con
   check_int("max_seq_len", imported.max_seq_len, configured.max_seq_len);
   check_int("ffn_hidden", imported.ffn_hidden, configured.ffn_hidden);
   if (imported.norm_eps != configured.norm_eps)
-    mismatch("norm_eps", json(float_for_json(imported.norm_eps)).dump(), json(float_for_json(configured.norm_eps)).dump());
+    mismatch("norm_eps", json(float_for_json(imported.norm_eps)).dump(),
+             json(float_for_json(configured.norm_eps)).dump());
   if (imported.tied_embeddings != configured.tied_embeddings)
     mismatch("tied_embeddings", imported.tied_embeddings ? "true" : "false",
              configured.tied_embeddings ? "true" : "false");
@@ -663,7 +664,8 @@ ModelWeights import_llmc(const std::string& path) {
     delete f;
   });
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw_error("llm.c import: %s is not a regular file", path.c_str());
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw_error("llm.c import: %s is not a regular file", path.c_str());
   const size_t file_size = static_cast<size_t>(st.st_size);
   auto read_at = [&](size_t offset, void* dst, size_t nbytes) {
     uint8_t* p = static_cast<uint8_t*>(dst);

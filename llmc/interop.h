@@ -17,9 +17,10 @@
 //                  Vp), then 16 tensors stacked over the layers in one flat blob: wte (Vp, C), wpe (maxT, C),
 //                  ln1w (L, C), ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C), attprojw (L, C, C), attprojb (L, C),
 //                  ln2w (L, C), ln2b (L, C), fcw (L, 4C, C), fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C),
-//                  lnfw (C), lnfb (C). llm.c's matrices are nn.Linear (out, in) like ours and its qkv rows are q | k | v
-//                  like ours, so nothing is transposed: the per-layer tensors are only stacked. The vocabulary is
-//                  padded to Vp with zero rows, as llm.c's writer does (rows past V are written and read as zeros).
+//                  lnfw (C), lnfb (C). llm.c's matrices are nn.Linear (out, in) like ours and its qkv rows are
+//                  q | k | v like ours, so nothing is transposed: the per-layer tensors are only stacked. The
+//                  vocabulary is padded to Vp with zero rows, as llm.c's writer does (rows past V are written and
+//                  read as zeros).
 //
 // Round trips are exact: export -> import -> export gives the same bytes (both formats, F32 and BF16). A BF16 export
 // of FP32 weights rounds them once (round to nearest even); importing gives those rounded values exactly, and exporting
