@@ -153,8 +153,10 @@ const std::vector<KeySchema>& schema() {
                   LLMC_ACCESS(train.recompute)), 0, 1),
       row("train", "deterministic", T::Bool, "bit-identical runs (deterministic kernels and GEMM algorithms)",
           LLMC_ACCESS(train.deterministic)),
-      row("train", "init_from", T::String, "\"\" = random init; else a checkpoint step directory or model.safetensors",
-          LLMC_ACCESS(train.init_from)),
+      row("train", "init_from", T::String,
+          "\"\" = random init; else weights to start from: an llm8 checkpoint step directory or model.safetensors, a "
+          "Hugging Face model directory (config.json + model.safetensors) or an llm.c model .bin; the model section "
+          "must describe that model", LLMC_ACCESS(train.init_from)),
 
       one_of(row("optimizer", "type", T::String, "optimizer", LLMC_ACCESS(optimizer.type)), {"adamw"}),
       open_unit(row("optimizer", "beta1", T::Float, "AdamW first-moment decay", LLMC_ACCESS(optimizer.beta1))),
