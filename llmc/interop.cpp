@@ -206,8 +206,29 @@ ordered_json hf_config(const ModelSpec& spec, WeightDtype dtype) {
       c["bos_token_id"] = 50256;
       c["eos_token_id"] = 50256;
     }
+  } else if (spec.arch == "llama") {
+    c["architectures"] = {"LlamaForCausalLM"};
+    c["model_type"] = "llama";
+    c["vocab_size"] = spec.vocab_size;
+    c["hidden_size"] = spec.n_embd;
+    c["intermediate_size"] = spec.ffn_hidden;
+    c["num_hidden_layers"] = spec.n_layer;
+    c["num_attention_heads"] = spec.n_head;
+    c["num_key_value_heads"] = spec.n_kv_head;
+    c["head_dim"] = spec.head_size();
+    c["hidden_act"] = "silu";
+    c["max_position_embeddings"] = spec.max_seq_len;
+    c["rms_norm_eps"] = float_for_json(spec.norm_eps);
+    c["rope_theta"] = float_for_json(spec.rope_theta);
+    c["rope_scaling"] = nullptr;  // plain RoPE (rotate_half convention, as our kernels)
+    c["attention_bias"] = false;
+    c["attention_dropout"] = 0.0;
+    c["mlp_bias"] = false;
+    c["pretraining_tp"] = 1;
+    c["initializer_range"] = 0.02;
+    c["tie_word_embeddings"] = spec.tied_embeddings;
   } else {
-    throw_error("Hugging Face export: model.arch '%s' is not supported (supported: gpt2)", spec.arch.c_str());
+    throw_error("Hugging Face export: model.arch '%s' is not supported (supported: gpt2, llama)", spec.arch.c_str());
   }
   c["use_cache"] = true;
   c["torch_dtype"] = dtype == WeightDtype::F32 ? "float32" : "bfloat16";
@@ -290,13 +311,60 @@ ModelSpec gpt2_spec_from_hf(const ConfigReader& c) {
   return s;
 }
 
+// RoPE settings: rope_theta at the top level (transformers 4.x) or in rope_parameters (5.x); only plain RoPE.
+float llama_rope_theta(const ConfigReader& c) {
+  double theta = c.get_number("rope_theta", 10000.0);
+  std::string rope_type = "default";
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!c.has(key)) continue;
+    const json& r = c.j[key];
+    if (!r.is_object())
+      throw_error("%s: '%s' must be an object or null, got %s", c.path.c_str(), key, r.dump().c_str());
+    const ConfigReader inner{r, c.path};
+    if (inner.has("rope_theta")) theta = inner.get_number("rope_theta", theta);
+    const std::string type = inner.get_string("rope_type", inner.get_string("type", "default"));
+    if (type != "default") rope_type = type;
+  }
+  if (rope_type != "default")
+    throw_error("%s: RoPE scaling '%s' is not supported: llm8's Llama implements plain RoPE (rope_type default)",
+                c.path.c_str(), rope_type.c_str());
+  if (!(theta > 0)) throw_error("%s: rope_theta must be positive", c.path.c_str());
+  return static_cast<float>(theta);
+}
+
+ModelSpec llama_spec_from_hf(const ConfigReader& c) {
+  ModelSpec s;
+  s.arch = "llama";
+  s.n_layer = c.get_int("num_hidden_layers");
+  s.n_head = c.get_int("num_attention_heads");
+  s.n_kv_head = c.get_int("num_key_value_heads", s.n_head);
+  s.n_embd = c.get_int("hidden_size");
+  s.vocab_size = c.get_int("vocab_size");
+  s.max_seq_len = c.get_int("max_position_embeddings", 2048);
+  s.ffn_hidden = c.get_int("intermediate_size");
+  s.norm_eps = static_cast<float>(c.get_number("rms_norm_eps", 1e-6));
+  s.rope_theta = llama_rope_theta(c);
+  s.tied_embeddings = c.get_bool("tie_word_embeddings", false);
+  const std::string act = c.get_string("hidden_act", "silu");
+  if (act != "silu")
+    throw_error("%s: hidden_act '%s' is not supported: llm8's Llama MLP is SwiGLU (silu)", c.path.c_str(), act.c_str());
+  if (c.get_bool("attention_bias", false) || c.get_bool("mlp_bias", false))
+    throw_error("%s: attention_bias / mlp_bias is true, but llm8's Llama has no biases", c.path.c_str());
+  if (s.n_embd % s.n_head != 0)
+    throw_error("%s: hidden_size %d is not divisible by num_attention_heads %d", c.path.c_str(), s.n_embd, s.n_head);
+  if (s.n_head % s.n_kv_head != 0)
+    throw_error("%s: num_attention_heads %d is not divisible by num_key_value_heads %d", c.path.c_str(), s.n_head,
+                s.n_kv_head);
+  if (c.get_int("head_dim", s.head_size()) != s.head_size())
+    throw_error("%s: head_dim %d differs from hidden_size / num_attention_heads = %d, which llm8's Llama assumes",
+                c.path.c_str(), c.get_int("head_dim"), s.head_size());
+  return s;
+}
+
 ModelSpec spec_from_hf_config(const json& j, const std::string& path) {
   if (!j.is_object()) throw_error("%s: the top level is not a JSON object", path.c_str());
   const ConfigReader c{j, path};
-  const std::string arch = hf_arch(j, path);
-  if (arch == "gpt2") return gpt2_spec_from_hf(c);
-  throw_error("%s: Hugging Face import of '%s' models is not supported in this build (supported: gpt2)", path.c_str(),
-              arch.c_str());
+  return hf_arch(j, path) == "gpt2" ? gpt2_spec_from_hf(c) : llama_spec_from_hf(c);
 }
 
 // Tensors in Hugging Face checkpoints that are buffers, not parameters: never exported, ignored on import.
@@ -468,6 +536,9 @@ void check_same_spec(const ModelSpec& imported, const ModelSpec& configured, con
   if (imported.tied_embeddings != configured.tied_embeddings)
     mismatch("tied_embeddings", imported.tied_embeddings ? "true" : "false",
              configured.tied_embeddings ? "true" : "false");
+  if (imported.arch == "llama" && imported.rope_theta != configured.rope_theta)
+    mismatch("rope_theta", json(float_for_json(imported.rope_theta)).dump(),
+             json(float_for_json(configured.rope_theta)).dump());
 }
 
 // Copies src (any vocabulary padding) into dst laid out by dst_table (same model otherwise), by tensor name.
@@ -520,7 +591,7 @@ HfTensorMapping hf_mapping(const ModelSpec& spec, const ParamInfo& p) {
   HfTensorMapping m;
   m.hf_name = p.name;  // our names are Hugging Face's
   m.hf_shape = p.shape;
-  m.vocab_rows = p.role == ParamRole::TokenEmbedding || p.name == "lm_head.weight";
+  m.vocab_rows = p.role == ParamRole::TokenEmbedding || p.role == ParamRole::LmHead;
   if (m.vocab_rows) m.hf_shape[0] = spec.vocab_size;
   m.transposed = spec.arch == "gpt2" && is_gpt2_conv1d(p.name);
   if (m.transposed) std::swap(m.hf_shape[0], m.hf_shape[1]);
@@ -608,7 +679,7 @@ ModelWeights import_hf(const std::string& dir, int padded_vocab_multiple) {
   for (const auto& [name, index] : files.names()) {
     if (used.count(name) || is_hf_buffer(w.spec, name)) continue;
     const SafetensorsReader* reader = files.find(name);
-    if (name == "lm_head.weight" && w.spec.tied_embeddings && embedding) {
+    if (name == "lm_head.weight" && w.spec.tied_embeddings && embedding) {  // (tied: not in our table)
       // A tied lm_head saved anyway (older checkpoints): it must be the embedding.
       const std::vector<float> head = reader->read_as_float(name);
       const std::vector<float> emb = files.find(embedding->hf_name)->read_as_float(embedding->hf_name);

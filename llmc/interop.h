@@ -56,6 +56,8 @@ struct ModelWeights {
 // Hugging Face
 
 // Writes dir/model.safetensors then dir/config.json (creating dir if needed; both files are written atomically).
+// gpt2 -> GPT2LMHeadModel (gelu_new, no dropout, lm_head tied); llama -> LlamaForCausalLM (silu, plain RoPE with
+// rope_theta, no biases, tie_word_embeddings as the spec; an untied lm_head.weight is exported unpadded).
 // values: table.total_elements floats for build_param_table(spec). Returns the paths written.
 std::vector<std::string> export_hf(const std::string& dir, const ModelSpec& spec, const float* values,
                                    WeightDtype dtype);

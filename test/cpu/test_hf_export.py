@@ -7,9 +7,12 @@ name against the llm.c file read here independently (so the Conv1D transposes an
 against a layout that has neither), lm_head tied to wte, and the logits of a batch against a NumPy float64
 re-implementation of GPT-2 run on the llm.c file's weights. BF16 exports load with the bf16-rounded values.
 
-Import: models created and saved by transformers itself (save_pretrained: F32, BF16, sharded with an index) are read
-by `train_gpt --set train.init_from=DIR --export-llmc` and the llm.c file holds exactly the transformers tensors, with
-the same logits.
+Llama: the llama-tiny export (GQA, untied) and a tied head-size-128 variant load as LlamaForCausalLM, every tensor
+as written, the logits against a NumPy Llama (RMSNorm, rotate_half RoPE with rope_theta, grouped-query heads, SwiGLU).
+
+Import: models created and saved by transformers itself (save_pretrained: F32, BF16, sharded with an index; GPT-2 and
+Llama, tied and untied) are read by `train_gpt --set train.init_from=DIR --export-llmc / --export-hf` and the result
+holds exactly the transformers tensors, with the same logits.
 
 The binary is $LLM8_TRAIN_GPT (CTest sets it) or build/train_gpt. Exit code 77 (skipped under CTest) when numpy, torch
 or transformers is missing, or the binary is not built.
@@ -26,7 +29,8 @@ try:
     import numpy as np
     import torch
     import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from safetensors.numpy import load_file
 except ImportError as e:
     print(f"test_hf_export.py: skipped: {e} (pip install numpy torch transformers)")
     sys.exit(77)
@@ -45,14 +49,15 @@ if not os.path.exists(TRAIN_GPT):
     sys.exit(77)
 
 TINY = os.path.join(REPO_ROOT, "configs", "gpt2_tiny_bf16.json")  # L2, H2, C128, T256, vocab 50257
+LLAMA_TINY = os.path.join(REPO_ROOT, "configs", "llama_tiny_bf16.json")  # L2, H2, KV1, C128, F512, untied, theta 1e4
 
 LLMC_TENSORS = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
                 "fcprojw", "fcprojb", "lnfw", "lnfb"]
 
 
-def train_gpt(*args):
+def train_gpt(*args, config=TINY):
     """Runs the binary (config gpt2-tiny + args) on the CPU; returns stdout, fails the test with stderr otherwise."""
-    cmd = [TRAIN_GPT, "--config", TINY, *args]
+    cmd = [TRAIN_GPT, "--config", config, *args]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env=env)
     if r.returncode != 0:
@@ -115,6 +120,50 @@ def gpt2_forward(header, w, idx):
         x = x + h @ w["fcprojw"][l].T + w["fcprojb"][l]
     x = layernorm(x, w["lnfw"], w["lnfb"])
     return x @ w["wte"][:V].T
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def llama_forward(cfg, w, idx):
+    """NumPy float64 Llama on Hugging Face-named weights (nn.Linear (out, in)): logits (B, T, V). RoPE with the
+    rotate_half pairing (i, i + HS/2), grouped-query heads: query head h reads key/value head h // (NH / NKV)."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    C, NH, NKV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    L, eps, theta = cfg["num_hidden_layers"], cfg["rms_norm_eps"], cfg["rope_theta"]
+    hs = C // NH
+    B, T = idx.shape
+    inv_freq = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    angles = np.outer(np.arange(T), inv_freq)
+    cos, sin = np.cos(np.concatenate([angles, angles], -1)), np.sin(np.concatenate([angles, angles], -1))
+    mask = np.triu(np.ones((T, T), dtype=bool), k=1)
+    x = w["model.embed_tokens.weight"][idx]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(B, T, NH, hs).transpose(0, 2, 1, 3)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(B, T, NKV, hs).transpose(0, 2, 1, 3)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(B, T, NKV, hs).transpose(0, 2, 1, 3)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = np.repeat(k, NH // NKV, axis=1), np.repeat(v, NH // NKV, axis=1)
+        att = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hs)
+        att[..., mask] = -np.inf
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+        x = x + y @ w[p + "self_attn.o_proj.weight"].T
+        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+    x = rmsnorm(x, w["model.norm.weight"], eps)
+    head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
+    return x @ head.T
 
 
 def hf_state_as_llmc(model, Vp):
@@ -205,6 +254,81 @@ class Gpt2Export(unittest.TestCase):
         _, w16 = read_llmc(bin_)
         rel = np.linalg.norm(w16["qkvw"] - w32["qkvw"]) / np.linalg.norm(w32["qkvw"])
         self.assertTrue(0 < rel < 4e-3, rel)  # rounded once to bf16 (8 significant bits)
+
+
+class LlamaExport(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="llm8_hf_llama_")
+        cls.idx = np.random.default_rng(2).integers(0, 1000, size=(2, 24))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def test_float32_export_loads_as_llama(self):
+        # llama-tiny: GQA 2:1, head size 64, untied; a variant with head size 128, tied embeddings, other theta.
+        cases = (("untied_hs64", []),
+                 ("tied_hs128", ["--set", "model.n_head=2", "--set", "model.n_kv_head=2", "--set", "model.n_embd=256",
+                                 "--set", "model.tied_embeddings=true", "--set", "model.rope_theta=500000"]))
+        for label, sets in cases:
+            with self.subTest(label):
+                hf = os.path.join(self.tmp, label)
+                out = train_gpt("--set", "model.vocab_size=1000", "--set", "train.seed=5", *sets, "--export-hf", hf,
+                                config=LLAMA_TINY)
+                self.assertIn("export: Hugging Face model (llama", out)
+                with open(os.path.join(hf, "config.json")) as f:
+                    cfg = json.load(f)
+                model = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+                mc = model.config
+                self.assertEqual((mc.vocab_size, mc.hidden_size, mc.num_hidden_layers, mc.num_attention_heads,
+                                  mc.num_key_value_heads, mc.intermediate_size, mc.max_position_embeddings),
+                                 (1000, cfg["hidden_size"], 2, cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                                  cfg["intermediate_size"], 256))
+                self.assertEqual(mc.hidden_act, "silu")
+                self.assertEqual(mc.rms_norm_eps, 1e-5)
+                tied = label.startswith("tied")
+                self.assertEqual(mc.tie_word_embeddings, tied)
+                self.assertEqual(model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), tied)
+                theta = getattr(mc, "rope_theta", None) or mc.rope_parameters["rope_theta"]
+                self.assertEqual(theta, 500000.0 if tied else 10000.0)
+                weights = load_file(os.path.join(hf, "model.safetensors"))
+                sd = model.state_dict()
+                for name, value in weights.items():  # every tensor as written, in the model (no transposes)
+                    np.testing.assert_array_equal(sd[name].numpy(), value, err_msg=name)
+                self.assertEqual(tuple(model.model.embed_tokens.weight.shape), (1000, cfg["hidden_size"]))
+                cfg["rope_theta"] = theta
+                ref = llama_forward(cfg, weights, self.idx)
+                got = hf_logits(model, self.idx)
+                err = np.abs(got - ref).max()
+                self.assertLess(err, 1e-4, f"logits differ from the NumPy Llama by {err}")
+
+    def test_import_save_pretrained(self):
+        for tied in (False, True):
+            with self.subTest(tied=tied):
+                torch.manual_seed(3)
+                config = LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                                     rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied)
+                model = LlamaForCausalLM(config).eval()
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        if p.dim() == 1:
+                            p.add_(torch.randn_like(p) * 0.1)
+                d = os.path.join(self.tmp, f"saved_tied{tied}")
+                model.to(torch.bfloat16).save_pretrained(d)
+                model = model.float()
+                back = os.path.join(self.tmp, f"back_tied{tied}")
+                sets = ["--set", "model.vocab_size=1000"]
+                if tied:
+                    sets += ["--set", "model.tied_embeddings=true"]
+                out = train_gpt(*sets, "--set", f"train.init_from={d}", "--export-hf", back, config=LLAMA_TINY)
+                self.assertIn(f"Hugging Face directory {d} (llama)", out)
+                weights = load_file(os.path.join(back, "model.safetensors"))
+                sd = model.state_dict()
+                self.assertEqual(set(weights), {k for k in sd if not (tied and k == "lm_head.weight")})
+                for name, value in weights.items():  # the bf16 values, widened exactly, in float32
+                    np.testing.assert_array_equal(sd[name].numpy(), value, err_msg=name)
 
 
 class Gpt2Import(unittest.TestCase):

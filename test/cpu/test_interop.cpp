@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <random>
 
@@ -45,6 +46,24 @@ ModelSpec gpt2_spec(int n_layer, int n_head, int n_embd, int vocab, int max_seq_
   return s;
 }
 
+ModelSpec llama_spec(int n_layer, int n_head, int n_kv_head, int n_embd, int ffn, int vocab, bool tied,
+                     float rope_theta = 500000.0f) {
+  ModelSpec s;
+  s.arch = "llama";
+  s.n_layer = n_layer;
+  s.n_head = n_head;
+  s.n_kv_head = n_kv_head;
+  s.n_embd = n_embd;
+  s.vocab_size = vocab;
+  s.padded_vocab_size = static_cast<int>(round_up(vocab, 128));
+  s.max_seq_len = 512;
+  s.ffn_hidden = ffn;
+  s.tied_embeddings = tied;
+  s.norm_eps = 1e-5f;
+  s.rope_theta = rope_theta;
+  return s;
+}
+
 // Random values for every element of every tensor (norms and biases too, so no transpose or offset error hides behind
 // a constant), zero in the alignment gaps and the padded vocabulary rows, as our weights always are.
 std::vector<float> random_weights(const ModelSpec& spec, uint32_t seed) {
@@ -54,7 +73,7 @@ std::vector<float> random_weights(const ModelSpec& spec, uint32_t seed) {
   std::normal_distribution<float> normal(0.0f, 0.05f);
   for (const ParamInfo& p : table.params) {
     size_t n = p.numel;
-    if (p.role == ParamRole::TokenEmbedding || p.name == "lm_head.weight")
+    if (p.role == ParamRole::TokenEmbedding || p.role == ParamRole::LmHead)
       n = static_cast<size_t>(spec.vocab_size) * static_cast<size_t>(p.shape[1]);
     for (size_t i = 0; i < n; i++) v[p.offset + i] = normal(gen);
   }
@@ -192,6 +211,7 @@ TEST_P(HfRoundTrip, ExportImportExportIsByteIdentical) {
   EXPECT_EQ(imported.spec.ffn_hidden, c.spec.ffn_hidden);
   EXPECT_EQ(imported.spec.norm_eps, c.spec.norm_eps);
   EXPECT_EQ(imported.spec.tied_embeddings, c.spec.tied_embeddings);
+  EXPECT_EQ(imported.spec.rope_theta, c.spec.arch == "llama" ? c.spec.rope_theta : ModelSpec().rope_theta);
   ASSERT_EQ(imported.values.size(), weights.size());
   // F32: lossless. BF16: every value rounded to nearest even once; padding rows and gaps stay 0.
   size_t mismatches = 0;
@@ -214,7 +234,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RoundTripCase{"gpt2_v50257_hs64_f32", gpt2_spec(2, 2, 128, 50257, 64), WeightDtype::F32},
                       RoundTripCase{"gpt2_v50257_hs64_bf16", gpt2_spec(2, 2, 128, 50257, 64), WeightDtype::BF16},
                       RoundTripCase{"gpt2_v1000_hs128_f32", gpt2_spec(3, 2, 256, 1000, 32), WeightDtype::F32},
-                      RoundTripCase{"gpt2_v1000_hs128_bf16", gpt2_spec(3, 2, 256, 1000, 32), WeightDtype::BF16}),
+                      RoundTripCase{"gpt2_v1000_hs128_bf16", gpt2_spec(3, 2, 256, 1000, 32), WeightDtype::BF16},
+                      RoundTripCase{"llama_v1000_hs64_gqa_untied_f32", llama_spec(2, 4, 2, 256, 704, 1000, false),
+                                    WeightDtype::F32},
+                      RoundTripCase{"llama_v1000_hs64_gqa_untied_bf16", llama_spec(2, 4, 2, 256, 704, 1000, false),
+                                    WeightDtype::BF16},
+                      RoundTripCase{"llama_v50257_hs128_gqa_tied_f32", llama_spec(2, 4, 1, 512, 1376, 50257, true),
+                                    WeightDtype::F32},
+                      RoundTripCase{"llama_v50257_hs128_mha_tied_bf16",
+                                    llama_spec(1, 2, 2, 256, 688, 50257, true, 10000.0f), WeightDtype::BF16}),
     [](const ::testing::TestParamInfo<RoundTripCase>& info) { return std::string(info.param.label); });
 
 TEST_F(InteropTest, HfTensorsByNameHaveHuggingFaceShapesAndValues) {
@@ -260,6 +288,105 @@ TEST_F(InteropTest, HfTensorsByNameHaveHuggingFaceShapesAndValues) {
   EXPECT_EQ(config["tie_word_embeddings"], true);
   EXPECT_EQ(config["torch_dtype"], "float32");
   EXPECT_FALSE(config.contains("eos_token_id"));  // a 1000-token vocabulary has no GPT-2 <|endoftext|>
+}
+
+TEST_F(InteropTest, LlamaTensorsByNameAndConfig) {
+  const ModelSpec spec = llama_spec(2, 4, 2, 256, 704, 1000, /*tied=*/false, 250000.0f);
+  const ParamTable table = build_param_table(spec);
+  const std::vector<float> w = random_weights(spec, 59);
+  export_hf(path("hf"), spec, w.data(), WeightDtype::F32);
+  SafetensorsReader r(path("hf/model.safetensors"));
+  EXPECT_EQ(r.tensors().size(), table.params.size());
+  // LlamaForCausalLM uses nn.Linear: nothing is transposed; k/v have the grouped-query width.
+  for (const ParamInfo& p : table.params) {
+    const TensorEntry& e = r.entry(p.name);
+    std::vector<int64_t> want = p.shape;
+    if (p.role == ParamRole::TokenEmbedding || p.role == ParamRole::LmHead) want[0] = 1000;
+    EXPECT_EQ(e.shape, want) << p.name;
+    const std::vector<float> v = r.read_as_float(p.name);
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), w.begin() + p.offset)) << p.name;
+  }
+  EXPECT_EQ(r.entry("model.layers.1.self_attn.q_proj.weight").shape, (std::vector<int64_t>{256, 256}));
+  EXPECT_EQ(r.entry("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{128, 256}));
+  EXPECT_EQ(r.entry("model.layers.0.mlp.down_proj.weight").shape, (std::vector<int64_t>{256, 704}));
+  EXPECT_EQ(r.entry("lm_head.weight").shape, (std::vector<int64_t>{1000, 256}));
+  const json c = read_json(path("hf/config.json"));
+  EXPECT_EQ(c["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(c["model_type"], "llama");
+  EXPECT_EQ(c["hidden_size"], 256);
+  EXPECT_EQ(c["intermediate_size"], 704);
+  EXPECT_EQ(c["num_hidden_layers"], 2);
+  EXPECT_EQ(c["num_attention_heads"], 4);
+  EXPECT_EQ(c["num_key_value_heads"], 2);
+  EXPECT_EQ(c["head_dim"], 64);
+  EXPECT_EQ(c["hidden_act"], "silu");
+  EXPECT_EQ(c["max_position_embeddings"], 512);
+  EXPECT_EQ(c["rms_norm_eps"].dump(), "1e-05");
+  EXPECT_EQ(c["rope_theta"].dump(), "250000.0");
+  EXPECT_TRUE(c["rope_scaling"].is_null());
+  EXPECT_EQ(c["tie_word_embeddings"], false);
+  EXPECT_EQ(c["torch_dtype"], "float32");
+
+  // Tied: no lm_head.weight in the file.
+  const ModelSpec tied = llama_spec(1, 2, 1, 128, 352, 1000, true);
+  const std::vector<float> wt = random_weights(tied, 61);
+  export_hf(path("tied"), tied, wt.data(), WeightDtype::F32);
+  EXPECT_FALSE(SafetensorsReader(path("tied/model.safetensors")).has("lm_head.weight"));
+  EXPECT_EQ(read_json(path("tied/config.json"))["tie_word_embeddings"], true);
+}
+
+TEST_F(InteropTest, LlamaConfigVariantsAndErrors) {
+  const ModelSpec spec = llama_spec(1, 2, 1, 128, 352, 1000, false, 10000.0f);
+  const std::vector<float> w = random_weights(spec, 67);
+  const std::string hf = path("hf"), config_path = hf + "/config.json";
+  export_hf(hf, spec, w.data(), WeightDtype::F32);
+  const json good = read_json(config_path);
+  auto with = [&](const std::function<void(json&)>& edit) {
+    json c = good;
+    edit(c);
+    write_json(config_path, c);
+  };
+  // transformers 5.x writes rope_parameters; defaults apply for absent keys (num_key_value_heads = heads...).
+  with([](json& c) {
+    c.erase("rope_theta");
+    c.erase("rope_scaling");
+    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  });
+  EXPECT_EQ(import_hf(hf).values, w);
+  with([](json& c) { c.erase("architectures"); });  // model_type alone is enough
+  EXPECT_EQ(import_hf(hf).spec.arch, "llama");
+
+  std::string msg;
+  with([](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; });
+  msg = error_of([&] { import_hf(hf); });
+  EXPECT_TRUE(contains(msg, config_path) && contains(msg, "RoPE scaling 'llama3'")) << msg;
+  with([](json& c) { c["hidden_act"] = "gelu"; });
+  msg = error_of([&] { import_hf(hf); });
+  EXPECT_TRUE(contains(msg, "hidden_act 'gelu'")) << msg;
+  with([](json& c) { c["attention_bias"] = true; });
+  msg = error_of([&] { import_hf(hf); });
+  EXPECT_TRUE(contains(msg, "attention_bias")) << msg;
+  with([](json& c) { c["head_dim"] = 128; });
+  msg = error_of([&] { import_hf(hf); });
+  EXPECT_TRUE(contains(msg, "head_dim 128")) << msg;
+  with([](json& c) { c["num_key_value_heads"] = 3; });
+  msg = error_of([&] { import_hf(hf); });
+  EXPECT_TRUE(contains(msg, "not divisible by num_key_value_heads 3")) << msg;
+  // tie_word_embeddings true while the file holds an lm_head that differs from the embedding.
+  with([](json& c) { c["tie_word_embeddings"] = true; });
+  msg = error_of([&] { import_hf(hf); });
+  EXPECT_TRUE(contains(msg, "lm_head.weight") && contains(msg, "tied")) << msg;
+  // Untied config but no lm_head in the file.
+  write_json(config_path, good);
+  std::vector<Tensor> t = read_tensors(hf + "/model.safetensors");
+  t.erase(std::remove_if(t.begin(), t.end(), [](const Tensor& x) { return x.name == "lm_head.weight"; }), t.end());
+  write_tensors(hf + "/model.safetensors", t);
+  msg = error_of([&] { import_hf(hf); });
+  EXPECT_TRUE(contains(msg, "missing: lm_head.weight")) << msg;
+
+  // llm.c files hold GPT-2 only.
+  msg = error_of([&] { export_llmc(path("l.bin"), spec, w.data(), WeightDtype::F32); });
+  EXPECT_TRUE(contains(msg, "l.bin") && contains(msg, "GPT-2 models only") && contains(msg, "--export-hf")) << msg;
 }
 
 TEST_F(InteropTest, Bf16ExportRoundsToNearestEvenOnce) {
@@ -672,6 +799,21 @@ TEST_F(InteropTest, LoadWeightsChecksTheSpecAndRepadsTheVocabulary) {
   const RunConfig eps = tiny_config({"model.norm_eps=1e-6"});
   msg = error_of([&] { load_weights(path("hf"), eps.model, loaded.data()); });
   EXPECT_TRUE(contains(msg, "model.norm_eps = 1e-05") && contains(msg, "1e-06")) << msg;
+  // Llama: rope_theta and tied_embeddings are part of the model.
+  const RunConfig llama = tiny_config({"model.preset=llama-tiny"});
+  const std::vector<float> wl = random_weights(llama.model, 71);
+  export_hf(path("llama"), llama.model, wl.data(), WeightDtype::BF16);
+  std::vector<float> lbuf(build_param_table(llama.model).total_elements);
+  EXPECT_TRUE(contains(load_weights(path("llama"), llama.model, lbuf.data()), "(llama)"));
+  const RunConfig theta = tiny_config({"model.preset=llama-tiny", "model.rope_theta=500000"});
+  msg = error_of([&] { load_weights(path("llama"), theta.model, lbuf.data()); });
+  EXPECT_TRUE(contains(msg, "model.rope_theta = 10000.0") && contains(msg, "500000.0")) << msg;
+  const RunConfig tied = tiny_config({"model.preset=llama-tiny", "model.tied_embeddings=true"});
+  msg = error_of([&] { load_weights(path("llama"), tied.model, lbuf.data()); });
+  EXPECT_TRUE(contains(msg, "model.tied_embeddings = false")) << msg;
+  msg = error_of([&] { load_weights(path("hf"), llama.model, lbuf.data()); });
+  EXPECT_TRUE(contains(msg, "model.arch = \"gpt2\"") && contains(msg, "\"llama\"")) << msg;
+
   const RunConfig vocab = tiny_config({"model.vocab_size=50000"});
   msg = error_of([&] { load_weights(path("m.bin"), vocab.model, loaded.data()); });
   EXPECT_TRUE(contains(msg, "model.vocab_size = 50257")) << msg;

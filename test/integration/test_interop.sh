@@ -2,9 +2,10 @@
 # test/integration/test_interop: train_gpt's --export-hf / --export-llmc / --export-dtype and train.init_from with
 # Hugging Face directories and llm.c model files, end to end through the binary. On the CPU (no GPU needed): a freshly
 # initialised model exported, imported through train.init_from and exported again gives identical bytes (HF and
-# llm.c, float32 and bfloat16, HF -> llm.c -> HF); odd vocabulary and head size 128; bad inputs exit 1 with a message
-# naming the file / key and write nothing. With a GPU: a short training writes a checkpoint, --export-hf exports it
-# (the checkpoint wins over the seed), and training starts from the exported HF directory and llm.c file.
+# llm.c, float32 and bfloat16, HF -> llm.c -> HF); odd vocabulary and head size 128; Llama (GQA, untied and tied,
+# Hugging Face only); bad inputs exit 1 with a message naming the file / key and write nothing. With a GPU: a short
+# training writes a checkpoint, --export-hf exports it (the checkpoint wins over the seed), and training starts from
+# the exported HF directory and llm.c file.
 # Usage: test_interop.sh path/to/train_gpt (run from the repository root).
 set -u
 BIN=$(realpath "$1")
@@ -91,7 +92,8 @@ same "bf16-valued f32 stable" "$WORK/hfbf/model.safetensors" "$WORK/hfbf2/model.
 # 4. Odd vocabulary (1000, padded to 1024) and head size 128.
 ODD=("${T[@]}" --set model.vocab_size=1000 --set model.n_head=1)
 run "odd export" "${ODD[@]}" --export-hf "$WORK/hfo" --export-llmc "$WORK/mo.bin"
-[ "$(header "$WORK/mo.bin")" == "20240326 3 256 1000 2 1 128 1024" ] || fail "odd llm.c header: $(header "$WORK/mo.bin")"
+[ "$(header "$WORK/mo.bin")" == "20240326 3 256 1000 2 1 128 1024" ] ||
+  fail "odd llm.c header: $(header "$WORK/mo.bin")"
 run "odd init_from" "${ODD[@]}" --set "train.init_from=$WORK/mo.bin" --export-hf "$WORK/hfo2"
 same "odd llm.c -> hf" "$WORK/hfo/model.safetensors" "$WORK/hfo2/model.safetensors"
 python3 - "$WORK/hfo/model.safetensors" <<'PY' || fail "odd vocabulary: HF shapes"
@@ -103,7 +105,27 @@ assert h["transformer.h.1.mlp.c_proj.weight"]["shape"] == [512, 128]
 assert "lm_head.weight" not in h and h["__metadata__"]["format"] == "pt"
 PY
 
-# 5. Bad inputs: exit 1 (or 2 for usage), a message naming the problem, nothing written.
+# 5. Llama (llama-tiny: grouped-query attention, untied lm_head): Hugging Face only.
+L=(--config configs/llama_tiny_bf16.json)
+run "llama export" "${L[@]}" --export-hf "$WORK/hfl"
+grep -qF '"LlamaForCausalLM"' "$WORK/hfl/config.json" || fail "llama config.json architectures"
+grep -qF '"num_key_value_heads": 1' "$WORK/hfl/config.json" || fail "llama config.json num_key_value_heads"
+grep -qF '"tie_word_embeddings": false' "$WORK/hfl/config.json" || fail "llama config.json tie_word_embeddings"
+run "llama init_from" "${L[@]}" --set "train.init_from=$WORK/hfl" --export-hf "$WORK/hfl2"
+grep -qF "Hugging Face directory $WORK/hfl (llama)" "$WORK/out" || fail "llama init_from: source line"
+same "llama hf -> hf" "$WORK/hfl/model.safetensors" "$WORK/hfl2/model.safetensors"
+same "llama hf -> hf config" "$WORK/hfl/config.json" "$WORK/hfl2/config.json"
+run "llama bf16" "${L[@]}" --set model.tied_embeddings=true --export-dtype bfloat16 --export-hf "$WORK/hflb"
+run "llama bf16 again" "${L[@]}" --set model.tied_embeddings=true --set "train.init_from=$WORK/hflb" \
+  --export-dtype bfloat16 --export-hf "$WORK/hflb2"
+same "llama bf16 stable" "$WORK/hflb/model.safetensors" "$WORK/hflb2/model.safetensors"
+expect_error "llama to llm.c" 1 "llm.c model files hold GPT-2 models only" "${L[@]}" --export-llmc "$WORK/x/l.bin"
+expect_error "llama into a gpt2 config" 1 'model.arch = "llama" but the config says "gpt2"' \
+  "${T[@]}" --set "train.init_from=$WORK/hfl" --export-hf "$WORK/x/out"
+expect_error "untied into tied" 1 "model.tied_embeddings = false but the config says true" \
+  "${L[@]}" --set model.tied_embeddings=true --set "train.init_from=$WORK/hfl" --export-hf "$WORK/x/out"
+
+# 6. Bad inputs: exit 1 (or 2 for usage), a message naming the problem, nothing written.
 expect_error "model mismatch hf" 1 "model.n_layer = 2 but the config says 3" \
   "${T[@]}" --set model.n_layer=3 --set "train.init_from=$WORK/hf" --export-hf "$WORK/x/out"
 expect_error "model mismatch llm.c" 1 "$WORK/m.bin: the imported model has model.vocab_size = 50257" \
@@ -122,7 +144,7 @@ expect_error "llm.c needs ffn 4C" 1 "model.ffn_hidden is 256; use --export-hf" \
 expect_error "bad dtype" 2 "--export-dtype" "${T[@]}" --export-dtype fp8 --export-hf "$WORK/x/out"
 expect_error "export with dry run" 2 "excludes" "${T[@]}" --dry-run --export-hf "$WORK/x/out"
 
-# 6. With a GPU: export a trained checkpoint, then train from the exported files.
+# 7. With a GPU: export a trained checkpoint, then train from the exported files.
 if nvidia-smi -L >/dev/null 2>&1; then
   python3 dev/data/prepare.py --kjv --out "$WORK/data" --quiet || fail "prepare.py"
   G=("${T[@]}" --set "data.train=$WORK/data/kjv_train_*.bin" --set "data.val=$WORK/data/kjv_val_*.bin"
