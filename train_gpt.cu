@@ -24,6 +24,7 @@
 #include "llmc/config.h"
 #include "llmc/data.h"
 #include "llmc/gemm.h"
+#include "llmc/interop.h"
 #include "llmc/linear.h"
 #include "llmc/model.h"
 #include "llmc/metrics.h"
@@ -215,16 +216,6 @@ void check_same_model(const TrainerState& state, const RunConfig& cfg, const std
                   dir.c_str(), it.key().c_str(), saved[it.key()].dump().c_str(), it.value().dump().c_str());
 }
 
-// train.init_from: a step directory or a model.safetensors file of FP32 weights by name.
-std::string init_weights_path(const std::string& init_from) {
-  const std::string candidate = init_from + "/" + kModelFile;
-  if (FILE* f = std::fopen(candidate.c_str(), "rb")) {
-    std::fclose(f);
-    return candidate;
-  }
-  return init_from;
-}
-
 // The divergence guard's diagnosis: the first tensor, in backward order (output side first), whose gradient holds a
 // non-finite value. Downloads the gradients: only called for a skipped step.
 std::string first_nonfinite_gradient(Model& model) {
@@ -371,10 +362,8 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
     std::printf("resumed from %s at step %d\n", resume_dir->c_str(), start_step);
   } else {
     std::vector<float> master(table.total_elements, 0.0f);
-    if (!cfg.train.init_from.empty()) {
-      const std::string path = init_weights_path(cfg.train.init_from);
-      read_tensor_file(path, table, master);
-      std::printf("init: weights from %s\n", path.c_str());
+    if (!cfg.train.init_from.empty()) {  // an llm8 checkpoint, a Hugging Face directory or an llm.c model file
+      std::printf("init: weights from %s\n", load_weights(cfg.train.init_from, spec, master.data()).c_str());
     } else {
       init_parameters(table, static_cast<uint64_t>(cfg.train.seed), master.data());
     }
@@ -501,6 +490,9 @@ int main(int argc, char** argv) {
     if (options.print_config) std::printf("%s\n", llmc::config_to_json(cfg).dump(2).c_str());
     if (options.dry_run) std::printf("%s", llmc::dry_run_report(cfg, world_size).c_str());
     if (options.print_config || options.dry_run) return 0;
+    if (options.exporting())  // no GPU needed: the start weights, written in other formats
+      return llmc::export_run_weights(cfg, options.export_hf, options.export_llmc,
+                                      llmc::parse_weight_dtype(options.export_dtype));
     return run_training(cfg, options);
   } catch (const llmc::Error& e) {
     std::fflush(stdout);

@@ -111,23 +111,32 @@ const std::vector<KeySchema>& schema() {
   static const std::vector<KeySchema> table = {
       // model: a preset fills every key; explicit keys override it. Without a preset the defaults are gpt2-124m's.
       row("model", "preset", T::String, "model preset (gpt2-tiny, gpt2-mini, gpt2-124m, gpt2-350m, gpt2-774m, "
-          "gpt2-1558m); \"\" = none, the keys below define the model", LLMC_ACCESS(model_preset)),
-      row("model", "arch", T::String, "architecture: gpt2 (llama comes later)", LLMC_ACCESS(model.arch)),
+          "gpt2-1558m, llama-tiny, llama-125m, llama-350m, llama-1b, llama-3b); \"\" = none, the keys below define "
+          "the model", LLMC_ACCESS(model_preset)),
+      row("model", "arch", T::String, "architecture: gpt2 | llama", LLMC_ACCESS(model.arch)),
       at_least(row("model", "n_layer", T::Int, "transformer blocks (L)", LLMC_ACCESS(model.n_layer)), 1),
       at_least(row("model", "n_head", T::Int, "attention heads (H)", LLMC_ACCESS(model.n_head)), 1),
-      derived_default(at_least(row("model", "n_kv_head", T::Int, "key/value heads (must equal n_head for gpt2)",
+      derived_default(at_least(row("model", "n_kv_head", T::Int, "key/value heads: divides n_head (grouped-query "
+                                   "attention, llama); must equal n_head for gpt2",
                                    LLMC_ACCESS(model.n_kv_head)), 1), "n_head"),
       at_least(row("model", "n_embd", T::Int, "embedding width (C)", LLMC_ACCESS(model.n_embd)), 1),
       at_least(row("model", "vocab_size", T::Int, "real vocabulary size (V)", LLMC_ACCESS(model.vocab_size)), 1),
       at_least(row("model", "padded_vocab_multiple", T::Int,
                    "the embedding/lm_head rows are V rounded up to a multiple of this (Vp)",
                    LLMC_ACCESS(padded_vocab_multiple)), 1),
-      at_least(row("model", "max_seq_len", T::Int, "context length (rows of wpe)", LLMC_ACCESS(model.max_seq_len)), 1),
-      derived_default(at_least(row("model", "ffn_hidden", T::Int, "MLP hidden size (F)",
-                                   LLMC_ACCESS(model.ffn_hidden)), 1), "4 * n_embd"),
-      above(row("model", "norm_eps", T::Float, "LayerNorm epsilon",
+      at_least(row("model", "max_seq_len", T::Int, "context length (gpt2: rows of wpe; llama: longest sequence)",
+                   LLMC_ACCESS(model.max_seq_len)), 1),
+      derived_default(at_least(row("model", "ffn_hidden", T::Int, "MLP hidden size (F; llama: the width of gate_proj "
+                                   "and up_proj, a multiple of 8)", LLMC_ACCESS(model.ffn_hidden)), 1),
+                      "gpt2: 4 * n_embd; llama: 8 * n_embd / 3 rounded up to a multiple of 256"),
+      above(row("model", "norm_eps", T::Float, "LayerNorm (gpt2) / RMSNorm (llama) epsilon",
                 [](const RunConfig& c) { return float_to_json(c.model.norm_eps); },
                 [](RunConfig& c, const json& v) { c.model.norm_eps = static_cast<float>(v.get<double>()); }), 0),
+      above(row("model", "rope_theta", T::Float, "llama: RoPE base theta (Llama 3: 500000); unused by gpt2",
+                [](const RunConfig& c) { return float_to_json(c.model.rope_theta); },
+                [](RunConfig& c, const json& v) { c.model.rope_theta = static_cast<float>(v.get<double>()); }), 0),
+      row("model", "tied_embeddings", T::Bool, "the lm_head shares the token embedding matrix (gpt2: must be true; "
+          "llama: false adds lm_head.weight)", LLMC_ACCESS(model.tied_embeddings)),
 
       row("data", "train", T::String, "glob of training shards, e.g. data/kjv/kjv_train_*.bin (required)",
           LLMC_ACCESS(data.train)),
@@ -162,8 +171,10 @@ const std::vector<KeySchema>& schema() {
                   LLMC_ACCESS(train.recompute)), 0, 1),
       row("train", "deterministic", T::Bool, "bit-identical runs (deterministic kernels and GEMM algorithms)",
           LLMC_ACCESS(train.deterministic)),
-      row("train", "init_from", T::String, "\"\" = random init; else a checkpoint step directory or model.safetensors",
-          LLMC_ACCESS(train.init_from)),
+      row("train", "init_from", T::String,
+          "\"\" = random init; else weights to start from: an llm8 checkpoint step directory or model.safetensors, a "
+          "Hugging Face model directory (config.json + model.safetensors) or an llm.c model .bin; the model section "
+          "must describe that model", LLMC_ACCESS(train.init_from)),
       at_least(row("train", "max_skipped_steps", T::Int,
                    "divergence guard: a step whose loss or gradient norm is not finite is skipped (no update); stop "
                    "after this many consecutive skips", LLMC_ACCESS(train.max_skipped_steps)), 1),
@@ -524,9 +535,13 @@ RunConfig resolve_config(const json& input, const std::vector<std::string>& over
       if (k.section == std::string("precision") && k.key == std::string("recipe")) continue;
       if (j.contains(k.section) && j[k.section].contains(k.key)) set_value(k, cfg, j[k.section][k.key]);
     }
-    // 3. Model sizes that follow others unless given.
-    if (!model.contains("n_kv_head")) cfg.model.n_kv_head = cfg.model.n_head;
-    if (!model.contains("ffn_hidden")) cfg.model.ffn_hidden = 4 * cfg.model.n_embd;
+    // 3. Model sizes that follow others unless given: derived again when there is no preset or when the key they
+    // follow is given (a preset's own value, e.g. llama-1b's 8 kv heads, stays otherwise).
+    const bool preset = !cfg.model_preset.empty();
+    if (!model.contains("n_kv_head") && (!preset || model.contains("n_head"))) cfg.model.n_kv_head = cfg.model.n_head;
+    if (!model.contains("ffn_hidden") && (!preset || model.contains("n_embd") || model.contains("arch")))
+      cfg.model.ffn_hidden = cfg.model.arch == "llama" ? llama_default_ffn_hidden(cfg.model.n_embd)
+                                                       : 4 * cfg.model.n_embd;
     return cfg;
   });
 }
@@ -540,9 +555,8 @@ void validate_config(RunConfig& cfg, int world_size) {
     if (world_size < 1) throw_error("world size must be >= 1 (got %d)", world_size);
     ModelSpec& m = cfg.model;
     // Architecture and recipe first: their messages matter more than the numbers that follow from them.
-    if (m.arch == "llama")
-      throw_error("model.arch 'llama' is not supported yet in this build (supported: gpt2)");
-    if (m.arch != "gpt2") throw_error("model.arch: unknown architecture '%s' (supported: gpt2)", m.arch.c_str());
+    if (m.arch != "gpt2" && m.arch != "llama")
+      throw_error("model.arch: unknown architecture '%s' (supported: gpt2, llama)", m.arch.c_str());
     std::vector<std::string> recipes = recipe_names();
     if (std::find(recipes.begin(), recipes.end(), cfg.precision.recipe) == recipes.end())
       throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
@@ -566,8 +580,13 @@ void validate_config(RunConfig& cfg, int world_size) {
     if (m.arch == "gpt2" && m.n_kv_head != m.n_head)
       throw_error("model.n_kv_head = %d but gpt2 has no grouped-query attention: it must equal model.n_head = %d",
                   m.n_kv_head, m.n_head);
+    if (m.arch == "gpt2" && !m.tied_embeddings)
+      throw_error("model.tied_embeddings = false but gpt2 always ties its lm_head to transformer.wte (untied heads: "
+                  "model.arch llama)");
+    if (m.arch == "llama" && m.ffn_hidden % 8 != 0)
+      throw_error("model.ffn_hidden = %d must be a multiple of 8 for llama (the SwiGLU kernel and the gate|up GEMM "
+                  "move 8 bf16 per 16-byte access)", m.ffn_hidden);
     m.padded_vocab_size = static_cast<int>(round_up(m.vocab_size, cfg.padded_vocab_multiple));
-    m.tied_embeddings = true;
 
     // Data.
     if (cfg.data.train.empty())

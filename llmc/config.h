@@ -36,7 +36,7 @@ struct TrainConfig {
   int seed = 42;                  // parameter initialisation seed
   int recompute = 0;              // 0 = keep all activations; 1 = recompute GELU and LayerNorm outputs in backward
   bool deterministic = true;      // bit-identical runs (deterministic kernels and GEMM algorithms)
-  std::string init_from = "";     // "" = random init; else a checkpoint step directory or model.safetensors
+  std::string init_from = "";     // "" = random init; else llm8 weights, a Hugging Face directory or an llm.c .bin
   int max_skipped_steps = 5;      // divergence guard: stop after this many consecutive skipped (non-finite) steps
 };
 
