@@ -13,6 +13,7 @@
 //             names and nn.Linear (out, in) shapes, padded vocabulary rows included) of one training forward/backward
 //             at grad_scale 1/(B*T), i.e. the gradients of that mean loss. Metadata: arch, B, T, V, Vp.
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,7 @@
 
 #include "llmc/common.h"
 #include "llmc/gemm.h"
-#include "llmc/gpt2.h"
+#include "llmc/model.h"
 #include "llmc/interop.h"
 #include "llmc/optimizer.h"
 #include "llmc/safetensors.h"
@@ -56,12 +57,9 @@ int run(const std::string& model_path, const std::string& batch_path, const std:
     throw_error("%s: inputs (%d, %d) and targets (%d, %d) differ", batch_path.c_str(), B, T, B2, T2);
   if (T > spec.max_seq_len)
     throw_error("%s: T = %d exceeds the model's context %d", batch_path.c_str(), T, spec.max_seq_len);
-  if (spec.arch != "gpt2")
-    throw_error("debug_state: model.arch '%s' needs the Model interface (make_model), not in this build; only gpt2",
-                spec.arch.c_str());
-
   gemm_init();
-  GPT2 model(spec, B, T, recompute);
+  std::unique_ptr<Model> model_ptr = make_model(spec, B, T, recompute);  // any architecture this build has
+  Model& model = *model_ptr;
   const ParamTable& table = model.table();
   AdamW optimizer(table, 0.9, 0.95, 1e-8, 0.0);  // only for its master -> bf16 upload, as the trainer does
   optimizer.set_master(w.values.data(), model.params(), 0);
