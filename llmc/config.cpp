@@ -22,7 +22,7 @@ using nlohmann::json;
 
 namespace {
 
-enum class KeyType { Int, Int64, Float, Bool, String };
+enum class KeyType { Int, Int64, Float, Bool, String, IntList };
 
 const char* type_doc_name(KeyType t) {
   switch (t) {
@@ -31,6 +31,7 @@ const char* type_doc_name(KeyType t) {
     case KeyType::Float: return "float";
     case KeyType::Bool: return "bool";
     case KeyType::String: return "string";
+    case KeyType::IntList: return "int list";
   }
   return "?";
 }
@@ -42,6 +43,7 @@ const char* type_expected_name(KeyType t) {
     case KeyType::Float: return "a number";
     case KeyType::Bool: return "a boolean (true or false)";
     case KeyType::String: return "a string";
+    case KeyType::IntList: return "a list of integers, e.g. [0, -1]";
   }
   return "?";
 }
@@ -78,6 +80,13 @@ json float_to_json(float v) {
 #define LLMC_ACCESS(member)                                                     \
   [](const RunConfig& c) { return json(c.member); },                            \
   [](RunConfig& c, const json& v) { c.member = v.get<decltype(c.member)>(); }
+// Enum fields stored as their names (the choices of the row are the valid names).
+#define FORMAT_ACCESS(member)                                                   \
+  [](const RunConfig& c) { return json(fp8_format_name(c.member)); },          \
+  [](RunConfig& c, const json& v) { parse_fp8_format(v.get<std::string>(), &c.member); }
+#define GRANULARITY_ACCESS(member)                                              \
+  [](const RunConfig& c) { return json(scale_granularity_name(c.member)); },   \
+  [](RunConfig& c, const json& v) { parse_scale_granularity(v.get<std::string>(), &c.member); }
 
 KeySchema row(const char* section, const char* key, KeyType type, const char* help,
               std::function<json(const RunConfig&)> get, std::function<void(RunConfig&, const json&)> set) {
@@ -162,8 +171,13 @@ const std::vector<KeySchema>& schema() {
                   LLMC_ACCESS(train.recompute)), 0, 1),
       row("train", "deterministic", T::Bool, "bit-identical runs (deterministic kernels and GEMM algorithms)",
           LLMC_ACCESS(train.deterministic)),
-      row("train", "init_from", T::String, "\"\" = random init; else a checkpoint step directory or model.safetensors",
-          LLMC_ACCESS(train.init_from)),
+      row("train", "init_from", T::String,
+          "\"\" = random init; else weights to start from: an llm8 checkpoint step directory or model.safetensors, a "
+          "Hugging Face model directory (config.json + model.safetensors) or an llm.c model .bin; the model section "
+          "must describe that model", LLMC_ACCESS(train.init_from)),
+      at_least(row("train", "max_skipped_steps", T::Int,
+                   "divergence guard: a step whose loss or gradient norm is not finite is skipped (no update); stop "
+                   "after this many consecutive skips", LLMC_ACCESS(train.max_skipped_steps)), 1),
 
       one_of(row("optimizer", "type", T::String, "optimizer", LLMC_ACCESS(optimizer.type)), {"adamw"}),
       open_unit(row("optimizer", "beta1", T::Float, "AdamW first-moment decay", LLMC_ACCESS(optimizer.beta1))),
@@ -172,7 +186,45 @@ const std::vector<KeySchema>& schema() {
       at_least(row("optimizer", "weight_decay", T::Float, "decoupled weight decay, applied to 2-D tensors only",
                    LLMC_ACCESS(optimizer.weight_decay)), 0),
 
-      row("precision", "recipe", T::String, "precision recipe (this build: bf16)", LLMC_ACCESS(precision.recipe)),
+      // precision: the preset named in precision.recipe fills every key below; explicit keys override it.
+      row("precision", "recipe", T::String,
+          "precision recipe preset: bf16 | fp8_tensorwise (current per-tensor scaling) | fp8_delayed (amax history) | "
+          "fp8_blockwise (1x128 / 128x128 blocks); the keys below override its fields", LLMC_ACCESS(precision.recipe)),
+      one_of(row("precision", "x_format", T::String, "FP8 format of linear inputs",
+                 FORMAT_ACCESS(precision.x.format)), {"e4m3", "e5m2"}),
+      one_of(row("precision", "w_format", T::String, "FP8 format of weights", FORMAT_ACCESS(precision.w.format)),
+             {"e4m3", "e5m2"}),
+      one_of(row("precision", "dy_format", T::String, "FP8 format of output gradients",
+                 FORMAT_ACCESS(precision.dy.format)), {"e4m3", "e5m2"}),
+      one_of(row("precision", "x_granularity", T::String, "scaling granularity of linear inputs",
+                 GRANULARITY_ACCESS(precision.x.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "w_granularity", T::String, "scaling granularity of weights",
+                 GRANULARITY_ACCESS(precision.w.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "dy_granularity", T::String, "scaling granularity of output gradients",
+                 GRANULARITY_ACCESS(precision.dy.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "scaling", T::String,
+                 "per-tensor scales from the current amax or delayed from an amax history",
+                 [](const RunConfig& c) { return json(scaling_mode_name(c.precision.scaling)); },
+                 [](RunConfig& c, const json& v) {
+                   c.precision.scaling = v.get<std::string>() == "delayed" ? ScalingMode::Delayed : ScalingMode::Current;
+                 }), {"current", "delayed"}),
+      at_least(row("precision", "amax_history_len", T::Int, "delayed scaling: steps of amax history",
+                   LLMC_ACCESS(precision.amax_history_len)), 1),
+      one_of(row("precision", "amax_compute", T::String, "delayed scaling: scale from the max of the history or the "
+                 "most recent amax", LLMC_ACCESS(precision.amax_compute)), {"max", "most_recent"}),
+      between(row("precision", "margin", T::Int, "scale = fp8_max / amax / 2^margin", LLMC_ACCESS(precision.margin)),
+              0, 16),
+      row("precision", "pow2_scales", T::Bool, "round scales down to powers of two", LLMC_ACCESS(precision.pow2_scales)),
+      row("precision", "fast_accum", T::Bool,
+          "fast FP8 accumulation in the forward GEMM (per-tensor scales only; dgrad and wgrad never use it)",
+          LLMC_ACCESS(precision.fast_accum)),
+      row("precision", "bf16_layers", T::IntList, "blocks that stay in BF16, e.g. [0, -1] (negative = from the end)",
+          LLMC_ACCESS(precision.bf16_layers)),
+      row("precision", "lm_head_fp8", T::Bool, "run the lm_head GEMMs in FP8 too (embeddings always stay BF16)",
+          LLMC_ACCESS(precision.lm_head_fp8)),
+      row("precision", "fp8_activations", T::Bool,
+          "save linear inputs for backward as FP8 (their transposed copies) instead of BF16",
+          LLMC_ACCESS(precision.fp8_activations)),
 
       one_of(row("parallel", "init", T::String, "how ranks find each other: auto | mpi | tcp | fs | none",
                  LLMC_ACCESS(parallel.init)), {"auto", "mpi", "tcp", "fs", "none"}),
@@ -207,10 +259,15 @@ const std::vector<KeySchema>& schema() {
       at_least(row("log", "every", T::Int, "console line every N steps", LLMC_ACCESS(log.every)), 1),
       row("log", "jsonl", T::String, "JSONL metrics file (\"\" = <checkpoint.dir>/metrics.jsonl when dir is set)",
           LLMC_ACCESS(log.jsonl)),
+      at_least(row("log", "numerics_every", T::Int,
+                   "FP8 numerics telemetry (amax, scale, saturated and underflow fractions, SNR of every quantised "
+                   "tensor) every N steps into the JSONL log (0 = off)", LLMC_ACCESS(log.numerics_every)), 0),
   };
   return table;
 }
 #undef LLMC_ACCESS
+#undef FORMAT_ACCESS
+#undef GRANULARITY_ACCESS
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {"model",     "data",     "train",      "optimizer", "precision",
@@ -321,6 +378,9 @@ void check_type(const KeySchema& k, const json& v) {
     case KeyType::Float: ok = v.is_number(); break;
     case KeyType::Bool: ok = v.is_boolean(); break;
     case KeyType::String: ok = v.is_string(); break;
+    case KeyType::IntList:
+      ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_number_integer(); });
+      break;
   }
   if (!ok)
     throw_error("%s: expected %s, got %s", k.full_name().c_str(), type_expected_name(k.type),
@@ -329,6 +389,9 @@ void check_type(const KeySchema& k, const json& v) {
 
 void set_value(const KeySchema& k, RunConfig& cfg, const json& v) {
   check_type(k, v);
+  if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end())
+    throw_error("%s must be one of %s (got '%s')", k.full_name().c_str(), join(k.choices, ", ").c_str(),
+                v.get<std::string>().c_str());
   if ((k.type == KeyType::Int || k.type == KeyType::Int64) && v.is_number_float()) {
     k.set(cfg, json(static_cast<long long>(v.get<double>())));
   } else {
@@ -457,9 +520,19 @@ RunConfig resolve_config(const json& input, const std::vector<std::string>& over
         throw_error("model.preset: unknown preset '%s' (known: %s)", cfg.model_preset.c_str(),
                     join(model_preset_names(), ", ").c_str());
     }
-    // 2. Explicit keys win over the preset and the defaults.
+    // 1b. The recipe preset fills the whole precision section.
+    const json precision = j.contains("precision") ? j["precision"] : json::object();
+    if (precision.contains("recipe")) {
+      const KeySchema& rk = *find_key("precision", "recipe");
+      set_value(rk, cfg, precision["recipe"]);
+      if (!precision_recipe_preset(cfg.precision.recipe, &cfg.precision))
+        throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
+                    join(recipe_names(), ", ").c_str());
+    }
+    // 2. Explicit keys win over the presets and the defaults.
     for (const KeySchema& k : schema()) {
       if (k.section == std::string("model") && k.key == std::string("preset")) continue;
+      if (k.section == std::string("precision") && k.key == std::string("recipe")) continue;
       if (j.contains(k.section) && j[k.section].contains(k.key)) set_value(k, cfg, j[k.section][k.key]);
     }
     // 3. Model sizes that follow others unless given: derived again when there is no preset or when the key they
@@ -475,7 +548,7 @@ RunConfig resolve_config(const json& input, const std::vector<std::string>& over
 
 }  // namespace
 
-std::vector<std::string> recipe_names() { return {"bf16"}; }
+std::vector<std::string> recipe_names() { return precision_recipe_names(); }
 
 void validate_config(RunConfig& cfg, int world_size) {
   with_source("config", [&]() {
@@ -488,6 +561,7 @@ void validate_config(RunConfig& cfg, int world_size) {
     if (std::find(recipes.begin(), recipes.end(), cfg.precision.recipe) == recipes.end())
       throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
                   join(recipes, ", ").c_str());
+    validate_precision_recipe(cfg.precision, m.n_layer);
     if (!cfg.model_preset.empty() && !model_preset(cfg.model_preset, nullptr))
       throw_error("model.preset: unknown preset '%s' (known: %s)", cfg.model_preset.c_str(),
                   join(model_preset_names(), ", ").c_str());
@@ -534,6 +608,20 @@ void validate_config(RunConfig& cfg, int world_size) {
                   tokens_per_micro_step,
                   std::max(1LL, t.global_batch_tokens / tokens_per_micro_step) * tokens_per_micro_step);
     cfg.grad_accum_steps = static_cast<int>(t.global_batch_tokens / tokens_per_micro_step);
+    if (cfg.precision.fp8) {
+      // FP8 GEMMs: every dimension that is a GEMM's K (channels, and the tokens B*T for the weight gradient) must be
+      // a multiple of 16, of 128 with block scales.
+      const bool blocks = cfg.precision.x.granularity != ScaleGranularity::Tensor;
+      const int multiple = blocks ? 128 : 16;
+      const long long tokens = static_cast<long long>(t.micro_batch) * t.seq_len;
+      if (tokens % multiple != 0)
+        throw_error("precision.recipe = \"%s\" needs train.micro_batch * train.seq_len (%d * %d = %lld) to be a "
+                    "multiple of %d (the FP8 weight-gradient GEMM runs over the tokens)",
+                    cfg.precision.recipe.c_str(), t.micro_batch, t.seq_len, tokens, multiple);
+      if (m.n_embd % multiple != 0 || m.ffn_hidden % multiple != 0)
+        throw_error("precision.recipe = \"%s\" needs model.n_embd (%d) and model.ffn_hidden (%d) to be multiples "
+                    "of %d (FP8 GEMM dimensions)", cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden, multiple);
+    }
     if (t.warmup_steps > t.steps)
       throw_error("train.warmup_steps = %d exceeds train.steps = %d", t.warmup_steps, t.steps);
 

@@ -94,7 +94,11 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 55u);  // 13 model keys + the 42 fields of the other sections
+  EXPECT_EQ(docs.size(), 72u);  // 13 model keys + 16 precision keys + the 43 fields of the other sections
+  EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
+  EXPECT_EQ(doc("precision.bf16_layers").default_value, "[]");
+  EXPECT_EQ(doc("precision.dy_format").default_value, "\"e5m2\"");
+  EXPECT_EQ(doc("precision.x_granularity").default_value, "\"tensor\"");
   EXPECT_EQ(doc("train.lr").default_value, json(6e-4).dump());
   EXPECT_EQ(doc("train.lr").type, "float");
   EXPECT_EQ(doc("train.steps").default_value, "100");
@@ -241,8 +245,39 @@ TEST(Config, PaddedVocabRoundsUp) {
 }
 
 TEST(Config, RecipeNames) {
-  EXPECT_EQ(llmc::recipe_names(), std::vector<std::string>{"bf16"});
+  EXPECT_EQ(llmc::recipe_names(),
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"}));
   EXPECT_EQ(llmc::load_config_json(with("precision", "recipe", "bf16"), {}).precision.recipe, "bf16");
+}
+
+// The recipe preset fills the precision section; explicit keys (file or --set) override single fields.
+TEST(Config, RecipePresetAndOverrides) {
+  llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "fp8_blockwise"), {});
+  EXPECT_TRUE(c.precision.fp8);
+  EXPECT_EQ(c.precision.x.granularity, llmc::ScaleGranularity::Block1x128);
+  EXPECT_EQ(c.precision.w.granularity, llmc::ScaleGranularity::Block128x128);
+  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E4M3);
+  EXPECT_TRUE(c.precision.pow2_scales);
+  EXPECT_FALSE(c.precision.fast_accum);
+
+  json j = with("precision", "recipe", "fp8_delayed");
+  j["precision"]["amax_history_len"] = 16;
+  j["precision"]["bf16_layers"] = json::array({0, -1});
+  c = llmc::load_config_json(j, {"precision.margin=1", "precision.dy_format=e4m3"});
+  EXPECT_EQ(c.precision.scaling, llmc::ScalingMode::Delayed);
+  EXPECT_EQ(c.precision.amax_history_len, 16);
+  EXPECT_EQ(c.precision.margin, 1);
+  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E4M3);
+  EXPECT_EQ(c.precision.bf16_layers, (std::vector<int>{0, -1}));
+
+  // The resolved config reloads to the same precision section (presets expanded, every field explicit).
+  const json dumped = llmc::config_to_json(c);
+  EXPECT_EQ(dumped["precision"]["recipe"], "fp8_delayed");
+  EXPECT_EQ(dumped["precision"]["dy_format"], "e4m3");
+  EXPECT_EQ(dumped["precision"]["bf16_layers"], json::array({0, -1}));
+  json reload = dumped;
+  reload["data"]["train"] = "x";
+  EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(reload, {}))["precision"], dumped["precision"]);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -397,9 +432,44 @@ TEST(ConfigErrors, OutOfRange) {
   for (const Case& c : cases) expect_error(load_error(with(c.section, c.key, c.value)), {c.expect});
 }
 
+TEST(ConfigErrors, PrecisionCombinations) {
+  auto recipe = [](const char* name) { return with("precision", "recipe", name); };
+  json j = recipe("fp8_blockwise");
+  j["precision"]["fast_accum"] = true;
+  expect_error(load_error(j), {"precision.fast_accum", "block scales", "split"});
+  j = recipe("fp8_blockwise");
+  j["precision"]["scaling"] = "delayed";
+  expect_error(load_error(j), {"precision.scaling", "delayed", "block"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["w_granularity"] = "128x128";
+  expect_error(load_error(j), {"cannot mix per-tensor and block scales"});
+  j = recipe("fp8_blockwise");
+  j["precision"]["x_granularity"] = "128x128";
+  expect_error(load_error(j), {"x and w are both 128x128"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["bf16_layers"] = json::array({0, 2});
+  expect_error(load_error(j), {"precision.bf16_layers", "layer 2 does not exist", "2 blocks"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["bf16_layers"] = json::array({0, "last"});
+  expect_error(load_error(j), {"precision.bf16_layers", "expected a list of integers"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["x_format"] = "e3m4";
+  expect_error(load_error(j), {"precision.x_format must be one of e4m3, e5m2", "e3m4"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["dy_granularity"] = "1x64";
+  expect_error(load_error(j), {"precision.dy_granularity must be one of tensor, 1x128, 128x128"});
+  // FP8 GEMMs: B*T and the widths must be multiples of 16 (128 with blocks).
+  j = recipe("fp8_blockwise");
+  j["train"] = {{"micro_batch", 1}, {"seq_len", 100}};
+  expect_error(load_error(j), {"micro_batch * train.seq_len", "multiple of 128"});
+  j = recipe("fp8_tensorwise");
+  j["model"] = {{"n_embd", 256}, {"n_head", 4}, {"ffn_hidden", 1000}};
+  expect_error(load_error(j), {"model.ffn_hidden (1000)", "multiples of 16"});
+}
+
 TEST(ConfigErrors, EnumerationsAndNames) {
   expect_error(load_error(with("precision", "recipe", "fp8")),
-               {"precision.recipe", "unknown recipe 'fp8'", "known in this build: bf16"});
+               {"precision.recipe", "unknown recipe 'fp8'", "known in this build: bf16, fp8_tensorwise"});
   expect_error(load_error(with("model", "preset", "gpt2-xl")),
                {"model.preset", "unknown preset 'gpt2-xl'", "gpt2-tiny", "gpt2-124m", "gpt2-1558m"});
   expect_error(load_error(with("model", "arch", "bert")),
