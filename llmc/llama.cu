@@ -150,16 +150,6 @@ void Llama::plan_activations() {
 
 const bf16* Llama::layer_input(int l) const { return l == 0 ? encoded_ : acts_[l - 1].residual3; }
 
-void Llama::weights_changed() {
-  for (BlockLinears& b : linears_) {
-    b.qkv->weights_changed();
-    b.o->weights_changed();
-    b.gate_up->weights_changed();
-    b.down->weights_changed();
-  }
-  lm_head_->weights_changed();
-}
-
 namespace {
 
 Linear::ForwardOptions x_from_producer(const Linear& linear) {
@@ -196,8 +186,8 @@ void Llama::forward(const int* h_inputs, const int* h_targets, int B, int T, flo
     const bf16* residual = layer_input(l);  // (N, C)
     lin.qkv->forward(a.qkv, a.ln1, W.qkv_w, nullptr, N, train, s, x_from_producer(*lin.qkv));  // (N, Q)
     rope_forward(a.qkv, B, T, NH, NKV, HS, theta, s);                                        // q, k rotated
-    attention_forward(a.atty, a.att_lse, a.qkv, B, T, NH, NKV, HS, s);                       // (N, C), (B, NH, T)
-    lin.o->forward(proj_out_, a.atty, W.o_w, nullptr, N, train, s);                          // (N, C)
+    attention_forward(a.atty, a.att_lse, a.qkv, B, T, NH, NKV, HS, s, lin.o->x_amax_slot());  // (N, C), (B, NH, T)
+    lin.o->forward(proj_out_, a.atty, W.o_w, nullptr, N, train, s, x_from_producer(*lin.o));  // (N, C)
     fused_residual_rmsnorm_forward(a.residual2, a.ln2, a.ln2_rstd, residual, proj_out_, W.ln2_w, N, C, eps, s,
                                    lin.gate_up->x_amax_slot());                               // (N, C)
     lin.gate_up->forward(a.gate_up, a.ln2, W.gate_up_w, nullptr, N, train, s,

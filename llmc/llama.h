@@ -46,7 +46,9 @@ class Llama : public Model {
 
   void forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) override;
   void backward(cudaStream_t s) override;
-  void weights_changed() override;
+  void weights_changed() override { precision_.weights_changed(); }
+  void end_step(cudaStream_t s) override { precision_.end_step(s); }
+  PrecisionState* precision_state() override { return &precision_; }
 
  private:
   struct BlockLinears {

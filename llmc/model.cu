@@ -6,6 +6,7 @@
 #include "llmc/common.h"
 #include "llmc/gemm.h"
 #include "llmc/gpt2.h"
+#include "llmc/llama.h"
 #include "llmc/linear.h"
 
 namespace llmc {
@@ -93,7 +94,8 @@ void Model::set_amax_reducer(AmaxReducer reducer) {
 
 std::unique_ptr<Model> make_model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe) {
   if (spec.arch == "gpt2") return std::make_unique<GPT2>(spec, B, T, recompute, recipe);
-  throw_error("model.arch '%s' is not supported by this build (supported: gpt2)", spec.arch.c_str());
+  if (spec.arch == "llama") return std::make_unique<Llama>(spec, B, T, recompute, recipe);
+  throw_error("model.arch '%s' is not supported by this build (supported: gpt2, llama)", spec.arch.c_str());
 }
 
 }  // namespace llmc
