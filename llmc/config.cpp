@@ -167,7 +167,8 @@ const std::vector<KeySchema>& schema() {
                0),
       at_least(row("train", "seed", T::Int, "parameter initialisation seed", LLMC_ACCESS(train.seed)), 0),
       between(row("train", "recompute", T::Int,
-                  "0 = keep all activations; 1 = recompute GELU and LayerNorm outputs in backward",
+                  "0 = keep all activations; 1 = recompute the norm outputs (LayerNorm / RMSNorm) and the "
+                  "GELU / SwiGLU outputs in backward",
                   LLMC_ACCESS(train.recompute)), 0, 1),
       row("train", "deterministic", T::Bool, "bit-identical runs (deterministic kernels and GEMM algorithms)",
           LLMC_ACCESS(train.deterministic)),

@@ -34,7 +34,7 @@ struct TrainConfig {
   double wsd_decay_frac = 0.2;    // wsd: fraction of the steps spent decaying at the end
   double grad_clip = 1.0;         // global gradient-norm clip; 0 = off
   int seed = 42;                  // parameter initialisation seed
-  int recompute = 0;              // 0 = keep all activations; 1 = recompute GELU and LayerNorm outputs in backward
+  int recompute = 0;              // 0 = keep all activations; 1 = recompute the norm and GELU / SwiGLU outputs
   bool deterministic = true;      // bit-identical runs (deterministic kernels and GEMM algorithms)
   std::string init_from = "";     // "" = random init; else llm8 weights, a Hugging Face directory or an llm.c .bin
   int max_skipped_steps = 5;      // divergence guard: stop after this many consecutive skipped (non-finite) steps
