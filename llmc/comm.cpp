@@ -981,12 +981,14 @@ size_t dtype_bytes(DType t) {
 constexpr int kEventRing = 128;
 
 // Ends the process `seconds` from now unless it has exited: nothing may keep a rank alive forever after a fatal error.
-void arm_exit_backstop(double seconds) {
+// It prints the error that started the shutdown (when known), since main() never got to print it.
+void arm_exit_backstop(double seconds, const std::string& reason) {
   static std::atomic<bool> armed{false};
   if (armed.exchange(true)) return;
   const std::string prefix = error_prefix();
-  std::thread([seconds, prefix]() {
+  std::thread([seconds, prefix, reason]() {
     std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<long long>(seconds * 1000)));
+    if (!reason.empty()) std::fprintf(stderr, "%serror: %s\n", prefix.c_str(), reason.c_str());
     std::fprintf(stderr, "%serror: still running %g s after a fatal error (a collective or CUDA call did not return): "
                  "exiting\n", prefix.c_str(), seconds);
     std::fflush(stderr);
@@ -1063,14 +1065,17 @@ Comm::Comm(const LaunchInfo& launch, const ParallelConfig& parallel)
     if (state == ncclSuccess) break;
     if (state != ncclInProgress || deadline.passed()) {
       const std::string last = ncclGetLastError(impl_->nccl);
+      const std::string msg =
+          state != ncclInProgress
+              ? strformat("NCCL communicator setup failed on rank %d: %s%s%s", launch_.rank, ncclGetErrorString(state),
+                          last.empty() ? "" : ": ", last.c_str())
+              : strformat("NCCL communicator setup did not finish within parallel.timeout_s = %g s on rank %d: a peer "
+                          "did not join or cannot be reached (look for other ranks' error lines; NCCL_DEBUG=INFO "
+                          "shows the transport)", timeout_s_, launch_.rank);
+      arm_exit_backstop(std::max(10.0, std::min(60.0, timeout_s_)), msg);
       ncclCommAbort(impl_->nccl);
       impl_->nccl = nullptr;
-      if (state != ncclInProgress)
-        throw_error("NCCL communicator setup failed on rank %d: %s%s%s", launch_.rank, ncclGetErrorString(state),
-                    last.empty() ? "" : ": ", last.c_str());
-      throw_error("NCCL communicator setup did not finish within parallel.timeout_s = %g s on rank %d: a peer did not "
-                  "join or cannot be reached (look for other ranks' error lines; NCCL_DEBUG=INFO shows the transport)",
-                  timeout_s_, launch_.rank);
+      throw Error(msg);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -1113,10 +1118,10 @@ Comm::~Comm() {
 #endif
 }
 
-void Comm::abort() {
+void Comm::abort(const std::string& reason) {
   if (launch_.world_size <= 1 || aborted_) return;
   aborted_ = true;
-  arm_exit_backstop(std::max(10.0, std::min(60.0, timeout_s_)));
+  arm_exit_backstop(std::max(10.0, std::min(60.0, timeout_s_)), reason);
   if (impl_->nccl) ncclCommAbort(impl_->nccl);
   impl_->nccl = nullptr;
 }
@@ -1137,17 +1142,20 @@ void Comm::nccl_wait(int result, const char* what) {
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) return nccl_wait(state, what);
       if (deadline.passed()) {
-        abort();
-        throw_error("NCCL could not queue the %s within parallel.timeout_s = %g s (rank %d)", what, timeout_s_,
-                    launch_.rank);
+        const std::string msg = strformat("NCCL could not queue the %s within parallel.timeout_s = %g s (rank %d)",
+                                          what, timeout_s_, launch_.rank);
+        abort(msg);
+        throw Error(msg);
       }
       std::this_thread::yield();
     }
   }
   const std::string last = impl_->nccl ? ncclGetLastError(impl_->nccl) : "";
-  abort();
-  throw_error("NCCL error during the %s on rank %d: %s%s%s (a peer rank probably failed: look for its error line)",
-              what, launch_.rank, ncclGetErrorString(r), last.empty() ? "" : ": ", last.c_str());
+  const std::string msg = strformat("NCCL error during the %s on rank %d: %s%s%s (a peer rank probably failed: look "
+                                    "for its error line)", what, launch_.rank, ncclGetErrorString(r),
+                                    last.empty() ? "" : ": ", last.c_str());
+  abort(msg);
+  throw Error(msg);
 }
 
 cudaEvent_t Comm::next_event() {
@@ -1249,9 +1257,11 @@ void Comm::wait(cudaStream_t s, const char* what) {
     if (impl_->nccl) ncclCommGetAsyncError(impl_->nccl, &state);
     if (state != ncclSuccess && state != ncclInProgress) nccl_wait(state, what);
     if (deadline.passed()) {
-      abort();
-      throw_error("%s did not complete within parallel.timeout_s = %g s: another rank probably failed or stopped "
-                  "(look for its '[rank N] error' line), or it is far slower than this one", what, timeout_s_);
+      const std::string msg = strformat("%s did not complete within parallel.timeout_s = %g s: another rank probably "
+                                        "failed or stopped (look for its '[rank N] error' line), or it is far slower "
+                                        "than this one", what, timeout_s_);
+      abort(msg);
+      throw Error(msg);
     }
     // Spin briefly (most waits are short), then sleep in small steps.
     if (++polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(polls > 2000 ? 1000 : 50));

@@ -200,8 +200,9 @@ class Comm {
   void check_all_ok(const std::string& my_error, const char* stage);
 
   // Aborts the NCCL communicator (pending collectives end) and arms a backstop that ends the process if it has not
-  // exited parallel.timeout_s later (a rank must never wait forever on a peer that is gone). Idempotent.
-  void abort();
+  // exited within min(60, max(10, parallel.timeout_s)) seconds (a rank must never wait forever on a peer that is
+  // gone); the backstop prints `reason` (the error being raised) so it is not lost. Idempotent.
+  void abort(const std::string& reason = "");
   // A guard for the driver: declared after the objects that own GPU memory, its destructor aborts the communicator
   // when an exception unwinds past it, so that their cudaFree never waits for a collective no peer will finish.
   class AbortGuard {

@@ -453,6 +453,8 @@ CommTimes ZeroAdamW::last_comm_times() {
   if (!comm_.distributed() || !timed_) return t;
   auto elapsed = [](cudaEvent_t a, cudaEvent_t b) {
     float ms = 0;
+    CUDA_CHECK(cudaEventSynchronize(a));  // recorded before the step's wait: complete, or about to be
+    CUDA_CHECK(cudaEventSynchronize(b));
     CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     return static_cast<double>(ms);
   };
