@@ -310,6 +310,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
   if (resume_dir) logger.log_record({{"type", "resume"}, {"step", start_step}, {"from", *resume_dir}});
 
   std::vector<int> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
+  std::vector<int> step_inputs(static_cast<size_t>(accum) * B * T), step_targets(step_inputs.size());
   auto run_eval = [&](int step) {
     if (!val_data) return;
     const double val_loss = evaluate(model, *val_data, cfg, inputs, targets, comm, stream);
@@ -332,12 +333,20 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
     const double t0 = now_seconds();
     const double lr = learning_rate(cfg.train.schedule, step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
                                     cfg.train.final_lr_frac, cfg.train.wsd_decay_frac);
+    // The step's data first: a bad shard or token on one rank stops every rank here, naming it.
+    comm.check_all_ok(capture_error([&] {
+                        for (int micro = 0; micro < accum; micro++)
+                          train_data.next_batch(step_inputs.data() + static_cast<size_t>(micro) * B * T,
+                                                step_targets.data() + static_cast<size_t>(micro) * B * T);
+                      }),
+                      "reading the training data");
     model.zero_grads(stream);
     double loss = 0;
     for (int micro = 0; micro < accum; micro++) {
-      train_data.next_batch(inputs.data(), targets.data());
+      const int* micro_inputs = step_inputs.data() + static_cast<size_t>(micro) * B * T;
+      const int* micro_targets = step_targets.data() + static_cast<size_t>(micro) * B * T;
       optimizer.begin_micro_step(micro == accum - 1);  // the last micro-step reduces the gradients
-      model.forward(inputs.data(), targets.data(), B, T, grad_scale, stream);
+      model.forward(micro_inputs, micro_targets, B, T, grad_scale, stream);
       model.backward(stream);
       optimizer.backward_done(stream);
       loss += model.mean_loss(stream) / accum;

@@ -197,6 +197,7 @@ class Comm {
   std::string broadcast_text(const std::string& text, const char* what);
   // The check point: every rank passes its error ("" = ok). When any rank failed, every rank throws: the failed
   // ones their own message (llmc::Error), the others a GroupError "rank 2 failed while <stage>: <its message>".
+  // Costs one 8-byte all-reduce when nobody failed.
   void check_all_ok(const std::string& my_error, const char* stage);
 
   // Aborts the NCCL communicator (pending collectives end) and arms a backstop that ends the process if it has not
