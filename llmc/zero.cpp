@@ -438,6 +438,13 @@ void ZeroAdamW::step(float lr, int t, float grad_clip, cudaStream_t s) {
   timed_ = true;
 }
 
+void ZeroAdamW::skip_step(cudaStream_t s) {
+  if (!comm_.distributed()) return;
+  comm_.waits_for_comm(s);
+  reduced_ = false;
+  timed_ = false;  // no optimizer timings for this step
+}
+
 float ZeroAdamW::last_grad_norm(cudaStream_t s) {
   if (!comm_.distributed()) return full_->last_grad_norm(s);
   cudaStream_t cs = comm_.stream();

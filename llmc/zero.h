@@ -156,6 +156,9 @@ class ZeroAdamW {
   // The optimizer step (after backward_done of the last micro-step): clipping by the global norm, AdamW, new bf16
   // weights in params on every rank. Queued; the compute stream s waits for it before its next work.
   void step(float lr, int t, float grad_clip, cudaStream_t s);
+  // Instead of step() when the step is skipped (the divergence guard: a non-finite loss on every rank): the weights
+  // and moments stay; the compute stream s waits for the reductions already queued before it touches the gradients.
+  void skip_step(cudaStream_t s);
   // The gradient norm (before clipping) of the last step: waits for the step (with parallel.timeout_s).
   float last_grad_norm(cudaStream_t s);
   // After last_grad_norm: the communication times of that step (valid = false for world size 1).
