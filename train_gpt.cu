@@ -1,11 +1,13 @@
 // train_gpt: the run driver. Read it top to bottom:
 //   flags (llmc/cli) → config (llmc/config: presets, --set overrides, validation) → --print-config / --dry-run
 //   → run_training: process group (llmc/comm: one process per GPU; nothing for one GPU) → device → data loaders
-//   → model (llmc/gpt2) + AdamW (llmc/zero: ZeRO-1 / ZeRO-0 over the ranks, llmc/optimizer's AdamW on one GPU)
-//   → init or resume (llmc/checkpoint) → the training loop (micro-batches with gradient accumulation, the gradient
-//   reduction during the last backward, AdamW with clipping, the LR schedule) → validation, samples, checkpoints and
-//   logs (llmc/metrics) along the way. Rank 0 prints and writes logs; every rank checks in at the check points
-//   (data, resume, checkpoints), so that an error on one rank stops all of them with a message naming it.
+//   → model (llmc/model: the architecture of model.arch, its linears planned by the precision recipe, llmc/recipe)
+//   + AdamW (llmc/zero: ZeRO-1 / ZeRO-0 over the ranks, llmc/optimizer's AdamW on one GPU) → init or resume
+//   (llmc/checkpoint) → the training loop (micro-batches with gradient accumulation, the gradient reduction during
+//   the last backward, AdamW with clipping, the LR schedule, the divergence guard that skips non-finite steps)
+//   → validation, samples, FP8 numerics telemetry, checkpoints and logs (llmc/metrics). Rank 0 prints and writes
+//   logs; every rank checks in at the check points (data, resume, each step's data, checkpoints), so that an error on
+//   one rank stops all of them with a message naming it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,7 +28,9 @@
 #include "llmc/config.h"
 #include "llmc/data.h"
 #include "llmc/gemm.h"
-#include "llmc/gpt2.h"
+#include "llmc/interop.h"
+#include "llmc/linear.h"
+#include "llmc/model.h"
 #include "llmc/metrics.h"
 #include "llmc/optimizer.h"
 #include "llmc/safetensors.h"
@@ -79,18 +83,27 @@ int sample_token(const std::vector<float>& logits, double temperature, int top_k
   return idx[k - 1];
 }
 
-// Generates cfg.sample.tokens tokens after <|endoftext|> with the training forward (the same kernels and precision),
-// re-running it over the context (at most seq_len tokens) for each new token.
-std::string generate_sample(GPT2& model, const RunConfig& cfg, const GPT2Tokenizer& tokenizer, SampleRng& rng,
+// Generates cfg.sample.tokens tokens after <|endoftext|> with the training forward (the same kernels, precision and
+// quantisers), re-running it over the context (at most seq_len tokens) for each new token. FP8 GEMMs need the rows
+// to be a multiple of 16 / 128, so an FP8 model runs the training batch shape (B, T) with the context in row 0
+// followed by <|endoftext|> padding, which causal attention keeps from influencing the positions before it.
+std::string generate_sample(Model& model, const RunConfig& cfg, const GPT2Tokenizer& tokenizer, SampleRng& rng,
                             cudaStream_t stream) {
   const int V = cfg.model.vocab_size, Vp = cfg.model.padded_vocab_size;
-  std::vector<int> context{tokenizer.eot_token()}, generated;
+  const bool full_batch = cfg.precision.fp8;
+  std::vector<int> context{tokenizer.eot_token()}, generated, batch;
   std::vector<bf16> row(V);
   std::vector<float> logits(V);
   for (int i = 0; i < cfg.sample.tokens; i++) {
     const int start = std::max(0, static_cast<int>(context.size()) - cfg.train.seq_len);
     const int T = static_cast<int>(context.size()) - start;
-    model.forward(context.data() + start, nullptr, 1, T, 0.0f, stream);
+    if (full_batch) {
+      batch.assign(static_cast<size_t>(cfg.train.micro_batch) * cfg.train.seq_len, tokenizer.eot_token());
+      std::copy(context.begin() + start, context.end(), batch.begin());
+      model.forward(batch.data(), nullptr, cfg.train.micro_batch, cfg.train.seq_len, 0.0f, stream);
+    } else {
+      model.forward(context.data() + start, nullptr, 1, T, 0.0f, stream);
+    }
     CUDA_CHECK(cudaMemcpyAsync(row.data(), model.logits() + static_cast<size_t>(T - 1) * Vp, V * sizeof(bf16),
                                cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -104,7 +117,7 @@ std::string generate_sample(GPT2& model, const RunConfig& cfg, const GPT2Tokeniz
 
 // Mean validation loss over cfg.eval.batches micro-batches from the start of every rank's slice of the validation
 // data, averaged over the ranks.
-double evaluate(GPT2& model, DataLoader& val, const RunConfig& cfg, std::vector<int>& inputs,
+double evaluate(Model& model, DataLoader& val, const RunConfig& cfg, std::vector<int>& inputs,
                 std::vector<int>& targets, Comm& comm, cudaStream_t stream) {
   val.reset();
   double sum = 0;
@@ -122,13 +135,52 @@ double evaluate(GPT2& model, DataLoader& val, const RunConfig& cfg, std::vector<
 // and under ZeRO-0, one optimizer_rank%05d.safetensors per rank under ZeRO-1), trainer_state.json = step, RNG, every
 // rank's data position, world size and shard layout. Rank 0 creates the tmp dir and commits; every rank writes its
 // files into it between the two; the check points make sure nothing is committed unless every rank succeeded.
-void save_checkpoint(const RunConfig& cfg, int step, ZeroAdamW& opt, const DataLoader& train, const SampleRng& rng,
-                     Comm& comm, cudaStream_t stream) {
+
+// precision_state.safetensors: the FP8 scaling state of delayed scaling ("scales" = scale | scale_inv per slot,
+// "amax_history" (slots, history_len)); its description (slot names, ring position) goes into trainer_state.json.
+const char* kPrecisionFile = "precision_state.safetensors";
+
+void write_precision_state(const std::string& path, const PrecisionState& p) {
+  std::vector<float> scales, history;
+  p.download(&scales, &history);
+  SafetensorsWriter writer;
+  writer.add("scales", "F32", {static_cast<int64_t>(scales.size())}, scales.data(), scales.size() * sizeof(float));
+  writer.add("amax_history", "F32", {static_cast<int64_t>(history.size())}, history.data(),
+             history.size() * sizeof(float));
+  writer.set_metadata("format", "llm8");
+  writer.set_metadata("content", "fp8 scaling state");
+  writer.write(path);
+}
+
+void read_precision_state(const std::string& path, const nlohmann::json& description, PrecisionState& p) {
+  SafetensorsReader reader(path);
+  std::vector<float> scales(reader.entry("scales").nbytes / sizeof(float)),
+      history(reader.entry("amax_history").nbytes / sizeof(float));
+  reader.read_into("scales", scales.data(), scales.size() * sizeof(float));
+  reader.read_into("amax_history", history.data(), history.size() * sizeof(float));
+  p.upload(description, scales, history);
+}
+
+// What the training loop carries across checkpoints besides weights and moments.
+struct LoopState {
+  long long optimizer_updates = 0;  // applied AdamW steps (the bias-correction count; skipped steps do not count)
+  long long skipped_steps = 0;      // steps the divergence guard skipped, in total
+};
+
+void save_checkpoint(const RunConfig& cfg, int step, Model& model, ZeroAdamW& opt, const DataLoader& train,
+                     const SampleRng& rng, const LoopState& loop, Comm& comm, cudaStream_t stream) {
   std::optional<CheckpointWriter> writer;
   comm.check_all_ok(capture_error([&] { if (comm.is_root()) writer.emplace(cfg.checkpoint.dir, step); }),
                     "creating the checkpoint directory");
   const OptimizerSnapshot snapshot = opt.snapshot(stream);  // collective: rank 0 gathers the master weights
-  comm.check_all_ok(capture_error([&] { snapshot.write(checkpoint_tmp_path(cfg.checkpoint.dir, step)); }),
+  const std::string tmp = checkpoint_tmp_path(cfg.checkpoint.dir, step);
+  PrecisionState* precision = model.precision_state();
+  const bool has_precision = precision && precision->num_slots() > 0;
+  comm.check_all_ok(capture_error([&] {
+                      snapshot.write(tmp);
+                      // The FP8 scaling state is the same on every rank (the amax reducer keeps it so): rank 0's.
+                      if (has_precision && comm.is_root()) write_precision_state(tmp + "/" + kPrecisionFile, *precision);
+                    }),
                     "writing its checkpoint files");
   const std::vector<std::string> positions = comm.all_gather_text(train.position().dump(), "the data positions");
   std::string dir;
@@ -141,7 +193,10 @@ void save_checkpoint(const RunConfig& cfg, int step, ZeroAdamW& opt, const DataL
                       state.data = {{"train", nlohmann::json::array()}};
                       for (const std::string& p : positions) state.data["train"].push_back(nlohmann::json::parse(p));
                       state.config = config_to_json(cfg);
-                      state.extra = {{"optimizer", snapshot.describe()}};
+                      state.extra = {{"optimizer_updates", loop.optimizer_updates},
+                                     {"skipped_steps", loop.skipped_steps},
+                                     {"optimizer", snapshot.describe()}};
+                      if (has_precision) state.extra["precision"] = precision->describe();
                       dir = writer->commit(state, cfg.checkpoint.keep);
                     }),
                     "committing the checkpoint");
@@ -159,14 +214,38 @@ void check_same_model(const TrainerState& state, const RunConfig& cfg, const std
                   dir.c_str(), it.key().c_str(), saved[it.key()].dump().c_str(), it.value().dump().c_str());
 }
 
-// train.init_from: a step directory or a model.safetensors file of FP32 weights by name.
-std::string init_weights_path(const std::string& init_from) {
-  const std::string candidate = init_from + "/" + kModelFile;
-  if (FILE* f = std::fopen(candidate.c_str(), "rb")) {
-    std::fclose(f);
-    return candidate;
+// The divergence guard's diagnosis: the first tensor, in backward order (output side first), whose gradient holds a
+// non-finite value. Downloads the gradients: only called for a skipped step.
+std::string first_nonfinite_gradient(Model& model) {
+  const ParamTable& table = model.table();
+  std::vector<float> grads(table.total_elements);
+  CUDA_CHECK(cudaMemcpy(grads.data(), model.grads(), grads.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  for (auto it = table.params.rbegin(); it != table.params.rend(); ++it) {
+    const float* g = grads.data() + it->offset;
+    for (size_t i = 0; i < it->numel; i++)
+      if (!std::isfinite(g[i])) return strformat("%s (element %zu = %g)", it->name.c_str(), i, g[i]);
   }
-  return init_from;
+  return "none (the loss itself was not finite)";
+}
+
+// FP8 numerics telemetry: one JSONL record per quantised tensor.
+void log_numerics(MetricsLogger& logger, int step, const std::vector<TensorNumerics>& numerics) {
+  auto finite_or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  double worst_snr = INFINITY;
+  std::string worst;
+  for (const TensorNumerics& t : numerics) {
+    logger.log_record({{"type", "numerics"}, {"step", step}, {"tensor", t.name},
+                       {"amax", finite_or_null(t.stats.amax)}, {"scale", finite_or_null(t.stats.scale)},
+                       {"saturated_frac", t.stats.saturated_frac}, {"underflow_frac", t.stats.underflow_frac},
+                       {"snr_db", finite_or_null(t.stats.snr_db)}});
+    if (t.stats.snr_db < worst_snr) {
+      worst_snr = t.stats.snr_db;
+      worst = t.name;
+    }
+  }
+  if (!numerics.empty())
+    std::printf("step %d | numerics: %zu FP8 tensors, lowest SNR %.1f dB (%s)\n", step, numerics.size(), worst_snr,
+                worst.c_str());
 }
 
 void print_device(int device, const cudaDeviceProp& prop) {
@@ -201,9 +280,12 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
   if (comm.distributed())
     std::printf("parallel: %d ranks (%s, init %s), ZeRO stage %d\n", world_size, launch.launcher.c_str(),
                 comm.method().c_str(), cfg.parallel.zero_stage);
-  if (prop.major < 8)
-    throw_error("precision.recipe = \"%s\" needs bf16 tensor cores (compute capability 8.0 or newer); %s is sm_%d%d",
-                cfg.precision.recipe.c_str(), prop.name, prop.major, prop.minor);
+  const int need_cc = recipe_min_compute_capability(cfg.precision);
+  if (prop.major * 10 + prop.minor < need_cc)
+    throw_error("precision.recipe = \"%s\" needs compute capability %d.%d or newer (%s); %s is sm_%d%d",
+                cfg.precision.recipe.c_str(), need_cc / 10, need_cc % 10,
+                need_cc >= 90 ? "block-scaled FP8 GEMMs need Hopper" : need_cc >= 89 ? "FP8 tensor cores" :
+                "bf16 tensor cores", prop.name, prop.major, prop.minor);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
 
@@ -232,20 +314,35 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
 
   // Model and optimizer.
   gemm_init();
-  GPT2 model(spec, B, T, cfg.train.recompute);
+  std::unique_ptr<Model> model_ptr = make_model(spec, B, T, cfg.train.recompute, cfg.precision);
+  Model& model = *model_ptr;
   ZeroAdamW optimizer(comm, model.table(), model.params(), model.grads(), cfg.optimizer, cfg.parallel.zero_stage);
+  if (comm.distributed()) {
+    // Reduce each block's gradients as soon as backward has finished them; keep FP8 delayed scaling equal on all
+    // ranks (MAX of the amaxes before the scales are updated).
+    model.set_grad_ready_hook([&optimizer](int layer, cudaStream_t s) { optimizer.grads_ready(layer, s); });
+    model.set_amax_reducer([&comm](float* amax, int n, cudaStream_t s) { comm.all_reduce_max_after(amax, n, s); });
+  }
   // From here on an exception aborts NCCL before the buffers above are freed (no cudaFree waits for a peer).
   const Comm::AbortGuard abort_guard(comm);
   const ParamTable& table = model.table();
-  std::printf("model: %s, %s parameters (%s with the padded vocabulary), recipe %s\n", spec.arch.c_str(),
+  std::printf("model: %s, %s parameters (%s with the padded vocabulary)\n", spec.arch.c_str(),
               with_thousands(count_parameters(spec, false)).c_str(),
-              with_thousands(count_parameters(spec, true)).c_str(), cfg.precision.recipe.c_str());
+              with_thousands(count_parameters(spec, true)).c_str());
+  std::printf("precision: %s\n", describe_recipe(cfg.precision).c_str());
+  const PrecisionState* fp8_state = model.precision_state();
+  std::printf("memory: activations %.1f MiB for %d x %d tokens%s\n", model.activation_bytes() / 1048576.0, B, T,
+              fp8_state && cfg.precision.fp8
+                  ? strformat(", FP8 weight copies, saved inputs and scratch %.1f MiB",
+                              fp8_state->device_bytes() / 1048576.0).c_str()
+                  : "");
   std::printf("batch: %d x %d tokens x %d GPU%s, %d accumulation steps, %s tokens per step\n", B, T, world_size,
               world_size > 1 ? "s" : "", accum, with_thousands(tokens_per_step).c_str());
 
   // Initial state: resume from a checkpoint (written by any number of ranks: the optimizer state is re-sharded), or
   // initialise (randomly or from train.init_from). Rank 0 picks and verifies the checkpoint; every rank loads it.
   int start_step = 0;
+  LoopState loop;
   SampleRng sample_rng(cfg.sample.seed);
   std::optional<std::string> resume_dir;
   comm.check_all_ok(capture_error([&] {
@@ -261,31 +358,45 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
       !dir.empty())
     resume_dir = dir;
   comm.check_all_ok(capture_error([&] {
-                      if (resume_dir) {
-                        TrainerState state = load_trainer_state(*resume_dir);
-                        check_same_model(state, cfg, *resume_dir);
-                        optimizer.load(*resume_dir, state, stream);
-                        const nlohmann::json& saved = state.data.at("train");
-                        if (state.world_size == world_size) {
-                          train_data.restore(saved.at(rank));
-                        } else {
-                          std::string note;
-                          train_data.restore(continue_position(saved.at(0), train_data.position(), &note));
-                          std::printf("resume: checkpoint written by %d rank(s), this run has %d: optimizer state "
-                                      "re-sharded; %s\n", state.world_size, world_size, note.c_str());
-                        }
-                        sample_rng.state = std::stoull(state.rng.at("sample").get<std::string>());
-                        start_step = static_cast<int>(state.step);
-                      } else {
+                      if (!resume_dir) {
                         std::vector<float> master(table.total_elements, 0.0f);
-                        if (!cfg.train.init_from.empty()) {
-                          const std::string path = init_weights_path(cfg.train.init_from);
-                          read_param_tensors(path, table, master.data());
-                          std::printf("init: weights from %s\n", path.c_str());
+                        if (!cfg.train.init_from.empty()) {  // an llm8 checkpoint, a Hugging Face directory or
+                                                             // an llm.c model file
+                          std::printf("init: weights from %s\n",
+                                      load_weights(cfg.train.init_from, spec, master.data()).c_str());
                         } else {
                           init_parameters(table, static_cast<uint64_t>(cfg.train.seed), master.data());
                         }
                         optimizer.set_master(master.data(), stream);
+                        model.weights_changed();
+                        return;
+                      }
+                      TrainerState state = load_trainer_state(*resume_dir);
+                      check_same_model(state, cfg, *resume_dir);
+                      optimizer.load(*resume_dir, state, stream);
+                      model.weights_changed();
+                      const nlohmann::json& saved = state.data.at("train");
+                      if (state.world_size == world_size) {
+                        train_data.restore(saved.at(rank));
+                      } else {
+                        std::string note;
+                        train_data.restore(continue_position(saved.at(0), train_data.position(), &note));
+                        std::printf("resume: checkpoint written by %d rank(s), this run has %d: optimizer state "
+                                    "re-sharded; %s\n", state.world_size, world_size, note.c_str());
+                      }
+                      sample_rng.state = std::stoull(state.rng.at("sample").get<std::string>());
+                      start_step = static_cast<int>(state.step);
+                      // Checkpoints from before the divergence guard have no update count: every step was applied.
+                      loop.optimizer_updates = state.extra.value("optimizer_updates", static_cast<long long>(state.step));
+                      loop.skipped_steps = state.extra.value("skipped_steps", 0LL);
+                      PrecisionState* precision = model.precision_state();
+                      if (precision && precision->num_slots() > 0) {
+                        if (!state.extra.contains("precision"))
+                          throw_error("checkpoint %s has no FP8 scaling state, but precision.recipe = \"%s\" keeps "
+                                      "one: resume with the recipe it was written with", resume_dir->c_str(),
+                                      cfg.precision.recipe.c_str());
+                        read_precision_state(*resume_dir + "/" + kPrecisionFile, state.extra["precision"],
+                                             *precision);
                       }
                     }),
                     resume_dir ? "loading the checkpoint" : "initialising the weights");
@@ -329,10 +440,16 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
   int stop_at = cfg.train.steps;
   if (options.stop_at_step > 0) stop_at = std::min(stop_at, options.stop_at_step);
   if (start_step == 0 && cfg.eval.every > 0) run_eval(0);
+  PrecisionState* precision = model.precision_state();
+  const bool telemetry = cfg.log.numerics_every > 0 && precision != nullptr && cfg.precision.fp8;
+  int consecutive_skips = 0;
   for (int step = start_step; step < stop_at; step++) {
     const double t0 = now_seconds();
     const double lr = learning_rate(cfg.train.schedule, step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
                                     cfg.train.final_lr_frac, cfg.train.wsd_decay_frac);
+    const int done = step + 1;
+    const bool measure_numerics = telemetry && done % cfg.log.numerics_every == 0;
+    if (measure_numerics) precision->request_numerics();
     // The step's data first: a bad shard or token on one rank stops every rank here, naming it.
     comm.check_all_ok(capture_error([&] {
                         for (int micro = 0; micro < accum; micro++)
@@ -351,16 +468,40 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
       optimizer.backward_done(stream);
       loss += model.mean_loss(stream) / accum;
     }
-    optimizer.step(static_cast<float>(lr), step + 1, static_cast<float>(cfg.train.grad_clip), stream);
-    const double grad_norm = optimizer.last_grad_norm(stream);  // waits: the step is done on every GPU
-    loss = comm.average(loss, "the training loss");
+    loss = comm.average(loss, "the training loss");  // every rank decides on the same loss
+    // The update. AdamW skips itself on the device when the (global) gradient norm is not finite; a non-finite loss
+    // skips it here. Either way the weights, moments and FP8 scales stay as they were, on every rank.
+    double grad_norm = NAN;
+    if (std::isfinite(loss)) {
+      optimizer.step(static_cast<float>(lr), static_cast<int>(loop.optimizer_updates + 1),
+                     static_cast<float>(cfg.train.grad_clip), stream);
+      grad_norm = optimizer.last_grad_norm(stream);  // waits: the step is done on every GPU
+    } else {
+      optimizer.skip_step(stream);
+    }
+    const bool skipped = !std::isfinite(loss) || !std::isfinite(grad_norm);
+    if (skipped) {
+      if (precision) precision->discard_step(stream);
+      loop.skipped_steps++;
+      consecutive_skips++;
+      const std::string culprit = first_nonfinite_gradient(model);
+      std::printf("step %d/%d | skipped: loss %g, gradient norm %g; first non-finite gradient (backward order): %s\n",
+                  done, cfg.train.steps, loss, grad_norm, culprit.c_str());
+      logger.log_record({{"type", "skip"}, {"step", done}, {"loss", loss}, {"grad_norm", grad_norm},
+                         {"first_nonfinite_gradient", culprit}, {"consecutive", consecutive_skips}});
+      if (consecutive_skips >= cfg.train.max_skipped_steps)
+        throw_error("training diverged: %d consecutive steps up to step %d had a non-finite loss or gradient norm "
+                    "(last: loss %g, gradient norm %g; first non-finite gradient: %s). Lower train.lr, raise "
+                    "train.warmup_steps, keep more layers in BF16 (precision.bf16_layers) or check the data",
+                    consecutive_skips, done, loss, grad_norm, culprit.c_str());
+    } else {
+      consecutive_skips = 0;
+      loop.optimizer_updates++;
+      model.end_step(stream);  // new weights: FP8 weight caches are stale; delayed scaling updates its scales
+    }
     const double t1 = now_seconds();
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm))
-      throw_error("training diverged at step %d: loss %g, gradient norm %g (lower train.lr, raise "
-                  "train.warmup_steps, or check the data)", step + 1, loss, grad_norm);
     peak_mem_gib = std::max(peak_mem_gib, device_memory_in_use_gib());
 
-    const int done = step + 1;
     TrainStepMetrics m;
     m.step = done;
     m.loss = loss;
@@ -373,13 +514,14 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
     if (const CommTimes c = optimizer.last_comm_times(); c.valid)
       logger.log_record({{"type", "comm"}, {"step", done}, {"reduce_ms", c.reduce_ms},
                          {"exposed_reduce_ms", c.exposed_reduce_ms}, {"optimizer_ms", c.optimizer_ms}});
+    if (measure_numerics) log_numerics(logger, done, precision->collect_numerics(stream));
 
     const bool last = done == cfg.train.steps;
     if ((cfg.eval.every > 0 && done % cfg.eval.every == 0) || last) run_eval(done);
     if ((cfg.sample.every > 0 && done % cfg.sample.every == 0) || last) run_sample(done);
     if (!cfg.checkpoint.dir.empty() &&
         ((cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || last))
-      save_checkpoint(cfg, done, optimizer, train_data, sample_rng, comm, stream);
+      save_checkpoint(cfg, done, model, optimizer, train_data, sample_rng, loop, comm, stream);
   }
   if (stop_at < cfg.train.steps) std::printf("stopped after step %d (--stop-at-step)\n", stop_at);
 
@@ -395,11 +537,14 @@ int main(int argc, char** argv) {
   if (rc >= 0) return rc;
   try {
     const int world_size = llmc::detect_world_size();
-    if (options.print_config || options.dry_run) {  // no GPU, no launcher needed
+    if (options.print_config || options.dry_run || options.exporting()) {  // no GPU, no launcher needed
       const llmc::RunConfig cfg = llmc::load_config(options.config_path, options.overrides, world_size);
       if (options.print_config) std::printf("%s\n", llmc::config_to_json(cfg).dump(2).c_str());
       if (options.dry_run) std::printf("%s", llmc::dry_run_report(cfg, world_size).c_str());
-      return 0;
+      if (options.print_config || options.dry_run) return 0;
+      // the start weights, written in other formats
+      return llmc::export_run_weights(cfg, options.export_hf, options.export_llmc,
+                                      llmc::parse_weight_dtype(options.export_dtype));
     }
     const llmc::LaunchInfo launch = llmc::detect_launch();
     llmc::set_error_rank(launch.rank, launch.world_size);

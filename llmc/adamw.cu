@@ -71,6 +71,7 @@ __global__ void adamw_kernel(float* master, bf16* params, const float* grads, fl
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= num_vecs) return;
   const float scale = *grad_scale;
+  if (!isfinite(scale)) return;  // skipped step (non-finite gradient norm): master, m, v, params unchanged
   FloatVec<W> w = reinterpret_cast<const FloatVec<W>*>(master)[i];
   FloatVec<W> mv = reinterpret_cast<const FloatVec<W>*>(m)[i];
   FloatVec<W> vv = reinterpret_cast<const FloatVec<W>*>(v)[i];
@@ -120,10 +121,12 @@ void adamw_update_cpu(float* master, float* params, const float* grads, float* m
   }
 }
 
-// grad_scale[0] = (clip > 0 && norm > clip) ? clip / norm : 1, on the device (no host sync).
+// grad_scale[0] = (clip > 0 && norm > clip) ? clip / norm : 1, on the device (no host sync). A non-finite norm (an
+// overflow somewhere in the gradients) gives grad_scale = NaN, which makes every AdamW launch of this step return
+// without touching anything: the divergence guard's skipped step.
 __global__ void clip_scale_kernel(float* grad_scale, const float* norm, float clip) {
   const float n = norm[0];
-  grad_scale[0] = (clip > 0.0f && n > clip) ? clip / n : 1.0f;
+  grad_scale[0] = !isfinite(n) ? __int_as_float(0x7fc00000) : (clip > 0.0f && n > clip) ? clip / n : 1.0f;
 }
 
 void clip_scale_from_norm(float* grad_scale, const float* norm, float clip, cudaStream_t stream) {

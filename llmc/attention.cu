@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "llmc/common.h"
+#include "llmc/cuda_utils.cuh"
 #include "llmc/kernels.h"
 
 namespace llmc {
@@ -180,7 +181,7 @@ constexpr size_t forward_smem_bytes() {  // Q tile + double-buffered K and V til
 
 // grid (B*NH, ceil(T/64)); blockIdx.y = 0 is the last (most expensive) query block.
 template <int HS>
-__global__ void __launch_bounds__(kThreads, forward_min_blocks<HS>()) attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T,
+__global__ void __launch_bounds__(kThreads, forward_min_blocks<HS>()) attention_forward_kernel(bf16* out, float* lse, float* amax, const bf16* qkv, int T,
                                                                      int NH, int NKV) {
   constexpr int LD = tile_stride<HS>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -274,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks<HS>()) attention_
     __syncthreads();  // the next iteration's prefetch overwrites this buffer
   }
 
+  unsigned out_bits = 0;  // max |out| written by this lane (FP8 amax, when asked for)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int t = warp_row0 + lane / 4 + r * 8;
@@ -284,10 +286,15 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks<HS>()) attention_
 #pragma unroll
     for (int dt = 0; dt < HS / 8; dt++) {
       const int col = dt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(out_row + col) =
-          __floats2bfloat162_rn(o_acc[dt][2 * r] * inv, o_acc[dt][2 * r + 1] * inv);
+      const __nv_bfloat162 o = __floats2bfloat162_rn(o_acc[dt][2 * r] * inv, o_acc[dt][2 * r + 1] * inv);
+      *reinterpret_cast<__nv_bfloat162*>(out_row + col) = o;
+      out_bits = max(out_bits, amax_bits(fmaxf(fabsf(__low2float(o)), fabsf(__high2float(o)))));
     }
     if (lane % 4 == 0) lse[((size_t)b * NH + h) * T + t] = (row_max[r] + log2f(total)) * kLn2;
+  }
+  if (amax != nullptr) {
+    out_bits = warp_max_bits(out_bits);
+    if (lane == 0) atomic_max_amax(amax, out_bits);
   }
 }
 
@@ -331,10 +338,10 @@ constexpr size_t dkdv_smem_bytes() {  // K, V tiles + double-buffered Q, dO tile
 // grid (B*NKV, ceil(T/64)); blockIdx.y = key block (block 0 has the most queries after it, so it starts first).
 // Writes dK and dV (bf16) of kv head `kv_head` for the CTA's 64 keys into dqkv.
 template <int HS>
-__global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(bf16* dqkv, const bf16* dout,
-                                                                           const bf16* qkv, const float* lse,
-                                                                           const float* dsum, int T, int NH,
-                                                                           int NKV) {
+__global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(bf16* dqkv, float* amax,
+                                                                           const bf16* dout, const bf16* qkv,
+                                                                           const float* lse, const float* dsum, int T,
+                                                                           int NH, int NKV) {
   constexpr int LD = tile_stride<HS>();
   constexpr int BQ = dkdv_query_rows<HS>();
   static_assert(kBlockRows % BQ == 0, "query blocks must tile the key block");
@@ -419,6 +426,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(bf16*
 
   const float scale = 1.f / sqrtf((float)HS);
   bf16* dqkv_b = dqkv + (size_t)b * T * qkv_stride;
+  unsigned bits = 0;  // max |dK|, |dV| written by this lane (FP8 amax, when asked for)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int t = warp_key0 + lane / 4 + r * 8;
@@ -428,11 +436,17 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(bf16*
 #pragma unroll
     for (int dt = 0; dt < HS / 8; dt++) {
       const int col = dt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(dk_row + col) =
-          __floats2bfloat162_rn(dk_acc[dt][2 * r] * scale, dk_acc[dt][2 * r + 1] * scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv_row + col) =
-          __floats2bfloat162_rn(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+      const __nv_bfloat162 dk = __floats2bfloat162_rn(dk_acc[dt][2 * r] * scale, dk_acc[dt][2 * r + 1] * scale);
+      const __nv_bfloat162 dv = __floats2bfloat162_rn(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(dk_row + col) = dk;
+      *reinterpret_cast<__nv_bfloat162*>(dv_row + col) = dv;
+      bits = max(bits, amax_bits(fmaxf(fmaxf(fabsf(__low2float(dk)), fabsf(__high2float(dk))),
+                                       fmaxf(fabsf(__low2float(dv)), fabsf(__high2float(dv))))));
     }
+  }
+  if (amax != nullptr) {
+    bits = warp_max_bits(bits);
+    if (lane == 0) atomic_max_amax(amax, bits);
   }
 }
 
@@ -443,9 +457,10 @@ constexpr size_t dq_smem_bytes() {  // Q, dO tiles + double-buffered K, V tiles
 
 // grid (B*NH, ceil(T/64)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
 template <int HS>
-__global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(bf16* dqkv, const bf16* dout,
-                                                                         const bf16* qkv, const float* lse,
-                                                                         const float* dsum, int T, int NH, int NKV) {
+__global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(bf16* dqkv, float* amax,
+                                                                         const bf16* dout, const bf16* qkv,
+                                                                         const float* lse, const float* dsum, int T,
+                                                                         int NH, int NKV) {
   constexpr int LD = tile_stride<HS>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* q_tile = reinterpret_cast<bf16*>(smem_raw);  // (64, LD)
@@ -520,6 +535,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(bf16* d
   }
 
   const float scale = 1.f / sqrtf((float)HS);
+  unsigned bits = 0;  // max |dQ| written by this lane (FP8 amax, when asked for)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int t = warp_row0 + lane / 4 + r * 8;
@@ -528,9 +544,14 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(bf16* d
 #pragma unroll
     for (int dt = 0; dt < HS / 8; dt++) {
       const int col = dt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(dq_row + col) =
-          __floats2bfloat162_rn(dq_acc[dt][2 * r] * scale, dq_acc[dt][2 * r + 1] * scale);
+      const __nv_bfloat162 dq = __floats2bfloat162_rn(dq_acc[dt][2 * r] * scale, dq_acc[dt][2 * r + 1] * scale);
+      *reinterpret_cast<__nv_bfloat162*>(dq_row + col) = dq;
+      bits = max(bits, amax_bits(fmaxf(fabsf(__low2float(dq)), fabsf(__high2float(dq)))));
     }
+  }
+  if (amax != nullptr) {
+    bits = warp_max_bits(bits);
+    if (lane == 0) atomic_max_amax(amax, bits);
   }
 }
 
@@ -562,27 +583,28 @@ void set_dynamic_smem(Kernel kernel, size_t bytes) {
 }
 
 template <int HS>
-void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+void launch_forward(bf16* out, float* lse, float* amax, const bf16* qkv, int B, int T, int NH, int NKV,
+                    cudaStream_t stream) {
   const size_t smem = forward_smem_bytes<HS>();
   set_dynamic_smem(attention_forward_kernel<HS>, smem);
   const dim3 grid(B * NH, (T + kBlockRows - 1) / kBlockRows);
-  attention_forward_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, NKV);
+  attention_forward_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, amax, qkv, T, NH, NKV);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
-void launch_backward(bf16* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse, int B, int T,
-                     int NH, int NKV, cudaStream_t stream) {
+void launch_backward(bf16* dqkv, float* amax, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+                     int B, int T, int NH, int NKV, cudaStream_t stream) {
   const int num_blocks = (T + kBlockRows - 1) / kBlockRows;
   const size_t dkdv_smem = dkdv_smem_bytes<HS>();
   set_dynamic_smem(attention_backward_dkdv_kernel<HS>, dkdv_smem);
   attention_backward_dkdv_kernel<HS><<<dim3(B * NKV, num_blocks), kThreads, dkdv_smem, stream>>>(
-      dqkv, dout, qkv, lse, dsum, T, NH, NKV);
+      dqkv, amax, dout, qkv, lse, dsum, T, NH, NKV);
   CUDA_CHECK_LAUNCH();
   const size_t dq_smem = dq_smem_bytes<HS>();
   set_dynamic_smem(attention_backward_dq_kernel<HS>, dq_smem);
-  attention_backward_dq_kernel<HS><<<dim3(B * NH, num_blocks), kThreads, dq_smem, stream>>>(dqkv, dout, qkv, lse,
-                                                                                          dsum, T, NH, NKV);
+  attention_backward_dq_kernel<HS><<<dim3(B * NH, num_blocks), kThreads, dq_smem, stream>>>(
+      dqkv, amax, dout, qkv, lse, dsum, T, NH, NKV);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -678,12 +700,12 @@ void backward_reference(Real* dqkv, const Real* dout, const Real* qkv, const Rea
 // Public API (llmc/kernels.h)
 
 void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int NKV, int HS,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, float* out_amax) {
   check_attention_shape("attention_forward", B, T, NH, NKV, HS, true);
   check_aligned16("attention_forward", "qkv", qkv);
   check_aligned16("attention_forward", "out", out);
-  if (HS == 64) launch_forward<64>(out, lse, qkv, B, T, NH, NKV, stream);
-  else launch_forward<128>(out, lse, qkv, B, T, NH, NKV, stream);
+  if (HS == 64) launch_forward<64>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+  else launch_forward<128>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
 }
 
 void attention_forward_cpu(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int HS) {
@@ -695,7 +717,8 @@ size_t attention_backward_scratch_floats(int B, int T, int NH, int HS) {
 }
 
 void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
-                        const float* lse, int B, int T, int NH, int NKV, int HS, cudaStream_t stream) {
+                        const float* lse, int B, int T, int NH, int NKV, int HS, cudaStream_t stream,
+                        float* dqkv_amax) {
   check_attention_shape("attention_backward", B, T, NH, NKV, HS, true);
   check_aligned16("attention_backward", "dqkv", dqkv);
   check_aligned16("attention_backward", "dout", dout);
@@ -712,8 +735,8 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
                                                                                                       out, B, T, NH);
   }
   CUDA_CHECK_LAUNCH();
-  if (HS == 64) launch_backward<64>(dqkv, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-  else launch_backward<128>(dqkv, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  if (HS == 64) launch_backward<64>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  else launch_backward<128>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
 }
 
 void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,

@@ -38,10 +38,30 @@ int parse_cli(int argc, char** argv, CliOptions* out) {
                  "train.steps; a checkpoint is written there when checkpoint.every divides it); for resume tests")
       ->type_name("N")
       ->check(CLI::PositiveNumber);
+  CLI::Option* export_hf =
+      app.add_option("--export-hf", out->export_hf,
+                     "write the weights this run would start from (the checkpoint checkpoint.resume resolves to, "
+                     "else train.init_from, else the initialisation from train.seed) as a Hugging Face model: "
+                     "DIR/config.json + DIR/model.safetensors (GPT2LMHeadModel / LlamaForCausalLM, unpadded "
+                     "vocabulary), then exit; no GPU needed")
+          ->type_name("DIR");
+  CLI::Option* export_llmc =
+      app.add_option("--export-llmc", out->export_llmc,
+                     "write the same weights as an llm.c model file (GPT-2 only; version 3 = float32, 5 = bfloat16), "
+                     "then exit; combinable with --export-hf")
+          ->type_name("FILE.bin");
+  app.add_option("--export-dtype", out->export_dtype,
+                 "dtype of the exported tensors (bfloat16 rounds the FP32 weights to nearest even once)")
+      ->type_name("float32|bfloat16")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  export_hf->excludes("--dry-run")->excludes("--print-config");
+  export_llmc->excludes("--dry-run")->excludes("--print-config");
   app.footer(
       "Examples:\n"
       "  train_gpt --config configs/gpt2_mini_bf16.json\n"
       "  train_gpt --config configs/gpt2_124m_bf16.json --set train.lr=3e-4 --set train.micro_batch=8 --dry-run\n"
+      "  train_gpt --config configs/gpt2_mini_bf16.json --export-hf runs/gpt2_mini_hf   (from the newest checkpoint)\n"
+      "  train_gpt --config configs/gpt2_tiny_bf16.json --set train.init_from=runs/hf --export-llmc gpt2_tiny.bin\n"
       "One process trains on one GPU (multi-GPU data parallelism is not in this build yet).\n"
       "Config keys and presets: train_gpt --list-keys, and configs/README.md.");
 
@@ -118,10 +138,14 @@ std::string dry_run_report(const RunConfig& cfg, int world_size) {
 
   std::string r;
   r += "dry run: the config is valid (nothing was run or written)\n";
-  r += strformat("model        %s%s: %d layers, %d heads of %d, n_embd %d, ffn %d, vocab %d (padded %d), context %d\n",
+  const std::string llama_shape =
+      m.arch == "llama" ? strformat(", %d kv heads, RoPE theta %g, %s lm_head", m.n_kv_head,
+                                    static_cast<double>(m.rope_theta), m.tied_embeddings ? "tied" : "untied")
+                        : "";
+  r += strformat("model        %s%s: %d layers, %d heads of %d, n_embd %d, ffn %d, vocab %d (padded %d), context %d%s\n",
                  m.arch.c_str(), cfg.model_preset.empty() ? "" : (" (preset " + cfg.model_preset + ")").c_str(),
                  m.n_layer, m.n_head, m.head_size(), m.n_embd, m.ffn_hidden, m.vocab_size, m.padded_vocab_size,
-                 m.max_seq_len);
+                 m.max_seq_len, llama_shape.c_str());
   r += strformat("parameters   %s (%s without vocabulary padding), %zu tensors\n", with_thousands(padded).c_str(),
                  with_thousands(real).c_str(), table.params.size());
   r += strformat("FLOPs/token  %.4g (6N + 6LCT at T = %d)\n", flops, t.seq_len);

@@ -16,6 +16,10 @@ struct CliOptions {
   bool print_config = false;           // --print-config: print the resolved config as JSON
   bool list_keys = false;              // --list-keys: print every config key with type, default and help
   int stop_at_step = 0;                // --stop-at-step N: end the run after optimizer step N (0 = train.steps)
+  std::string export_hf;               // --export-hf DIR: write the run's start weights as a Hugging Face model, exit
+  std::string export_llmc;             // --export-llmc FILE: write them as an llm.c model file (GPT-2), exit
+  std::string export_dtype = "float32";  // --export-dtype float32|bfloat16
+  bool exporting() const { return !export_hf.empty() || !export_llmc.empty(); }
 };
 
 // Parses argv into out. Returns -1 to continue, or the exit code to return from main: 0 after --help or --list-keys

@@ -22,7 +22,7 @@ using nlohmann::json;
 
 namespace {
 
-enum class KeyType { Int, Int64, Float, Bool, String };
+enum class KeyType { Int, Int64, Float, Bool, String, IntList };
 
 const char* type_doc_name(KeyType t) {
   switch (t) {
@@ -31,6 +31,7 @@ const char* type_doc_name(KeyType t) {
     case KeyType::Float: return "float";
     case KeyType::Bool: return "bool";
     case KeyType::String: return "string";
+    case KeyType::IntList: return "int list";
   }
   return "?";
 }
@@ -42,6 +43,7 @@ const char* type_expected_name(KeyType t) {
     case KeyType::Float: return "a number";
     case KeyType::Bool: return "a boolean (true or false)";
     case KeyType::String: return "a string";
+    case KeyType::IntList: return "a list of integers, e.g. [0, -1]";
   }
   return "?";
 }
@@ -78,6 +80,13 @@ json float_to_json(float v) {
 #define LLMC_ACCESS(member)                                                     \
   [](const RunConfig& c) { return json(c.member); },                            \
   [](RunConfig& c, const json& v) { c.member = v.get<decltype(c.member)>(); }
+// Enum fields stored as their names (the choices of the row are the valid names).
+#define FORMAT_ACCESS(member)                                                   \
+  [](const RunConfig& c) { return json(fp8_format_name(c.member)); },          \
+  [](RunConfig& c, const json& v) { parse_fp8_format(v.get<std::string>(), &c.member); }
+#define GRANULARITY_ACCESS(member)                                              \
+  [](const RunConfig& c) { return json(scale_granularity_name(c.member)); },   \
+  [](RunConfig& c, const json& v) { parse_scale_granularity(v.get<std::string>(), &c.member); }
 
 KeySchema row(const char* section, const char* key, KeyType type, const char* help,
               std::function<json(const RunConfig&)> get, std::function<void(RunConfig&, const json&)> set) {
@@ -102,23 +111,32 @@ const std::vector<KeySchema>& schema() {
   static const std::vector<KeySchema> table = {
       // model: a preset fills every key; explicit keys override it. Without a preset the defaults are gpt2-124m's.
       row("model", "preset", T::String, "model preset (gpt2-tiny, gpt2-mini, gpt2-124m, gpt2-350m, gpt2-774m, "
-          "gpt2-1558m); \"\" = none, the keys below define the model", LLMC_ACCESS(model_preset)),
-      row("model", "arch", T::String, "architecture: gpt2 (llama comes later)", LLMC_ACCESS(model.arch)),
+          "gpt2-1558m, llama-tiny, llama-125m, llama-350m, llama-1b, llama-3b); \"\" = none, the keys below define "
+          "the model", LLMC_ACCESS(model_preset)),
+      row("model", "arch", T::String, "architecture: gpt2 | llama", LLMC_ACCESS(model.arch)),
       at_least(row("model", "n_layer", T::Int, "transformer blocks (L)", LLMC_ACCESS(model.n_layer)), 1),
       at_least(row("model", "n_head", T::Int, "attention heads (H)", LLMC_ACCESS(model.n_head)), 1),
-      derived_default(at_least(row("model", "n_kv_head", T::Int, "key/value heads (must equal n_head for gpt2)",
+      derived_default(at_least(row("model", "n_kv_head", T::Int, "key/value heads: divides n_head (grouped-query "
+                                   "attention, llama); must equal n_head for gpt2",
                                    LLMC_ACCESS(model.n_kv_head)), 1), "n_head"),
       at_least(row("model", "n_embd", T::Int, "embedding width (C)", LLMC_ACCESS(model.n_embd)), 1),
       at_least(row("model", "vocab_size", T::Int, "real vocabulary size (V)", LLMC_ACCESS(model.vocab_size)), 1),
       at_least(row("model", "padded_vocab_multiple", T::Int,
                    "the embedding/lm_head rows are V rounded up to a multiple of this (Vp)",
                    LLMC_ACCESS(padded_vocab_multiple)), 1),
-      at_least(row("model", "max_seq_len", T::Int, "context length (rows of wpe)", LLMC_ACCESS(model.max_seq_len)), 1),
-      derived_default(at_least(row("model", "ffn_hidden", T::Int, "MLP hidden size (F)",
-                                   LLMC_ACCESS(model.ffn_hidden)), 1), "4 * n_embd"),
-      above(row("model", "norm_eps", T::Float, "LayerNorm epsilon",
+      at_least(row("model", "max_seq_len", T::Int, "context length (gpt2: rows of wpe; llama: longest sequence)",
+                   LLMC_ACCESS(model.max_seq_len)), 1),
+      derived_default(at_least(row("model", "ffn_hidden", T::Int, "MLP hidden size (F; llama: the width of gate_proj "
+                                   "and up_proj, a multiple of 8)", LLMC_ACCESS(model.ffn_hidden)), 1),
+                      "gpt2: 4 * n_embd; llama: 8 * n_embd / 3 rounded up to a multiple of 256"),
+      above(row("model", "norm_eps", T::Float, "LayerNorm (gpt2) / RMSNorm (llama) epsilon",
                 [](const RunConfig& c) { return float_to_json(c.model.norm_eps); },
                 [](RunConfig& c, const json& v) { c.model.norm_eps = static_cast<float>(v.get<double>()); }), 0),
+      above(row("model", "rope_theta", T::Float, "llama: RoPE base theta (Llama 3: 500000); unused by gpt2",
+                [](const RunConfig& c) { return float_to_json(c.model.rope_theta); },
+                [](RunConfig& c, const json& v) { c.model.rope_theta = static_cast<float>(v.get<double>()); }), 0),
+      row("model", "tied_embeddings", T::Bool, "the lm_head shares the token embedding matrix (gpt2: must be true; "
+          "llama: false adds lm_head.weight)", LLMC_ACCESS(model.tied_embeddings)),
 
       row("data", "train", T::String, "glob of training shards, e.g. data/kjv/kjv_train_*.bin (required)",
           LLMC_ACCESS(data.train)),
@@ -153,8 +171,13 @@ const std::vector<KeySchema>& schema() {
                   LLMC_ACCESS(train.recompute)), 0, 1),
       row("train", "deterministic", T::Bool, "bit-identical runs (deterministic kernels and GEMM algorithms)",
           LLMC_ACCESS(train.deterministic)),
-      row("train", "init_from", T::String, "\"\" = random init; else a checkpoint step directory or model.safetensors",
-          LLMC_ACCESS(train.init_from)),
+      row("train", "init_from", T::String,
+          "\"\" = random init; else weights to start from: an llm8 checkpoint step directory or model.safetensors, a "
+          "Hugging Face model directory (config.json + model.safetensors) or an llm.c model .bin; the model section "
+          "must describe that model", LLMC_ACCESS(train.init_from)),
+      at_least(row("train", "max_skipped_steps", T::Int,
+                   "divergence guard: a step whose loss or gradient norm is not finite is skipped (no update); stop "
+                   "after this many consecutive skips", LLMC_ACCESS(train.max_skipped_steps)), 1),
 
       one_of(row("optimizer", "type", T::String, "optimizer", LLMC_ACCESS(optimizer.type)), {"adamw"}),
       open_unit(row("optimizer", "beta1", T::Float, "AdamW first-moment decay", LLMC_ACCESS(optimizer.beta1))),
@@ -163,7 +186,45 @@ const std::vector<KeySchema>& schema() {
       at_least(row("optimizer", "weight_decay", T::Float, "decoupled weight decay, applied to 2-D tensors only",
                    LLMC_ACCESS(optimizer.weight_decay)), 0),
 
-      row("precision", "recipe", T::String, "precision recipe (this build: bf16)", LLMC_ACCESS(precision.recipe)),
+      // precision: the preset named in precision.recipe fills every key below; explicit keys override it.
+      row("precision", "recipe", T::String,
+          "precision recipe preset: bf16 | fp8_tensorwise (current per-tensor scaling) | fp8_delayed (amax history) | "
+          "fp8_blockwise (1x128 / 128x128 blocks); the keys below override its fields", LLMC_ACCESS(precision.recipe)),
+      one_of(row("precision", "x_format", T::String, "FP8 format of linear inputs",
+                 FORMAT_ACCESS(precision.x.format)), {"e4m3", "e5m2"}),
+      one_of(row("precision", "w_format", T::String, "FP8 format of weights", FORMAT_ACCESS(precision.w.format)),
+             {"e4m3", "e5m2"}),
+      one_of(row("precision", "dy_format", T::String, "FP8 format of output gradients",
+                 FORMAT_ACCESS(precision.dy.format)), {"e4m3", "e5m2"}),
+      one_of(row("precision", "x_granularity", T::String, "scaling granularity of linear inputs",
+                 GRANULARITY_ACCESS(precision.x.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "w_granularity", T::String, "scaling granularity of weights",
+                 GRANULARITY_ACCESS(precision.w.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "dy_granularity", T::String, "scaling granularity of output gradients",
+                 GRANULARITY_ACCESS(precision.dy.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "scaling", T::String,
+                 "per-tensor scales from the current amax or delayed from an amax history",
+                 [](const RunConfig& c) { return json(scaling_mode_name(c.precision.scaling)); },
+                 [](RunConfig& c, const json& v) {
+                   c.precision.scaling = v.get<std::string>() == "delayed" ? ScalingMode::Delayed : ScalingMode::Current;
+                 }), {"current", "delayed"}),
+      at_least(row("precision", "amax_history_len", T::Int, "delayed scaling: steps of amax history",
+                   LLMC_ACCESS(precision.amax_history_len)), 1),
+      one_of(row("precision", "amax_compute", T::String, "delayed scaling: scale from the max of the history or the "
+                 "most recent amax", LLMC_ACCESS(precision.amax_compute)), {"max", "most_recent"}),
+      between(row("precision", "margin", T::Int, "scale = fp8_max / amax / 2^margin", LLMC_ACCESS(precision.margin)),
+              0, 16),
+      row("precision", "pow2_scales", T::Bool, "round scales down to powers of two", LLMC_ACCESS(precision.pow2_scales)),
+      row("precision", "fast_accum", T::Bool,
+          "fast FP8 accumulation in the forward GEMM (per-tensor scales only; dgrad and wgrad never use it)",
+          LLMC_ACCESS(precision.fast_accum)),
+      row("precision", "bf16_layers", T::IntList, "blocks that stay in BF16, e.g. [0, -1] (negative = from the end)",
+          LLMC_ACCESS(precision.bf16_layers)),
+      row("precision", "lm_head_fp8", T::Bool, "run the lm_head GEMMs in FP8 too (embeddings always stay BF16)",
+          LLMC_ACCESS(precision.lm_head_fp8)),
+      row("precision", "fp8_activations", T::Bool,
+          "save linear inputs for backward as FP8 (their transposed copies) instead of BF16",
+          LLMC_ACCESS(precision.fp8_activations)),
 
       one_of(row("parallel", "init", T::String, "how ranks find each other: auto | mpi | tcp | fs | none",
                  LLMC_ACCESS(parallel.init)), {"auto", "mpi", "tcp", "fs", "none"}),
@@ -198,10 +259,15 @@ const std::vector<KeySchema>& schema() {
       at_least(row("log", "every", T::Int, "console line every N steps", LLMC_ACCESS(log.every)), 1),
       row("log", "jsonl", T::String, "JSONL metrics file (\"\" = <checkpoint.dir>/metrics.jsonl when dir is set)",
           LLMC_ACCESS(log.jsonl)),
+      at_least(row("log", "numerics_every", T::Int,
+                   "FP8 numerics telemetry (amax, scale, saturated and underflow fractions, SNR of every quantised "
+                   "tensor) every N steps into the JSONL log (0 = off)", LLMC_ACCESS(log.numerics_every)), 0),
   };
   return table;
 }
 #undef LLMC_ACCESS
+#undef FORMAT_ACCESS
+#undef GRANULARITY_ACCESS
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {"model",     "data",     "train",      "optimizer", "precision",
@@ -312,6 +378,9 @@ void check_type(const KeySchema& k, const json& v) {
     case KeyType::Float: ok = v.is_number(); break;
     case KeyType::Bool: ok = v.is_boolean(); break;
     case KeyType::String: ok = v.is_string(); break;
+    case KeyType::IntList:
+      ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_number_integer(); });
+      break;
   }
   if (!ok)
     throw_error("%s: expected %s, got %s", k.full_name().c_str(), type_expected_name(k.type),
@@ -320,6 +389,9 @@ void check_type(const KeySchema& k, const json& v) {
 
 void set_value(const KeySchema& k, RunConfig& cfg, const json& v) {
   check_type(k, v);
+  if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end())
+    throw_error("%s must be one of %s (got '%s')", k.full_name().c_str(), join(k.choices, ", ").c_str(),
+                v.get<std::string>().c_str());
   if ((k.type == KeyType::Int || k.type == KeyType::Int64) && v.is_number_float()) {
     k.set(cfg, json(static_cast<long long>(v.get<double>())));
   } else {
@@ -448,34 +520,48 @@ RunConfig resolve_config(const json& input, const std::vector<std::string>& over
         throw_error("model.preset: unknown preset '%s' (known: %s)", cfg.model_preset.c_str(),
                     join(model_preset_names(), ", ").c_str());
     }
-    // 2. Explicit keys win over the preset and the defaults.
+    // 1b. The recipe preset fills the whole precision section.
+    const json precision = j.contains("precision") ? j["precision"] : json::object();
+    if (precision.contains("recipe")) {
+      const KeySchema& rk = *find_key("precision", "recipe");
+      set_value(rk, cfg, precision["recipe"]);
+      if (!precision_recipe_preset(cfg.precision.recipe, &cfg.precision))
+        throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
+                    join(recipe_names(), ", ").c_str());
+    }
+    // 2. Explicit keys win over the presets and the defaults.
     for (const KeySchema& k : schema()) {
       if (k.section == std::string("model") && k.key == std::string("preset")) continue;
+      if (k.section == std::string("precision") && k.key == std::string("recipe")) continue;
       if (j.contains(k.section) && j[k.section].contains(k.key)) set_value(k, cfg, j[k.section][k.key]);
     }
-    // 3. Model sizes that follow others unless given.
-    if (!model.contains("n_kv_head")) cfg.model.n_kv_head = cfg.model.n_head;
-    if (!model.contains("ffn_hidden")) cfg.model.ffn_hidden = 4 * cfg.model.n_embd;
+    // 3. Model sizes that follow others unless given: derived again when there is no preset or when the key they
+    // follow is given (a preset's own value, e.g. llama-1b's 8 kv heads, stays otherwise).
+    const bool preset = !cfg.model_preset.empty();
+    if (!model.contains("n_kv_head") && (!preset || model.contains("n_head"))) cfg.model.n_kv_head = cfg.model.n_head;
+    if (!model.contains("ffn_hidden") && (!preset || model.contains("n_embd") || model.contains("arch")))
+      cfg.model.ffn_hidden = cfg.model.arch == "llama" ? llama_default_ffn_hidden(cfg.model.n_embd)
+                                                       : 4 * cfg.model.n_embd;
     return cfg;
   });
 }
 
 }  // namespace
 
-std::vector<std::string> recipe_names() { return {"bf16"}; }
+std::vector<std::string> recipe_names() { return precision_recipe_names(); }
 
 void validate_config(RunConfig& cfg, int world_size) {
   with_source("config", [&]() {
     if (world_size < 1) throw_error("world size must be >= 1 (got %d)", world_size);
     ModelSpec& m = cfg.model;
     // Architecture and recipe first: their messages matter more than the numbers that follow from them.
-    if (m.arch == "llama")
-      throw_error("model.arch 'llama' is not supported yet in this build (supported: gpt2)");
-    if (m.arch != "gpt2") throw_error("model.arch: unknown architecture '%s' (supported: gpt2)", m.arch.c_str());
+    if (m.arch != "gpt2" && m.arch != "llama")
+      throw_error("model.arch: unknown architecture '%s' (supported: gpt2, llama)", m.arch.c_str());
     std::vector<std::string> recipes = recipe_names();
     if (std::find(recipes.begin(), recipes.end(), cfg.precision.recipe) == recipes.end())
       throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
                   join(recipes, ", ").c_str());
+    validate_precision_recipe(cfg.precision, m.n_layer);
     if (!cfg.model_preset.empty() && !model_preset(cfg.model_preset, nullptr))
       throw_error("model.preset: unknown preset '%s' (known: %s)", cfg.model_preset.c_str(),
                   join(model_preset_names(), ", ").c_str());
@@ -494,8 +580,13 @@ void validate_config(RunConfig& cfg, int world_size) {
     if (m.arch == "gpt2" && m.n_kv_head != m.n_head)
       throw_error("model.n_kv_head = %d but gpt2 has no grouped-query attention: it must equal model.n_head = %d",
                   m.n_kv_head, m.n_head);
+    if (m.arch == "gpt2" && !m.tied_embeddings)
+      throw_error("model.tied_embeddings = false but gpt2 always ties its lm_head to transformer.wte (untied heads: "
+                  "model.arch llama)");
+    if (m.arch == "llama" && m.ffn_hidden % 8 != 0)
+      throw_error("model.ffn_hidden = %d must be a multiple of 8 for llama (the SwiGLU kernel and the gate|up GEMM "
+                  "move 8 bf16 per 16-byte access)", m.ffn_hidden);
     m.padded_vocab_size = static_cast<int>(round_up(m.vocab_size, cfg.padded_vocab_multiple));
-    m.tied_embeddings = true;
 
     // Data.
     if (cfg.data.train.empty())
@@ -517,6 +608,20 @@ void validate_config(RunConfig& cfg, int world_size) {
                   tokens_per_micro_step,
                   std::max(1LL, t.global_batch_tokens / tokens_per_micro_step) * tokens_per_micro_step);
     cfg.grad_accum_steps = static_cast<int>(t.global_batch_tokens / tokens_per_micro_step);
+    if (cfg.precision.fp8) {
+      // FP8 GEMMs: every dimension that is a GEMM's K (channels, and the tokens B*T for the weight gradient) must be
+      // a multiple of 16, of 128 with block scales.
+      const bool blocks = cfg.precision.x.granularity != ScaleGranularity::Tensor;
+      const int multiple = blocks ? 128 : 16;
+      const long long tokens = static_cast<long long>(t.micro_batch) * t.seq_len;
+      if (tokens % multiple != 0)
+        throw_error("precision.recipe = \"%s\" needs train.micro_batch * train.seq_len (%d * %d = %lld) to be a "
+                    "multiple of %d (the FP8 weight-gradient GEMM runs over the tokens)",
+                    cfg.precision.recipe.c_str(), t.micro_batch, t.seq_len, tokens, multiple);
+      if (m.n_embd % multiple != 0 || m.ffn_hidden % multiple != 0)
+        throw_error("precision.recipe = \"%s\" needs model.n_embd (%d) and model.ffn_hidden (%d) to be multiples "
+                    "of %d (FP8 GEMM dimensions)", cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden, multiple);
+    }
     if (t.warmup_steps > t.steps)
       throw_error("train.warmup_steps = %d exceeds train.steps = %d", t.warmup_steps, t.steps);
 

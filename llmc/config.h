@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/model_spec.h"
+#include "llmc/recipe.h"
 
 namespace llmc {
 
@@ -35,7 +36,8 @@ struct TrainConfig {
   int seed = 42;                  // parameter initialisation seed
   int recompute = 0;              // 0 = keep all activations; 1 = recompute GELU and LayerNorm outputs in backward
   bool deterministic = true;      // bit-identical runs (deterministic kernels and GEMM algorithms)
-  std::string init_from = "";     // "" = random init; else a checkpoint step directory or model.safetensors
+  std::string init_from = "";     // "" = random init; else llm8 weights, a Hugging Face directory or an llm.c .bin
+  int max_skipped_steps = 5;      // divergence guard: stop after this many consecutive skipped (non-finite) steps
 };
 
 struct OptimizerConfig {
@@ -46,9 +48,6 @@ struct OptimizerConfig {
   double weight_decay = 0.1;      // applied to 2-D tensors only
 };
 
-struct PrecisionConfig {
-  std::string recipe = "bf16";    // bf16 (later issues add fp8_tensorwise, fp8_delayed, fp8_blockwise, coat, nvfp4, mxfp4)
-};
 
 struct ParallelConfig {
   std::string init = "auto";      // auto | mpi | tcp | fs | none
@@ -80,6 +79,7 @@ struct SampleConfig {
 struct LogConfig {
   int every = 1;                  // console line every N steps
   std::string jsonl = "";         // JSONL metrics file ("" = <checkpoint.dir>/metrics.jsonl when dir is set)
+  int numerics_every = 0;         // FP8 numerics telemetry every N steps into the JSONL log (0 = off)
 };
 
 struct RunConfig {
@@ -89,7 +89,7 @@ struct RunConfig {
   DataConfig data;
   TrainConfig train;
   OptimizerConfig optimizer;
-  PrecisionConfig precision;
+  PrecisionRecipe precision;      // the precision section: a preset (precision.recipe) with any field overridden
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   EvalConfig eval;
@@ -120,7 +120,7 @@ struct ConfigKeyDoc {
 };
 std::vector<ConfigKeyDoc> config_key_docs();
 
-// Recipe presets known to this build ("bf16").
+// Recipe presets known to this build (bf16, fp8_tensorwise, fp8_delayed, fp8_blockwise).
 std::vector<std::string> recipe_names();
 
 }  // namespace llmc

@@ -105,6 +105,19 @@ __device__ inline unsigned warp_max_bits(unsigned bits) { return __reduce_max_sy
 __device__ inline void atomic_max_amax(float* amax, unsigned bits) {
   atomicMax(reinterpret_cast<unsigned int*>(amax), bits);
 }
+// One atomic per block: the max of every thread's `bits` over a 1-D block (blockDim.x a multiple of 32), issued by
+// thread 0. Every thread of the block must call it (it synchronises the block), at most once per kernel.
+__device__ inline void block_atomic_max_amax(float* amax, unsigned bits) {
+  __shared__ unsigned warp_bits[kWarpSize];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  bits = warp_max_bits(bits);
+  if (lane == 0) warp_bits[warp] = bits;
+  __syncthreads();
+  if (warp == 0) {
+    bits = warp_max_bits(lane < static_cast<int>(blockDim.x / kWarpSize) ? warp_bits[lane] : 0u);
+    if (lane == 0) atomic_max_amax(amax, bits);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Host-side checks, each naming the kernel and the argument.

@@ -11,7 +11,16 @@
 
 namespace llmc {
 
-// FP8 code of x (saturating, round to nearest even). NaN -> 0x7F (E4M3) / 0x7E (E5M2) with the sign of x.
+// The code every NaN encodes to, in both formats and whatever the sign and payload of the NaN: 0x7F (E4M3: e4m3fn's
+// NaN S.1111.111; E5M2: the quiet NaN 0.11111.11). This is what CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...)
+// gives (cuda_fp8.hpp canonicalises a NaN input to 0x7FFFFFFF, dropping its sign, before converting; for E5M2 it
+// keeps the two top mantissa bits of that canonical NaN: 0x7C | 0x3). ml_dtypes differs here (it keeps the sign and
+// gives 0x7E for E5M2), which is why the ml_dtypes vectors hold no NaN encodes; test/gpu/test_quant checks the device
+// conversion against this.
+constexpr uint8_t kFp8NanCode = 0x7F;
+
+// FP8 code of x (saturating, round to nearest even): finite overflow and +-inf -> +-max (0x7E / 0x7B with x's
+// sign), NaN -> kFp8NanCode, values at or below half the smallest subnormal -> +-0 (x's sign).
 uint8_t fp8_encode(float x, Fp8Format f);
 // The exact value of an FP8 code (NaN codes -> NaN; E5M2 +-inf codes -> +-inf).
 float fp8_decode(uint8_t code, Fp8Format f);
@@ -20,8 +29,9 @@ float fp8_decode(uint8_t code, Fp8Format f);
 uint16_t bf16_encode(float x);
 float bf16_decode(uint16_t bits);
 
-// Power of two at or below x (x > 0 finite): the value with x's exponent and a zero mantissa. Used for
-// power-of-two scales ("floor"), exactly as zeroing the mantissa bits of an FP32 scale.
+// Power of two at or below x (x > 0 finite, else llmc::Error): the value with x's exponent and a zero mantissa. Used
+// for power-of-two scales ("floor"), exactly as zeroing the mantissa bits of an FP32 scale (for a normal x; a
+// subnormal x gives its highest set bit, though scales are clamped to >= 2^-126 and never get there).
 float pow2_floor(float x);
 
 }  // namespace llmc

@@ -51,6 +51,12 @@ void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int 
 // Scales: per-tensor scale_inv pointers (SCALAR_32F), or block scales in the GEMM-ready layouts of llmc/tensor.h
 // (1x128 = VEC128_32F, 128x128 = BLK128x128_32F; at most one operand 128x128). K must be a multiple of 16 (of 128
 // with block scales); M, N multiples of 16.
+// Formats: e4m3 * e4m3, e5m2 * e4m3 and e4m3 * e5m2 (cuBLASLt has no e5m2 * e5m2). Per-tensor scales on both
+// operands or block scales on both. Fast accumulation only with per-tensor scales. Data, D, bias, pre_gelu and block
+// scales 16-byte aligned. Anything else is an llmc::Error naming the argument, thrown before cuBLASLt is asked; a
+// combination cuBLASLt does not run on this GPU (no FP8 tensor cores, block scales below compute capability 9.0, an
+// epilogue its heuristic has no kernel for) is an llmc::Error naming the combination and cuBLASLt's status.
+// Not offered: FP8 outputs, and the amax of D (cuBLASLt computes AMAX_D only for FP8 outputs).
 struct Fp8Operand {
   const uint8_t* data = nullptr;     // (rows, K) row-major FP8 codes
   Fp8Format format = Fp8Format::E4M3;
@@ -74,7 +80,9 @@ void matmul_fp8(bf16* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N,
 void matmul_fp8(float* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
                 cudaStream_t stream);
 // Whether cuBLASLt on this device runs this combination (FP8 tensor cores present, scale modes and epilogue
-// supported); cached. The linear layer falls back (e.g. GELU in a separate kernel) where it does not.
+// supported); cached. The linear layer falls back (e.g. GELU in a separate kernel) where it does not. False also for
+// arguments matmul_fp8 would reject. The epilogue is read from opt (bias / pre_gelu non-null); null data or scale
+// pointers are allowed here, D is taken as 256-byte aligned (as cudaMalloc returns it).
 bool matmul_fp8_supported(bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
                           const Fp8GemmOptions& opt);
 // Host reference: D (M, N) = sum_k dequant(A)[m,k] * dequant(B)[n,k] in FP64 (+ bias), from the codes and scales.

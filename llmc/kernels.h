@@ -55,30 +55,35 @@ void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int
 // ---------------------------------------------------------------------------------------------------------------
 // layernorm.cu: LayerNorm (eps = 1e-5) with FP32 statistics
 // out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward.
+// Optional out_amax / dinp_amax (may be null) in this and the other kernels that produce the input or the output
+// gradient of a linear layer: max |value written| is atomically maxed into that float (llmc/cuda_utils.cuh
+// atomic_max_amax; the caller zeroed it), the amax of the FP8 per-tensor scale of the linear that consumes it.
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias,
-                       int N, int C, cudaStream_t stream);
+                       int N, int C, cudaStream_t stream, float* out_amax = nullptr);
 void layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                            const float* bias, int N, int C);
 
 // residual (N, C) = inp1 + inp2 (rounded to bf16), then out = LayerNorm(residual) from the rounded residual.
 void fused_residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* inp1,
                                       const bf16* inp2, const bf16* weight, const bf16* bias, int N, int C,
-                                      cudaStream_t stream);
+                                      cudaStream_t stream, float* out_amax = nullptr);
 
 // dinp (N, C) += dLN/dinp;  dweight (C) += ...;  dbias (C) += ...  (FP32 parameter gradients)
 // scratch: at least layernorm_backward_scratch_floats(N, C) floats of device memory (for deterministic partial sums).
 size_t layernorm_backward_scratch_floats(int N, int C);
+// dinp_amax: max |dinp| after the addition (the final value written).
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout, const bf16* inp,
-                        const bf16* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream);
+                        const bf16* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
+                        float* dinp_amax = nullptr);
 void layernorm_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C);
 
 // ---------------------------------------------------------------------------------------------------------------
 // gelu.cu: GELU, tanh approximation (as GPT-2 / PyTorch approximate="tanh")
-void gelu_forward(bf16* out, const bf16* inp, size_t n, cudaStream_t stream);
+void gelu_forward(bf16* out, const bf16* inp, size_t n, cudaStream_t stream, float* out_amax = nullptr);
 void gelu_forward_cpu(float* out, const float* inp, size_t n);
 // dinout (n): in = d out, out = d inp = d out * gelu'(inp)
-void gelu_backward_inplace(bf16* dinout, const bf16* inp, size_t n, cudaStream_t stream);
+void gelu_backward_inplace(bf16* dinout, const bf16* inp, size_t n, cudaStream_t stream, float* dinp_amax = nullptr);
 void gelu_backward_inplace_cpu(float* dinout, const float* inp, size_t n);
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -88,13 +93,14 @@ void gelu_backward_inplace_cpu(float* dinout, const float* inp, size_t n);
 //   out (B, T, NH * HS); lse (B, NH, T) FP32 log-sum-exp of the scaled scores (natural log), saved for backward.
 //   scale = 1/sqrt(HS). Query head h uses kv head h / (NH / NKV).
 void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int NKV, int HS,
-                       cudaStream_t stream);
+                       cudaStream_t stream, float* out_amax = nullptr);
 void attention_forward_cpu(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int HS);
 // dqkv (B, T, (NH + 2*NKV) * HS) is OVERWRITTEN with the gradient w.r.t. qkv.
 // scratch: at least attention_backward_scratch_floats(B, T, NH, HS) floats of device memory.
 size_t attention_backward_scratch_floats(int B, int T, int NH, int HS);
 void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
-                        const float* lse, int B, int T, int NH, int NKV, int HS, cudaStream_t stream);
+                        const float* lse, int B, int T, int NH, int NKV, int HS, cudaStream_t stream,
+                        float* dqkv_amax = nullptr);
 void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                             int B, int T, int NH, int NKV, int HS);
 
@@ -168,6 +174,11 @@ void global_norm_squared(float* partials, const float* values, size_t n, cudaStr
 void global_norm_finish(float* out, const float* partials, int count, cudaStream_t stream);
 double global_norm_cpu(const float* values, size_t n);
 
+// x (M, N) += bias (N) in place, rounded to bf16 (for FP8 GEMMs whose epilogue cannot add the bias: block scales);
+// amax: max |result|. N a multiple of 8.
+void add_bias(bf16* x, const bf16* bias, int M, int N, cudaStream_t stream, float* amax = nullptr);
+void add_bias_cpu(float* x, const float* bias, int M, int N);
+
 void convert_float_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
 void convert_bf16_to_float(float* out, const bf16* in, size_t n, cudaStream_t stream);
 
@@ -183,7 +194,8 @@ void adamw_update(float* master, bf16* params, const float* grads, float* m, flo
                   cudaStream_t stream);
 void adamw_update_cpu(float* master, float* params, const float* grads, float* m, float* v, size_t n, float lr,
                       float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale);
-// grad_scale[0] = (clip > 0 && norm[0] > clip) ? clip / norm[0] : 1   (device memory; norm from global_norm_finish)
+// grad_scale[0] = (clip > 0 && norm[0] > clip) ? clip / norm[0] : 1   (device memory; norm from global_norm_finish);
+// NaN when norm[0] is not finite, and adamw_update then leaves everything unchanged (a skipped step).
 void clip_scale_from_norm(float* grad_scale, const float* norm, float clip, cudaStream_t stream);
 
 }  // namespace llmc

@@ -12,9 +12,9 @@ constexpr float kLayerNormEps = 1e-5f;
 constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels (one warp per row)
 
 // Normalises one row x (C) held in global memory into out (C) with one warp; returns mean and rstd (same in all
-// lanes). Lane l handles the 8-channel chunks l, l + 32, ...; the row is read three times (L1/L2 hits after the first).
-__device__ inline void layernorm_row(bf16* out, float& mean, float& rstd, const bf16* x, const bf16* weight,
-                                     const bf16* bias, int C, int lane) {
+// lanes) and raises out_amax_bits to the bits of the largest |out| this lane wrote. Lane l handles the 8-channel chunks l, l + 32, ...; the row is read three times (L1/L2 hits after the first).
+__device__ inline void layernorm_row(bf16* out, float& mean, float& rstd, unsigned& out_amax_bits, const bf16* x,
+                                     const bf16* weight, const bf16* bias, int C, int lane) {
   float sum = 0.0f;
   for (int c = lane * 8; c < C; c += kWarpSize * 8) {
     const x128 p = load128(x + c);
@@ -41,29 +41,40 @@ __device__ inline void layernorm_row(bf16* out, float& mean, float& rstd, const 
     for (int k = 0; k < 8; k++) {
       const float xhat = (__bfloat162float(p[k]) - mean) * rstd;
       y[k] = __float2bfloat16_rn(xhat * __bfloat162float(w[k]) + __bfloat162float(b[k]));
+      out_amax_bits = max(out_amax_bits, amax_bits(fabsf(__bfloat162float(y[k]))));
     }
     store128(out + c, y);
   }
 }
 
-// out (N, C) = LayerNorm(inp (N, C)); mean, rstd (N) (either may be null: not saved).
-__global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
-                                         const bf16* bias, int N, int C) {
+// max |out| of the warp's row into *amax (one atomic per warp; amax may be null).
+__device__ inline void report_row_amax(float* amax, unsigned bits, int lane) {
+  if (amax == nullptr) return;
+  bits = warp_max_bits(bits);
+  if (lane == 0) atomic_max_amax(amax, bits);
+}
+
+// out (N, C) = LayerNorm(inp (N, C)); mean, rstd (N) (either may be null: not saved); amax: max |out| (or null).
+__global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, float* amax, const bf16* inp,
+                                         const bf16* weight, const bf16* bias, int N, int C) {
   const int lane = threadIdx.x % kWarpSize;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (row >= N) return;
   float m, s;
-  layernorm_row(out + static_cast<size_t>(row) * C, m, s, inp + static_cast<size_t>(row) * C, weight, bias, C, lane);
+  unsigned bits = 0;
+  layernorm_row(out + static_cast<size_t>(row) * C, m, s, bits, inp + static_cast<size_t>(row) * C, weight, bias, C,
+                lane);
   if (lane == 0) {
     if (mean) mean[row] = m;
     if (rstd) rstd[row] = s;
   }
+  report_row_amax(amax, bits, lane);
 }
 
 // residual (N, C) = bf16(inp1 + inp2); out = LayerNorm(residual). Each lane re-reads only what it wrote itself.
-__global__ void fused_residual_layernorm_kernel(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* inp1,
-                                                const bf16* inp2, const bf16* weight, const bf16* bias, int N,
-                                                int C) {
+__global__ void fused_residual_layernorm_kernel(bf16* residual, bf16* out, float* mean, float* rstd, float* amax,
+                                                const bf16* inp1, const bf16* inp2, const bf16* weight,
+                                                const bf16* bias, int N, int C) {
   const int lane = threadIdx.x % kWarpSize;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (row >= N) return;
@@ -77,11 +88,13 @@ __global__ void fused_residual_layernorm_kernel(bf16* residual, bf16* out, float
     store128(residual + offset + c, r);
   }
   float m, s;
-  layernorm_row(out + offset, m, s, residual + offset, weight, bias, C, lane);
+  unsigned bits = 0;
+  layernorm_row(out + offset, m, s, bits, residual + offset, weight, bias, C, lane);
   if (lane == 0) {
     if (mean) mean[row] = m;
     if (rstd) rstd[row] = s;
   }
+  report_row_amax(amax, bits, lane);
 }
 
 static void check_layernorm_args(const char* kernel, const void* out, const void* inp, const void* weight,
@@ -94,24 +107,25 @@ static void check_layernorm_args(const char* kernel, const void* out, const void
 }
 
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias,
-                       int N, int C, cudaStream_t stream) {
+                       int N, int C, cudaStream_t stream, float* out_amax) {
   check_layernorm_args("layernorm_forward", out, inp, weight, bias, C);
   if (N <= 0) return;
   const int grid = static_cast<int>(ceil_div(N, kRowsPerBlock));
-  layernorm_forward_kernel<<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  layernorm_forward_kernel<<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(out, mean, rstd, out_amax, inp, weight,
+                                                                            bias, N, C);
   CUDA_CHECK_LAUNCH();
 }
 
 void fused_residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* inp1,
                                       const bf16* inp2, const bf16* weight, const bf16* bias, int N, int C,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, float* out_amax) {
   check_layernorm_args("fused_residual_layernorm_forward", out, inp1, weight, bias, C);
   require_aligned16("fused_residual_layernorm_forward", "inp2", inp2);
   require_aligned16("fused_residual_layernorm_forward", "residual", residual);
   if (N <= 0) return;
   const int grid = static_cast<int>(ceil_div(N, kRowsPerBlock));
-  fused_residual_layernorm_kernel<<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(residual, out, mean, rstd, inp1,
-                                                                                  inp2, weight, bias, N, C);
+  fused_residual_layernorm_kernel<<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(residual, out, mean, rstd, out_amax,
+                                                                                  inp1, inp2, weight, bias, N, C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -137,8 +151,9 @@ void layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* in
 //   dinp = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat));  dweight = sum_rows dout * xhat;  dbias = sum_rows dout
 
 // dinp (N, C) += the row gradient above. One warp per row; two passes over the row.
-__global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* weight,
-                                               const float* mean, const float* rstd, int N, int C) {
+__global__ void layernorm_backward_dinp_kernel(bf16* dinp, float* dinp_amax, const bf16* dout, const bf16* inp,
+                                               const bf16* weight, const float* mean, const float* rstd, int N,
+                                               int C) {
   const int lane = threadIdx.x % kWarpSize;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (row >= N) return;
@@ -158,6 +173,7 @@ __global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, con
   }
   const float mean_g = warp_sum(sum_g) / C;
   const float mean_g_xhat = warp_sum(sum_g_xhat) / C;
+  unsigned bits = 0;
   for (int c = lane * 8; c < C; c += kWarpSize * 8) {
     const x128 d = load128(dout + offset + c);  // plain loads: the param-partials kernel reads dout, inp next
     const x128 x = load128(inp + offset + c);
@@ -168,9 +184,11 @@ __global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, con
       const float g = __bfloat162float(w[k]) * __bfloat162float(d[k]);
       const float xhat = (__bfloat162float(x[k]) - m) * s;
       di[k] = __float2bfloat16_rn(__bfloat162float(di[k]) + (g - mean_g - xhat * mean_g_xhat) * s);
+      bits = max(bits, amax_bits(fabsf(__bfloat162float(di[k]))));
     }
     store128(dinp + offset + c, di);
   }
+  report_row_amax(dinp_amax, bits, lane);
 }
 
 // Stage 1 of dweight / dbias: one thread per (row chunk, 8 channels) sums dout * xhat and dout over the chunk's rows
@@ -216,7 +234,8 @@ size_t layernorm_backward_scratch_floats(int N, int C) {
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout, const bf16* inp,
-                        const bf16* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+                        const bf16* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
+                        float* dinp_amax) {
   const char* kernel = "layernorm_backward";
   require_multiple_of_8(kernel, "C", C);
   require_aligned16(kernel, "dinp", dinp);
@@ -226,7 +245,7 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
   require_aligned16(kernel, "weight", weight);
   if (N <= 0) return;
   layernorm_backward_dinp_kernel<<<static_cast<int>(ceil_div(N, kRowsPerBlock)), kRowsPerBlock * kWarpSize, 0,
-                                   stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+                                   stream>>>(dinp, dinp_amax, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
 
   const int num_chunks = num_row_chunks(N);

@@ -14,6 +14,7 @@
 // and the telemetry buffers.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,8 @@ class Linear {
   LinearKind kind_;
   int layer_, N_, K_, max_rows_;
   LinearPlan plan_;
+  // Quantises src (q.rows, q.cols) into q: block scales, or the per-tensor slot's scale (current / delayed).
+  void quantize(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, cudaStream_t s);
   // FP8 operands. Per-tensor slots index into the PrecisionState arrays (-1 = none).
   int x_slot_ = -1, w_slot_ = -1, dy_slot_ = -1;
   QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step
@@ -96,6 +99,7 @@ class Linear {
   bool have_saved_input_ = false;
   int saved_rows_ = 0;
   void* memory_ = nullptr;  // one allocation for wq_ and x_saved_
+  size_t memory_bytes_ = 0;
 };
 
 // Telemetry of one quantised tensor at one step.
@@ -106,7 +110,7 @@ struct TensorNumerics {
 
 class PrecisionState {
  public:
-  PrecisionState(const PrecisionRecipe& recipe);
+  explicit PrecisionState(const PrecisionRecipe& recipe);
   ~PrecisionState();
   PrecisionState(const PrecisionState&) = delete;
   PrecisionState& operator=(const PrecisionState&) = delete;
@@ -117,27 +121,48 @@ class PrecisionState {
   // Before a forward / backward: zeroes the producer amax slots (current scaling).
   void begin_forward(cudaStream_t s);
   void begin_backward(cudaStream_t s);
-  // After an optimizer step that was applied: delayed scaling records the step's amaxes and computes new scales
-  // (one launch for all tensors); the weights changed.
+  // After an optimizer step that was applied: the weights changed (every linear re-quantises its weight), and delayed
+  // scaling records the step's amaxes (MAX-reduced over ranks by the reducer, if set) into the histories and computes
+  // new scales, one launch for all tensors.
   void end_step(cudaStream_t s);
-  // Telemetry: when enabled, every quantisation in the following forward/backward also measures its numerics;
-  // collect_numerics() returns them (synchronises) and disables it again.
+  // The weights changed without a step (upload, resume).
+  void weights_changed();
+  // A step the divergence guard skipped: the amaxes it recorded for delayed scaling are dropped.
+  void discard_step(cudaStream_t s);
+  void set_amax_reducer(std::function<void(float*, int, cudaStream_t)> reducer) { amax_reducer_ = std::move(reducer); }
+  // Telemetry: when requested, every quantisation of the following training forward/backward also measures its
+  // numerics (once per tensor); collect_numerics() returns them (synchronises) and ends the request.
   void request_numerics() { numerics_requested_ = true; }
   bool numerics_requested() const { return numerics_requested_; }
   std::vector<TensorNumerics> collect_numerics(cudaStream_t s);
 
-  // Checkpointed state (delayed scaling: scales, amax histories, ring position), as named FP32 host arrays.
-  nlohmann::json describe() const;  // {"slots": [...names...], "history_len": n, "history_pos": p}
-  void download(std::vector<float>* scales, std::vector<float>* history, int* history_pos) const;
-  void upload(const std::vector<float>& scales, const std::vector<float>& history, int history_pos);
+  // Checkpointed state (delayed scaling: scales, amax histories, ring position). describe() names the slots;
+  // download gives scales = [scale (n) | scale_inv (n)] and history (n, history_len); upload checks the description
+  // against this run (a different recipe or model is a clear error).
   int num_slots() const { return static_cast<int>(slot_names_.size()); }
+  // Device memory of the FP8 machinery: every linear's cached FP8 weight and saved FP8 input, the shared scratch and
+  // the scaling arrays (planned sizes; allocated at the first forward).
+  size_t device_bytes() const;
+  nlohmann::json describe() const;
+  void download(std::vector<float>* scales, std::vector<float>* history) const;
+  void upload(const nlohmann::json& description, const std::vector<float>& scales, const std::vector<float>& history);
 
  private:
   friend class Linear;
   int new_slot(const std::string& name, Fp8Format f);
-  void allocate();  // on first use, once every linear is registered
-  uint8_t* scratch(size_t bytes, int which);  // shared FP8 scratch buffers (0: x/dy codes, 1: dy transposed, ...)
-  float* scratch_scales(size_t floats, int which);
+  void reserve(int which, size_t bytes, size_t scale_floats);  // scratch a linear needs at its largest M
+  void ensure_allocated();  // on first use, once every linear is registered
+  uint8_t* scratch(int which);
+  float* scratch_scales(int which);
+  // Slot i lives at index kSlotStride * i of the device arrays: cuBLASLt wants every scale pointer 16-byte aligned.
+  // The entries in between are inert (amax 0 keeps their scale at 1 in the delayed update).
+  static constexpr int kSlotStride = 4;
+  float* scale_ptr(int slot) { return scale_ + kSlotStride * slot; }
+  float* scale_inv_ptr(int slot) { return scale_inv_ + kSlotStride * slot; }
+  float* amax_ptr(int slot) const { return amax_ + kSlotStride * slot; }
+  float* temp_amax() { return amax_ + kSlotStride * slot_names_.size(); }  // the spare slot (delayed's first step)
+  size_t padded_slots() const { return kSlotStride * (slot_names_.size() + 1); }
+  bool history_started() const { return steps_recorded_ > 0; }
   void record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s);
 
   PrecisionRecipe recipe_;
@@ -145,18 +170,19 @@ class PrecisionState {
   std::vector<std::string> slot_names_;
   std::vector<uint8_t> slot_formats_;
   bool allocated_ = false;
-  // device arrays (num_slots): scale, scale_inv, amax; formats; history (num_slots, history_len)
-  float* scale_ = nullptr;
-  float* scale_inv_ = nullptr;
-  float* amax_ = nullptr;
-  uint8_t* formats_ = nullptr;
-  float* history_ = nullptr;
+  void* device_memory_ = nullptr;  // one allocation for everything below
+  float* scale_ = nullptr;         // (padded_slots) quantisation multipliers
+  float* scale_inv_ = nullptr;     // (padded_slots)
+  float* amax_ = nullptr;          // (padded_slots) amax slots (+ the spare)
+  uint8_t* formats_ = nullptr;     // (padded_slots) Fp8Format of each slot
+  float* history_ = nullptr;       // (padded_slots, history_len) delayed scaling ring buffers
   int history_len_ = 1;
   int history_pos_ = 0;
-  // scratch
-  std::vector<void*> scratch_ptrs_;
-  std::vector<size_t> scratch_bytes_;
-  // telemetry
+  long long steps_recorded_ = 0;
+  std::function<void(float*, int, cudaStream_t)> amax_reducer_;
+  std::vector<size_t> scratch_bytes_, scratch_floats_;
+  std::vector<uint8_t*> scratch_ptrs_;
+  std::vector<float*> scratch_scale_ptrs_;
   bool numerics_requested_ = false;
   std::vector<std::string> numerics_names_;
   double* numerics_ = nullptr;  // (capacity, kQuantStatsSlots)

@@ -25,6 +25,7 @@
 namespace llmc {
 
 using bf16 = __nv_bfloat16;
+class PrecisionState;  // llmc/linear.h
 
 // Called during backward, on the compute stream, once the gradients of block `layer` are final for this micro-step
 // (every later launch leaves them alone); layer = -1 once the embeddings and the final norm are final too (the last
@@ -58,8 +59,13 @@ class Model {
                        cudaStream_t s) = 0;
   // After forward with grad_scale > 0: ACCUMULATES the parameter gradients into grads() (the caller zeroes them).
   virtual void backward(cudaStream_t s) = 0;
-  // The weights in params() changed (optimizer step, upload): cached FP8 copies are stale.
+  // The weights in params() changed without an optimizer step (upload, resume): cached FP8 copies are stale.
   virtual void weights_changed() {}
+  // After an optimizer step was applied: the weights changed, and delayed FP8 scaling turns the step's amaxes into
+  // the next scales. Not called for a skipped step.
+  virtual void end_step(cudaStream_t s) { weights_changed(); }
+  // The FP8 scaling state (checkpoints, numerics telemetry); null for a model without FP8 linears.
+  virtual PrecisionState* precision_state() { return nullptr; }
 
   // Mean per-token loss over the non-ignored targets of the last forward (synchronises the stream).
   float mean_loss(cudaStream_t s);
@@ -69,7 +75,7 @@ class Model {
   const bf16* logits() const;
   void zero_grads(cudaStream_t s);
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
-  void set_amax_reducer(AmaxReducer reducer) { amax_reducer_ = std::move(reducer); }
+  void set_amax_reducer(AmaxReducer reducer);
 
  protected:
   Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe);
@@ -102,7 +108,6 @@ class Model {
   bool last_wrote_dlogits_ = false;
   std::vector<int> last_targets_;  // host copy, for the mean over non-ignored tokens
   GradReadyHook grad_ready_;
-  AmaxReducer amax_reducer_;
 };
 
 // Hands out 256-byte aligned pieces of one allocation (first pass: base = null, only counts the bytes). The models

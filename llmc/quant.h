@@ -7,6 +7,8 @@
 //   pow2: scale = pow2_floor(scale);  scale is clamped to [2^-126, FLT_MAX] before that (a tiny amax never gives inf);
 //   amax == 0 or not finite: per-tensor paths keep the previous scale; blocks use scale = 1.
 //   scale_inv = 1.0f / scale.
+//   (FP32 division and product correctly rounded on both sides: llmc/quant.cu uses __fdiv_rn / __fmul_rn on the device
+//   and must not be compiled with --use_fast_math.)
 //
 // Where the amax comes from, per recipe:
 //   current per-tensor: the kernel that PRODUCES the tensor (layernorm, gelu, attention, their backwards...) writes
@@ -42,7 +44,10 @@ void fp8_scale_from_amax(float* scale, float* scale_inv, const float* amax, Fp8F
 //   amax (count): this step's amax of each tensor (reset to 0 after it is recorded);
 //   scale, scale_inv (count): replaced by the scale from max(history) (use_max) or from the recorded amax alone
 //     (most recent), with fp8_max of formats[i] and the margin; kept where that amax is 0 or not finite.
-// pos is the caller's step counter modulo len.
+//   formats (count): uint8_t(Fp8Format) per tensor (the device treats 1 as E5M2 and anything else as E4M3; the host
+//     reference throws on a value that is not an Fp8Format).
+// The max over the history ignores NaN entries (fmaxf, as Transformer Engine) and an infinite entry keeps the previous
+// scale for as long as it is in the window. pos is the caller's step counter modulo len; margin in [-64, 64].
 void fp8_delayed_scaling_update(float* history, float* amax, float* scale, float* scale_inv, const uint8_t* formats,
                                 int count, int len, int pos, bool use_max, int margin, bool pow2, cudaStream_t stream);
 void fp8_delayed_scaling_update_cpu(float* history, float* amax, float* scale, float* scale_inv,
@@ -65,7 +70,9 @@ void fp8_quantize_tensorwise_cpu(uint8_t* data, uint8_t* data_t, float* amax_out
 // Block-wise (q.granularity Block1x128 or Block128x128): every block's scale from its own amax (margin 0), the
 // codes and GEMM-ready scale_inv of q.data (if non-null) and of q.data_t (if non-null), in one pass over x. For
 // Block1x128 the transposed copy is quantised from x along rows (never by transposing the 1x128 codes). If q.amax
-// is non-null it receives max |x| (overwritten).
+// is non-null it receives max |x| (overwritten: a cudaMemsetAsync to 0 on the stream, then an atomic max per tile).
+// Both copies need q.data / q.data_t 16-byte aligned; data_t rows use 16-byte stores when rows % 16 == 0 and byte
+// stores otherwise (correct for any rows, slower).
 void fp8_quantize_blockwise(const QTensor& q, const bf16* x, bool pow2, cudaStream_t stream);
 // Host reference: scale_inv / scale_inv_t in the GEMM-ready layouts (padding entries 1).
 void fp8_quantize_blockwise_cpu(uint8_t* data, float* scale_inv, uint8_t* data_t, float* scale_inv_t, const float* x,
@@ -81,13 +88,17 @@ void fp8_dequantize_cpu(float* out, const uint8_t* data, const float* scale_inv,
 // Numerics telemetry of one quantisation: x (rows, cols) bf16 and q.data quantised from it.
 struct QuantStats {
   double amax = 0;             // max |x|
-  double scale = 0;            // per-tensor: the scale used; blocks: the smallest block scale
-  double saturated_frac = 0;   // fraction of elements with |x * scale| >= fp8_max (clipped or exactly at max)
+  double scale = 0;            // 1 / scale_inv: per-tensor, the scale used; blocks, the smallest block scale
+                               // (1 / the largest scale_inv of a real block, padding entries excluded)
+  double saturated_frac = 0;   // fraction of elements whose code is +-fp8_max (clipped, or rounded up to max)
   double underflow_frac = 0;   // fraction of nonzero x whose code is +-0
   double snr_db = 0;           // 10 log10(sum x^2 / sum (x - dequant(q))^2); +inf when exact
 };
 // Writes the raw sums for one tensor into stats_out (kQuantStatsSlots doubles on the device: amax, min scale,
-// saturated count, underflow count, nonzero count, sum x^2, sum err^2, element count), deterministically.
+// saturated count, underflow count, nonzero count, sum x^2, sum err^2, element count), deterministically: a fixed grid
+// of per-block partials (FP64, fixed reduction order) combined by one block in a fixed order; the partials live in
+// stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on `stream`). err = x - dequant(q) as fp8_dequantize
+// computes it. The host reference sums in another order: counts, amax and scale agree exactly, the sums to ~1e-12.
 constexpr int kQuantStatsSlots = 8;
 void fp8_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream);
 QuantStats finish_quant_stats(const double* host_slots);  // the 8 slots (downloaded) -> fractions and dB

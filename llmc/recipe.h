@@ -25,7 +25,7 @@ struct RoleSpec {
 
 // The resolved `precision` section.
 struct PrecisionRecipe {
-  std::string name = "bf16";     // bf16 | fp8_tensorwise | fp8_delayed | fp8_blockwise
+  std::string recipe = "bf16";   // the preset: bf16 | fp8_tensorwise | fp8_delayed | fp8_blockwise
   bool fp8 = false;              // false: every GEMM in BF16 (the fields below are ignored)
   RoleSpec x{Fp8Format::E4M3, ScaleGranularity::Tensor};
   RoleSpec w{Fp8Format::E4M3, ScaleGranularity::Tensor};

@@ -1,5 +1,5 @@
-// llmc/reduce: deterministic reductions (bias gradient, column partial sums, global gradient norm) and the
-// float <-> bf16 conversions; kernels and CPU references. No float atomics: every sum has a fixed shape and order.
+// llmc/reduce: deterministic reductions (bias gradient, column partial sums, global gradient norm), the
+// float <-> bf16 conversions and the bias add of GEMMs whose epilogue cannot add it; kernels and CPU references. No float atomics: every sum has a fixed shape and order.
 #include <cmath>
 #include <vector>
 
@@ -151,6 +151,44 @@ __global__ void convert_float_to_bf16_kernel(bf16* out, const float* in, size_t 
 __global__ void convert_bf16_to_float_kernel(float* out, const bf16* in, size_t n) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
+// x (M, N) += bias (N), 8 columns per thread; optional amax of the result (one atomic per warp).
+__global__ void add_bias_kernel(bf16* x, float* amax, const bf16* bias, size_t rows, int N) {
+  const int N8 = N / 8;
+  const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned bits = 0;
+  if (idx < rows * N8) {
+    const int c = static_cast<int>(idx % N8) * 8;
+    bf16* p = x + (idx / N8) * N + c;
+    x128 v = load128(p);
+    const x128 b = load128(bias + c);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      v[k] = __float2bfloat16_rn(__bfloat162float(v[k]) + __bfloat162float(b[k]));
+      bits = max(bits, amax_bits(fabsf(__bfloat162float(v[k]))));
+    }
+    store128(p, v);
+  }
+  if (amax != nullptr) {
+    bits = warp_max_bits(bits);
+    if (threadIdx.x % kWarpSize == 0) atomic_max_amax(amax, bits);
+  }
+}
+
+void add_bias(bf16* x, const bf16* bias, int M, int N, cudaStream_t stream, float* amax) {
+  require_multiple_of_8("add_bias", "N", N);
+  require_aligned16("add_bias", "x", x);
+  require_aligned16("add_bias", "bias", bias);
+  if (M <= 0) return;
+  const size_t threads = static_cast<size_t>(M) * (N / 8);
+  add_bias_kernel<<<ceil_div(threads, 256), 256, 0, stream>>>(x, amax, bias, static_cast<size_t>(M), N);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_bias_cpu(float* x, const float* bias, int M, int N) {
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) x[static_cast<size_t>(m) * N + n] += bias[n];
 }
 
 void convert_float_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream) {

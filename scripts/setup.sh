@@ -56,3 +56,13 @@ if [ ${#py_missing[@]} -gt 0 ]; then
 else
   say "python packages present"
 fi
+
+# Optional Python packages: their tests are skipped (exit 77) without them, so a failed install is not an error.
+#   ml_dtypes: the reference FP8 / bf16 casts that test/cpu/test_fp8_vectors.py regenerates the vectors with.
+for mod in ml_dtypes; do
+  if ! python3 -c "import $mod" >/dev/null 2>&1; then
+    say "installing optional Python package: $mod"
+    python3 -m pip install -q "$mod" 2>/dev/null || python3 -m pip install -q --break-system-packages "$mod" 2>/dev/null ||
+      say "could not install $mod (optional: the tests that need it are skipped)"
+  fi
+done

@@ -94,7 +94,11 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 53u);  // 11 model keys + the 42 fields of the other sections
+  EXPECT_EQ(docs.size(), 72u);  // 13 model keys + 16 precision keys + the 43 fields of the other sections
+  EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
+  EXPECT_EQ(doc("precision.bf16_layers").default_value, "[]");
+  EXPECT_EQ(doc("precision.dy_format").default_value, "\"e5m2\"");
+  EXPECT_EQ(doc("precision.x_granularity").default_value, "\"tensor\"");
   EXPECT_EQ(doc("train.lr").default_value, json(6e-4).dump());
   EXPECT_EQ(doc("train.lr").type, "float");
   EXPECT_EQ(doc("train.steps").default_value, "100");
@@ -144,25 +148,74 @@ TEST(Config, LoadsFromFileWithComments) {
 TEST(Config, EveryModelPresetLoads) {
   struct Expected {
     const char* name;
-    int layers, embd, heads, context;
+    int layers, embd, heads, kv_heads, ffn, context;
+    bool tied;
+    float theta;
   };
-  const Expected presets[] = {{"gpt2-tiny", 2, 128, 2, 256},      {"gpt2-mini", 6, 384, 6, 512},
-                              {"gpt2-124m", 12, 768, 12, 1024},   {"gpt2-350m", 24, 1024, 16, 1024},
-                              {"gpt2-774m", 36, 1280, 20, 1024},  {"gpt2-1558m", 48, 1600, 25, 1024}};
+  const Expected presets[] = {
+      {"gpt2-tiny", 2, 128, 2, 2, 512, 256, true, 10000.0f},
+      {"gpt2-mini", 6, 384, 6, 6, 1536, 512, true, 10000.0f},
+      {"gpt2-124m", 12, 768, 12, 12, 3072, 1024, true, 10000.0f},
+      {"gpt2-350m", 24, 1024, 16, 16, 4096, 1024, true, 10000.0f},
+      {"gpt2-774m", 36, 1280, 20, 20, 5120, 1024, true, 10000.0f},
+      {"gpt2-1558m", 48, 1600, 25, 25, 6400, 1024, true, 10000.0f},
+      {"llama-tiny", 2, 128, 2, 1, 512, 256, false, 10000.0f},
+      {"llama-125m", 12, 768, 12, 4, 2048, 2048, true, 500000.0f},
+      {"llama-350m", 24, 1024, 16, 4, 2816, 2048, true, 500000.0f},
+      {"llama-1b", 16, 2048, 32, 8, 8192, 2048, true, 500000.0f},
+      {"llama-3b", 28, 3072, 24, 8, 8192, 2048, true, 500000.0f}};
   EXPECT_EQ(llmc::model_preset_names().size(), std::size(presets));
   for (const Expected& p : presets) {
-    RunConfig cfg = llmc::load_config_json(with("model", "preset", p.name), {});
+    json j = with("model", "preset", p.name);
+    j["train"]["seq_len"] = 64;
+    RunConfig cfg = llmc::load_config_json(j, {});
     EXPECT_EQ(cfg.model_preset, p.name);
+    EXPECT_EQ(cfg.model.arch, std::string(p.name).substr(0, std::string(p.name).find('-'))) << p.name;
     EXPECT_EQ(cfg.model.n_layer, p.layers) << p.name;
     EXPECT_EQ(cfg.model.n_embd, p.embd) << p.name;
     EXPECT_EQ(cfg.model.n_head, p.heads) << p.name;
-    EXPECT_EQ(cfg.model.n_kv_head, p.heads) << p.name;
+    EXPECT_EQ(cfg.model.n_kv_head, p.kv_heads) << p.name;
     EXPECT_EQ(cfg.model.max_seq_len, p.context) << p.name;
-    EXPECT_EQ(cfg.model.ffn_hidden, 4 * p.embd) << p.name;
+    EXPECT_EQ(cfg.model.ffn_hidden, p.ffn) << p.name;
+    EXPECT_EQ(cfg.model.tied_embeddings, p.tied) << p.name;
+    EXPECT_FLOAT_EQ(cfg.model.rope_theta, p.theta) << p.name;
     EXPECT_EQ(cfg.model.vocab_size, 50257) << p.name;
     EXPECT_EQ(cfg.model.padded_vocab_size, 50304) << p.name;
-    EXPECT_EQ(cfg.model.arch, "gpt2");
   }
+}
+
+// Keys that follow others (n_kv_head follows n_head, ffn_hidden follows n_embd and the arch) keep a preset's value
+// unless the key they follow is given; without a preset they are always derived.
+TEST(Config, LlamaDerivedKeys) {
+  json j = with("model", "preset", "llama-1b");
+  RunConfig cfg = llmc::load_config_json(j, {});
+  EXPECT_EQ(cfg.model.n_kv_head, 8);
+  EXPECT_EQ(cfg.model.ffn_hidden, 8192);
+  cfg = llmc::load_config_json(j, {"model.n_layer=4"});  // unrelated key: the preset's sizes stay
+  EXPECT_EQ(cfg.model.n_kv_head, 8);
+  EXPECT_EQ(cfg.model.ffn_hidden, 8192);
+  cfg = llmc::load_config_json(j, {"model.n_head=16"});  // head size 128, n_kv_head follows n_head
+  EXPECT_EQ(cfg.model.n_kv_head, 16);
+  cfg = llmc::load_config_json(j, {"model.n_head=16", "model.n_kv_head=4"});
+  EXPECT_EQ(cfg.model.n_kv_head, 4);
+  cfg = llmc::load_config_json(j, {"model.n_embd=1024", "model.n_head=16"});  // the 8C/3 rule, rounded up to 256
+  EXPECT_EQ(cfg.model.ffn_hidden, 2816);
+  // No preset: gpt2-124m's shape with the llama rules.
+  json k = base_config();
+  k["model"] = {{"arch", "llama"}};
+  k["train"]["seq_len"] = 64;
+  cfg = llmc::load_config_json(k, {});
+  EXPECT_EQ(cfg.model.arch, "llama");
+  EXPECT_EQ(cfg.model.n_kv_head, 12);
+  EXPECT_EQ(cfg.model.ffn_hidden, 2048);
+  EXPECT_TRUE(cfg.model.tied_embeddings);
+  EXPECT_FLOAT_EQ(cfg.model.rope_theta, 10000.0f);
+  // Llama 3's own vocabulary: already a multiple of 128.
+  cfg = llmc::load_config_json(j, {"model.vocab_size=128256"});
+  EXPECT_EQ(cfg.model.padded_vocab_size, 128256);
+  cfg = llmc::load_config_json(j, {"model.tied_embeddings=false", "model.rope_theta=10000"});
+  EXPECT_FALSE(cfg.model.tied_embeddings);
+  EXPECT_FLOAT_EQ(cfg.model.rope_theta, 10000.0f);
 }
 
 TEST(Config, ExplicitModelKeysOverrideThePreset) {
@@ -192,8 +245,39 @@ TEST(Config, PaddedVocabRoundsUp) {
 }
 
 TEST(Config, RecipeNames) {
-  EXPECT_EQ(llmc::recipe_names(), std::vector<std::string>{"bf16"});
+  EXPECT_EQ(llmc::recipe_names(),
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"}));
   EXPECT_EQ(llmc::load_config_json(with("precision", "recipe", "bf16"), {}).precision.recipe, "bf16");
+}
+
+// The recipe preset fills the precision section; explicit keys (file or --set) override single fields.
+TEST(Config, RecipePresetAndOverrides) {
+  llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "fp8_blockwise"), {});
+  EXPECT_TRUE(c.precision.fp8);
+  EXPECT_EQ(c.precision.x.granularity, llmc::ScaleGranularity::Block1x128);
+  EXPECT_EQ(c.precision.w.granularity, llmc::ScaleGranularity::Block128x128);
+  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E4M3);
+  EXPECT_TRUE(c.precision.pow2_scales);
+  EXPECT_FALSE(c.precision.fast_accum);
+
+  json j = with("precision", "recipe", "fp8_delayed");
+  j["precision"]["amax_history_len"] = 16;
+  j["precision"]["bf16_layers"] = json::array({0, -1});
+  c = llmc::load_config_json(j, {"precision.margin=1", "precision.dy_format=e4m3"});
+  EXPECT_EQ(c.precision.scaling, llmc::ScalingMode::Delayed);
+  EXPECT_EQ(c.precision.amax_history_len, 16);
+  EXPECT_EQ(c.precision.margin, 1);
+  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E4M3);
+  EXPECT_EQ(c.precision.bf16_layers, (std::vector<int>{0, -1}));
+
+  // The resolved config reloads to the same precision section (presets expanded, every field explicit).
+  const json dumped = llmc::config_to_json(c);
+  EXPECT_EQ(dumped["precision"]["recipe"], "fp8_delayed");
+  EXPECT_EQ(dumped["precision"]["dy_format"], "e4m3");
+  EXPECT_EQ(dumped["precision"]["bf16_layers"], json::array({0, -1}));
+  json reload = dumped;
+  reload["data"]["train"] = "x";
+  EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(reload, {}))["precision"], dumped["precision"]);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -341,18 +425,56 @@ TEST(ConfigErrors, OutOfRange) {
       {"model", "padded_vocab_multiple", 0, "model.padded_vocab_multiple must be >= 1"},
       {"model", "norm_eps", 0.0, "model.norm_eps must be > 0"},
       {"model", "n_kv_head", 0, "model.n_kv_head must be >= 1"},
+      {"model", "rope_theta", 0.0, "model.rope_theta must be > 0"},
+      {"model", "rope_theta", -1.0, "model.rope_theta must be > 0"},
       {"data", "seed", -1, "data.seed must be >= 0"},
   };
   for (const Case& c : cases) expect_error(load_error(with(c.section, c.key, c.value)), {c.expect});
 }
 
+TEST(ConfigErrors, PrecisionCombinations) {
+  auto recipe = [](const char* name) { return with("precision", "recipe", name); };
+  json j = recipe("fp8_blockwise");
+  j["precision"]["fast_accum"] = true;
+  expect_error(load_error(j), {"precision.fast_accum", "block scales", "split"});
+  j = recipe("fp8_blockwise");
+  j["precision"]["scaling"] = "delayed";
+  expect_error(load_error(j), {"precision.scaling", "delayed", "block"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["w_granularity"] = "128x128";
+  expect_error(load_error(j), {"cannot mix per-tensor and block scales"});
+  j = recipe("fp8_blockwise");
+  j["precision"]["x_granularity"] = "128x128";
+  expect_error(load_error(j), {"x and w are both 128x128"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["bf16_layers"] = json::array({0, 2});
+  expect_error(load_error(j), {"precision.bf16_layers", "layer 2 does not exist", "2 blocks"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["bf16_layers"] = json::array({0, "last"});
+  expect_error(load_error(j), {"precision.bf16_layers", "expected a list of integers"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["x_format"] = "e3m4";
+  expect_error(load_error(j), {"precision.x_format must be one of e4m3, e5m2", "e3m4"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["dy_granularity"] = "1x64";
+  expect_error(load_error(j), {"precision.dy_granularity must be one of tensor, 1x128, 128x128"});
+  // FP8 GEMMs: B*T and the widths must be multiples of 16 (128 with blocks).
+  j = recipe("fp8_blockwise");
+  j["train"] = {{"micro_batch", 1}, {"seq_len", 100}};
+  expect_error(load_error(j), {"micro_batch * train.seq_len", "multiple of 128"});
+  j = recipe("fp8_tensorwise");
+  j["model"] = {{"n_embd", 256}, {"n_head", 4}, {"ffn_hidden", 1000}};
+  expect_error(load_error(j), {"model.ffn_hidden (1000)", "multiples of 16"});
+}
+
 TEST(ConfigErrors, EnumerationsAndNames) {
   expect_error(load_error(with("precision", "recipe", "fp8")),
-               {"precision.recipe", "unknown recipe 'fp8'", "known in this build: bf16"});
+               {"precision.recipe", "unknown recipe 'fp8'", "known in this build: bf16, fp8_tensorwise"});
   expect_error(load_error(with("model", "preset", "gpt2-xl")),
                {"model.preset", "unknown preset 'gpt2-xl'", "gpt2-tiny", "gpt2-124m", "gpt2-1558m"});
-  expect_error(load_error(with("model", "arch", "llama")), {"model.arch", "llama", "not supported yet in this build"});
-  expect_error(load_error(with("model", "arch", "bert")), {"model.arch", "unknown architecture 'bert'"});
+  expect_error(load_error(with("model", "arch", "bert")),
+               {"model.arch", "unknown architecture 'bert'", "supported: gpt2, llama"});
+  EXPECT_EQ(load_error(with("model", "arch", "llama")), "");
   expect_error(load_error(with("checkpoint", "resume", "")), {"checkpoint.resume", "auto", "none"});
 }
 
@@ -382,6 +504,20 @@ TEST(ConfigErrors, CombinationsOfKeys) {
   expect_error(load_error(j), {"model.n_head = 4 is not divisible by model.n_kv_head = 3"});
   j["model"]["n_kv_head"] = 2;
   expect_error(load_error(j), {"model.n_kv_head = 2", "gpt2", "must equal model.n_head = 4"});
+  j["model"]["arch"] = "llama";  // grouped-query attention is llama's
+  EXPECT_EQ(load_error(j), "");
+  j["model"]["ffn_hidden"] = 1000;
+  EXPECT_EQ(load_error(j), "");
+  j["model"]["ffn_hidden"] = 1001;
+  expect_error(load_error(j), {"model.ffn_hidden = 1001 must be a multiple of 8 for llama"});
+  j["model"]["ffn_hidden"] = 1024;
+  j["model"]["n_kv_head"] = 3;
+  expect_error(load_error(j), {"model.n_head = 4 is not divisible by model.n_kv_head = 3"});
+  j["model"]["n_kv_head"] = 1;
+  j["model"]["n_head"] = 8;  // head size 32
+  expect_error(load_error(j), {"= 32 is not a supported head size"});
+  expect_error(load_error(with("model", "tied_embeddings", false)),
+               {"model.tied_embeddings = false", "gpt2 always ties"});
   json w = with("train", "warmup_steps", 11);
   expect_error(load_error(w), {"train.warmup_steps = 11 exceeds train.steps = 10"});
   expect_error(load_error(with("data", "train", "")), {"data.train is empty"});

@@ -1,5 +1,6 @@
-// test/cpu/test_model_spec: the GPT-2 parameter table (names, shapes, order, aligned non-overlapping offsets),
-// parameter counts against independent formulas, FLOPs per token, the memory estimate's structure, and the
+// test/cpu/test_model_spec: the GPT-2 and Llama parameter tables (names, shapes, order, aligned non-overlapping
+// offsets, the contiguous fused q|k|v and gate|up groups), parameter counts against independent formulas (Llama-3.2
+// 1B / 3B against their published sizes), FLOPs per token, the memory estimate's structure, the presets, and the
 // deterministic initialisation (reproducible, GPT-2 statistics, scaled residual projections, zero padding).
 #include <gtest/gtest.h>
 
@@ -58,6 +59,7 @@ TEST(ModelSpec, Gpt2_124mCounts) {
 TEST(ModelSpec, EveryPresetCountMatchesTheFormula) {
   for (const std::string& name : llmc::model_preset_names()) {
     ModelSpec s = preset(name);
+    if (s.arch != "gpt2") continue;  // llama: LlamaCounts below
     EXPECT_EQ(s.padded_vocab_size, 50304) << name;
     EXPECT_EQ(s.ffn_hidden, 4 * s.n_embd) << name;
     EXPECT_EQ(s.n_kv_head, s.n_head) << name;
@@ -179,8 +181,11 @@ TEST(ModelSpec, OffsetsAlignedAndDisjoint) {
 
 TEST(ModelSpec, UnsupportedArchThrows) {
   ModelSpec s;
-  s.arch = "llama";
+  s.arch = "bert";
   EXPECT_THROW(llmc::build_param_table(s), llmc::Error);
+  ModelSpec untied_gpt2;
+  untied_gpt2.tied_embeddings = false;
+  EXPECT_THROW(llmc::build_param_table(untied_gpt2), llmc::Error);
 }
 
 TEST(ModelSpec, FlopsPerToken) {
@@ -276,4 +281,219 @@ TEST(ModelSpec, InitDoesNotDependOnVocabPadding) {
   const llmc::ParamInfo& pa = ta.get("transformer.h.1.mlp.c_fc.weight");
   const llmc::ParamInfo& pb = tb.get("transformer.h.1.mlp.c_fc.weight");
   for (size_t i = 0; i < pa.numel; i++) ASSERT_EQ(xa[pa.offset + i], xb[pb.offset + i]);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Llama
+
+namespace {
+
+// Llama parameter count written out from the architecture: the token embedding (V, C); per block two RMSNorm
+// weights (C each), q_proj (NH*HS x C), k_proj and v_proj (NKV*HS x C each), o_proj (C x NH*HS), gate_proj and
+// up_proj (F x C each), down_proj (C x F); the final RMSNorm (C); an untied lm_head (V, C). No biases.
+size_t llama_formula(size_t vocab_rows, size_t layers, size_t C, size_t NH, size_t NKV, size_t F, bool tied) {
+  const size_t HS = C / NH;
+  const size_t block = 2 * C + NH * HS * C + 2 * NKV * HS * C + C * NH * HS + 3 * F * C;
+  return vocab_rows * C + layers * block + C + (tied ? 0 : vocab_rows * C);
+}
+
+bool is_llama_preset(const std::string& name) { return name.rfind("llama-", 0) == 0; }
+
+}  // namespace
+
+TEST(LlamaSpec, PresetShapes) {
+  ModelSpec b1 = preset("llama-1b");  // Llama-3.2-1B
+  EXPECT_EQ(b1.arch, "llama");
+  EXPECT_EQ(b1.n_layer, 16);
+  EXPECT_EQ(b1.n_embd, 2048);
+  EXPECT_EQ(b1.n_head, 32);
+  EXPECT_EQ(b1.n_kv_head, 8);
+  EXPECT_EQ(b1.head_size(), 64);
+  EXPECT_EQ(b1.ffn_hidden, 8192);
+  EXPECT_FLOAT_EQ(b1.rope_theta, 500000.0f);
+  EXPECT_FLOAT_EQ(b1.norm_eps, 1e-5f);
+  EXPECT_TRUE(b1.tied_embeddings);
+  ModelSpec b3 = preset("llama-3b");  // Llama-3.2-3B
+  EXPECT_EQ(b3.n_layer, 28);
+  EXPECT_EQ(b3.n_embd, 3072);
+  EXPECT_EQ(b3.n_head, 24);
+  EXPECT_EQ(b3.n_kv_head, 8);
+  EXPECT_EQ(b3.head_size(), 128);
+  EXPECT_EQ(b3.ffn_hidden, 8192);
+  ModelSpec tiny = preset("llama-tiny");
+  EXPECT_FALSE(tiny.tied_embeddings);  // the tests' model covers the untied lm_head
+  EXPECT_EQ(tiny.head_size(), 64);
+  EXPECT_LT(tiny.n_kv_head, tiny.n_head);  // and grouped-query attention
+  for (const std::string& name : llmc::model_preset_names()) {
+    if (!is_llama_preset(name)) continue;
+    ModelSpec s = preset(name);
+    EXPECT_EQ(s.arch, "llama") << name;
+    EXPECT_EQ(s.vocab_size, 50257) << name;
+    EXPECT_EQ(s.padded_vocab_size, 50304) << name;
+    EXPECT_TRUE(s.head_size() == 64 || s.head_size() == 128) << name;
+    EXPECT_EQ(s.n_head % s.n_kv_head, 0) << name;
+    EXPECT_EQ(s.ffn_hidden % 256, 0) << name;
+  }
+  // The 8C/3 rule, rounded up to a multiple of 256.
+  EXPECT_EQ(llmc::llama_default_ffn_hidden(768), 2048);
+  EXPECT_EQ(llmc::llama_default_ffn_hidden(1024), 2816);  // 2730.7 -> 2816
+  EXPECT_EQ(llmc::llama_default_ffn_hidden(4096), 11008);  // LLaMA-7B's width
+  EXPECT_EQ(preset("llama-125m").ffn_hidden, 2048);
+  EXPECT_EQ(preset("llama-350m").ffn_hidden, 2816);
+}
+
+TEST(LlamaSpec, Counts) {
+  // Llama-3.2-1B: 1,235,814,400 parameters with its 128,256-token vocabulary (the published count); with ours
+  // (50,304 padded rows) the embedding shrinks by 78,000 rows x 2048. Llama-3.2-3B: 3,212,749,824.
+  ModelSpec b1 = preset("llama-1b");
+  EXPECT_EQ(llama_formula(128256, 16, 2048, 32, 8, 8192, true), 1235814400u);
+  EXPECT_EQ(llmc::count_parameters(b1, true), 1076168704u);
+  EXPECT_EQ(llmc::count_parameters(b1, true), llama_formula(50304, 16, 2048, 32, 8, 8192, true));
+  EXPECT_EQ(llmc::count_parameters(b1, false), llama_formula(50257, 16, 2048, 32, 8, 8192, true));
+  b1.vocab_size = b1.padded_vocab_size = 128256;
+  EXPECT_EQ(llmc::count_parameters(b1, true), 1235814400u);
+  ModelSpec b3 = preset("llama-3b");
+  b3.vocab_size = b3.padded_vocab_size = 128256;
+  EXPECT_EQ(llmc::count_parameters(b3, true), 3212749824u);
+  for (const std::string& name : llmc::model_preset_names()) {
+    if (!is_llama_preset(name)) continue;
+    ModelSpec s = preset(name);
+    for (bool padded : {true, false})
+      EXPECT_EQ(llmc::count_parameters(s, padded),
+                llama_formula(padded ? 50304 : 50257, s.n_layer, s.n_embd, s.n_head, s.n_kv_head, s.ffn_hidden,
+                              s.tied_embeddings))
+          << name << (padded ? " padded" : " real");
+  }
+  // Untying adds exactly one (Vp, C) matrix; the padded rows of both vocabulary tensors are excluded from the real
+  // count.
+  ModelSpec untied = preset("llama-125m");
+  untied.tied_embeddings = false;
+  EXPECT_EQ(llmc::count_parameters(untied, true) - llmc::count_parameters(preset("llama-125m"), true), 50304u * 768);
+  EXPECT_EQ(llmc::count_parameters(untied, false) - llmc::count_parameters(preset("llama-125m"), false), 50257u * 768);
+}
+
+TEST(LlamaSpec, TableNamesShapesAndOrder) {
+  ModelSpec s = preset("llama-tiny");  // untied
+  ParamTable t = llmc::build_param_table(s);
+  const int64_t C = s.n_embd, F = s.ffn_hidden, HS = s.head_size(), Vp = s.padded_vocab_size;
+  const int64_t q = s.n_head * HS, kv = s.n_kv_head * HS;
+  ASSERT_EQ(t.params.size(), static_cast<size_t>(1 + 9 * s.n_layer + 2));
+  EXPECT_EQ(t.params[0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(t.params[0].shape, (std::vector<int64_t>{Vp, C}));
+  EXPECT_EQ(t.params[0].role, llmc::ParamRole::TokenEmbedding);
+  const char* block[] = {"input_layernorm.weight",       "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                         "self_attn.v_proj.weight",      "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                         "mlp.gate_proj.weight",         "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+  const std::vector<int64_t> shapes[] = {{C}, {q, C}, {kv, C}, {kv, C}, {C, q}, {C}, {F, C}, {F, C}, {C, F}};
+  for (int layer = 0; layer < s.n_layer; layer++)
+    for (int i = 0; i < 9; i++) {
+      const llmc::ParamInfo& p = t.params[1 + 9 * layer + i];
+      EXPECT_EQ(p.name, "model.layers." + std::to_string(layer) + "." + block[i]);
+      EXPECT_EQ(p.shape, shapes[i]) << p.name;
+      EXPECT_EQ(p.layer, layer) << p.name;
+      EXPECT_EQ(p.role, p.shape.size() == 1 ? llmc::ParamRole::NormWeight : llmc::ParamRole::LinearWeight) << p.name;
+    }
+  EXPECT_EQ(t.params[t.params.size() - 2].name, "model.norm.weight");
+  EXPECT_EQ(t.params[t.params.size() - 2].layer, -1);
+  const llmc::ParamInfo& head = t.params.back();
+  EXPECT_EQ(head.name, "lm_head.weight");
+  EXPECT_EQ(head.shape, (std::vector<int64_t>{Vp, C}));
+  EXPECT_EQ(head.role, llmc::ParamRole::LmHead);
+  EXPECT_TRUE(head.weight_decay);
+  EXPECT_STREQ(llmc::param_role_name(llmc::ParamRole::LmHead), "lm_head");
+  for (const llmc::ParamInfo& p : t.params) EXPECT_EQ(p.name.find(".bias"), std::string::npos) << p.name;
+  // Tied: no lm_head tensor.
+  s.tied_embeddings = true;
+  ParamTable tied = llmc::build_param_table(s);
+  EXPECT_EQ(tied.params.size(), t.params.size() - 1);
+  EXPECT_EQ(tied.find("lm_head.weight"), nullptr);
+  EXPECT_EQ(tied.params.back().name, "model.norm.weight");
+}
+
+// One fused GEMM reads q|k|v (and gate|up) through the first tensor's pointer: they must be back to back.
+TEST(LlamaSpec, FusedGroupsAreContiguous) {
+  for (const std::string& name : llmc::model_preset_names()) {
+    if (!is_llama_preset(name)) continue;
+    ParamTable t = llmc::build_param_table(preset(name));
+    for (const llmc::ParamInfo& p : t.params) {
+      EXPECT_EQ(p.offset % ParamTable::kAlign, 0u) << name << " " << p.name;
+      auto next_follows = [&](const std::string& first, const std::string& second) {
+        if (p.name.size() < first.size() || p.name.compare(p.name.size() - first.size(), first.size(), first) != 0)
+          return;
+        const std::string other = p.name.substr(0, p.name.size() - first.size()) + second;
+        EXPECT_EQ(p.offset + p.numel, t.get(other).offset) << name << ": " << other << " does not follow " << p.name;
+      };
+      next_follows("q_proj.weight", "k_proj.weight");
+      next_follows("k_proj.weight", "v_proj.weight");
+      next_follows("gate_proj.weight", "up_proj.weight");
+    }
+  }
+  // Sizes that would leave an alignment gap are refused with a message naming the tensors.
+  ModelSpec odd = preset("llama-tiny");
+  odd.n_embd = 96;
+  odd.n_head = 1;
+  odd.n_kv_head = 1;
+  odd.ffn_hidden = 7;  // 7 * 96 = 672 elements, not a multiple of 128
+  try {
+    llmc::build_param_table(odd);
+    FAIL() << "a gate_proj that leaves a gap before up_proj was accepted";
+  } catch (const llmc::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("up_proj"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LlamaSpec, InitScheme) {
+  ModelSpec s = preset("llama-tiny");
+  s.n_layer = 8;  // residual std 0.02 / 4 = 0.005
+  ParamTable t = llmc::build_param_table(s);
+  std::vector<float> x(t.total_elements, 123.0f);
+  llmc::init_parameters(t, 42, x.data());
+  const double residual_std = 0.02 / std::sqrt(2.0 * s.n_layer);
+  for (const llmc::ParamInfo& p : t.params) {
+    const float* v = x.data() + p.offset;
+    if (p.shape.size() == 1) {
+      EXPECT_EQ(p.init_std, 0.0f) << p.name;
+      for (size_t i = 0; i < p.numel; i++) ASSERT_EQ(v[i], 1.0f) << p.name;  // RMSNorm weights
+      continue;
+    }
+    const bool residual = p.name.find("o_proj") != std::string::npos || p.name.find("down_proj") != std::string::npos;
+    EXPECT_FLOAT_EQ(p.init_std, residual ? residual_std : 0.02) << p.name;
+    const bool vocab = p.role == llmc::ParamRole::TokenEmbedding || p.role == llmc::ParamRole::LmHead;
+    const size_t n = vocab ? static_cast<size_t>(s.vocab_size) * s.n_embd : p.numel;
+    Moments m = moments(v, n);
+    EXPECT_NEAR(m.std / p.init_std, 1.0, 4.0 / std::sqrt(2.0 * n)) << p.name;
+    EXPECT_NEAR(m.within_one_std, 0.6827, 0.02) << p.name;
+    for (size_t i = n; i < p.numel; i++) ASSERT_EQ(v[i], 0.0f) << p.name << " padded row element " << i;
+  }
+  // The untied lm_head is drawn independently of the embedding.
+  EXPECT_NE(x[t.get("lm_head.weight").offset], x[t.get("model.embed_tokens.weight").offset]);
+}
+
+TEST(LlamaSpec, FlopsPerToken) {
+  ModelSpec s = preset("llama-1b");  // tied: N = every real parameter (the embedding is the lm_head matmul)
+  const double n = static_cast<double>(llmc::count_parameters(s, false));
+  EXPECT_DOUBLE_EQ(llmc::flops_per_token(s, 2048), 6.0 * n + 6.0 * 16 * 2048 * 2048);
+  ModelSpec untied = s;
+  untied.tied_embeddings = false;  // the embedding lookup costs nothing, the lm_head matmul counts once
+  EXPECT_DOUBLE_EQ(llmc::flops_per_token(untied, 2048), llmc::flops_per_token(s, 2048));
+  // GQA: fewer k/v parameters, the same attention term.
+  ModelSpec mha = s;
+  mha.n_kv_head = mha.n_head;
+  const double extra_kv = 16.0 * 2 * (32 - 8) * 64 * 2048;
+  EXPECT_DOUBLE_EQ(llmc::flops_per_token(mha, 2048) - llmc::flops_per_token(s, 2048), 6.0 * extra_kv);
+}
+
+TEST(LlamaSpec, MemoryEstimate) {
+  ModelSpec s = preset("llama-1b");
+  ParamTable t = llmc::build_param_table(s);
+  llmc::MemoryEstimate m = llmc::estimate_memory(s, 4, 2048, false, 1, 1);
+  EXPECT_EQ(m.params_bytes, 2 * t.total_elements);
+  EXPECT_EQ(m.optimizer_bytes, 8 * t.total_elements);
+  const size_t tokens = 4 * 2048, Q = (32 + 2 * 8) * 64, C = 2048, F = 8192;
+  // Saved BF16 per token and layer: Q + 5C + 3F with everything kept, Q + 3C + 2F with recompute.
+  EXPECT_GE(m.activations_bytes, tokens * 16 * (Q + 5 * C + 3 * F) * 2);
+  llmc::MemoryEstimate rc = llmc::estimate_memory(s, 4, 2048, true, 1, 1);
+  EXPECT_EQ(m.activations_bytes - rc.activations_bytes, tokens * 16 * (2 * C + F) * 2);
+  EXPECT_EQ(llmc::estimate_memory(s, 8, 2048, false, 1, 1).activations_bytes, 2 * m.activations_bytes);
 }

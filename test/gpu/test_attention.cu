@@ -185,15 +185,20 @@ void check_attention(const Shape& s) {
   EXPECT_EQ(lse_bad, 0u) << "lse elements outside " << kLseAbsTol;
   std::printf("  lse max err %.2e", lse_max_err);
 
-  // forward determinism
+  // forward determinism (this run also reports the amax of out, which must be max |out| exactly)
   out2.poison();
   lse2.poison();
-  llmc::attention_forward(out2.ptr, lse2.ptr, qkv.ptr, s.B, s.T, s.NH, s.NKV, s.HS, 0);
+  DeviceBuffer<float> amax(1);
+  CUDA_CHECK(cudaMemset(amax.ptr, 0, sizeof(float)));
+  llmc::attention_forward(out2.ptr, lse2.ptr, qkv.ptr, s.B, s.T, s.NH, s.NKV, s.HS, 0, amax.ptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(0, std::memcmp(out2.download().data(), out_gpu_bf16.data(), s.out_size() * sizeof(bf16)))
       << "forward out not bit-identical across runs";
   EXPECT_EQ(0, std::memcmp(lse2.download().data(), lse_gpu.data(), s.lse_size() * sizeof(float)))
       << "forward lse not bit-identical across runs";
+  float max_out = 0.0f;
+  for (float v : out_gpu) max_out = std::max(max_out, std::fabs(v));
+  EXPECT_EQ(amax.download()[0], max_out) << "forward amax";
 
   // ---- backward (on the GPU's own out and lse, as in training)
   dqkv.poison();
@@ -228,11 +233,15 @@ void check_attention(const Shape& s) {
   // backward determinism: a second run must be bit-identical
   dqkv2.poison();
   scratch.poison();
+  CUDA_CHECK(cudaMemset(amax.ptr, 0, sizeof(float)));
   llmc::attention_backward(dqkv2.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.NH, s.NKV, s.HS,
-                           0);
+                           0, amax.ptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(0, std::memcmp(dqkv2.download().data(), dqkv_gpu_bf16.data(), s.qkv_size() * sizeof(bf16)))
       << "backward dqkv not bit-identical across runs";
+  float max_dqkv = 0.0f;
+  for (float v : dqkv_gpu) max_dqkv = std::max(max_dqkv, std::fabs(v));
+  EXPECT_EQ(amax.download()[0], max_dqkv) << "backward amax (dQ, dK, dV)";
 }
 
 class AttentionShapes : public ::testing::TestWithParam<Shape> {};

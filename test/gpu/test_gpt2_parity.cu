@@ -23,6 +23,8 @@
 #include "llmc/common.h"
 #include "llmc/gemm.h"
 #include "llmc/gpt2.h"
+#include "llmc/model.h"
+#include "llmc/recipe.h"
 #include "llmc/model_spec.h"
 #include "llmc/optimizer.h"
 #include "llmc/safetensors.h"
@@ -124,7 +126,7 @@ ModelSpec spec_from_metadata(const SafetensorsReader& r) {
 }
 
 // Forward + backward at grad_scale 1/N (mean loss), returns the host gradients.
-std::vector<float> train_grads(GPT2& model, const std::vector<int>& x, const std::vector<int>& y, int B, int T,
+std::vector<float> train_grads(Model& model, const std::vector<int>& x, const std::vector<int>& y, int B, int T,
                                float* loss) {
   model.zero_grads(0);
   model.forward(x.data(), y.data(), B, T, 1.0f / (B * T), 0);
@@ -267,7 +269,97 @@ void run_parity(int B, int T, bool extra_checks) {
   EXPECT_LT(ref_losses.back(), ref_losses.front()) << "the reference run should learn the batch";
 }
 
+// FP8 recipes against the same FP32 reference. The tolerances are FP8's, not BF16's: E4M3 keeps 3 mantissa bits
+// (relative rounding error up to 2^-4 per element), E5M2 2 bits, so logits, loss and gradients move by a few percent;
+// what must hold is that every gradient points the same way (cosine) and that training on the batch follows the
+// reference's loss curve.
+struct Fp8Tolerances {
+  double logits_cosine = 0.995;
+  double loss_abs = 5e-2;
+  double grad_cosine = 0.97;     // per tensor
+  double grad_relerr = 0.25;     // per tensor
+  double train_loss_abs = 0.15;  // each of the 10 AdamW-step losses
+};
+const Fp8Tolerances kFp8Tol;
+
+void run_fp8_parity(const char* recipe_name) {
+  ModelSpec preset;
+  ASSERT_TRUE(model_preset("gpt2-tiny", &preset));
+  DebugState ds;
+  make_debug_state(&ds, preset, 4, 64);
+  SafetensorsReader weights(ds.dir + "/model.safetensors");
+  SafetensorsReader dbg(ds.dir + "/debug_state.safetensors");
+  const ModelSpec spec = spec_from_metadata(weights);
+  const int B = std::stoi(meta(dbg, "B")), T = std::stoi(meta(dbg, "T"));
+  const int N = B * T, V = spec.vocab_size, Vp = spec.padded_vocab_size;
+  PrecisionRecipe recipe;
+  ASSERT_TRUE(precision_recipe_preset(recipe_name, &recipe));
+  std::unique_ptr<Model> model = make_model(spec, B, T, 0, recipe);
+  const ParamTable& table = model->table();
+  std::vector<float> master(table.total_elements, 0.0f);
+  for (const ParamInfo& p : table.params) {
+    std::vector<float> w = weights.read_as_float(p.name);
+    std::copy(w.begin(), w.end(), master.begin() + p.offset);
+  }
+  std::vector<int> x(N), y(N);
+  dbg.read_into("inputs", x.data(), x.size() * sizeof(int));
+  dbg.read_into("targets", y.data(), y.size() * sizeof(int));
+  AdamW opt(table, std::stod(meta(dbg, "beta1")), std::stod(meta(dbg, "beta2")), std::stod(meta(dbg, "eps")),
+            std::stod(meta(dbg, "weight_decay")));
+  opt.set_master(master.data(), model->params(), 0);
+  model->weights_changed();
+
+  model->forward(x.data(), y.data(), B, T, 0.0f, 0);
+  const float loss0 = model->mean_loss(0);
+  std::vector<bf16> logits_bf((size_t)N * Vp);
+  CUDA_CHECK(cudaMemcpy(logits_bf.data(), model->logits(), logits_bf.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::vector<float> logits((size_t)N * V);
+  for (int n = 0; n < N; n++)
+    for (int v = 0; v < V; v++) logits[(size_t)n * V + v] = __bfloat162float(logits_bf[(size_t)n * Vp + v]);
+  const std::vector<float> ref_logits = dbg.read_as_float("logits");
+  const Compare cl = compare(logits.data(), ref_logits.data(), logits.size());
+  const float ref_loss = dbg.read_as_float("loss")[0];
+  std::printf("[%s] logits relerr %.3e cosine %.6f | loss %.6f ref %.6f\n", recipe_name, cl.relerr, cl.cosine, loss0,
+              ref_loss);
+  EXPECT_GT(cl.cosine, kFp8Tol.logits_cosine) << recipe_name;
+  EXPECT_NEAR(loss0, ref_loss, kFp8Tol.loss_abs) << recipe_name;
+
+  float loss1 = 0;
+  const std::vector<float> grads = train_grads(*model, x, y, B, T, &loss1);
+  double worst_cos = 1, worst_rel = 0;
+  for (const ParamInfo& p : table.params) {
+    const std::vector<float> ref = dbg.read_as_float("grads." + p.name);
+    const Compare c = compare(grads.data() + p.offset, ref.data(), p.numel);
+    EXPECT_GT(c.cosine, kFp8Tol.grad_cosine) << recipe_name << ": gradient of " << p.name;
+    EXPECT_LT(c.relerr, kFp8Tol.grad_relerr) << recipe_name << ": gradient of " << p.name;
+    worst_cos = std::min(worst_cos, c.cosine);
+    worst_rel = std::max(worst_rel, c.relerr);
+  }
+  std::printf("[%s] gradients: worst cosine %.5f, worst relerr %.3e\n", recipe_name, worst_cos, worst_rel);
+  // Determinism under FP8 too.
+  float loss2 = 0;
+  const std::vector<float> grads2 = train_grads(*model, x, y, B, T, &loss2);
+  EXPECT_EQ(0, std::memcmp(grads.data(), grads2.data(), grads.size() * sizeof(float))) << recipe_name;
+
+  const std::vector<float> ref_losses = dbg.read_as_float("losses");
+  const float lr = std::stof(meta(dbg, "lr")), clip = std::stof(meta(dbg, "grad_clip"));
+  for (int t = 1; t <= (int)ref_losses.size(); t++) {
+    model->zero_grads(0);
+    model->forward(x.data(), y.data(), B, T, 1.0f / (B * T), 0);
+    model->backward(0);
+    const float loss = model->mean_loss(0);
+    opt.step(model->params(), model->grads(), lr, t, clip, 0);
+    model->end_step(0);
+    std::printf("[%s] step %2d loss %.6f ref %.6f\n", recipe_name, t, loss, ref_losses[t - 1]);
+    EXPECT_NEAR(loss, ref_losses[t - 1], kFp8Tol.train_loss_abs) << recipe_name << " AdamW step " << t;
+  }
+}
+
 }  // namespace
+
+TEST(GPT2Fp8Parity, Tensorwise) { run_fp8_parity("fp8_tensorwise"); }
+TEST(GPT2Fp8Parity, Delayed) { run_fp8_parity("fp8_delayed"); }
+TEST(GPT2Fp8Parity, Blockwise) { run_fp8_parity("fp8_blockwise"); }
 
 TEST(GPT2Parity, Tiny_B4_T64) { run_parity(4, 64, /*extra_checks=*/true); }
 TEST(GPT2Parity, Tiny_B4_T100) {

@@ -108,6 +108,29 @@ struct DeviceBuffer {
 DeviceBuffer<bf16> upload_bf16(const std::vector<float>& v) { return DeviceBuffer<bf16>(to_bf16(v)); }
 std::vector<float> download_bf16(const DeviceBuffer<bf16>& d) { return to_float(d.download()); }
 
+// max |v|: what a kernel's optional amax output must hold exactly (the max of the bf16 values it wrote).
+float max_abs(const std::vector<float>& v) {
+  float m = 0.0f;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// A zeroed device amax slot, as the FP8 linears hand to the kernels that produce their operands.
+struct AmaxSlot {
+  float* ptr = nullptr;
+  AmaxSlot() {
+    CUDA_CHECK(cudaMalloc(&ptr, sizeof(float)));
+    CUDA_CHECK(cudaMemset(ptr, 0, sizeof(float)));
+  }
+  ~AmaxSlot() { cudaFree(ptr); }
+  float value() const {
+    float v = -1.0f;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(&v, ptr, sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
 // ---------------------------------------------------------------------------------------------------------------
 // Comparisons
 // Every element must satisfy |got - want| <= tol[i] (NaN fails). Reports the count and the first few failures.
@@ -279,11 +302,14 @@ TEST_P(LayerNormTest, ForwardMatchesReference) {
   DeviceBuffer<bf16> d_out(inp.size());
   DeviceBuffer<float> d_mean(N), d_rstd(N);
   d_out.poison(), d_mean.poison(), d_rstd.poison();
-  llmc::layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, N, C, 0);
+  AmaxSlot amax;
+  llmc::layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, N, C, 0, amax.ptr);
   std::vector<float> ref_out(inp.size()), ref_mean(N), ref_rstd(N);
   llmc::layernorm_forward_cpu(ref_out.data(), ref_mean.data(), ref_rstd.data(), inp.data(), weight.data(),
                               bias.data(), N, C);
-  check_layernorm_outputs(download_bf16(d_out), d_mean.download(), d_rstd.download(), ref_out, ref_mean, ref_rstd);
+  const std::vector<float> out = download_bf16(d_out);
+  check_layernorm_outputs(out, d_mean.download(), d_rstd.download(), ref_out, ref_mean, ref_rstd);
+  EXPECT_EQ(amax.value(), max_abs(out)) << "amax of the LayerNorm output";
 }
 
 // residual = bf16(inp1 + inp2) exactly (one FP32 add, one rounding); out from the rounded residual.
@@ -297,15 +323,18 @@ TEST_P(LayerNormTest, FusedResidualForwardMatchesReference) {
   DeviceBuffer<bf16> d_residual(inp1.size()), d_out(inp1.size());
   DeviceBuffer<float> d_mean(N), d_rstd(N);
   d_residual.poison(), d_out.poison(), d_mean.poison(), d_rstd.poison();
+  AmaxSlot amax;
   llmc::fused_residual_layernorm_forward(d_residual.ptr, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp1.ptr, d_inp2.ptr,
-                                         d_weight.ptr, d_bias.ptr, N, C, 0);
+                                         d_weight.ptr, d_bias.ptr, N, C, 0, amax.ptr);
   std::vector<float> residual(inp1.size());
   for (size_t i = 0; i < residual.size(); i++) residual[i] = round_bf16(inp1[i] + inp2[i]);
   EXPECT_TRUE(within("residual", download_bf16(d_residual), residual, std::vector<double>(residual.size(), 0.0)));
   std::vector<float> ref_out(inp1.size()), ref_mean(N), ref_rstd(N);
   llmc::layernorm_forward_cpu(ref_out.data(), ref_mean.data(), ref_rstd.data(), residual.data(), weight.data(),
                               bias.data(), N, C);
-  check_layernorm_outputs(download_bf16(d_out), d_mean.download(), d_rstd.download(), ref_out, ref_mean, ref_rstd);
+  const std::vector<float> out = download_bf16(d_out);
+  check_layernorm_outputs(out, d_mean.download(), d_rstd.download(), ref_out, ref_mean, ref_rstd);
+  EXPECT_EQ(amax.value(), max_abs(out)) << "amax of the fused LayerNorm output";
 }
 
 // dinp (bf16, pre-filled) atol 2e-4: the row terms are O(rstd * |weight * dout|) = O(10) with FP32 noise ~1e-6
@@ -324,12 +353,13 @@ TEST_P(LayerNormTest, BackwardMatchesReferenceAndIsDeterministic) {
   DeviceBuffer<float> d_mean(mean), d_rstd(rstd);
   DeviceBuffer<float> d_scratch(llmc::layernorm_backward_scratch_floats(N, C));
   std::vector<float> dinp_runs[2], dweight_runs[2], dbias_runs[2];
+  AmaxSlot amax;
   for (int run = 0; run < 2; run++) {
     auto d_dinp = upload_bf16(dinp0);
     DeviceBuffer<float> d_dweight(dweight0), d_dbias(dbias0);
     d_scratch.poison();
     llmc::layernorm_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr,
-                             d_weight.ptr, d_mean.ptr, d_rstd.ptr, N, C, 0);
+                             d_weight.ptr, d_mean.ptr, d_rstd.ptr, N, C, 0, run == 0 ? amax.ptr : nullptr);
     dinp_runs[run] = download_bf16(d_dinp);
     dweight_runs[run] = d_dweight.download();
     dbias_runs[run] = d_dbias.download();
@@ -345,6 +375,7 @@ TEST_P(LayerNormTest, BackwardMatchesReferenceAndIsDeterministic) {
       abs_dbias[c] += std::fabs(dout[i]);
     }
   EXPECT_TRUE(within("dinp", dinp_runs[0], ref_dinp, bf16_tolerance(ref_dinp, 2e-4)));
+  EXPECT_EQ(amax.value(), max_abs(dinp_runs[0])) << "amax of dinp (after the accumulation)";
   EXPECT_TRUE(within("dweight", dweight_runs[0], ref_dweight, fp32_sum_tolerance(abs_dweight, column_sum_depth(N))));
   EXPECT_TRUE(within("dbias", dbias_runs[0], ref_dbias, fp32_sum_tolerance(abs_dbias, column_sum_depth(N))));
   EXPECT_TRUE(bitwise_equal("dinp", dinp_runs[0], dinp_runs[1]));
@@ -367,10 +398,13 @@ TEST_P(GeluTest, ForwardMatchesReference) {
   auto d_inp = upload_bf16(inp);
   DeviceBuffer<bf16> d_out(n);
   d_out.poison();
-  llmc::gelu_forward(d_out.ptr, d_inp.ptr, n, 0);
+  AmaxSlot amax;
+  llmc::gelu_forward(d_out.ptr, d_inp.ptr, n, 0, amax.ptr);
   std::vector<float> ref(n);
   llmc::gelu_forward_cpu(ref.data(), inp.data(), n);
-  EXPECT_TRUE(within("gelu out", download_bf16(d_out), ref, bf16_tolerance(ref, 2e-6)));
+  const std::vector<float> out = download_bf16(d_out);
+  EXPECT_TRUE(within("gelu out", out, ref, bf16_tolerance(ref, 2e-6)));
+  EXPECT_EQ(amax.value(), max_abs(out)) << "amax of the GELU output";
 }
 
 // atol 1e-5: as above for gelu' (O(1) terms), times |dout| <= 1.
@@ -380,11 +414,13 @@ TEST_P(GeluTest, BackwardMatchesReferenceAndIsDeterministic) {
   const std::vector<float> inp = random_bf16_values(n, rng, -6, 6), dout = random_bf16_values(n, rng, -1, 1);
   auto d_inp = upload_bf16(inp);
   std::vector<float> runs[2];
+  AmaxSlot amax;
   for (int run = 0; run < 2; run++) {
     auto d_dinout = upload_bf16(dout);
-    llmc::gelu_backward_inplace(d_dinout.ptr, d_inp.ptr, n, 0);
+    llmc::gelu_backward_inplace(d_dinout.ptr, d_inp.ptr, n, 0, run == 0 ? amax.ptr : nullptr);
     runs[run] = download_bf16(d_dinout);
   }
+  EXPECT_EQ(amax.value(), max_abs(runs[0])) << "amax of the GELU input gradient";
   std::vector<float> ref = dout;
   llmc::gelu_backward_inplace_cpu(ref.data(), inp.data(), n);
   EXPECT_TRUE(within("gelu dinp", runs[0], ref, bf16_tolerance(ref, 1e-5)));
@@ -543,6 +579,50 @@ TEST(ClipScaleTest, FollowsTheDocumentedRule) {
     llmc::clip_scale_from_norm(d_scale.ptr, d_norm.ptr, c.clip, 0);
     EXPECT_EQ(d_scale.download()[0], c.want) << "norm " << c.norm << " clip " << c.clip;
   }
+  // A non-finite norm marks the step as skipped (NaN), with or without clipping.
+  for (float norm : {INFINITY, NAN})
+    for (float clip : {1.0f, 0.0f}) {
+      DeviceBuffer<float> d_norm(std::vector<float>{norm}), d_scale(std::vector<float>{1.0f});
+      llmc::clip_scale_from_norm(d_scale.ptr, d_norm.ptr, clip, 0);
+      EXPECT_TRUE(std::isnan(d_scale.download()[0])) << "norm " << norm << " clip " << clip;
+    }
+}
+
+// add_bias: x += bias per row, one bf16 rounding of the FP32 sum (exact reference), and the amax of the result.
+TEST(AddBias, MatchesReferenceWithAmax) {
+  auto rng = make_rng();
+  for (const auto& [M, N] : {std::pair<int, int>{1, 8}, {37, 768}, {1024, 3072}}) {
+    const std::vector<float> x = random_bf16_values(static_cast<size_t>(M) * N, rng, -4, 4),
+                             bias = random_bf16_values(N, rng, -1, 1);
+    auto d_x = upload_bf16(x), d_bias = upload_bf16(bias);
+    AmaxSlot amax;
+    llmc::add_bias(d_x.ptr, d_bias.ptr, M, N, 0, amax.ptr);
+    std::vector<float> ref = x;
+    llmc::add_bias_cpu(ref.data(), bias.data(), M, N);
+    for (float& v : ref) v = round_bf16(v);
+    const std::vector<float> got = download_bf16(d_x);
+    EXPECT_TRUE(within("add_bias", got, ref, std::vector<double>(ref.size(), 0.0))) << M << "x" << N;
+    EXPECT_EQ(amax.value(), max_abs(got)) << M << "x" << N;
+  }
+}
+
+// The divergence guard: with grad_scale = NaN (a non-finite gradient norm) AdamW changes nothing at all.
+TEST(AdamWSkip, NonFiniteGradScaleLeavesEverythingUnchanged) {
+  auto rng = make_rng();
+  const size_t n = 4099;  // vectorised body and scalar tail
+  const std::vector<float> master = random_floats(n, rng, -1, 1), m = random_floats(n, rng, -1, 1),
+                           v = random_floats(n, rng, 0, 1), grads = random_floats(n, rng, -1, 1);
+  DeviceBuffer<float> d_master(master), d_m(m), d_v(v), d_grads(grads), d_scale(std::vector<float>{NAN});
+  DeviceBuffer<bf16> d_params(n);
+  CUDA_CHECK(cudaMemset(d_params.ptr, 0x3c, n * sizeof(bf16)));
+  const std::vector<bf16> params_before = d_params.download();
+  llmc::adamw_update(d_master.ptr, d_params.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3,
+                     d_scale.ptr, 0);
+  EXPECT_TRUE(bitwise_equal("master", d_master.download(), master));
+  EXPECT_TRUE(bitwise_equal("m", d_m.download(), m));
+  EXPECT_TRUE(bitwise_equal("v", d_v.download(), v));
+  const std::vector<bf16> params_after = d_params.download();
+  EXPECT_EQ(std::memcmp(params_before.data(), params_after.data(), n * sizeof(bf16)), 0) << "params changed";
 }
 
 TEST(ConvertTest, RoundTripsAndRoundsToNearestEven) {

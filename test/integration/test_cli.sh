@@ -47,7 +47,7 @@ for key in model.preset model.padded_vocab_multiple data.train train.global_batc
            precision.recipe parallel.zero_stage checkpoint.resume eval.batches sample.top_k log.jsonl; do
   grep -qE "^$key " <<<"$keys" || fail "--list-keys lacks $key"
 done
-[ "$(wc -l <<<"$keys")" -eq 54 ] || fail "--list-keys: expected 53 keys + header, got $(wc -l <<<"$keys") lines"
+[ "$(wc -l <<<"$keys")" -eq 73 ] || fail "--list-keys: expected 72 keys + header, got $(wc -l <<<"$keys") lines"
 
 # Dry runs need no GPU and report the size.
 expect_ok "dry-run 124m" "124,475,904" --config configs/gpt2_124m_bf16.json --dry-run
@@ -56,6 +56,11 @@ expect_ok "dry-run tiny" "gpt2-tiny" --config configs/gpt2_tiny_bf16.json --dry-
 expect_ok "dry-run override" "lr 0.0003" --config configs/gpt2_124m_bf16.json --set train.lr=3e-4 --dry-run
 WORLD_SIZE=8 expect_ok "dry-run 8 GPUs" "4 accumulation steps" --config configs/gpt2_124m_bf16.json --dry-run
 for cfg in configs/*.json; do expect_ok "dry-run $cfg" "parameters" --config "$cfg" --dry-run; done
+expect_ok "dry-run llama-1b" "1,076,168,704" --config configs/llama_1b_bf16.json --dry-run
+expect_ok "dry-run llama-1b shape" "8 kv heads, RoPE theta 500000, tied lm_head" --config configs/llama_1b_bf16.json --dry-run
+expect_ok "dry-run llama-1b vocab 128256" "1,235,814,400" --config configs/llama_1b_bf16.json \
+  --set model.vocab_size=128256 --dry-run
+expect_ok "dry-run llama-tiny untied" "untied lm_head" --config configs/llama_tiny_bf16.json --dry-run
 
 # --print-config output is a valid config that resolves to itself.
 "$BIN" --config configs/gpt2_mini_bf16.json --set train.steps=77 --print-config >"$WORK/resolved.json" ||
@@ -85,7 +90,12 @@ WORLD_SIZE=3 expect_error "batch not dividing the world" 1 "world_size = 16 * 10
 expect_error "seq too long" 1 "train.seq_len = 512 exceeds model.max_seq_len = 256" --config $T --set train.seq_len=512
 expect_error "unknown recipe" 1 "precision.recipe: unknown recipe 'fp8_magic'" --config $T --set precision.recipe=fp8_magic
 expect_error "unknown preset" 1 "unknown preset 'gpt2-huge'" --config $T --set model.preset=gpt2-huge
-expect_error "llama" 1 "not supported yet" --config $T --set model.arch=llama
+expect_error "unknown arch" 1 "unknown architecture 'bert' (supported: gpt2, llama)" --config $T --set model.arch=bert
+expect_error "untied gpt2" 1 "gpt2 always ties" --config $T --set model.tied_embeddings=false
+expect_error "llama ffn" 1 "model.ffn_hidden = 100 must be a multiple of 8 for llama" \
+  --config llama_tiny_bf16.json --set model.ffn_hidden=100
+expect_error "llama kv heads" 1 "model.n_head = 2 is not divisible by model.n_kv_head = 3" \
+  --config llama_tiny_bf16.json --set model.n_kv_head=3
 expect_error "bad --set without =" 1 "--set 'train.lr': expected section.key=value" --config $T --set train.lr
 expect_error "bad --set without section" 1 "must be section.key" --config $T --set lr=3e-4
 WORLD_SIZE=two expect_error "bad world size" 1 "WORLD_SIZE='two'" --config $T --dry-run
