@@ -462,13 +462,16 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
     for (int micro = 0; micro < accum; micro++) {
       const int* micro_inputs = step_inputs.data() + static_cast<size_t>(micro) * B * T;
       const int* micro_targets = step_targets.data() + static_cast<size_t>(micro) * B * T;
-      optimizer.begin_micro_step(micro == accum - 1);  // the last micro-step reduces the gradients
+      const bool last_micro = micro == accum - 1;
+      optimizer.begin_micro_step(last_micro);  // the last micro-step reduces the gradients
       model.forward(micro_inputs, micro_targets, B, T, grad_scale, stream);
+      loss += model.mean_loss(stream) / accum;  // the losses are known after the forward
+      // Every rank decides on the same (mean) loss; averaged before the last backward queues the gradient
+      // reductions, so that this wait does not include them.
+      if (last_micro) loss = comm.average(loss, "the training loss");
       model.backward(stream);
       optimizer.backward_done(stream);
-      loss += model.mean_loss(stream) / accum;
     }
-    loss = comm.average(loss, "the training loss");  // every rank decides on the same loss
     // The update. AdamW skips itself on the device when the (global) gradient norm is not finite; a non-finite loss
     // skips it here. Either way the weights, moments and FP8 scales stay as they were, on every rank.
     double grad_norm = NAN;
