@@ -85,7 +85,7 @@ ParamTable odd_table() {
 // Layout
 
 TEST(ShardLayout, TilesTheBufferAndEveryElementHasOneOwner) {
-  for (const char* preset : {"gpt2-tiny", "odd", "gpt2-124m"})
+  for (const char* preset : {"gpt2-tiny", "odd", "llama-tiny", "gpt2-124m"})
     for (int world : {1, 2, 3, 4, 5, 8}) {
       if (std::string(preset) == "gpt2-124m" && world != 3 && world != 8) continue;  // large: two worlds suffice
       SCOPED_TRACE(std::string(preset) + " world " + std::to_string(world));
@@ -136,10 +136,10 @@ TEST(ShardLayout, TilesTheBufferAndEveryElementHasOneOwner) {
 // A range starts when every block it holds has reported; check that this happens and that most of each block is
 // reduced while backward still runs (the overlap), the embeddings at the end.
 TEST(ShardLayout, ReductionsFollowBackwardAndOverlapIt) {
-  for (const bool odd : {false, true})
+  for (const char* which : {"gpt2-124m", "odd", "llama-125m"})
   for (int world : {2, 3, 5, 7, 8}) {
-    SCOPED_TRACE(std::string(odd ? "odd model" : "gpt2-124m") + ", world " + std::to_string(world));
-    const ParamTable table = odd ? odd_table() : table_of("gpt2-124m");
+    SCOPED_TRACE(std::string(which) + ", world " + std::to_string(world));
+    const ParamTable table = std::string(which) == "odd" ? odd_table() : table_of(which);
     const ShardLayout L = llmc::make_shard_layout(table, world);
     int blocks = 0;
     for (const auto& p : table.params) blocks = std::max(blocks, p.layer + 1);
