@@ -167,9 +167,15 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   state_.ensure_allocated();
 
   // The weight: once per optimizer step (codes + transposed codes; for 128x128 tiles both share the tile scales).
-  if (!weight_cache_valid_) {
+  // Delayed scaling records the weight's amax while casting, so a cache an evaluation forward built (which records
+  // nothing) is rebuilt by the first training forward: same codes, and the step's amax recorded as in a run without
+  // that evaluation (resumed runs then match uninterrupted ones bit for bit).
+  const bool unrecorded = training && !weight_cache_recorded_ && plan_.scaling == ScalingMode::Delayed &&
+                          plan_.w.granularity == ScaleGranularity::Tensor;
+  if (!weight_cache_valid_ || unrecorded) {
     quantize(wq_, w_slot_, w, /*amax_ready=*/false, training, s);
     weight_cache_valid_ = true;
+    weight_cache_recorded_ = training;
     if (state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s);
   }
   // The input: row codes for fprop; the transposed copy for wgrad when it is saved as FP8.

@@ -96,6 +96,7 @@ class Linear {
   QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step
   QTensor x_saved_;    // (M_max, K) input: only data_t (K, M) kept for wgrad when save_fp8_input
   bool weight_cache_valid_ = false;
+  bool weight_cache_recorded_ = false;  // the cache was built by a training forward (its amax recorded)
   bool have_saved_input_ = false;
   int saved_rows_ = 0;
   void* memory_ = nullptr;  // one allocation for wq_ and x_saved_

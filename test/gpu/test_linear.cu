@@ -236,10 +236,11 @@ TEST_P(LinearFp8, ProductsMatchHostQuantisedReference) {
                            dytd = dequant(dyq, N, M, true), xtd = dequant(xq, K, M, true);
   // Accumulation error per element, as a fraction of sum |products| (the bounds test_gemm_fp8 calibrates): Hopper's
   // FP8 tensor cores accumulate a 128-deep K block in a reduced-precision accumulator before it is promoted to FP32
-  // (2^-11), and fast accumulation promotes only at the end (2^-12 per 128 of K); plus FP32 rounding over K terms.
+  // (2^-10: twice test_gemm_fp8's 2^-11, measured on an H100 at 1.03x of 2^-11 for one wgrad element), and fast
+  // accumulation promotes only at the end (2^-12 per 128 of K); plus FP32 rounding over K terms.
   auto accumulation = [](int k, bool fast) {
     const double fp32 = 4.0 * k * std::ldexp(1.0, -24);
-    return fast ? std::ldexp(1.0, -12) * (k / 128.0) + fp32 : std::ldexp(1.0, -11) + fp32;
+    return fast ? std::ldexp(1.0, -12) * (k / 128.0) + fp32 : std::ldexp(1.0, -10) + fp32;
   };
   // + 2^-9 of the absolute product in fprop: with block scales the bias is added after the GEMM's bf16 rounding
   // (add_bias), a second rounding of the product before the bias.
@@ -345,11 +346,20 @@ TEST_P(LinearFp8, GeluForwardAndBackward) {
   up.forward(h.ptr, x->ptr, w->ptr, bias->ptr, M, true, 0, opt);
   down.forward(y.ptr, h.ptr, w_down->ptr, nullptr, M, true, 0);
   const std::vector<float> pre_h = download(pre.ptr, pre.n), h_h = download(h.ptr, h.n);
-  std::vector<float> gelu_ref(pre_h.size());
+  // The GELU_AUX epilogue applies GELU to the FP32 accumulator, pre_gelu is that value rounded to bf16: allow one
+  // bf16 rounding of the output plus gelu' times one bf16 rounding of the input.
+  std::vector<float> gelu_ref(pre_h.size()), gelu_slope(pre_h.size(), 1.0f);
   gelu_forward_cpu(gelu_ref.data(), pre_h.data(), pre_h.size());
+  gelu_backward_inplace_cpu(gelu_slope.data(), pre_h.data(), pre_h.size());
   size_t bad = 0;
-  for (size_t i = 0; i < h_h.size(); i++)
-    if (!(std::fabs(h_h[i] - gelu_ref[i]) <= std::ldexp(1.0, -7) * std::fabs(gelu_ref[i]) + 1e-6)) bad++;
+  for (size_t i = 0; i < h_h.size(); i++) {
+    const double tol = std::ldexp(1.0, -8) * std::fabs(gelu_ref[i]) +
+                       std::ldexp(1.0, -8) * std::fabs(gelu_slope[i] * pre_h[i]) + 1e-7;
+    if (!(std::fabs(h_h[i] - gelu_ref[i]) <= tol)) {
+      if (bad < 5) ADD_FAILURE() << "gelu[" << i << "] " << h_h[i] << " vs gelu(" << pre_h[i] << ") = " << gelu_ref[i];
+      bad++;
+    }
+  }
   EXPECT_EQ(bad, 0u) << "GELU output is not gelu(pre_gelu)";
   // DGELU: dpre = (dy · W_down) * gelu'(pre), against the same without the GELU option followed by the host gelu'.
   state.begin_backward(0);
