@@ -19,6 +19,7 @@
 #include "llmc/checkpoint.h"
 #include "llmc/common.h"
 #include "llmc/data.h"
+#include "llmc/interop.h"
 #include "llmc/model_spec.h"
 #include "llmc/safetensors.h"
 #include "llmc/zero.h"
@@ -280,6 +281,29 @@ TEST_F(TempDir, OptimizerStateReshardsToAnyWorldSize) {
       }
     }
   }
+}
+
+// A whole checkpoint written as 2 ZeRO-1 ranks would (rank 0's CheckpointWriter, every rank's files in its tmp dir,
+// one commit) verifies, and its model.safetensors is what train.init_from and the Hugging Face / llm.c exports read
+// (llmc/interop's load_weights).
+TEST_F(TempDir, CheckpointOfTwoRanksLoadsForInitAndExport) {
+  llmc::ModelSpec spec;
+  ASSERT_TRUE(llmc::model_preset("gpt2-tiny", &spec));
+  const ParamTable table = llmc::build_param_table(spec);
+  const FullState full(table.total_elements);
+  llmc::CheckpointWriter writer(dir_ + "/run", 5);
+  llmc::TrainerState st = write_state(writer.tmp_dir(), table, full, 2, 1);
+  st.step = 5;
+  const std::string step_dir = writer.commit(st, 0);
+  const llmc::TrainerState verified = llmc::verify_checkpoint(step_dir);
+  EXPECT_EQ(verified.world_size, 2);
+  EXPECT_EQ(verified.files.size(), 3u);  // model.safetensors and one optimizer shard per rank
+  std::vector<float> values(table.total_elements, 0.0f);
+  const std::string what = llmc::load_weights(step_dir, spec, values.data());
+  EXPECT_NE(what.find("model.safetensors"), std::string::npos) << what;
+  const std::vector<bool> in_tensor = tensor_mask(table);
+  for (size_t i = 0; i < values.size(); i++)
+    if (in_tensor[i]) ASSERT_EQ(values[i], full.master[i]) << i;
 }
 
 TEST_F(TempDir, OptimizerStateErrorsNameTheFile) {

@@ -18,7 +18,7 @@
 #     a tolerance of 5e-2 on every step; a 2-rank fp8_delayed checkpoint resumes bit-identically.
 #  2. Resume: a checkpoint written by 2 ranks (optimizer_rank*.safetensors) resumes on 2 ranks bit-identically to the
 #     uninterrupted run, and on 1 rank (re-sharded; data position continued) with the step-6 loss within 1e-5 and the
-#     later ones within 2e-2; a 1-rank checkpoint resumes on 2 ranks the same way.
+#     later ones within 2e-2; a 1-rank checkpoint resumes on 2 ranks the same way; --export-hf reads a 2-rank one.
 #  3. Faults, each must end the whole job non-zero with a message naming the rank: rank 1 with a bad config, rank 1
 #     with missing shards (run_local.sh and mpirun), rank 1 reading out-of-vocabulary tokens after a few steps (the
 #     per-step check point), one process more than there are GPUs, and rank 1 killed mid-run (no launcher to clean
@@ -242,6 +242,12 @@ if ran r2_full && ran r2_part1 && ran r2_part2 && ran r2_to1; then
   check_compare "2 ranks -> 2 ranks resume" r2_part2 r2_full exact 6
   grep -q "re-sharded" "$LOGS/r2_to1/rank0.log" && pass "2 -> 1: $(grep -o 're-sharded.*' "$LOGS/r2_to1/rank0.log")" || fail "2 -> 1: no re-sharding note"
   check_compare "2 ranks -> 1 rank resume (vs the uninterrupted 2-rank run)" r2_to1 r2_full close 6 1e-5 1e-4 2e-2
+  if "$TRAIN_GPT" "${BASE[@]}" "${CK[@]}" --set "checkpoint.dir=$TMP/r2_full" --export-hf "$TMP/hf_from_2" \
+       >"$LOGS/export.log" 2>&1 && [ -f "$TMP/hf_from_2/model.safetensors" ]; then
+    pass "--export-hf of the checkpoint 2 ranks wrote: $(grep -m1 -o 'checkpoint [^ ]*step_00000010' "$LOGS/export.log")"
+  else
+    fail "--export-hf of a 2-rank checkpoint"; show "$LOGS/export.log"
+  fi
 fi
 train r1_full 1 "${CK[@]}" --set "checkpoint.dir=$TMP/r1_full"
 train r1_part1 1 "${CK[@]}" --set "checkpoint.dir=$TMP/r1" --stop-at-step 5
