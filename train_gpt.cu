@@ -1,10 +1,13 @@
 // train_gpt: the run driver. Read it top to bottom:
 //   flags (llmc/cli) → config (llmc/config: presets, --set overrides, validation) → --print-config / --dry-run
-//   → run_training: device → data loaders → model (llmc/model: the architecture of model.arch, its linears planned by
-//   the precision recipe, llmc/recipe) + AdamW (llmc/optimizer) → init or resume (llmc/checkpoint) → the training
-//   loop (micro-batches with gradient accumulation, AdamW with clipping, the LR schedule, the divergence guard that
-//   skips non-finite steps) → validation, samples, FP8 numerics telemetry, checkpoints and logs (llmc/metrics).
-// One process trains on one GPU; multi-GPU data parallelism arrives with llmc/comm.
+//   → run_training: process group (llmc/comm: one process per GPU; nothing for one GPU) → device → data loaders
+//   → model (llmc/model: the architecture of model.arch, its linears planned by the precision recipe, llmc/recipe)
+//   + AdamW (llmc/zero: ZeRO-1 / ZeRO-0 over the ranks, llmc/optimizer's AdamW on one GPU) → init or resume
+//   (llmc/checkpoint) → the training loop (micro-batches with gradient accumulation, the gradient reduction during
+//   the last backward, AdamW with clipping, the LR schedule, the divergence guard that skips non-finite steps)
+//   → validation, samples, FP8 numerics telemetry, checkpoints and logs (llmc/metrics). Rank 0 prints and writes
+//   logs; every rank checks in at the check points (data, resume, each step's data, checkpoints), so that an error on
+//   one rank stops all of them with a message naming it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +23,7 @@
 
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
+#include "llmc/comm.h"
 #include "llmc/common.h"
 #include "llmc/config.h"
 #include "llmc/data.h"
@@ -32,6 +36,7 @@
 #include "llmc/safetensors.h"
 #include "llmc/schedule.h"
 #include "llmc/tokenizer.h"
+#include "llmc/zero.h"
 
 namespace {
 
@@ -110,9 +115,10 @@ std::string generate_sample(Model& model, const RunConfig& cfg, const GPT2Tokeni
   return tokenizer.decode(generated);
 }
 
-// Mean validation loss over cfg.eval.batches micro-batches from the start of the validation data.
+// Mean validation loss over cfg.eval.batches micro-batches from the start of every rank's slice of the validation
+// data, averaged over the ranks.
 double evaluate(Model& model, DataLoader& val, const RunConfig& cfg, std::vector<int>& inputs,
-                std::vector<int>& targets, cudaStream_t stream) {
+                std::vector<int>& targets, Comm& comm, cudaStream_t stream) {
   val.reset();
   double sum = 0;
   for (int i = 0; i < cfg.eval.batches; i++) {
@@ -120,36 +126,15 @@ double evaluate(Model& model, DataLoader& val, const RunConfig& cfg, std::vector
     model.forward(inputs.data(), targets.data(), cfg.train.micro_batch, cfg.train.seq_len, 0.0f, stream);
     sum += model.mean_loss(stream);
   }
-  return sum / cfg.eval.batches;
+  return comm.average(sum / cfg.eval.batches, "the validation loss");
 }
 
 // ------------------------------------------------------------------------------------------------------------------
-// Checkpoints: model.safetensors = FP32 master weights by parameter name (the bf16 working weights are their
-// round-to-nearest copies), optimizer_m/v.safetensors = AdamW moments, trainer_state.json = step, RNG, data position.
-const char* kModelFile = "model.safetensors";
-const char* kMomentFiles[2] = {"optimizer_m.safetensors", "optimizer_v.safetensors"};
-
-void write_tensor_file(const std::string& path, const ParamTable& table, const std::vector<float>& values,
-                       const std::string& content) {
-  SafetensorsWriter writer;
-  for (const ParamInfo& p : table.params)
-    writer.add(p.name, "F32", p.shape, values.data() + p.offset, p.numel * sizeof(float));
-  writer.set_metadata("format", "llm8");
-  writer.set_metadata("content", content);
-  writer.write(path);
-}
-
-void read_tensor_file(const std::string& path, const ParamTable& table, std::vector<float>& values) {
-  SafetensorsReader reader(path);
-  for (const ParamInfo& p : table.params) {
-    const TensorEntry& e = reader.entry(p.name);
-    if (e.dtype != "F32" || e.shape != p.shape)
-      throw_error("%s: tensor '%s' is %s with %zu dims; the model needs F32 of the shape in its parameter table "
-                  "(is this checkpoint from another model config?)",
-                  path.c_str(), p.name.c_str(), e.dtype.c_str(), e.shape.size());
-    reader.read_into(p.name, values.data() + p.offset, p.numel * sizeof(float));
-  }
-}
+// Checkpoints (file formats in llmc/zero.h): model.safetensors = FP32 master weights by parameter name (the bf16
+// working weights are their round-to-nearest copies), the AdamW state (optimizer_m/v.safetensors by name on one GPU
+// and under ZeRO-0, one optimizer_rank%05d.safetensors per rank under ZeRO-1), trainer_state.json = step, RNG, every
+// rank's data position, world size and shard layout. Rank 0 creates the tmp dir and commits; every rank writes its
+// files into it between the two; the check points make sure nothing is committed unless every rank succeeded.
 
 // precision_state.safetensors: the FP8 scaling state of delayed scaling ("scales" = scale | scale_inv per slot,
 // "amax_history" (slots, history_len)); its description (slot names, ring position) goes into trainer_state.json.
@@ -182,27 +167,40 @@ struct LoopState {
   long long skipped_steps = 0;      // steps the divergence guard skipped, in total
 };
 
-void save_checkpoint(const RunConfig& cfg, int step, Model& model, const AdamW& opt, const DataLoader& train,
-                     const SampleRng& rng, const LoopState& loop) {
-  const ParamTable& table = model.table();
-  std::vector<float> master(table.total_elements), m(table.total_elements), v(table.total_elements);
-  opt.download(master.data(), m.data(), v.data());
-  CheckpointWriter writer(cfg.checkpoint.dir, step);
-  write_tensor_file(writer.file_path(kModelFile), table, master, "fp32 master weights");
-  write_tensor_file(writer.file_path(kMomentFiles[0]), table, m, "adamw first moment, fp32");
-  write_tensor_file(writer.file_path(kMomentFiles[1]), table, v, "adamw second moment, fp32");
-  TrainerState state;
-  state.step = step;
-  state.world_size = 1;
-  state.rng = {{"sample", std::to_string(rng.state)}};
-  state.data = {{"train", nlohmann::json::array({train.position()})}};
-  state.config = config_to_json(cfg);
-  state.extra = {{"optimizer_updates", loop.optimizer_updates}, {"skipped_steps", loop.skipped_steps}};
-  if (PrecisionState* p = model.precision_state(); p && p->num_slots() > 0) {
-    write_precision_state(writer.file_path(kPrecisionFile), *p);
-    state.extra["precision"] = p->describe();
-  }
-  std::printf("checkpoint: %s\n", writer.commit(state, cfg.checkpoint.keep).c_str());
+void save_checkpoint(const RunConfig& cfg, int step, Model& model, ZeroAdamW& opt, const DataLoader& train,
+                     const SampleRng& rng, const LoopState& loop, Comm& comm, cudaStream_t stream) {
+  std::optional<CheckpointWriter> writer;
+  comm.check_all_ok(capture_error([&] { if (comm.is_root()) writer.emplace(cfg.checkpoint.dir, step); }),
+                    "creating the checkpoint directory");
+  const OptimizerSnapshot snapshot = opt.snapshot(stream);  // collective: rank 0 gathers the master weights
+  const std::string tmp = checkpoint_tmp_path(cfg.checkpoint.dir, step);
+  PrecisionState* precision = model.precision_state();
+  const bool has_precision = precision && precision->num_slots() > 0;
+  comm.check_all_ok(capture_error([&] {
+                      snapshot.write(tmp);
+                      // The FP8 scaling state is the same on every rank (the amax reducer keeps it so): rank 0's.
+                      if (has_precision && comm.is_root()) write_precision_state(tmp + "/" + kPrecisionFile, *precision);
+                    }),
+                    "writing its checkpoint files");
+  const std::vector<std::string> positions = comm.all_gather_text(train.position().dump(), "the data positions");
+  std::string dir;
+  comm.check_all_ok(capture_error([&] {
+                      if (!comm.is_root()) return;
+                      TrainerState state;
+                      state.step = step;
+                      state.world_size = comm.world_size();
+                      state.rng = {{"sample", std::to_string(rng.state)}};
+                      state.data = {{"train", nlohmann::json::array()}};
+                      for (const std::string& p : positions) state.data["train"].push_back(nlohmann::json::parse(p));
+                      state.config = config_to_json(cfg);
+                      state.extra = {{"optimizer_updates", loop.optimizer_updates},
+                                     {"skipped_steps", loop.skipped_steps},
+                                     {"optimizer", snapshot.describe()}};
+                      if (has_precision) state.extra["precision"] = precision->describe();
+                      dir = writer->commit(state, cfg.checkpoint.keep);
+                    }),
+                    "committing the checkpoint");
+  if (comm.is_root()) std::printf("checkpoint: %s\n", dir.c_str());
 }
 
 // The model section of a checkpoint's config must equal this run's: the tensors would not fit otherwise.
@@ -265,20 +263,23 @@ double device_memory_in_use_gib() {
 
 // ------------------------------------------------------------------------------------------------------------------
 // The training run. Returns the exit code; throws llmc::Error for user-facing problems.
-int run_training(const RunConfig& cfg, const CliOptions& options) {
-  // Device: one GPU per process; this build runs on one process.
+int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchInfo& launch) {
+  // Process group: with several processes, every rank joins (rendezvous, NCCL) and picks the GPU of its local rank;
+  // one process needs nothing. Only rank 0 prints (LLM8_ALL_RANKS_PRINT=1 keeps every rank's output).
+  Comm comm(launch, cfg.parallel);
+  const int world_size = comm.world_size(), rank = comm.rank();
+  quiet_stdout_unless(comm.is_root() || std::getenv("LLM8_ALL_RANKS_PRINT"));
   if (cuda_device_count() == 0)
     throw_error("no CUDA GPU found: training needs an NVIDIA GPU (compute capability 8.0 or newer); use --dry-run to "
                 "check a config without one");
-  const int world_size = detect_world_size();
-  if (world_size != 1)
-    throw_error("the launcher asks for %d processes, but this build trains on one GPU per run (multi-GPU data "
-                "parallelism is not in this build yet): start one process", world_size);
-  const int device = 0;
+  const int device = comm.device();
   CUDA_CHECK(cudaSetDevice(device));
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   print_device(device, prop);
+  if (comm.distributed())
+    std::printf("parallel: %d ranks (%s, init %s), ZeRO stage %d\n", world_size, launch.launcher.c_str(),
+                comm.method().c_str(), cfg.parallel.zero_stage);
   const int need_cc = recipe_min_compute_capability(cfg.precision);
   if (prop.major * 10 + prop.minor < need_cc)
     throw_error("precision.recipe = \"%s\" needs compute capability %d.%d or newer (%s); %s is sm_%d%d",
@@ -292,26 +293,38 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
   const int B = cfg.train.micro_batch, T = cfg.train.seq_len, accum = cfg.grad_accum_steps;
   const long long tokens_per_step = static_cast<long long>(B) * T * accum * world_size;
 
-  // Data: the loaders check every shard's header and size, and every token against the vocabulary.
-  DataLoader train_data(cfg.data.train, B, T, /*rank=*/0, world_size, cfg.data.shuffle, cfg.data.seed);
-  train_data.set_vocab_size(spec.vocab_size);
-  std::optional<DataLoader> val_data;
-  if (!cfg.data.val.empty()) {
-    val_data.emplace(cfg.data.val, B, T, 0, world_size, /*shuffle=*/false, cfg.data.seed);
-    val_data->set_vocab_size(spec.vocab_size);
-  }
+  // Data: the loaders check every shard's header and size, and every token against the vocabulary; each rank reads
+  // its own slice. A problem on any rank stops every rank here.
+  std::optional<DataLoader> train_loader, val_data;
   std::optional<GPT2Tokenizer> tokenizer;
-  if (cfg.sample.tokens > 0) tokenizer.emplace(cfg.data.tokenizer);
-  std::printf("data: %zu training tokens in %s (%zu batches per epoch)%s\n", train_data.total_tokens(),
-              cfg.data.train.c_str(), train_data.batches_per_epoch(),
+  comm.check_all_ok(capture_error([&] {
+                      train_loader.emplace(cfg.data.train, B, T, rank, world_size, cfg.data.shuffle, cfg.data.seed);
+                      train_loader->set_vocab_size(spec.vocab_size);
+                      if (!cfg.data.val.empty()) {
+                        val_data.emplace(cfg.data.val, B, T, rank, world_size, /*shuffle=*/false, cfg.data.seed);
+                        val_data->set_vocab_size(spec.vocab_size);
+                      }
+                      if (cfg.sample.tokens > 0 && comm.is_root()) tokenizer.emplace(cfg.data.tokenizer);
+                    }),
+                    "loading the data");
+  DataLoader& train_data = *train_loader;
+  std::printf("data: %zu training tokens in %s (%zu batches per epoch%s)%s\n", train_data.total_tokens(),
+              cfg.data.train.c_str(), train_data.batches_per_epoch(), world_size > 1 ? " per rank" : "",
               val_data ? strformat(", %zu validation tokens", val_data->total_tokens()).c_str() : "");
 
   // Model and optimizer.
   gemm_init();
   std::unique_ptr<Model> model_ptr = make_model(spec, B, T, cfg.train.recompute, cfg.precision);
   Model& model = *model_ptr;
-  AdamW optimizer(model.table(), cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps,
-                  cfg.optimizer.weight_decay);
+  ZeroAdamW optimizer(comm, model.table(), model.params(), model.grads(), cfg.optimizer, cfg.parallel.zero_stage);
+  if (comm.distributed()) {
+    // Reduce each block's gradients as soon as backward has finished them; keep FP8 delayed scaling equal on all
+    // ranks (MAX of the amaxes before the scales are updated).
+    model.set_grad_ready_hook([&optimizer](int layer, cudaStream_t s) { optimizer.grads_ready(layer, s); });
+    model.set_amax_reducer([&comm](float* amax, int n, cudaStream_t s) { comm.all_reduce_max_after(amax, n, s); });
+  }
+  // From here on an exception aborts NCCL before the buffers above are freed (no cudaFree waits for a peer).
+  const Comm::AbortGuard abort_guard(comm);
   const ParamTable& table = model.table();
   std::printf("model: %s, %s parameters (%s with the padded vocabulary)\n", spec.arch.c_str(),
               with_thousands(count_parameters(spec, false)).c_str(),
@@ -323,53 +336,71 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
                   ? strformat(", FP8 weight copies, saved inputs and scratch %.1f MiB",
                               fp8_state->device_bytes() / 1048576.0).c_str()
                   : "");
-  std::printf("batch: %d x %d tokens, %d accumulation steps, %s tokens per step\n", B, T, accum,
-              with_thousands(tokens_per_step).c_str());
+  std::printf("batch: %d x %d tokens x %d GPU%s, %d accumulation steps, %s tokens per step\n", B, T, world_size,
+              world_size > 1 ? "s" : "", accum, with_thousands(tokens_per_step).c_str());
 
-  // Initial state: resume from a checkpoint, or initialise (randomly or from train.init_from).
+  // Initial state: resume from a checkpoint (written by any number of ranks: the optimizer state is re-sharded), or
+  // initialise (randomly or from train.init_from). Rank 0 picks and verifies the checkpoint; every rank loads it.
   int start_step = 0;
   LoopState loop;
   SampleRng sample_rng(cfg.sample.seed);
-  std::vector<std::string> notes;
   std::optional<std::string> resume_dir;
-  if (!cfg.checkpoint.dir.empty() || (cfg.checkpoint.resume != "auto" && cfg.checkpoint.resume != "none"))
-    resume_dir = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.dir, &notes);
-  for (const std::string& note : notes) std::printf("checkpoint: %s\n", note.c_str());
-  if (resume_dir) {
-    TrainerState state = load_trainer_state(*resume_dir);
-    check_world_size(state, world_size, *resume_dir);
-    check_same_model(state, cfg, *resume_dir);
-    std::vector<float> master(table.total_elements, 0.0f), m(table.total_elements, 0.0f),
-        v(table.total_elements, 0.0f);
-    read_tensor_file(*resume_dir + "/" + kModelFile, table, master);
-    read_tensor_file(*resume_dir + "/" + kMomentFiles[0], table, m);
-    read_tensor_file(*resume_dir + "/" + kMomentFiles[1], table, v);
-    optimizer.upload(master.data(), m.data(), v.data(), model.params(), stream);
-    model.weights_changed();
-    train_data.restore(state.data.at("train").at(0));
-    sample_rng.state = std::stoull(state.rng.at("sample").get<std::string>());
-    start_step = static_cast<int>(state.step);
-    // Checkpoints from before the divergence guard have no update count: every step was applied.
-    loop.optimizer_updates = state.extra.value("optimizer_updates", static_cast<long long>(state.step));
-    loop.skipped_steps = state.extra.value("skipped_steps", 0LL);
-    PrecisionState* precision = model.precision_state();
-    if (precision && precision->num_slots() > 0) {
-      if (!state.extra.contains("precision"))
-        throw_error("checkpoint %s has no FP8 scaling state, but precision.recipe = \"%s\" keeps one: resume with "
-                    "the recipe it was written with", resume_dir->c_str(), cfg.precision.recipe.c_str());
-      read_precision_state(*resume_dir + "/" + kPrecisionFile, state.extra["precision"], *precision);
-    }
-    std::printf("resumed from %s at step %d\n", resume_dir->c_str(), start_step);
-  } else {
-    std::vector<float> master(table.total_elements, 0.0f);
-    if (!cfg.train.init_from.empty()) {  // an llm8 checkpoint, a Hugging Face directory or an llm.c model file
-      std::printf("init: weights from %s\n", load_weights(cfg.train.init_from, spec, master.data()).c_str());
-    } else {
-      init_parameters(table, static_cast<uint64_t>(cfg.train.seed), master.data());
-    }
-    optimizer.set_master(master.data(), model.params(), stream);
-    model.weights_changed();
-  }
+  comm.check_all_ok(capture_error([&] {
+                      if (!comm.is_root()) return;
+                      std::vector<std::string> notes;
+                      if (!cfg.checkpoint.dir.empty() ||
+                          (cfg.checkpoint.resume != "auto" && cfg.checkpoint.resume != "none"))
+                        resume_dir = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.dir, &notes);
+                      for (const std::string& note : notes) std::printf("checkpoint: %s\n", note.c_str());
+                    }),
+                    "finding the checkpoint to resume from");
+  if (const std::string dir = comm.broadcast_text(resume_dir.value_or(""), "the checkpoint to resume from");
+      !dir.empty())
+    resume_dir = dir;
+  comm.check_all_ok(capture_error([&] {
+                      if (!resume_dir) {
+                        std::vector<float> master(table.total_elements, 0.0f);
+                        if (!cfg.train.init_from.empty()) {  // an llm8 checkpoint, a Hugging Face directory or
+                                                             // an llm.c model file
+                          std::printf("init: weights from %s\n",
+                                      load_weights(cfg.train.init_from, spec, master.data()).c_str());
+                        } else {
+                          init_parameters(table, static_cast<uint64_t>(cfg.train.seed), master.data());
+                        }
+                        optimizer.set_master(master.data(), stream);
+                        model.weights_changed();
+                        return;
+                      }
+                      TrainerState state = load_trainer_state(*resume_dir);
+                      check_same_model(state, cfg, *resume_dir);
+                      optimizer.load(*resume_dir, state, stream);
+                      model.weights_changed();
+                      const nlohmann::json& saved = state.data.at("train");
+                      if (state.world_size == world_size) {
+                        train_data.restore(saved.at(rank));
+                      } else {
+                        std::string note;
+                        train_data.restore(continue_position(saved.at(0), train_data.position(), &note));
+                        std::printf("resume: checkpoint written by %d rank(s), this run has %d: optimizer state "
+                                    "re-sharded; %s\n", state.world_size, world_size, note.c_str());
+                      }
+                      sample_rng.state = std::stoull(state.rng.at("sample").get<std::string>());
+                      start_step = static_cast<int>(state.step);
+                      // Checkpoints from before the divergence guard have no update count: every step was applied.
+                      loop.optimizer_updates = state.extra.value("optimizer_updates", static_cast<long long>(state.step));
+                      loop.skipped_steps = state.extra.value("skipped_steps", 0LL);
+                      PrecisionState* precision = model.precision_state();
+                      if (precision && precision->num_slots() > 0) {
+                        if (!state.extra.contains("precision"))
+                          throw_error("checkpoint %s has no FP8 scaling state, but precision.recipe = \"%s\" keeps "
+                                      "one: resume with the recipe it was written with", resume_dir->c_str(),
+                                      cfg.precision.recipe.c_str());
+                        read_precision_state(*resume_dir + "/" + kPrecisionFile, state.extra["precision"],
+                                             *precision);
+                      }
+                    }),
+                    resume_dir ? "loading the checkpoint" : "initialising the weights");
+  if (resume_dir) std::printf("resumed from %s at step %d\n", resume_dir->c_str(), start_step);
   if (start_step >= cfg.train.steps)
     std::printf("nothing to do: the checkpoint is at step %d and train.steps = %d\n", start_step, cfg.train.steps);
 
@@ -377,6 +408,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
   GpuPeaks peaks{0, 0};
   const bool known_gpu = gpu_peaks(prop.name, &peaks);
   MetricsOptions mopt;
+  mopt.writer = comm.is_root();
   mopt.jsonl_path = !cfg.log.jsonl.empty() ? cfg.log.jsonl
                     : !cfg.checkpoint.dir.empty() ? cfg.checkpoint.dir + "/metrics.jsonl" : "";
   mopt.append = resume_dir.has_value();
@@ -389,19 +421,21 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
   if (resume_dir) logger.log_record({{"type", "resume"}, {"step", start_step}, {"from", *resume_dir}});
 
   std::vector<int> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
+  std::vector<int> step_inputs(static_cast<size_t>(accum) * B * T), step_targets(step_inputs.size());
   auto run_eval = [&](int step) {
     if (!val_data) return;
-    const double val_loss = evaluate(model, *val_data, cfg, inputs, targets, stream);
+    const double val_loss = evaluate(model, *val_data, cfg, inputs, targets, comm, stream);
     logger.log_eval(step, val_loss);  // prints "step S/N | val loss L" and writes the JSONL record
   };
   auto run_sample = [&](int step) {
-    if (!tokenizer) return;
+    if (!tokenizer) return;  // rank 0 samples; the others have no tokenizer
     const std::string text = generate_sample(model, cfg, *tokenizer, sample_rng, stream);
     logger.log_sample(step, text);  // prints "step S/N | sample:" and the text, writes the JSONL record
   };
 
-  // The training loop. `step` counts completed optimizer steps.
-  const float grad_scale = 1.0f / (static_cast<float>(B) * T * accum);
+  // The training loop. `step` counts completed optimizer steps. The loss gradient is pre-scaled by the global token
+  // count, so the sum of the ranks' gradients (the reduction) is the mean.
+  const float grad_scale = 1.0f / (static_cast<float>(B) * T * accum * world_size);
   double peak_mem_gib = device_memory_in_use_gib();
   int stop_at = cfg.train.steps;
   if (options.stop_at_step > 0) stop_at = std::min(stop_at, options.stop_at_step);
@@ -416,21 +450,37 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
     const int done = step + 1;
     const bool measure_numerics = telemetry && done % cfg.log.numerics_every == 0;
     if (measure_numerics) precision->request_numerics();
+    // The step's data first: a bad shard or token on one rank stops every rank here, naming it.
+    comm.check_all_ok(capture_error([&] {
+                        for (int micro = 0; micro < accum; micro++)
+                          train_data.next_batch(step_inputs.data() + static_cast<size_t>(micro) * B * T,
+                                                step_targets.data() + static_cast<size_t>(micro) * B * T);
+                      }),
+                      "reading the training data");
     model.zero_grads(stream);
     double loss = 0;
     for (int micro = 0; micro < accum; micro++) {
-      train_data.next_batch(inputs.data(), targets.data());
-      model.forward(inputs.data(), targets.data(), B, T, grad_scale, stream);
+      const int* micro_inputs = step_inputs.data() + static_cast<size_t>(micro) * B * T;
+      const int* micro_targets = step_targets.data() + static_cast<size_t>(micro) * B * T;
+      const bool last_micro = micro == accum - 1;
+      optimizer.begin_micro_step(last_micro);  // the last micro-step reduces the gradients
+      model.forward(micro_inputs, micro_targets, B, T, grad_scale, stream);
+      loss += model.mean_loss(stream) / accum;  // the losses are known after the forward
+      // Every rank decides on the same (mean) loss; averaged before the last backward queues the gradient
+      // reductions, so that this wait does not include them.
+      if (last_micro) loss = comm.average(loss, "the training loss");
       model.backward(stream);
-      loss += model.mean_loss(stream) / accum;
+      optimizer.backward_done(stream);
     }
-    // The update. AdamW skips itself on the device when the gradient norm is not finite; a non-finite loss skips
-    // it here. Either way the weights, moments and FP8 scales stay as they were.
+    // The update. AdamW skips itself on the device when the (global) gradient norm is not finite; a non-finite loss
+    // skips it here. Either way the weights, moments and FP8 scales stay as they were, on every rank.
     double grad_norm = NAN;
     if (std::isfinite(loss)) {
-      optimizer.step(model.params(), model.grads(), static_cast<float>(lr), static_cast<int>(loop.optimizer_updates + 1),
+      optimizer.step(static_cast<float>(lr), static_cast<int>(loop.optimizer_updates + 1),
                      static_cast<float>(cfg.train.grad_clip), stream);
-      grad_norm = optimizer.last_grad_norm(stream);  // synchronises: the step is done
+      grad_norm = optimizer.last_grad_norm(stream);  // waits: the step is done on every GPU
+    } else {
+      optimizer.skip_step(stream);
     }
     const bool skipped = !std::isfinite(loss) || !std::isfinite(grad_norm);
     if (skipped) {
@@ -464,6 +514,9 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
     m.tokens = static_cast<double>(tokens_per_step);
     m.mem_gib = peak_mem_gib;
     logger.log_train(m);
+    if (const CommTimes c = optimizer.last_comm_times(); c.valid)
+      logger.log_record({{"type", "comm"}, {"step", done}, {"reduce_ms", c.reduce_ms},
+                         {"exposed_reduce_ms", c.exposed_reduce_ms}, {"optimizer_ms", c.optimizer_ms}});
     if (measure_numerics) log_numerics(logger, done, precision->collect_numerics(stream));
 
     const bool last = done == cfg.train.steps;
@@ -471,10 +524,11 @@ int run_training(const RunConfig& cfg, const CliOptions& options) {
     if ((cfg.sample.every > 0 && done % cfg.sample.every == 0) || last) run_sample(done);
     if (!cfg.checkpoint.dir.empty() &&
         ((cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || last))
-      save_checkpoint(cfg, done, model, optimizer, train_data, sample_rng, loop);
+      save_checkpoint(cfg, done, model, optimizer, train_data, sample_rng, loop, comm, stream);
   }
   if (stop_at < cfg.train.steps) std::printf("stopped after step %d (--stop-at-step)\n", stop_at);
 
+  comm.barrier("the end of training");
   gemm_shutdown();
   CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;
@@ -486,21 +540,36 @@ int main(int argc, char** argv) {
   if (rc >= 0) return rc;
   try {
     const int world_size = llmc::detect_world_size();
-    const llmc::RunConfig cfg = llmc::load_config(options.config_path, options.overrides, world_size);
-    if (options.print_config) std::printf("%s\n", llmc::config_to_json(cfg).dump(2).c_str());
-    if (options.dry_run) std::printf("%s", llmc::dry_run_report(cfg, world_size).c_str());
-    if (options.print_config || options.dry_run) return 0;
-    if (options.exporting())  // no GPU needed: the start weights, written in other formats
+    if (options.print_config || options.dry_run || options.exporting()) {  // no GPU, no launcher needed
+      const llmc::RunConfig cfg = llmc::load_config(options.config_path, options.overrides, world_size);
+      if (options.print_config) std::printf("%s\n", llmc::config_to_json(cfg).dump(2).c_str());
+      if (options.dry_run) std::printf("%s", llmc::dry_run_report(cfg, world_size).c_str());
+      if (options.print_config || options.dry_run) return 0;
+      // the start weights, written in other formats
       return llmc::export_run_weights(cfg, options.export_hf, options.export_llmc,
                                       llmc::parse_weight_dtype(options.export_dtype));
-    return run_training(cfg, options);
+    }
+    const llmc::LaunchInfo launch = llmc::detect_launch();
+    llmc::set_error_rank(launch.rank, launch.world_size);
+    if (launch.world_size != world_size)
+      llmc::throw_error("the launcher variables give %d processes here but %d to the config (a leftover WORLD_SIZE?)",
+                        launch.world_size, world_size);
+    std::optional<llmc::RunConfig> cfg;
+    const std::string config_error = llmc::capture_error(
+        [&] { cfg.emplace(llmc::load_config(options.config_path, options.overrides, world_size)); });
+    if (!config_error.empty()) {  // tell the other ranks (they stop at once, naming this rank), then stop
+      llmc::report_startup_failure(
+          launch, llmc::bootstrap_parallel_config(options.config_path, options.overrides), config_error);
+      throw llmc::Error(config_error);
+    }
+    return run_training(*cfg, options, launch);
   } catch (const llmc::Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%serror: %s\n", llmc::error_prefix().c_str(), e.what());
     return 1;
   } catch (const std::exception& e) {  // a bug, not a user error: still a message and exit code 1, not an abort
     std::fflush(stdout);
-    std::fprintf(stderr, "error: internal error: %s\n", e.what());
+    std::fprintf(stderr, "%serror: internal error: %s\n", llmc::error_prefix().c_str(), e.what());
     return 1;
   }
 }

@@ -38,7 +38,9 @@
 //
 // Reading:
 //   resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.dir) → the verified step dir to resume from, or nullopt
-//   load_trainer_state(dir) → TrainerState; check_world_size(state, world_size, dir) before loading optimizer shards.
+//   load_trainer_state(dir) → TrainerState. train_gpt resumes any world size (llmc/zero re-shards the optimizer
+//   state, llmc/data continues the data position); check_world_size(state, world_size, dir) is for readers that
+//   need the writer's world size.
 // Every problem is an llmc::Error naming the file, and, for a corrupt checkpoint, the previous usable one.
 #pragma once
 

@@ -273,4 +273,39 @@ void DataLoader::restore(const nlohmann::json& pos) {
   batch_ = batch.get<size_t>();
 }
 
+nlohmann::json continue_position(const nlohmann::json& saved, const nlohmann::json& current, std::string* note) {
+  auto field = [](const nlohmann::json& pos, const char* key, const char* which) -> const nlohmann::json& {
+    if (!pos.is_object() || !pos.contains(key))
+      throw_error("data: the %s data position has no '%s' (got %s)", which, key, pos.dump().c_str());
+    return pos.at(key);
+  };
+  for (const char* key : {"T", "shuffle", "seed", "num_shards", "total_tokens"})
+    if (field(saved, key, "saved") != field(current, key, "current"))
+      throw_error("data: cannot continue the saved data position: '%s' was %s and is %s now (resuming needs the same "
+                  "data, sequence length, shuffle and seed)", key, saved.at(key).dump().c_str(),
+                  current.at(key).dump().c_str());
+  const auto number = [&](const nlohmann::json& pos, const char* key, const char* which) {
+    const nlohmann::json& v = field(pos, key, which);
+    if (!v.is_number_integer() || v.get<long long>() < 0)
+      throw_error("data: the %s data position has %s = %s, not a non-negative integer", which, key, v.dump().c_str());
+    return static_cast<unsigned long long>(v.get<long long>());
+  };
+  const unsigned long long consumed =
+      number(saved, "batch", "saved") * number(saved, "B", "saved") * number(saved, "world_size", "saved");
+  const unsigned long long per_batch = number(current, "B", "current") * number(current, "world_size", "current");
+  if (per_batch == 0) throw_error("data: the current data position has B * world_size = 0");
+  nlohmann::json out = current;
+  out["epoch"] = field(saved, "epoch", "saved");
+  out["batch"] = consumed / per_batch;
+  if (note)
+    *note = strformat("data position re-derived for %llu rank(s) x %llu sequences (saved by %llu x %llu): epoch %s, "
+                      "%llu windows of the epoch consumed, continuing at batch %llu%s",
+                      number(current, "world_size", "current"), number(current, "B", "current"),
+                      number(saved, "world_size", "saved"), number(saved, "B", "saved"), out["epoch"].dump().c_str(),
+                      consumed, consumed / per_batch,
+                      consumed % per_batch ? strformat(" (%llu windows are seen again)", consumed % per_batch).c_str()
+                                           : "");
+  return out;
+}
+
 }  // namespace llmc

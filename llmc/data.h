@@ -83,6 +83,15 @@ class DataLoader {
   std::vector<uint32_t> window_tokens_;   // (T+1,) scratch
 };
 
+// Resuming with another world size (or micro-batch): where a loader continues a run that saved `saved` (any saved
+// rank's DataLoader::position(), e.g. rank 0's). `current` is this loader's own position() (it supplies this rank's
+// rank, world size and B). All saved ranks were at batch b of epoch e, so together they had consumed the first
+// b * B_saved * world_saved windows of that epoch's order; this loader continues at batch
+// floor(consumed / (B * world_size)) of the same epoch: no window of the epoch is skipped, and when the division is not
+// exact the remainder (less than one global batch) is seen again. *note (when given) describes the re-derivation.
+// llmc::Error when the data, T, shuffle or seed differ.
+nlohmann::json continue_position(const nlohmann::json& saved, const nlohmann::json& current, std::string* note);
+
 // The deterministic permutation used for shuffling: a Fisher-Yates shuffle of 0..n-1 driven by splitmix64 seeded
 // from (seed, epoch). Identical on every platform and standard library (no std::shuffle / distributions).
 std::vector<uint64_t> shuffled_window_order(size_t n, uint64_t seed, int epoch);

@@ -295,6 +295,14 @@ void SafetensorsReader::read_into(const std::string& name, void* dst, size_t nby
   read_at(e.data_offset, dst, nbytes, "tensor '" + name + "'");
 }
 
+void SafetensorsReader::read_range(const std::string& name, size_t byte_offset, void* dst, size_t nbytes) const {
+  const TensorEntry& e = entry(name);
+  if (byte_offset > e.nbytes || nbytes > e.nbytes - byte_offset)
+    throw_error("safetensors: %s: bytes [%zu, %zu) are outside tensor '%s' (%zu bytes)", path_.c_str(), byte_offset,
+                byte_offset + nbytes, name.c_str(), e.nbytes);
+  read_at(e.data_offset + byte_offset, dst, nbytes, "tensor '" + name + "'");
+}
+
 std::vector<float> SafetensorsReader::read_as_float(const std::string& name) const {
   const TensorEntry& e = entry(name);
   const size_t numel = e.nbytes / dtype_size(e.dtype);

@@ -43,6 +43,9 @@ class SafetensorsReader {
   const TensorEntry& entry(const std::string& name) const;  // llmc::Error naming tensor and file if absent
   std::vector<uint8_t> read_bytes(const std::string& name) const;
   void read_into(const std::string& name, void* dst, size_t nbytes) const;  // nbytes must equal the entry's
+  // Bytes [byte_offset, byte_offset + nbytes) of a tensor's data (a slice of a flat tensor, e.g. one rank's range
+  // of an optimizer shard); llmc::Error when the range goes past the tensor.
+  void read_range(const std::string& name, size_t byte_offset, void* dst, size_t nbytes) const;
   std::vector<float> read_as_float(const std::string& name) const;  // F32/BF16/F16 → float
   const std::map<std::string, std::string>& metadata() const;
   const std::string& path() const;

@@ -11,12 +11,16 @@ How a run is measured (details in dev/bench/README.md):
     tokens/s = tokens per step / median step time of the rest.
   - FLOPs per token come from `train_gpt --dry-run` (6N + 6LCT); MFU = FLOPs/token * tokens/s / (peak * GPUs).
   - peak memory = the largest mem_gib of the JSONL records; loss = the last train loss.
+  - --gpus N[,M...] runs every spec on that many GPUs through scripts/run_local.sh (weak scaling: micro_batch per GPU
+    stays, tokens per step grow with N); multi-GPU rows carry the GPU count, and the communication hidden behind
+    backward is measured from the trainer's "comm" records (CUDA events on the communication stream, see README).
 
 Examples:
   python3 dev/bench/bench.py                              # the gpt2 suite (124M and 350M), peer included
   python3 dev/bench/bench.py --suite llama                # llama-350m and llama-1b at T=2048, HF peer included
   python3 dev/bench/bench.py --suite quick --peer none
   python3 dev/bench/bench.py --runs 124m:32:1024,350m:16:1024:2 --recipe bf16 --steps 40 --dry
+  python3 dev/bench/bench.py --runs 124m:32:1024 --gpus 1,2 --peer none     # scaling from 1 to 2 GPUs
 """
 import argparse
 import datetime
@@ -236,7 +240,7 @@ def parse_metrics(text, warmup):
     time of the rest. Returns dict(timed_steps, step_ms (median), step_ms_mean, tokens_per_step, tokens_per_s,
     mem_gib (largest, None if never reported), loss (last train loss), val_loss (last, None if none), last_step).
     Raises ValueError when there are no train records after the warm-up."""
-    train, evals = [], []
+    train, evals, comm = [], [], []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
@@ -249,6 +253,8 @@ def parse_metrics(text, warmup):
             train.append(record)
         elif record.get("type") == "eval":
             evals.append(record)
+        elif record.get("type") == "comm":
+            comm.append(record)
     timed = [r for r in train[warmup:] if r.get("ms") is not None and r.get("tokens") is not None]
     if not timed:
         raise ValueError(f"no timed steps: {len(train)} train records, warm-up {warmup} "
@@ -268,6 +274,26 @@ def parse_metrics(text, warmup):
         "loss": losses[-1] if losses else None,
         "val_loss": vals[-1] if vals else None,
         "last_step": train[-1].get("step") if train else None,
+        "comm": comm_summary(comm, {r.get("step") for r in timed}),
+    }
+
+
+def comm_summary(records, steps):
+    """Medians over the timed steps of the trainer's "comm" records (multi-GPU runs): reduce_ms = time NCCL spent on
+    the gradient reductions (CUDA events around each on the communication stream), exposed_reduce_ms = end of backward
+    to end of the last reduction (what the step waited for), optimizer_ms = norm + AdamW + weight all-gather after the
+    reductions; hidden_pct = share of the reduction time overlapped with backward. None for single-GPU runs."""
+    timed = [r for r in records if r.get("step") in steps]
+    if not timed:
+        return None
+    reduce_ms = statistics.median(r["reduce_ms"] for r in timed)
+    exposed = statistics.median(r["exposed_reduce_ms"] for r in timed)
+    return {
+        "steps": len(timed),
+        "reduce_ms": reduce_ms,
+        "exposed_reduce_ms": exposed,
+        "optimizer_ms": statistics.median(r["optimizer_ms"] for r in timed),
+        "hidden_pct": 100.0 * max(0.0, reduce_ms - exposed) / reduce_ms if reduce_ms > 0 else None,
     }
 
 
@@ -463,33 +489,29 @@ def free_port():
 
 
 def launch_trainer(cmd, gpus, log_prefix, timeout):
-    """One process, or `gpus` processes with torchrun-style variables (rank 0's log is returned)."""
+    """One process, or `gpus` processes through scripts/run_local.sh (torchrun-style variables, a free MASTER_PORT,
+    NCCL_NVLS_ENABLE=0, one failing rank stops the others); per-rank logs <log_prefix>.rank<R>.log. Returns (exit
+    code or None on timeout, rank 0's log, or the failing rank's log when one failed)."""
     if gpus == 1:
         return run_logged(cmd, log_prefix + ".log", timeout)
-    port = str(free_port())
-    procs, logs = [], []
+    logdir = log_prefix + ".ranks"
+    os.makedirs(logdir, exist_ok=True)
+    env = dict(os.environ, LLM8_LOG_DIR=logdir, NCCL_NVLS_ENABLE="0")
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(var, None)
+    launcher = [os.path.join(REPO_ROOT, "scripts", "run_local.sh"), str(gpus), "--"] + cmd
+    rc, launcher_text = run_logged(launcher, log_prefix + ".launcher.log", timeout, env=env)
+    texts = []
     for rank in range(gpus):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(gpus), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(gpus), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NCCL_NVLS_ENABLE="0")
-        logs.append(open(f"{log_prefix}.rank{rank}.log", "w"))
-        procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=logs[-1], stderr=subprocess.STDOUT, env=env))
-    codes = []
-    for p in procs:
         try:
-            codes.append(p.wait(timeout=timeout))
-        except subprocess.TimeoutExpired:
-            codes.append(None)
-    for p, c in zip(procs, codes):
-        if c is None:
-            p.kill()
-            p.wait()
-    for log in logs:
-        log.close()
-    texts = [open(log.name, errors="replace").read() for log in logs]
-    bad = [i for i, c in enumerate(codes) if c != 0]
-    if not bad:
+            with open(os.path.join(logdir, f"rank{rank}.log"), errors="replace") as f:
+                texts.append(f.read())
+        except OSError:
+            texts.append("")
+    if rc == 0:
         return 0, texts[0]
-    return codes[bad[0]], texts[bad[0]]
+    failed = [t for t in texts if re.search(r"error", t, re.IGNORECASE)]
+    return rc, (failed[0] if failed else texts[0]) + "\n" + launcher_text
 
 
 def failure_text(rc, text, timeout):
@@ -657,11 +679,12 @@ def print_dry(args, specs, recipes, gpu_name):
             if not set_recipe:
                 overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
             prefix = f"WORLD_SIZE={spec.gpus} " if spec.gpus > 1 else ""
-            launch = f" (x{spec.gpus} processes: RANK/LOCAL_RANK 0..{spec.gpus - 1}, MASTER_ADDR/PORT)" \
-                if spec.gpus > 1 else ""
             print(f"# {spec.label()} {recipe}")
             print(prefix + shlex.join(trainer_command(args.train_gpt, config, overrides, dry_run=True)))
-            print(shlex.join(trainer_command(args.train_gpt, config, overrides)) + launch)
+            run = trainer_command(args.train_gpt, config, overrides)
+            if spec.gpus > 1:
+                run = [os.path.join("scripts", "run_local.sh"), str(spec.gpus), "--"] + run
+            print(shlex.join(run))
         if args.peer == "torch" and spec.gpus == 1:
             config, _ = config_for(spec.model, recipes[0], args.configs)
             dims = model_dims({}, read_preset(config, spec.model))
@@ -693,6 +716,33 @@ def print_summary(entries):
                 print(f"{'':<30} {'':<16} peer {fmt(peer_tok, ',.0f')} tok/s, {fmt(peer_mem, '.1f')} GiB")
         if peer is not None and not peer.ok:
             print(f"{'':<30} {'peer':<16} {peer.error}")
+        comm = ours.raw.get("metrics", {}).get("comm") if ours.ok else None
+        if comm:
+            print(f"{'':<30} {'comm':<16} reductions {comm['reduce_ms']:.2f} ms/step, exposed after backward "
+                  f"{comm['exposed_reduce_ms']:.2f} ms ({fmt(comm['hidden_pct'], '.0f')}% hidden), "
+                  f"optimizer + all-gather {comm['optimizer_ms']:.2f} ms")
+    print_scaling(entries)
+
+
+def print_scaling(entries):
+    """Tokens/s per GPU count for every (model, B, T, recipe) that ran on more than one count: speed-up over the
+    smallest count and the scaling efficiency (speed-up / GPU ratio)."""
+    groups = {}
+    for spec, recipe, ours, _ in entries:
+        if ours.ok:
+            groups.setdefault((spec.model, spec.micro_batch, spec.seq_len, recipe), {})[spec.gpus] = \
+                ours.row["tokens_per_s"]
+    rows = [(k, v) for k, v in groups.items() if len(v) > 1]
+    if not rows:
+        return
+    print(f"\n{'scaling (weak: micro-batch per GPU fixed)':<44} {'GPUs':>4} {'tok/s':>11} {'speed-up':>8} "
+          f"{'efficiency':>10}")
+    for (model, b, t, recipe), by_gpus in rows:
+        base_gpus = min(by_gpus)
+        for g in sorted(by_gpus):
+            up = by_gpus[g] / by_gpus[base_gpus]
+            print(f"{os.path.basename(model) + f' B={b} T={t} {recipe}':<44} {g:>4} {by_gpus[g]:>11,.0f} "
+                  f"{up:>8.2f} {100 * up * base_gpus / g:>9.0f}%")
 
 
 def main(argv=None):
@@ -705,6 +755,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing (default 5)")
     ap.add_argument("--recipe", default="bf16", help="comma-separated precision recipes (default bf16)")
+    ap.add_argument("--gpus", help="comma-separated GPU counts, e.g. 1,2: every run spec runs once per count through "
+                                   "scripts/run_local.sh (overrides the specs' own :gpus)")
     ap.add_argument("--peer", choices=["torch", "none"], default="torch",
                     help="run the PyTorch reference beside each single-GPU run (default torch)")
     ap.add_argument("--results", default=os.path.join("dev", "bench", "results"), help="results directory")
@@ -722,6 +774,14 @@ def main(argv=None):
         specs = parse_run_list(args.runs, args.suite if (args.suite or args.runs) else "gpt2")
     except ValueError as e:
         ap.error(str(e))
+    if args.gpus:
+        try:
+            counts = [int(g) for g in args.gpus.split(",") if g.strip()]
+        except ValueError:
+            ap.error(f"--gpus {args.gpus}: expected comma-separated GPU counts, e.g. 1,2")
+        if not counts or min(counts) < 1:
+            ap.error(f"--gpus {args.gpus}: GPU counts must be >= 1")
+        specs = [RunSpec(s.model, s.micro_batch, s.seq_len, g) for s in specs for g in counts]
     recipes = [r.strip() for r in args.recipe.split(",") if r.strip()]
     if not specs or not recipes:
         ap.error("nothing to run (give --runs or --suite, and --recipe)")
