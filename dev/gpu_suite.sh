@@ -4,6 +4,7 @@
 # model parity with the PyTorch reference; integration: trainings, determinism, save/kill/resume), and writes the
 # logs and a summary to LOGDIR. Exit status: that of ctest (0 = every GPU test passed).
 #   usage: bash dev/gpu_suite.sh [LOGDIR] [BUILD_DIR]      (defaults: runs/gpu_suite, build)
+#   CTEST_ARGS: extra ctest arguments, e.g. CTEST_ARGS="-E multi_gpu" on a one-GPU machine, "-R multi_gpu" on two.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${1:-runs/gpu_suite}
@@ -22,7 +23,8 @@ fi
 echo "gpu_suite: built in $(( $(date +%s) - start )) s"
 
 start=$(date +%s)
-(cd "$BUILD" && ctest -L 'gpu|integration' --output-on-failure --timeout 900) > "$LOGDIR/ctest.log" 2>&1
+# shellcheck disable=SC2086  # CTEST_ARGS is a list of words
+(cd "$BUILD" && ctest -L 'gpu|integration' --output-on-failure --timeout 900 ${CTEST_ARGS:-}) > "$LOGDIR/ctest.log" 2>&1
 rc=$?
 grep -E "tests passed|Test +#|\*\*\*|Failed|Skipped" "$LOGDIR/ctest.log" | tail -40
 echo "gpu_suite: ctest exit $rc after $(( $(date +%s) - start )) s (log: $LOGDIR/ctest.log)"
