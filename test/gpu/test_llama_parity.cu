@@ -196,10 +196,10 @@ ModelSpec tied_gqa4() {
   return s;
 }
 
-void run_parity(const ModelSpec& want, int B, int T, bool extra_checks, double lr = 1e-3) {
+void run_parity(const ModelSpec& want, int B, int T, bool extra_checks, double reference_lr = 1e-3) {
   if (T > want.max_seq_len) GTEST_SKIP() << "T=" << T << " exceeds the context " << want.max_seq_len;
   DebugState ds;
-  make_debug_state(&ds, want, B, T, lr);
+  make_debug_state(&ds, want, B, T, reference_lr);  // the steps below use the lr the reference wrote
   SafetensorsReader weights(ds.dir + "/model.safetensors");
   SafetensorsReader dbg(ds.dir + "/debug_state.safetensors");
   const ModelSpec spec = spec_from_metadata(weights);
