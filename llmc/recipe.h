@@ -70,7 +70,7 @@ bool layer_stays_bf16(const PrecisionRecipe& r, int layer, int n_layer);
 LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearKind kind);
 // The compute capability a recipe needs: 80 for bf16, 89 for per-tensor FP8, 90 for block-wise FP8.
 int recipe_min_compute_capability(const PrecisionRecipe& r);
-// One line for logs: "fp8_blockwise (x e4m3 1x128, w e4m3 128x128, dy e4m3 1x128; pow2 scales; bf16 layers: 0 -1)".
+// One line for logs: "fp8_blockwise (x e4m3 1x128, w e4m3 128x128, dy e5m2 1x128; power-of-two scales; ...)".
 std::string describe_recipe(const PrecisionRecipe& r);
 
 }  // namespace llmc

@@ -256,7 +256,7 @@ TEST(Config, RecipePresetAndOverrides) {
   EXPECT_TRUE(c.precision.fp8);
   EXPECT_EQ(c.precision.x.granularity, llmc::ScaleGranularity::Block1x128);
   EXPECT_EQ(c.precision.w.granularity, llmc::ScaleGranularity::Block128x128);
-  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E4M3);
+  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E5M2);
   EXPECT_TRUE(c.precision.pow2_scales);
   EXPECT_FALSE(c.precision.fast_accum);
 

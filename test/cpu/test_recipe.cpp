@@ -40,7 +40,7 @@ TEST(Recipe, Presets) {
   EXPECT_EQ(b.x.granularity, ScaleGranularity::Block1x128);
   EXPECT_EQ(b.w.granularity, ScaleGranularity::Block128x128);
   EXPECT_EQ(b.dy.granularity, ScaleGranularity::Block1x128);
-  EXPECT_EQ(b.dy.format, Fp8Format::E4M3);
+  EXPECT_EQ(b.dy.format, Fp8Format::E5M2);  // E5M2 gradients (measured; see llmc/recipe.cpp)
   EXPECT_TRUE(b.pow2_scales);
   EXPECT_FALSE(b.fast_accum);
   EXPECT_FALSE(precision_recipe_preset("fp8", nullptr));
