@@ -136,17 +136,22 @@ void Linear::quantize(QTensor& q, int slot, const bf16* src, bool amax_ready, bo
   q.scale = scale;
   q.scale_inv = scale_inv;
   const size_t n = (size_t)q.rows * q.cols;
-  if (plan_.scaling == ScalingMode::Current || !state_.history_started()) {
-    // Current scaling (and the first step of delayed scaling, which has no history yet): scale from this tensor's
-    // amax. In delayed mode the slot also accumulates the step's amax for the history, so measure into a temporary.
-    float* current = plan_.scaling == ScalingMode::Current ? amax : state_.temp_amax();
-    if (!amax_ready || plan_.scaling != ScalingMode::Current) {
-      CUDA_CHECK(cudaMemsetAsync(current, 0, sizeof(float), s));
-      amax_bf16(current, src, n, s);
+  if (plan_.scaling == ScalingMode::Current) {
+    // Current scaling: the scale from this tensor's amax (measured here unless its producer did), computed inside
+    // the cast's launch.
+    if (!amax_ready) {
+      CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
+      amax_bf16(amax, src, n, s);
     }
-    fp8_scale_from_amax(scale, scale_inv, current, q.format, plan_.margin, plan_.pow2_scales, s);
-    if (plan_.scaling == ScalingMode::Delayed && training) amax_bf16(amax, src, n, s);  // record for the history
-    fp8_quantize_tensorwise(q, src, nullptr, s);
+    fp8_quantize_tensorwise_from_amax(q, src, amax, plan_.margin, plan_.pow2_scales, s);
+  } else if (!state_.history_started()) {
+    // The first step of delayed scaling has no history yet: scale from this tensor's amax, measured into a temporary
+    // (the slot accumulates the step's amax for the history).
+    float* current = state_.temp_amax();
+    CUDA_CHECK(cudaMemsetAsync(current, 0, sizeof(float), s));
+    amax_bf16(current, src, n, s);
+    if (training) amax_bf16(amax, src, n, s);  // record for the history
+    fp8_quantize_tensorwise_from_amax(q, src, current, plan_.margin, plan_.pow2_scales, s);
   } else {
     // Delayed: the scale was set from the history; record this tensor's amax (training only) while casting.
     fp8_quantize_tensorwise(q, src, training ? amax : nullptr, s);

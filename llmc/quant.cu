@@ -269,7 +269,11 @@ struct TileArgs {
   const bf16* x;         // (rows, cols)
   uint8_t* data;         // (rows, cols) codes, or null
   uint8_t* data_t;       // (cols, rows) codes, or null
-  const float* scale;    // Tensor: (1) the multiplier
+  const float* scale;    // Tensor: (1) the multiplier (with amax_in: the previous one, kept for a 0 / non-finite amax)
+  const float* amax_in;  // Tensor, current scaling in one launch: (1) the amax the multiplier comes from, or null
+  float* scale_out;      //   with amax_in: where block 0 writes the multiplier and its inverse (the slot's scale,
+  float* scale_inv_out;  //   scale_inv; every block computes the same value, so none waits for block 0)
+  float margin_factor;   //   with amax_in: 2^margin
   float* scale_inv;      // blocks: data's GEMM-ready scales (ld)
   float* scale_inv_t;    // blocks: data_t's GEMM-ready scales (ld_t)
   float* amax;           // atomic max of max |x| (bits), or null
@@ -328,7 +332,17 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_tile_kernel(const Ti
   const int rt = blockIdx.x / a.col_tiles, ct = blockIdx.x % a.col_tiles;
   const int r0 = rt * kTile, c0 = ct * kTile;
   const int tile_rows = min(kTile, a.rows - r0), tile_cols = min(kTile, a.cols - c0);
-  const float tensor_scale = kMode == TileMode::Tensor ? a.scale[0] : 1.0f;
+  float tensor_scale = 1.0f;
+  if (kMode == TileMode::Tensor) {
+    // With amax_in every block derives the scale itself (fp8_scale_from_amax's formula). Block 0 overwrites a.scale
+    // while later blocks may still read it as the fallback: the fallback is only used when amax_in is 0 or not
+    // finite, and then block 0 writes back the value it read, so every block gets the same scale in any order.
+    tensor_scale = a.amax_in ? scale_from_amax(a.amax_in[0], a.scale[0], kMax, a.margin_factor, a.pow2) : a.scale[0];
+    if (a.amax_in && blockIdx.x == 0 && threadIdx.x == 0) {
+      a.scale_out[0] = tensor_scale;
+      a.scale_inv_out[0] = div_rn(1.0f, tensor_scale);
+    }
+  }
 
   // 1. Load: chunk k of rows r = row0 + 16 s (zeros outside the tensor: they never raise an amax).
   const int k = threadIdx.x % kTileChunks;
@@ -493,6 +507,30 @@ void fp8_quantize_tensorwise(const QTensor& q, const bf16* x, float* amax_out, c
   a.scale = q.scale;
   a.amax = amax_out;
   if (q.rows == 0 || (!q.data && !q.data_t && !amax_out)) return;
+  launch_tile_kernel<TileMode::Tensor>(a, q.format, stream);
+}
+
+void fp8_quantize_tensorwise_from_amax(const QTensor& q, const bf16* x, const float* amax, int margin, bool pow2,
+                                       cudaStream_t stream) {
+  const char* kernel = "fp8_quantize_tensorwise_from_amax";
+  check_cast(kernel, q, x);
+  if (q.granularity != ScaleGranularity::Tensor)
+    throw_error("%s: q.granularity is %s; per-tensor casts need 'tensor'", kernel,
+                scale_granularity_name(q.granularity));
+  if (!q.scale || !q.scale_inv || !amax)
+    throw_error("%s: q.scale (%p), q.scale_inv (%p) and amax (%p) must all be device pointers", kernel,
+                static_cast<void*>(q.scale), static_cast<void*>(q.scale_inv), static_cast<const void*>(amax));
+  TileArgs a = tile_args(q, x);
+  a.scale = q.scale;
+  a.amax_in = amax;
+  a.scale_out = q.scale;
+  a.scale_inv_out = q.scale_inv;
+  a.margin_factor = margin_factor(kernel, margin);
+  a.pow2 = pow2;
+  if (q.rows == 0 || (!q.data && !q.data_t)) {  // nothing to cast: the scale alone
+    fp8_scale_from_amax(q.scale, q.scale_inv, amax, q.format, margin, pow2, stream);
+    return;
+  }
   launch_tile_kernel<TileMode::Tensor>(a, q.format, stream);
 }
 

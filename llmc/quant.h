@@ -13,7 +13,8 @@
 // Where the amax comes from, per recipe:
 //   current per-tensor: the kernel that PRODUCES the tensor (layernorm, gelu, attention, their backwards...) writes
 //     it with atomic_max_abs (llmc/cuda_utils.cuh) into a slot the caller zeroed; fp8_scale_from_amax turns it into
-//     scale / scale_inv on the device; fp8_quantize_tensorwise casts with it (one more read of the tensor, the cast).
+//     scale / scale_inv on the device; fp8_quantize_tensorwise casts with it (one more read of the tensor, the cast);
+//     fp8_quantize_tensorwise_from_amax does both in the cast's launch.
 //   delayed per-tensor: the scale comes from the amax history (fp8_delayed_scaling_update, once per step for every
 //     delayed tensor at once); the cast reports the tensor's amax into amax_out for the next update.
 //   blocks: each block's scale comes from its own amax, inside fp8_quantize_blockwise.
@@ -63,6 +64,11 @@ float amax_bf16_cpu(const float* x, size_t n);
 // Per-tensor: q.data (if non-null) = fp8(x * q.scale[0]); q.data_t (if non-null) = the same codes transposed
 // (cols, rows), written in the same pass over x. If amax_out is non-null, max |x| is atomically maxed into it.
 void fp8_quantize_tensorwise(const QTensor& q, const bf16* x, float* amax_out, cudaStream_t stream);
+// Current per-tensor scaling in one launch: q.scale / q.scale_inv = fp8_scale_from_amax(amax[0], previous q.scale,
+// q.format, margin, pow2) and the cast with that scale, the same codes and scales as fp8_scale_from_amax followed by
+// fp8_quantize_tensorwise (amax: the slot the producer filled).
+void fp8_quantize_tensorwise_from_amax(const QTensor& q, const bf16* x, const float* amax, int margin, bool pow2,
+                                       cudaStream_t stream);
 // Host reference on float values (exactly representable in bf16); scale is the multiplier.
 void fp8_quantize_tensorwise_cpu(uint8_t* data, uint8_t* data_t, float* amax_out, const float* x, int rows, int cols,
                                  float scale, Fp8Format f);

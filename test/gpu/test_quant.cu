@@ -406,6 +406,56 @@ TEST(QuantizeTensorwise, MatchesHostBitForBit) {
   }
 }
 
+// Current scaling in one launch: the same scale (kept for a 0 / non-finite amax) and codes as fp8_scale_from_amax
+// followed by fp8_quantize_tensorwise, for amaxes from the tensor itself, from another tensor (outliers saturate),
+// zero and non-finite, every margin / pow2 variant, and both outputs.
+TEST(QuantizeTensorwise, FromAmaxMatchesScaleThenCast) {
+  std::mt19937_64 rng = make_rng();
+  int cases = 0;
+  for (const Shape& sh : kShapes) {
+    const std::vector<float> x = make_input(sh.rows, sh.cols, rng);
+    DeviceBuffer<bf16> dx(to_bf16(x));
+    const size_t n = x.size();
+    const float amax = llmc::amax_bf16_cpu(x.data(), n);
+    auto x_at = [&](int r, int c) { return x[static_cast<size_t>(r) * sh.cols + c]; };
+    auto x_at_t = [&](int c, int r) { return x[static_cast<size_t>(r) * sh.cols + c]; };
+    const float amaxes[] = {amax, amax / 16.0f, 0.0f, INFINITY, std::numeric_limits<float>::quiet_NaN()};
+    for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+      for (int variant = 0; variant < 2; variant++)
+        for (float a : amaxes) {
+          const int margin = variant == 1 ? 2 : 0;
+          const bool pow2 = variant == 1;
+          const float previous = 0.75f;
+          const float scale = llmc::fp8_scale_from_amax_cpu(a, previous, f, margin, pow2);
+          const std::string what = llmc::strformat("from_amax %dx%d %s amax %g margin %d pow2 %d", sh.rows, sh.cols,
+                                                   fname(f), a, margin, static_cast<int>(pow2));
+          DeviceBuffer<uint8_t> data(n), data_t(n);
+          DeviceBuffer<float> d_scale(std::vector<float>{previous}), d_scale_inv(1), d_amax(std::vector<float>{a});
+          d_scale_inv.poison();
+          QTensor q;
+          q.rows = sh.rows;
+          q.cols = sh.cols;
+          q.format = f;
+          q.data = data.ptr;
+          q.data_t = data_t.ptr;
+          q.scale = d_scale.ptr;
+          q.scale_inv = d_scale_inv.ptr;
+          llmc::fp8_quantize_tensorwise_from_amax(q, dx.ptr, d_amax.ptr, margin, pow2, 0);
+          std::vector<uint8_t> want(n), want_t(n);
+          llmc::fp8_quantize_tensorwise_cpu(want.data(), want_t.data(), nullptr, x.data(), sh.rows, sh.cols, scale, f);
+          ASSERT_TRUE(same_codes(what + ": data", data.download(), want, sh.rows, sh.cols, f, x_at));
+          ASSERT_TRUE(same_codes(what + ": data_t", data_t.download(), want_t, sh.cols, sh.rows, f, x_at_t));
+          EXPECT_EQ(bits_of(d_scale.download()[0]), bits_of(scale)) << what << ": scale";
+          EXPECT_EQ(bits_of(d_scale_inv.download()[0]), bits_of(1.0f / scale)) << what << ": scale_inv";
+          EXPECT_EQ(bits_of(d_amax.download()[0]), bits_of(a)) << what << ": the amax is read, not changed";
+          ASSERT_TRUE(data.guard_intact("data") && data_t.guard_intact("data_t") &&
+                      d_scale.guard_intact("scale") && d_scale_inv.guard_intact("scale_inv"));
+          cases++;
+        }
+  }
+  EXPECT_EQ(cases, static_cast<int>(std::size(kShapes)) * 2 * 2 * 5);
+}
+
 // Block-wise, every granularity x format x pow2 x outputs x shape; q.amax poisoned before (it is overwritten).
 TEST(QuantizeBlockwise, MatchesHostBitForBit) {
   std::mt19937_64 rng = make_rng();
