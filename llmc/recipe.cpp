@@ -137,7 +137,9 @@ LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearK
   p.margin = r.margin;
   p.pow2_scales = r.pow2_scales;
   p.fast_accum_fprop = r.fast_accum && r.x.granularity == ScaleGranularity::Tensor;
-  p.save_fp8_input = r.fp8_activations;
+  // The attention output is kept in BF16 by every model anyway (the attention backward reads it), so its
+  // projection saves no FP8 copy: its wgrad quantises the BF16 tensor again, and the copy's memory is saved.
+  p.save_fp8_input = r.fp8_activations && kind != LinearKind::AttnOut;
   return p;
 }
 

@@ -72,6 +72,7 @@ TEST(Recipe, LinearPlans) {
   EXPECT_TRUE(dp.amax_use_max);
   const LinearPlan bp = plan_linear(preset("fp8_blockwise"), 3, 12, LinearKind::AttnOut);
   EXPECT_TRUE(bp.fp8);
+  EXPECT_FALSE(bp.save_fp8_input);  // the models keep the attention output in BF16 for the attention backward
   EXPECT_FALSE(bp.fast_accum_fprop);
   EXPECT_EQ(bp.scaling, ScalingMode::Current);
   EXPECT_TRUE(bp.pow2_scales);
