@@ -6,9 +6,11 @@ transformers' LlamaForCausalLM with sdpa; both torch.compile, BF16 autocast, fus
 per run to dev/bench/results/<gpu>.md and prints a side-by-side table.
 
 How a run is measured (details in dev/bench/README.md):
-  - train_gpt runs `--steps` optimizer steps with one micro-step per step (train.global_batch_tokens=0), no
-    validation, sampling or checkpoints, and writes its JSONL metrics; the first `--warmup` steps are dropped and
-    tokens/s = tokens per step / median step time of the rest.
+  - train_gpt runs `--steps` optimizer steps of `--accum` micro-steps each (default 1: train.global_batch_tokens=0;
+    K > 1: train.global_batch_tokens = K * B * T * GPUs, gradient accumulation as in a real run, where the optimizer
+    step is amortised over the global batch), no validation, sampling or checkpoints, and writes its JSONL metrics; the
+    first `--warmup` steps are dropped and tokens/s = tokens per step / median step time of the rest. The peer runs
+    the same accumulation.
   - FLOPs per token come from `train_gpt --dry-run` (6N + 6LCT); MFU = FLOPs/token * tokens/s / (peak * GPUs).
   - peak memory = the largest mem_gib of the JSONL records; loss = the last train loss.
   - --gpus N[,M...] runs every spec on that many GPUs through scripts/run_local.sh (weak scaling: micro_batch per GPU
@@ -21,6 +23,7 @@ Examples:
   python3 dev/bench/bench.py --suite quick --peer none
   python3 dev/bench/bench.py --runs 124m:32:1024,350m:16:1024:2 --recipe bf16 --steps 40 --dry
   python3 dev/bench/bench.py --runs 124m:32:1024 --gpus 1,2 --peer none     # scaling from 1 to 2 GPUs
+  python3 dev/bench/bench.py --runs llama-1b:4:2048 --recipe bf16,fp8_tensorwise --accum 16 --steps 4 --warmup 1
 """
 import argparse
 import datetime
@@ -84,7 +87,7 @@ SUITES = {
 
 PEER_RECIPE = "pytorch-compile-bf16"            # dev/reference/gpt2.py --time
 LLAMA_PEER_RECIPE = "hf-llama-compile-bf16"     # dev/reference/llama.py --time (transformers' LlamaForCausalLM)
-RESULT_COLUMNS = ["model", "recipe", "GPUs", "micro-batch", "sequence", "tokens/s", "MFU (BF16 peak)",
+RESULT_COLUMNS = ["model", "recipe", "GPUs", "micro-batch", "accum", "sequence", "tokens/s", "MFU (BF16 peak)",
                   "MFU (FP8 peak)", "peak memory GiB", "loss", "commit", "date"]
 
 
@@ -147,14 +150,15 @@ def config_for(model, recipe, configs_dir):
     return os.path.join(configs_dir, f"{stem}_bf16.json"), True
 
 
-def bench_overrides(spec, recipe, steps, warmup, jsonl_path, train_glob):
-    """--set overrides that turn a training config into a benchmark: fixed batch and steps, one micro-step per
-    optimizer step, the learning-rate warm-up as long as the timing warm-up (it must not exceed the steps), no
-    validation/sampling/checkpoints, JSONL metrics every step."""
+def bench_overrides(spec, recipe, steps, warmup, jsonl_path, train_glob, accum=1):
+    """--set overrides that turn a training config into a benchmark: fixed batch and steps, `accum` micro-steps per
+    optimizer step (1: train.global_batch_tokens=0), the learning-rate warm-up as long as the timing warm-up (it must
+    not exceed the steps), no validation/sampling/checkpoints, JSONL metrics every step."""
+    global_tokens = accum * spec.micro_batch * spec.seq_len * spec.gpus if accum > 1 else 0
     return [
         f"train.micro_batch={spec.micro_batch}",
         f"train.seq_len={spec.seq_len}",
-        "train.global_batch_tokens=0",
+        f"train.global_batch_tokens={global_tokens}",
         f"train.steps={steps}",
         f"train.warmup_steps={warmup}",
         f"precision.recipe={recipe}",
@@ -178,11 +182,13 @@ def trainer_command(train_gpt, config, overrides, dry_run=False):
     return cmd
 
 
-def peer_command(python, dims, spec, warmup, steps):
+def peer_command(python, dims, spec, warmup, steps, accum=1):
     """The PyTorch peer in timing mode with the model sizes given explicitly (works for any preset):
     dev/reference/gpt2.py for gpt2, dev/reference/llama.py (transformers' LlamaForCausalLM) for llama."""
     common = ["--B", str(spec.micro_batch), "--T", str(spec.seq_len),
               "--warmup", str(warmup), "--iters", str(max(1, steps - warmup))]
+    if accum > 1:
+        common += ["--accum", str(accum)]
     sizes = ["--n_layer", str(dims["n_layer"]), "--n_head", str(dims["n_head"]), "--n_embd", str(dims["n_embd"]),
              "--max_seq_len", str(max(dims["max_seq_len"], spec.seq_len)), "--vocab_size", str(dims["vocab_size"])]
     if dims["arch"] == "llama":
@@ -418,11 +424,12 @@ One row per benchmark run, appended by `dev/bench/bench.py` (see dev/bench/READM
   (`dev/reference/gpt2.py --time`: torch.compile, BF16 autocast, fused AdamW) run beside ours on the same GPU in
   the same session; for Llama models the peer is `{llama_peer}` (`dev/reference/llama.py --time`: transformers'
   LlamaForCausalLM with sdpa attention, torch.compile, BF16 autocast, fused AdamW).
-- **GPUs, micro-batch, sequence**: data-parallel GPUs, sequences per GPU per step, tokens per sequence.
-- **tokens/s**: over all GPUs. llm8 runs one micro-step per optimizer step with no validation, sampling or
+- **GPUs, micro-batch, accum, sequence**: data-parallel GPUs, sequences per GPU per micro-step, micro-steps per
+  optimizer step (gradient accumulation; 1 = an optimizer step after every micro-step), tokens per sequence.
+- **tokens/s**: over all GPUs. llm8 runs `accum` micro-steps per optimizer step with no validation, sampling or
   checkpoints; the first warm-up steps are dropped and tokens/s = tokens per step / median step time of the rest
-  (train_gpt's per-step `ms`). The peer drops the same number of warm-up steps (torch.compile happens there) and
-  reports the mean step time of the rest (synchronised wall clock around the loop).
+  (train_gpt's per-step `ms`). The peer runs the same accumulation, drops the same number of warm-up steps
+  (torch.compile happens there) and reports the mean step time of the rest (synchronised wall clock around the loop).
 - **MFU**: FLOPs/token x tokens/s / (peak x GPUs), FLOPs/token = 6N + 6LCT (N = non-embedding parameters + the
   lm_head on the real vocabulary; L layers, C width, T sequence), against the dense peaks of this GPU:
   {peaks}.
@@ -437,7 +444,7 @@ One row per benchmark run, appended by `dev/bench/bench.py` (see dev/bench/READM
 
 def result_row(r):
     return "| " + " | ".join([
-        r["model"], r["recipe"], str(r["gpus"]), str(r["micro_batch"]), str(r["seq_len"]),
+        r["model"], r["recipe"], str(r["gpus"]), str(r["micro_batch"]), str(r.get("accum", 1)), str(r["seq_len"]),
         fmt(r["tokens_per_s"], ",.0f"), fmt(r["mfu_bf16"], ".1f") + "%" * (r["mfu_bf16"] is not None),
         fmt(r["mfu_fp8"], ".1f") + "%" * (r["mfu_fp8"] is not None),
         fmt(r["mem_gib"], ".1f"), fmt(r["loss"], ".4f"), r["commit"], r["date"],
@@ -525,7 +532,7 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
     name = f"{model}_b{spec.micro_batch}_t{spec.seq_len}_g{spec.gpus}_{recipe}"
     jsonl = os.path.join(workdir, name + ".jsonl")
     config, set_recipe = config_for(spec.model, recipe, args.configs)
-    overrides = bench_overrides(spec, recipe, args.steps, args.warmup, jsonl, args.data)
+    overrides = bench_overrides(spec, recipe, args.steps, args.warmup, jsonl, args.data, args.accum)
     if not set_recipe:
         overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
     env = dict(os.environ, WORLD_SIZE=str(spec.gpus))
@@ -570,6 +577,7 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
     peaks = gpu_peaks(gpu_name) or (None, None)
     row = {
         "model": preset_name or spec.model, "recipe": recipe, "gpus": spec.gpus, "micro_batch": spec.micro_batch,
+        "accum": args.accum,
         "seq_len": spec.seq_len, "tokens_per_s": metrics["tokens_per_s"],
         "mfu_bf16": mfu_percent(flops, metrics["tokens_per_s"], peaks[0], spec.gpus),
         "mfu_fp8": mfu_percent(flops, metrics["tokens_per_s"], peaks[1], spec.gpus),
@@ -579,7 +587,7 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
 
 
 def run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date):
-    cmd = peer_command(args.python, dims, spec, args.warmup, args.steps)
+    cmd = peer_command(args.python, dims, spec, args.warmup, args.steps, args.accum)
     name = f"peer_{model_name}_b{spec.micro_batch}_t{spec.seq_len}"
     llama = dims["arch"] == "llama"
     raw = {"impl": "pytorch-hf-llama" if llama else "pytorch", "spec": spec.__dict__, "command": cmd}
@@ -597,7 +605,7 @@ def run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date):
     tok_s = out["tokens_per_s"]
     row = {
         "model": model_name, "recipe": LLAMA_PEER_RECIPE if llama else PEER_RECIPE, "gpus": 1,
-        "micro_batch": spec.micro_batch,
+        "micro_batch": spec.micro_batch, "accum": args.accum,
         "seq_len": spec.seq_len, "tokens_per_s": tok_s, "mfu_bf16": mfu_percent(flops, tok_s, peaks[0], 1),
         "mfu_fp8": mfu_percent(flops, tok_s, peaks[1], 1), "mem_gib": out.get("peak_mem_gib"),
         "loss": out.get("loss"), "commit": commit, "date": date,
@@ -675,7 +683,8 @@ def print_dry(args, specs, recipes, gpu_name):
     for spec in specs:
         for recipe in recipes:
             config, set_recipe = config_for(spec.model, recipe, args.configs)
-            overrides = bench_overrides(spec, recipe, args.steps, args.warmup, f"{args.workdir}/<run>.jsonl", args.data)
+            overrides = bench_overrides(spec, recipe, args.steps, args.warmup, f"{args.workdir}/<run>.jsonl", args.data,
+                                        args.accum)
             if not set_recipe:
                 overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
             prefix = f"WORLD_SIZE={spec.gpus} " if spec.gpus > 1 else ""
@@ -689,7 +698,7 @@ def print_dry(args, specs, recipes, gpu_name):
             config, _ = config_for(spec.model, recipes[0], args.configs)
             dims = model_dims({}, read_preset(config, spec.model))
             if dims:
-                print(shlex.join(peer_command(args.python, dims, spec, args.warmup, args.steps)))
+                print(shlex.join(peer_command(args.python, dims, spec, args.warmup, args.steps, args.accum)))
             else:
                 print(f"# peer: model sizes of {config} come from its --dry-run output at run time")
 
@@ -754,6 +763,8 @@ def main(argv=None):
                     + " (default gpt2 when --runs is not given)")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing (default 5)")
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-steps per optimizer step (gradient accumulation; default 1), for ours and the peer")
     ap.add_argument("--recipe", default="bf16", help="comma-separated precision recipes (default bf16)")
     ap.add_argument("--gpus", help="comma-separated GPU counts, e.g. 1,2: every run spec runs once per count through "
                                    "scripts/run_local.sh (overrides the specs' own :gpus)")
@@ -785,6 +796,8 @@ def main(argv=None):
     recipes = [r.strip() for r in args.recipe.split(",") if r.strip()]
     if not specs or not recipes:
         ap.error("nothing to run (give --runs or --suite, and --recipe)")
+    if args.accum < 1:
+        ap.error(f"--accum {args.accum} must be >= 1")
     if args.warmup < 0 or args.steps <= args.warmup:
         ap.error(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup})")
     os.chdir(REPO_ROOT)  # every relative path (build, configs, data, results, workdir) is relative to the repository

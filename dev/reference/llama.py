@@ -393,10 +393,11 @@ def run_timing(args, cfg, device):
     compiled = torch.compile(loss_fn)
     gen = torch.Generator(device=device).manual_seed(args.seed)
 
-    def step():
-        tokens = torch.randint(0, V, (B, T + 1), generator=gen, device=device)
-        loss = compiled(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
+    def step():  # one optimizer step over args.accum micro-batches (gradient accumulation)
+        for _ in range(args.accum):
+            tokens = torch.randint(0, V, (B, T + 1), generator=gen, device=device)
+            loss = compiled(tokens[:, :-1], tokens[:, 1:])
+            (loss / args.accum).backward()
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -412,7 +413,8 @@ def run_timing(args, cfg, device):
     elapsed = time.perf_counter() - t0
     print(json.dumps({
         "impl": "pytorch-hf-llama" if args.impl == "hf" else "pytorch", "preset": args.preset or "", "B": B, "T": T,
-        "iters": args.iters, "step_ms": 1000.0 * elapsed / args.iters, "tokens_per_s": B * T * args.iters / elapsed,
+        "iters": args.iters, "step_ms": 1000.0 * elapsed / args.iters, "tokens_per_s": B * T * args.accum * args.iters / elapsed,
+        "accum": args.accum,
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30, "loss": loss.item(),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
     }))
@@ -448,6 +450,7 @@ def main():
                     help="--time: transformers' LlamaForCausalLM with sdpa (default) or this file's model")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps (--time)")
     ap.add_argument("--iters", type=int, default=20, help="timed steps (--time)")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (--time; default 1)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     cfg = resolve_config(args)
