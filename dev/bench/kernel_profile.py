@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""dev/bench/kernel_profile.py: where one training step's GPU time goes, kernel by kernel.
+
+Runs train_gpt for a few optimizer steps under Nsight Compute (ncu, one metric: gpu__time_duration, clocks and caches
+left alone), cuts the kernel sequence into steps at the embedding's forward kernel (the first kernel of every
+micro-step's forward; with one micro-step per step, one step each), and prints the last complete step's kernels grouped
+by name: total ms, share, launches. Nsight Systems does not run on the lent machines; ncu serialises the kernels, so
+the sum of durations excludes launch gaps (compare it with the trainer's own step time for those).
+
+  python3 dev/bench/kernel_profile.py --train-gpt build/train_gpt --config configs/llama_1b_bf16.json \
+      --set train.micro_batch=4 --set precision.recipe=fp8_tensorwise [--steps 2] [--csv out.csv] [--top 40]
+
+The --set overrides are passed to train_gpt after the benchmark's own (one micro-step per optimizer step, no eval,
+sampling or checkpoints).
+"""
+import argparse
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+STEP_MARKER = "encoder_forward_kernel"
+
+
+def short_name(name):
+    """'void llmc::(anonymous namespace)::foo_kernel<128>(float*, ...)' -> 'foo_kernel<128>'; cuBLAS names kept."""
+    name = re.sub(r"\(anonymous namespace\)::", "", name.strip())
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):  # cut at the argument list (the first '(' outside template brackets)
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            cut = i
+            break
+    base = re.sub(r"^void\s+", "", name[:cut])
+    return re.sub(r"^llmc::", "", base)[:120]
+
+
+def parse_ncu_csv(text):
+    """ncu --csv --print-units base output -> [(kernel name, duration ns)] in launch order."""
+    start = text.find('"ID"')
+    if start < 0:
+        raise SystemExit("kernel_profile: no ncu CSV in the output (did ncu run? see the log above)")
+    rows = list(csv.DictReader(io.StringIO(text[start:])))
+    kernels = {}
+    for r in rows:
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        value = float(r["Metric Value"].replace(",", ""))
+        unit = r.get("Metric Unit", "ns")
+        scale = {"ns": 1.0, "nsecond": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}.get(unit, 1.0)
+        kernels[int(r["ID"])] = (r["Kernel Name"], value * scale)
+    return [kernels[i] for i in sorted(kernels)]
+
+
+def last_step(kernels):
+    starts = [i for i, (name, _) in enumerate(kernels) if STEP_MARKER in name]
+    if len(starts) < 2:
+        raise SystemExit(f"kernel_profile: found {len(starts)} '{STEP_MARKER}' launches; need 2 steps or more")
+    return kernels[starts[-2]:starts[-1]] if len(starts) > 2 else kernels[starts[-1]:]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--train-gpt", default="build/train_gpt")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--steps", type=int, default=2, help="optimizer steps to run (the last complete one is shown)")
+    ap.add_argument("--top", type=int, default=40, help="kernel names to list (the rest are summed)")
+    ap.add_argument("--csv", help="also write the step's kernels (launch order, name, ns) here")
+    ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
+    args = ap.parse_args()
+    if args.steps < 2:
+        ap.error("--steps must be at least 2 (the first step carries one-time work)")
+
+    overrides = ["train.global_batch_tokens=0", f"train.steps={args.steps}", "train.warmup_steps=1", "eval.every=0",
+                 "sample.every=0", "sample.tokens=0", 'checkpoint.dir=""', 'data.val=""', "log.every=1"] + args.set
+    cmd = [args.ncu, "--csv", "--print-units", "base", "--metrics", "gpu__time_duration.sum", "--cache-control", "none",
+           "--clock-control", "none", args.train_gpt, "--config", args.config]
+    for o in overrides:
+        cmd += ["--set", o]
+    print("kernel_profile:", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"kernel_profile: ncu exited {proc.returncode}")
+    kernels = parse_ncu_csv(proc.stdout)
+    step = last_step(kernels)
+    total = sum(ns for _, ns in step)
+    groups = {}
+    for name, ns in step:
+        g = groups.setdefault(short_name(name), [0.0, 0])
+        g[0] += ns
+        g[1] += 1
+    ordered = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    print(f"\none step: {len(step)} kernels, {total / 1e6:.2f} ms of kernel time (no launch gaps)\n")
+    print(f"{'ms':>8} {'share':>6} {'launches':>8}  kernel")
+    for name, (ns, n) in ordered[:args.top]:
+        print(f"{ns / 1e6:8.3f} {100 * ns / total:5.1f}% {n:8d}  {name}")
+    rest = ordered[args.top:]
+    if rest:
+        ns = sum(v[0] for _, v in rest)
+        print(f"{ns / 1e6:8.3f} {100 * ns / total:5.1f}% {sum(v[1] for _, v in rest):8d}  ({len(rest)} other kernels)")
+    if args.csv:
+        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["launch", "kernel", "ns"])
+            for i, (name, ns) in enumerate(step):
+                w.writerow([i, name, f"{ns:.0f}"])
+
+
+if __name__ == "__main__":
+    main()
