@@ -1,7 +1,7 @@
-// test/gpu/gpu_test_util.cuh: helpers shared by the kernel tests (first user: test_llama_kernels.cu): the per-run
+// test/gpu/gpu_test_util.cuh: helpers shared by the kernel tests (test_kernels.cu, test_llama_kernels.cu): the per-run
 // seed (printed; LLM8_TEST_SEED replays it) and per-test generators, random bf16-representable inputs, device buffers
-// that can be poisoned with NaN, element-wise comparisons that report the first mismatches, and the standard
-// tolerances (bf16 rounding, FP32 column sums). Header-only; every function is inline.
+// that can be poisoned with NaN, zeroed amax slots, element-wise comparisons that report the first mismatches, and the
+// standard tolerances (bf16 rounding, FP32 column sums). Header-only; every function is inline.
 #pragma once
 
 #include <algorithm>
@@ -102,10 +102,29 @@ struct DeviceBuffer {
 inline DeviceBuffer<bf16> upload_bf16(const std::vector<float>& v) { return DeviceBuffer<bf16>(to_bf16(v)); }
 inline std::vector<float> download_bf16(const DeviceBuffer<bf16>& d) { return to_float(d.download()); }
 
+// A zeroed device amax slot (one float), as the FP8 linears hand to the kernels that produce their operands. value()
+// waits for the device and reads the slot.
+struct AmaxSlot {
+  float* ptr = nullptr;
+  AmaxSlot() {
+    CUDA_CHECK(cudaMalloc(&ptr, sizeof(float)));
+    CUDA_CHECK(cudaMemset(ptr, 0, sizeof(float)));
+  }
+  AmaxSlot(const AmaxSlot&) = delete;
+  AmaxSlot& operator=(const AmaxSlot&) = delete;
+  ~AmaxSlot() { cudaFree(ptr); }
+  float value() const {
+    float v = -1.0f;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(&v, ptr, sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
 // ---------------------------------------------------------------------------------------------------------------
 // Comparisons
-// Every element must satisfy |got - want| <= tol[i] (NaN fails). Reports the count, the worst ratio and the first few
-// failures with their index.
+// Every element must satisfy |got - want| <= tol[i] (NaN fails). Reports the count and the first few failures with
+// their index.
 inline ::testing::AssertionResult within(const char* what, const std::vector<float>& got,
                                          const std::vector<float>& want, const std::vector<double>& tol) {
   if (got.size() != want.size())

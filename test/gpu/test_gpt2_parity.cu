@@ -1,114 +1,51 @@
 // test/gpu/test_gpt2_parity.cu: the whole GPT-2 (llmc/gpt2.h + llmc/optimizer.h) against the PyTorch reference
 // (dev/reference/gpt2.py): logits, loss and every parameter gradient of one forward/backward, then the losses of 10
 // AdamW steps on the same batch. The reference computes in FP32 on the bf16-rounded weights (see gpt2.py), so the
-// differences come from our bf16 activations; tolerances are set for that (see kTol below) and a table of the
-// per-tensor relative errors and cosines is printed.
+// differences come from our bf16 activations; tolerances are set for that (kTol: parity_util.cuh's Tolerances) and a
+// table of the per-tensor relative errors and cosines is printed. gpt2-tiny under the three FP8 recipes is held to
+// FP8 tolerances.
 //
 // The debug state comes from $LLM8_PARITY_DIR (model.safetensors + debug_state.safetensors) when set; otherwise the
 // test runs `python3 dev/reference/gpt2.py` itself for the gpt2-tiny preset and exits 77 (skipped) when python3 or
 // torch is missing.
-#include <sys/wait.h>
-
-#include <algorithm>
+//
+// This file owns GPT-2's parts: the reference script's arguments, the spec read back from the debug state, and the
+// BF16 parity body; the comparisons, the tolerances and the FP8 parity body are parity_util.cuh's (shared with
+// test_llama_parity.cu).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "llmc/common.h"
-#include "llmc/gemm.h"
 #include "llmc/gpt2.h"
 #include "llmc/model.h"
-#include "llmc/recipe.h"
 #include "llmc/model_spec.h"
 #include "llmc/optimizer.h"
 #include "llmc/safetensors.h"
+#include "parity_util.cuh"
 
 using namespace llmc;
+using namespace parity;
 
 namespace {
 
-// Tolerances justified by BF16 activations (8 significant bits, ~0.4% per rounding, a few dozen roundings deep).
-struct Tolerances {
-  double logits_relerr = 3e-2;   // ||ours - ref|| / ||ref|| over all logits
-  double logits_cosine = 0.999;
-  double loss_abs = 1e-2;        // |mean loss - ref|
-  double grad_relerr = 5e-2;     // per tensor ||ours - ref|| / ||ref||
-  double grad_cosine = 0.999;    // per tensor
-  double train_loss_abs = 2e-2;  // each of the 10 AdamW-step losses
-};
+// BF16 activations (8 significant bits, ~0.4% per rounding, a few dozen roundings deep): parity_util.cuh's bounds.
 const Tolerances kTol;
 
-struct Compare {
-  double relerr = 0, cosine = 0, maxabs = 0, ref_norm = 0;
-};
-
-Compare compare(const float* ours, const float* ref, size_t n) {
-  double dd = 0, rr = 0, oo = 0, orr = 0, mx = 0;
-  for (size_t i = 0; i < n; i++) {
-    const double d = (double)ours[i] - (double)ref[i];
-    dd += d * d;
-    rr += (double)ref[i] * ref[i];
-    oo += (double)ours[i] * ours[i];
-    orr += (double)ours[i] * ref[i];
-    mx = std::max(mx, std::fabs(d));
-  }
-  Compare c;
-  c.ref_norm = std::sqrt(rr);
-  c.relerr = rr > 0 ? std::sqrt(dd / rr) : std::sqrt(dd);
-  c.cosine = (rr > 0 && oo > 0) ? orr / std::sqrt(rr * oo) : (dd == 0 ? 1.0 : 0.0);
-  c.maxabs = mx;
-  return c;
-}
-
-std::string meta(const SafetensorsReader& r, const char* key) {
-  auto it = r.metadata().find(key);
-  if (it == r.metadata().end()) throw_error("%s: metadata has no key '%s'", r.path().c_str(), key);
-  return it->second;
-}
-
-// Where the debug state lives: $LLM8_PARITY_DIR, or a fresh directory filled by the reference script.
-struct DebugState {
-  std::string dir;
-  bool created = false;
-  ~DebugState() {
-    if (created && std::getenv("LLM8_KEEP_PARITY") == nullptr) std::filesystem::remove_all(dir);
-  }
-};
+const Reference kReference{"LLM8_PARITY_DIR", "/tmp/llm8_parity_", "dev/reference/gpt2.py"};
 
 void make_debug_state(DebugState* ds, const ModelSpec& spec, int B, int T) {
-  if (const char* env = std::getenv("LLM8_PARITY_DIR")) {
-    ds->dir = env;
-    return;
-  }
-  char tmpl[] = "/tmp/llm8_parity_XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) throw_error("cannot create a temporary directory under /tmp");
-  ds->dir = tmpl;
-  ds->created = true;
-  const std::string cmd = strformat(
-      "python3 %s/dev/reference/gpt2.py --preset gpt2-tiny --n_layer %d --n_head %d --n_embd %d --max_seq_len %d "
-      "--vocab_size %d --padded_vocab_size %d --ffn_hidden %d --B %d --T %d --seed 1 --out %s > %s/reference.log 2>&1",
-      LLM8_SOURCE_DIR, spec.n_layer, spec.n_head, spec.n_embd, spec.max_seq_len, spec.vocab_size,
-      spec.padded_vocab_size, spec.ffn_hidden, B, T, ds->dir.c_str(), ds->dir.c_str());
-  std::printf("running: %s\n", cmd.c_str());
-  const int status = std::system(cmd.c_str());
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (code == 77 || code == 127) {
-    std::printf("SKIPPED: the PyTorch reference cannot run here (%s); install python3 with torch, or set "
-                "LLM8_PARITY_DIR to a directory written by dev/reference/gpt2.py\n",
-                code == 127 ? "python3 not found" : "torch is not installed");
-    std::fflush(stdout);
-    std::exit(77);
-  }
-  if (code != 0) {
-    std::system(strformat("cat %s/reference.log", ds->dir.c_str()).c_str());
-    throw_error("dev/reference/gpt2.py failed with exit code %d (log above)", code);
-  }
+  parity::make_debug_state(
+      ds, kReference,
+      strformat("--preset gpt2-tiny --n_layer %d --n_head %d --n_embd %d --max_seq_len %d --vocab_size %d "
+                "--padded_vocab_size %d --ffn_hidden %d --B %d --T %d --seed 1",
+                spec.n_layer, spec.n_head, spec.n_embd, spec.max_seq_len, spec.vocab_size, spec.padded_vocab_size,
+                spec.ffn_hidden, B, T));
 }
 
 ModelSpec spec_from_metadata(const SafetensorsReader& r) {
@@ -123,36 +60,6 @@ ModelSpec spec_from_metadata(const SafetensorsReader& r) {
   spec.padded_vocab_size = std::stoi(meta(r, "padded_vocab_size"));
   spec.ffn_hidden = std::stoi(meta(r, "ffn_hidden"));
   return spec;
-}
-
-// Forward + backward at grad_scale 1/N (mean loss), returns the host gradients.
-std::vector<float> train_grads(Model& model, const std::vector<int>& x, const std::vector<int>& y, int B, int T,
-                               float* loss) {
-  model.zero_grads(0);
-  model.forward(x.data(), y.data(), B, T, 1.0f / (B * T), 0);
-  model.backward(0);
-  *loss = model.mean_loss(0);
-  std::vector<float> g(model.table().total_elements);
-  CUDA_CHECK(cudaMemcpy(g.data(), model.grads(), g.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  return g;
-}
-
-// Per-tensor comparison of a gradient buffer against the reference; prints one line per tensor.
-void check_grads(const ParamTable& table, const std::vector<float>& grads, const SafetensorsReader& dbg,
-                 const char* label) {
-  std::printf("%-44s %12s %10s %10s %10s   [%s]\n", "gradient", "|ref|", "relerr", "cosine", "maxabs", label);
-  double worst_rel = 0, worst_cos = 1;
-  for (const ParamInfo& p : table.params) {
-    std::vector<float> ref = dbg.read_as_float("grads." + p.name);
-    ASSERT_EQ(ref.size(), p.numel) << p.name;
-    Compare c = compare(grads.data() + p.offset, ref.data(), p.numel);
-    std::printf("%-44s %12.4e %10.3e %10.6f %10.3e\n", p.name.c_str(), c.ref_norm, c.relerr, c.cosine, c.maxabs);
-    EXPECT_LT(c.relerr, kTol.grad_relerr) << label << ": gradient of " << p.name;
-    EXPECT_GT(c.cosine, kTol.grad_cosine) << label << ": gradient of " << p.name;
-    worst_rel = std::max(worst_rel, c.relerr);
-    worst_cos = std::min(worst_cos, c.cosine);
-  }
-  std::printf("worst gradient relerr %.3e, worst cosine %.6f [%s]\n", worst_rel, worst_cos, label);
 }
 
 void run_parity(int B, int T, bool extra_checks) {
@@ -171,18 +78,13 @@ void run_parity(int B, int T, bool extra_checks) {
               B, T, ds.dir.c_str());
 
   // inputs and targets (I32, (B, T))
-  std::vector<int> x(N), y(N);
-  dbg.read_into("inputs", x.data(), x.size() * sizeof(int));
-  dbg.read_into("targets", y.data(), y.size() * sizeof(int));
+  std::vector<int> x, y;
+  read_batch(dbg, N, &x, &y);
 
   GPT2 model(spec, B, T, /*recompute=*/0);
   const ParamTable& table = model.table();
-  std::vector<float> master(table.total_elements, 0.0f);
-  for (const ParamInfo& p : table.params) {
-    std::vector<float> w = weights.read_as_float(p.name);
-    ASSERT_EQ(w.size(), p.numel) << p.name << " has " << w.size() << " elements in model.safetensors";
-    std::copy(w.begin(), w.end(), master.begin() + p.offset);
-  }
+  std::vector<float> master;
+  ASSERT_NO_FATAL_FAILURE(load_master(table, weights, &master));
   const double beta1 = std::stod(meta(dbg, "beta1")), beta2 = std::stod(meta(dbg, "beta2"));
   const double eps = std::stod(meta(dbg, "eps")), wd = std::stod(meta(dbg, "weight_decay"));
   const float lr = std::stof(meta(dbg, "lr")), clip = std::stof(meta(dbg, "grad_clip"));
@@ -193,12 +95,8 @@ void run_parity(int B, int T, bool extra_checks) {
   // 1. logits and loss (no gradient)
   model.forward(x.data(), y.data(), B, T, 0.0f, 0);
   const float loss0 = model.mean_loss(0);
-  std::vector<bf16> logits_bf((size_t)N * Vp);
-  CUDA_CHECK(cudaMemcpy(logits_bf.data(), model.logits(), logits_bf.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
-  std::vector<float> logits((size_t)N * V);  // (N, V): padded columns dropped
-  for (int n = 0; n < N; n++) {
-    for (int v = 0; v < V; v++) logits[(size_t)n * V + v] = __bfloat162float(logits_bf[(size_t)n * Vp + v]);
-  }
+  const std::vector<bf16> logits_bf = download_logits(model, N, Vp);  // (N, Vp)
+  const std::vector<float> logits = unpadded_logits(logits_bf, N, V, Vp);  // (N, V): padded columns dropped
   std::vector<float> ref_logits = dbg.read_as_float("logits");
   ASSERT_EQ(ref_logits.size(), logits.size());
   Compare cl = compare(logits.data(), ref_logits.data(), logits.size());
@@ -218,7 +116,7 @@ void run_parity(int B, int T, bool extra_checks) {
   float loss1 = 0;
   std::vector<float> grads = train_grads(model, x, y, B, T, &loss1);
   EXPECT_NEAR(loss1, ref_loss, kTol.loss_abs) << "training forward loss";
-  check_grads(table, grads, dbg, "recompute=0");
+  check_grads(table, grads, dbg, kTol, "recompute=0");
 
   if (extra_checks) {
     // bitwise determinism: the same step again
@@ -245,7 +143,7 @@ void run_parity(int B, int T, bool extra_checks) {
     float loss_rc = 0;
     std::vector<float> grads_rc = train_grads(model_rc, x, y, B, T, &loss_rc);
     EXPECT_NEAR(loss_rc, ref_loss, kTol.loss_abs);
-    check_grads(table, grads_rc, dbg, "recompute=1");
+    check_grads(table, grads_rc, dbg, kTol, "recompute=1");
     std::printf("activation bytes: recompute=0 %zu, recompute=1 %zu\n", model.activation_bytes(),
                 model_rc.activation_bytes());
     EXPECT_LT(model_rc.activation_bytes(), model.activation_bytes());
@@ -256,11 +154,7 @@ void run_parity(int B, int T, bool extra_checks) {
   ASSERT_EQ((int)ref_losses.size(), steps);
   std::printf("%4s %12s %12s %10s %10s\n", "step", "ours", "ref", "diff", "grad_norm");
   for (int t = 1; t <= steps; t++) {
-    model.zero_grads(0);
-    model.forward(x.data(), y.data(), B, T, 1.0f / (B * T), 0);
-    model.backward(0);
-    const float loss = model.mean_loss(0);
-    opt.step(model.params(), model.grads(), lr, t, clip, 0);
+    const float loss = train_step(model, opt, x, y, B, T, lr, t, clip);
     const float norm = opt.last_grad_norm(0);
     std::printf("%4d %12.6f %12.6f %10.2e %10.4f\n", t, loss, ref_losses[t - 1], std::fabs(loss - ref_losses[t - 1]),
                 norm);
@@ -269,17 +163,7 @@ void run_parity(int B, int T, bool extra_checks) {
   EXPECT_LT(ref_losses.back(), ref_losses.front()) << "the reference run should learn the batch";
 }
 
-// FP8 recipes against the same FP32 reference. The tolerances are FP8's, not BF16's: E4M3 keeps 3 mantissa bits
-// (relative rounding error up to 2^-4 per element), E5M2 2 bits, so logits, loss and gradients move by a few percent;
-// what must hold is that every gradient points the same way (cosine) and that training on the batch follows the
-// reference's loss curve.
-struct Fp8Tolerances {
-  double logits_cosine = 0.995;
-  double loss_abs = 5e-2;
-  double grad_cosine = 0.97;     // per tensor
-  double grad_relerr = 0.25;     // per tensor
-  double train_loss_abs = 0.15;  // each of the 10 AdamW-step losses
-};
+// FP8 recipes on gpt2-tiny against the same FP32 reference, at parity_util.cuh's FP8 tolerances.
 const Fp8Tolerances kFp8Tol;
 
 void run_fp8_parity(const char* recipe_name) {
@@ -289,70 +173,7 @@ void run_fp8_parity(const char* recipe_name) {
   make_debug_state(&ds, preset, 4, 64);
   SafetensorsReader weights(ds.dir + "/model.safetensors");
   SafetensorsReader dbg(ds.dir + "/debug_state.safetensors");
-  const ModelSpec spec = spec_from_metadata(weights);
-  const int B = std::stoi(meta(dbg, "B")), T = std::stoi(meta(dbg, "T"));
-  const int N = B * T, V = spec.vocab_size, Vp = spec.padded_vocab_size;
-  PrecisionRecipe recipe;
-  ASSERT_TRUE(precision_recipe_preset(recipe_name, &recipe));
-  std::unique_ptr<Model> model = make_model(spec, B, T, 0, recipe);
-  const ParamTable& table = model->table();
-  std::vector<float> master(table.total_elements, 0.0f);
-  for (const ParamInfo& p : table.params) {
-    std::vector<float> w = weights.read_as_float(p.name);
-    std::copy(w.begin(), w.end(), master.begin() + p.offset);
-  }
-  std::vector<int> x(N), y(N);
-  dbg.read_into("inputs", x.data(), x.size() * sizeof(int));
-  dbg.read_into("targets", y.data(), y.size() * sizeof(int));
-  AdamW opt(table, std::stod(meta(dbg, "beta1")), std::stod(meta(dbg, "beta2")), std::stod(meta(dbg, "eps")),
-            std::stod(meta(dbg, "weight_decay")));
-  opt.set_master(master.data(), model->params(), 0);
-  model->weights_changed();
-
-  model->forward(x.data(), y.data(), B, T, 0.0f, 0);
-  const float loss0 = model->mean_loss(0);
-  std::vector<bf16> logits_bf((size_t)N * Vp);
-  CUDA_CHECK(cudaMemcpy(logits_bf.data(), model->logits(), logits_bf.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
-  std::vector<float> logits((size_t)N * V);
-  for (int n = 0; n < N; n++)
-    for (int v = 0; v < V; v++) logits[(size_t)n * V + v] = __bfloat162float(logits_bf[(size_t)n * Vp + v]);
-  const std::vector<float> ref_logits = dbg.read_as_float("logits");
-  const Compare cl = compare(logits.data(), ref_logits.data(), logits.size());
-  const float ref_loss = dbg.read_as_float("loss")[0];
-  std::printf("[%s] logits relerr %.3e cosine %.6f | loss %.6f ref %.6f\n", recipe_name, cl.relerr, cl.cosine, loss0,
-              ref_loss);
-  EXPECT_GT(cl.cosine, kFp8Tol.logits_cosine) << recipe_name;
-  EXPECT_NEAR(loss0, ref_loss, kFp8Tol.loss_abs) << recipe_name;
-
-  float loss1 = 0;
-  const std::vector<float> grads = train_grads(*model, x, y, B, T, &loss1);
-  double worst_cos = 1, worst_rel = 0;
-  for (const ParamInfo& p : table.params) {
-    const std::vector<float> ref = dbg.read_as_float("grads." + p.name);
-    const Compare c = compare(grads.data() + p.offset, ref.data(), p.numel);
-    EXPECT_GT(c.cosine, kFp8Tol.grad_cosine) << recipe_name << ": gradient of " << p.name;
-    EXPECT_LT(c.relerr, kFp8Tol.grad_relerr) << recipe_name << ": gradient of " << p.name;
-    worst_cos = std::min(worst_cos, c.cosine);
-    worst_rel = std::max(worst_rel, c.relerr);
-  }
-  std::printf("[%s] gradients: worst cosine %.5f, worst relerr %.3e\n", recipe_name, worst_cos, worst_rel);
-  // Determinism under FP8 too.
-  float loss2 = 0;
-  const std::vector<float> grads2 = train_grads(*model, x, y, B, T, &loss2);
-  EXPECT_EQ(0, std::memcmp(grads.data(), grads2.data(), grads.size() * sizeof(float))) << recipe_name;
-
-  const std::vector<float> ref_losses = dbg.read_as_float("losses");
-  const float lr = std::stof(meta(dbg, "lr")), clip = std::stof(meta(dbg, "grad_clip"));
-  for (int t = 1; t <= (int)ref_losses.size(); t++) {
-    model->zero_grads(0);
-    model->forward(x.data(), y.data(), B, T, 1.0f / (B * T), 0);
-    model->backward(0);
-    const float loss = model->mean_loss(0);
-    opt.step(model->params(), model->grads(), lr, t, clip, 0);
-    model->end_step(0);
-    std::printf("[%s] step %2d loss %.6f ref %.6f\n", recipe_name, t, loss, ref_losses[t - 1]);
-    EXPECT_NEAR(loss, ref_losses[t - 1], kFp8Tol.train_loss_abs) << recipe_name << " AdamW step " << t;
-  }
+  parity::run_fp8_parity(recipe_name, spec_from_metadata(weights), weights, dbg, kFp8Tol);
 }
 
 }  // namespace

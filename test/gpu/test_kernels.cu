@@ -10,177 +10,30 @@
 //     GPU arithmetic, which only matters for results near zero.
 //   FP32 sums (parameter gradients, norms): |got - ref| <= depth * 2^-24 * sum|terms| (the classical bound for
 //     float summation, depth = the longest chain of additions any term goes through) with a 2x margin.
+//
+// Helpers (seed, random inputs, device buffers and amax slots, comparisons, tolerances): gpu_test_util.cuh.
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <random>
-#include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "gpu_test_util.cuh"
 #include "llmc/common.h"
 #include "llmc/kernels.h"
 
 namespace {
 
+using namespace gpu_test;
 using llmc::bf16;
 
-constexpr double kBf16Rtol = 1.0 / 256.0;    // 2^-8: bf16 unit roundoff
-constexpr double kFp32Eps = 1.0 / 16777216;  // 2^-24: FP32 unit roundoff
+constexpr const char* kProgram = "test_kernels";  // names the run seed's line
 
-// ---------------------------------------------------------------------------------------------------------------
-// Seed and random inputs
-uint64_t run_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("LLM8_TEST_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("test_kernels: seed %llu (replay with LLM8_TEST_SEED=%llu)\n", static_cast<unsigned long long>(s),
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-// A generator per test, derived from the run seed and the test's name (tests stay independent of their order).
-std::mt19937_64 make_rng() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name = std::string(info->test_suite_name()) + "." + info->name();
-  return std::mt19937_64(run_seed() ^ std::hash<std::string>{}(name));
-}
-
-std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
-// Random values already representable in bf16 (so host and device see the same inputs).
-std::vector<float> random_bf16_values(size_t n, std::mt19937_64& rng, float lo, float hi) {
-  std::vector<float> v = random_floats(n, rng, lo, hi);
-  for (float& x : v) x = round_bf16(x);
-  return v;
-}
-
-std::vector<bf16> to_bf16(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); i++) out[i] = __float2bfloat16_rn(v[i]);
-  return out;
-}
-std::vector<float> to_float(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); i++) out[i] = __bfloat162float(v[i]);
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Device buffers
-template <class T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t n = 0;
-  explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(ptr); }
-  void upload(const std::vector<T>& host) {
-    CUDA_CHECK(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> host(n);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-  // All bits set: NaN in both bf16 and FP32, so any element a kernel fails to write shows up.
-  void poison() { CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(T))); }
-};
-
-DeviceBuffer<bf16> upload_bf16(const std::vector<float>& v) { return DeviceBuffer<bf16>(to_bf16(v)); }
-std::vector<float> download_bf16(const DeviceBuffer<bf16>& d) { return to_float(d.download()); }
-
-// max |v|: what a kernel's optional amax output must hold exactly (the max of the bf16 values it wrote).
-float max_abs(const std::vector<float>& v) {
-  float m = 0.0f;
-  for (float x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-// A zeroed device amax slot, as the FP8 linears hand to the kernels that produce their operands.
-struct AmaxSlot {
-  float* ptr = nullptr;
-  AmaxSlot() {
-    CUDA_CHECK(cudaMalloc(&ptr, sizeof(float)));
-    CUDA_CHECK(cudaMemset(ptr, 0, sizeof(float)));
-  }
-  ~AmaxSlot() { cudaFree(ptr); }
-  float value() const {
-    float v = -1.0f;
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaMemcpy(&v, ptr, sizeof(float), cudaMemcpyDeviceToHost));
-    return v;
-  }
-};
-
-// ---------------------------------------------------------------------------------------------------------------
-// Comparisons
-// Every element must satisfy |got - want| <= tol[i] (NaN fails). Reports the count and the first few failures.
-::testing::AssertionResult within(const char* what, const std::vector<float>& got, const std::vector<float>& want,
-                                  const std::vector<double>& tol) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << what << ": size mismatch";
-  size_t bad = 0;
-  std::string report;
-  double worst = 0.0;
-  for (size_t i = 0; i < got.size(); i++) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    const bool ok = err <= tol[i];  // false for NaN
-    if (tol[i] > 0) worst = std::max(worst, err / tol[i]);
-    if (!ok && bad++ < 5)
-      report += llmc::strformat("\n  [%zu] got %.9g want %.9g (tol %.3g)", i, got[i], want[i], tol[i]);
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << bad << " of " << got.size() << " out of tolerance"
-                                       << report;
-}
-
-// Tolerance for a bf16 output: 2^-8 |ref| + atol.
-std::vector<double> bf16_tolerance(const std::vector<float>& ref, double atol) {
-  std::vector<double> tol(ref.size());
-  for (size_t i = 0; i < ref.size(); i++) tol[i] = kBf16Rtol * std::fabs(ref[i]) + atol;
-  return tol;
-}
-
-// Tolerance for an FP32 sum: 2 * depth * 2^-24 * abs_sum[i], abs_sum = sum of |terms| (including the pre-fill).
-std::vector<double> fp32_sum_tolerance(const std::vector<float>& abs_sum, double depth) {
-  std::vector<double> tol(abs_sum.size());
-  for (size_t i = 0; i < abs_sum.size(); i++) tol[i] = 2.0 * depth * kFp32Eps * abs_sum[i] + 1e-30;
-  return tol;
-}
-
-// Longest addition chain in the two-stage column sums of N rows: 32 rows per chunk, chunks spread over 32 lanes,
-// 32 lane sums, then the += into the gradient.
-double column_sum_depth(int N) { return 32 + std::ceil(std::ceil(N / 32.0) / 32.0) + 32 + 1; }
-
-template <class T>
-::testing::AssertionResult bitwise_equal(const char* what, const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0)
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": two runs on identical inputs differ (not deterministic)";
-}
-
-std::vector<float> absolute(std::vector<float> v) {
-  for (float& x : v) x = std::fabs(x);
-  return v;
-}
+std::mt19937_64 rng_for_test() { return make_rng(kProgram); }
 
 // ---------------------------------------------------------------------------------------------------------------
 struct EncoderShape {
@@ -192,7 +45,7 @@ class EncoderTest : public ::testing::TestWithParam<EncoderShape> {};
 // out = bf16(wte + wpe): one FP32 add of two bf16 values and one rounding on both sides, so exact equality.
 TEST_P(EncoderTest, ForwardMatchesReference) {
   const EncoderShape s = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const int N = s.B * s.T;
   std::uniform_int_distribution<int> token_dist(0, s.distinct_tokens - 1);
   std::vector<int> tokens(N);
@@ -212,7 +65,7 @@ TEST_P(EncoderTest, ForwardMatchesReference) {
 
 TEST_P(EncoderTest, BackwardMatchesReferenceAndIsDeterministic) {
   const EncoderShape s = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const int N = s.B * s.T;
   std::uniform_int_distribution<int> token_dist(0, s.distinct_tokens - 1);
   std::vector<int> tokens(N);
@@ -295,7 +148,7 @@ void check_layernorm_outputs(const std::vector<float>& out, const std::vector<fl
 
 TEST_P(LayerNormTest, ForwardMatchesReference) {
   const auto [N, C] = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const std::vector<float> inp = layernorm_inputs(N, C, rng);
   const std::vector<float> weight = random_bf16_values(C, rng, 0.5f, 1.5f), bias = random_bf16_values(C, rng, -1, 1);
   auto d_inp = upload_bf16(inp), d_weight = upload_bf16(weight), d_bias = upload_bf16(bias);
@@ -315,7 +168,7 @@ TEST_P(LayerNormTest, ForwardMatchesReference) {
 // residual = bf16(inp1 + inp2) exactly (one FP32 add, one rounding); out from the rounded residual.
 TEST_P(LayerNormTest, FusedResidualForwardMatchesReference) {
   const auto [N, C] = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const std::vector<float> inp1 = layernorm_inputs(N, C, rng), inp2 = random_bf16_values(inp1.size(), rng, -1, 1);
   const std::vector<float> weight = random_bf16_values(C, rng, 0.5f, 1.5f), bias = random_bf16_values(C, rng, -1, 1);
   auto d_inp1 = upload_bf16(inp1), d_inp2 = upload_bf16(inp2), d_weight = upload_bf16(weight),
@@ -341,7 +194,7 @@ TEST_P(LayerNormTest, FusedResidualForwardMatchesReference) {
 // relative, plus cancellation between the three terms. dweight, dbias: FP32 sums (see top of file).
 TEST_P(LayerNormTest, BackwardMatchesReferenceAndIsDeterministic) {
   const auto [N, C] = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const std::vector<float> inp = layernorm_inputs(N, C, rng), dout = random_bf16_values(inp.size(), rng, -1, 1);
   const std::vector<float> weight = random_bf16_values(C, rng, 0.5f, 1.5f), bias(C, 0.0f);
   const std::vector<float> dinp0 = random_bf16_values(inp.size(), rng, -1, 1);
@@ -393,7 +246,7 @@ class GeluTest : public ::testing::TestWithParam<size_t> {};
 // atol 2e-6: FP32 tanhf (2 ulp) and the cancellation in 1 + tanh(u) for u << 0, times |x| <= 6.
 TEST_P(GeluTest, ForwardMatchesReference) {
   const size_t n = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const std::vector<float> inp = random_bf16_values(n, rng, -6, 6);
   auto d_inp = upload_bf16(inp);
   DeviceBuffer<bf16> d_out(n);
@@ -410,7 +263,7 @@ TEST_P(GeluTest, ForwardMatchesReference) {
 // atol 1e-5: as above for gelu' (O(1) terms), times |dout| <= 1.
 TEST_P(GeluTest, BackwardMatchesReferenceAndIsDeterministic) {
   const size_t n = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const std::vector<float> inp = random_bf16_values(n, rng, -6, 6), dout = random_bf16_values(n, rng, -1, 1);
   auto d_inp = upload_bf16(inp);
   std::vector<float> runs[2];
@@ -442,7 +295,7 @@ class ClassifierTest : public ::testing::TestWithParam<ClassifierShape> {};
 // FP32 noise of expf and of the sum is ~1e-5 relative to the probability). Padding columns and ignored rows: exactly 0.
 TEST_P(ClassifierTest, MatchesReferenceAndIsDeterministic) {
   const auto [N, V, Vp] = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const size_t size = static_cast<size_t>(N) * Vp;
   std::vector<float> logits = random_bf16_values(size, rng, -6, 6);
   for (int n = 0; n < N; n++) {
@@ -505,7 +358,7 @@ class BiasBackwardTest : public ::testing::TestWithParam<RowsShape> {};
 
 TEST_P(BiasBackwardTest, MatchesReferenceAndIsDeterministic) {
   const auto [N, OC] = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const std::vector<float> dout = random_bf16_values(static_cast<size_t>(N) * OC, rng, -1, 1);
   const std::vector<float> dbias0 = random_floats(OC, rng, -1, 1);
   auto d_dout = upload_bf16(dout);
@@ -533,7 +386,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BiasBackwardTest,
 // Sum of squares: all terms positive, so the relative error is at most depth * 2^-24 with depth = the per-thread
 // chain (n / (blocks * threads) + 1) + the block reduction (10); the finish is FP64. Norm: half that, 2x margin.
 TEST(GlobalNormTest, MatchesReferenceAndIsDeterministic) {
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const std::vector<size_t> sizes = {1, 7, 1000, (size_t{1} << 20) + 3, size_t{50304} * 768};
   const int per_tensor = llmc::global_norm_partials_per_tensor();
   const int count = per_tensor * static_cast<int>(sizes.size());
@@ -563,7 +416,7 @@ TEST(GlobalNormTest, MatchesReferenceAndIsDeterministic) {
   }
   const double ref = std::sqrt(sum_sq);
   const double depth = std::ceil(static_cast<double>(longest) / (per_tensor * 512.0)) + 1 + 10;
-  EXPECT_NEAR(norms[0][0], ref, depth * kFp32Eps * ref) << "seed " << run_seed();
+  EXPECT_NEAR(norms[0][0], ref, depth * kFp32Eps * ref) << "seed " << run_seed(kProgram);
   EXPECT_TRUE(bitwise_equal("global norm", norms[0], norms[1]));
 }
 
@@ -590,7 +443,7 @@ TEST(ClipScaleTest, FollowsTheDocumentedRule) {
 
 // add_bias: x += bias per row, one bf16 rounding of the FP32 sum (exact reference), and the amax of the result.
 TEST(AddBias, MatchesReferenceWithAmax) {
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   for (const auto& [M, N] : {std::pair<int, int>{1, 8}, {37, 768}, {1024, 3072}}) {
     const std::vector<float> x = random_bf16_values(static_cast<size_t>(M) * N, rng, -4, 4),
                              bias = random_bf16_values(N, rng, -1, 1);
@@ -608,7 +461,7 @@ TEST(AddBias, MatchesReferenceWithAmax) {
 
 // The divergence guard: with grad_scale = NaN (a non-finite gradient norm) AdamW changes nothing at all.
 TEST(AdamWSkip, NonFiniteGradScaleLeavesEverythingUnchanged) {
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const size_t n = 4099;  // vectorised body and scalar tail
   const std::vector<float> master = random_floats(n, rng, -1, 1), m = random_floats(n, rng, -1, 1),
                            v = random_floats(n, rng, 0, 1), grads = random_floats(n, rng, -1, 1);
@@ -626,7 +479,7 @@ TEST(AdamWSkip, NonFiniteGradScaleLeavesEverythingUnchanged) {
 }
 
 TEST(ConvertTest, RoundTripsAndRoundsToNearestEven) {
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   std::vector<float> values = random_floats(100003, rng, -100, 100);
   values[0] = 1.0f + 0x1p-8f;      // tie: rounds down to even 1.0
   values[1] = 1.0f + 3 * 0x1p-8f;  // tie: rounds up to even 1 + 2^-6
@@ -657,7 +510,7 @@ class AdamWTest : public ::testing::TestWithParam<AdamWCase> {};
 // contracts differently. params must be exactly bf16_rn(master) of the GPU's own master.
 TEST_P(AdamWTest, MatchesReference) {
   const AdamWCase p = GetParam();
-  auto rng = make_rng();
+  auto rng = rng_for_test();
   const size_t n = p.n, off = p.misaligned ? 1 : 0;
   std::vector<float> master = random_floats(n, rng, -1, 1), grads = random_floats(n, rng, -0.1f, 0.1f);
   std::vector<float> m = random_floats(n, rng, -0.01f, 0.01f), v = random_floats(n, rng, 0, 1e-4f);
