@@ -226,6 +226,10 @@ const std::vector<KeySchema>& schema() {
       row("precision", "fp8_activations", T::Bool,
           "save linear inputs for backward as FP8 (their transposed copies) instead of BF16",
           LLMC_ACCESS(precision.fp8_activations)),
+      row("precision", "cache_weight_transpose", T::Bool,
+          "keep each FP8 weight's transposed codes for the optimizer step (false: transpose them in every backward, "
+          "1 byte less per FP8 parameter, one more pass over the weights per micro-step)",
+          LLMC_ACCESS(precision.cache_weight_transpose)),
 
       one_of(row("parallel", "init", T::String, "how ranks find each other: auto | mpi | tcp | fs | none",
                  LLMC_ACCESS(parallel.init)), {"auto", "mpi", "tcp", "fs", "none"}),

@@ -3,6 +3,8 @@
 //
 // FP8 data flow of one linear (N = out_features, K = in_features, M = rows = B*T):
 //   forward   w (N, K) --quantise once per optimizer step--> Wq (N, K) + Wᵀq (K, N)            [cached]
+//             (cache_weight_transpose false: only Wq is cached; backward transposes it into scratch 3, which gives
+//             the same codes, since Wq and Wᵀq share their per-tensor or 128x128 scales)
 //             x (M, K) --quantise--> Xq (M, K) [scratch 0]  (+ Xᵀq (K, M) kept for wgrad when save_fp8_input)
 //             out (M, N) = Xq · Wqᵀ (+ bias) (GELU: into pre_gelu, then gelu kernel or the GELU_AUX epilogue)
 //   backward  dy (M, N) --quantise--> dYq (M, N) [scratch 0] + dYᵀq (N, M) [scratch 1]
@@ -32,7 +34,8 @@ enum ScratchId : int {
   kScratchRows = 0,      // Xq (M, K) in forward; dYq (M, N) in backward
   kScratchRowsT = 1,     // dYᵀq (N, M)
   kScratchInputT = 2,    // Xᵀq (K, M) quantised in backward when the input was not saved as FP8
-  kScratchCount = 3,
+  kScratchWeightT = 3,   // Wᵀq (K, N) when the plan does not cache it (made by the weight cast, then in backward)
+  kScratchCount = 4,
 };
 
 bool is_block(ScaleGranularity g) { return g != ScaleGranularity::Tensor; }
@@ -78,14 +81,17 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
       save && is_block(plan_.x.granularity)
           ? align256(scale_inv_floats(plan_.x.granularity, K_, max_rows_) * sizeof(float))
           : 0;
-  const size_t total = 2 * w_bytes + w_scales + x_bytes + x_scales;
+  const bool cache_t = plan_.cache_weight_transpose;
+  const size_t total = (cache_t ? 2 : 1) * w_bytes + w_scales + x_bytes + x_scales;
   CUDA_CHECK(cudaMalloc(&memory_, total));
   memory_bytes_ = total;
   char* p = static_cast<char*>(memory_);
   wq_.data = reinterpret_cast<uint8_t*>(p);
   p += w_bytes;
-  wq_.data_t = reinterpret_cast<uint8_t*>(p);
-  p += w_bytes;
+  if (cache_t) {
+    wq_.data_t = reinterpret_cast<uint8_t*>(p);
+    p += w_bytes;
+  }
   if (is_block(plan_.w.granularity)) {
     wq_.scale_inv = reinterpret_cast<float*>(p);
     p += align256(scale_inv_floats(plan_.w.granularity, N_, K_) * sizeof(float));
@@ -105,6 +111,7 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
                                                               : 0);
   state_.reserve(kScratchRowsT, M * N_,
                  is_block(plan_.dy.granularity) ? scale_inv_floats(plan_.dy.granularity, N_, M) : 0);
+  if (!cache_t) state_.reserve(kScratchWeightT, (size_t)N_ * K_, 0);
   if (!save)
     state_.reserve(kScratchInputT, M * K_,
                    is_block(plan_.x.granularity) ? scale_inv_floats(plan_.x.granularity, K_, M) : 0);
@@ -178,7 +185,11 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   const bool unrecorded = training && !weight_cache_recorded_ && plan_.scaling == ScalingMode::Delayed &&
                           plan_.w.granularity == ScaleGranularity::Tensor;
   if (!weight_cache_valid_ || unrecorded) {
+    // Without a cached transpose the cast still writes one (into scratch, discarded): that also fills the 128x128
+    // transposed scales, which are kept.
+    if (!plan_.cache_weight_transpose) wq_.data_t = state_.scratch(kScratchWeightT);
     quantize(wq_, w_slot_, w, /*amax_ready=*/false, training, s);
+    if (!plan_.cache_weight_transpose) wq_.data_t = nullptr;
     weight_cache_valid_ = true;
     weight_cache_recorded_ = training;
     if (state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s);
@@ -268,8 +279,13 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
 
   // dgrad: dx (M, K) = dYq (M, N) · Wᵀq (K, N)ᵀ
   if (dx != nullptr) {
+    QTensor wt = wq_;
+    if (!plan_.cache_weight_transpose) {
+      wt.data_t = state_.scratch(kScratchWeightT);
+      fp8_transpose_codes(wt.data_t, wq_.data, N_, K_, s);
+    }
     Fp8GemmOptions g;
-    matmul_fp8(dx, fp8_operand(dyq, false), fp8_operand(wq_, true), M, K_, N_, g, s);
+    matmul_fp8(dx, fp8_operand(dyq, false), fp8_operand(wt, true), M, K_, N_, g, s);
     if (opt.x_pre_gelu != nullptr)
       gelu_backward_inplace(dx, opt.x_pre_gelu, (size_t)M * K_, s, opt.dx_amax);
     else if (opt.dx_amax)

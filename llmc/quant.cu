@@ -653,6 +653,63 @@ __global__ void fp8_dequantize_kernel(float* out, const uint8_t* data, const flo
   out[i] = mul_rn(fp8_to_float<F>(data[i]), scale_inv[scale_index(g, r, c, ld)]);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Transpose of codes. One block per 64 x 64 tile: 256 threads load it as 16-byte chunks of rows into shared memory
+// and write it out as 16-byte chunks of columns. rows % 16 == 0 keeps every 16-row chunk of an output row either
+// wholly inside the tensor or wholly outside it.
+constexpr int kTransposeTile = 64;
+constexpr int kTransposeThreads = 256;
+
+__global__ void __launch_bounds__(kTransposeThreads) fp8_transpose_codes_kernel(uint8_t* dst, const uint8_t* src,
+                                                                                int rows, int cols, int col_tiles) {
+  __shared__ __align__(16) uint8_t tile[kTransposeTile][kTransposeTile];
+  const int r0 = (blockIdx.x / col_tiles) * kTransposeTile, c0 = (blockIdx.x % col_tiles) * kTransposeTile;
+  // load: 64 rows x 4 chunks of 16 bytes, one chunk per thread
+  {
+    const int r = threadIdx.x / 4, k = threadIdx.x % 4;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + r < rows && c0 + 16 * k < cols)
+      v = *reinterpret_cast<const uint4*>(src + static_cast<size_t>(r0 + r) * cols + c0 + 16 * k);
+    *reinterpret_cast<uint4*>(&tile[r][16 * k]) = v;
+  }
+  __syncthreads();
+  // store: output row c (64 of them) holds source rows r0 .. r0+63 of column c0 + c, 64 bytes; each thread writes
+  // 16 of them (source rows 16 q .. 16 q + 15) as one 16-byte store. A warp covers 32 columns of the same rows, so
+  // its shared-memory reads hit 8 distinct words (broadcast within each), no bank conflicts.
+  const int c = threadIdx.x % kTransposeTile, q = threadIdx.x / kTransposeTile;
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int r = 16 * q + 4 * i;
+    w[i] = static_cast<uint32_t>(tile[r][c]) | (static_cast<uint32_t>(tile[r + 1][c]) << 8) |
+           (static_cast<uint32_t>(tile[r + 2][c]) << 16) | (static_cast<uint32_t>(tile[r + 3][c]) << 24);
+  }
+  if (c0 + c < cols && r0 + 16 * q < rows)
+    *reinterpret_cast<uint4*>(dst + static_cast<size_t>(c0 + c) * rows + r0 + 16 * q) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+void fp8_transpose_codes(uint8_t* dst, const uint8_t* src, int rows, int cols, cudaStream_t stream) {
+  const char* kernel = "fp8_transpose_codes";
+  if (rows <= 0 || cols <= 0 || rows % 16 != 0 || cols % 16 != 0)
+    throw_error("%s: rows = %d and cols = %d must be positive multiples of 16", kernel, rows, cols);
+  if (!dst || !src) throw_error("%s: dst and src must be device pointers", kernel);
+  require_aligned16(kernel, "src", src);
+  require_aligned16(kernel, "dst", dst);
+  const int row_tiles = static_cast<int>(ceil_div(static_cast<size_t>(rows), kTransposeTile));
+  const int col_tiles = static_cast<int>(ceil_div(static_cast<size_t>(cols), kTransposeTile));
+  const size_t tiles = static_cast<size_t>(row_tiles) * col_tiles;
+  if (tiles > 0x7fffffffu) throw_error("%s: %zu tiles exceed the grid limit", kernel, tiles);
+  fp8_transpose_codes_kernel<<<static_cast<unsigned>(tiles), kTransposeThreads, 0, stream>>>(dst, src, rows, cols,
+                                                                                            col_tiles);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_transpose_codes_cpu(uint8_t* dst, const uint8_t* src, int rows, int cols) {
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) dst[static_cast<size_t>(c) * rows + r] = src[static_cast<size_t>(r) * cols + c];
+}
+
 void fp8_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream) {
   const char* kernel = "fp8_dequantize";
   const uint8_t* data = transposed ? q.data_t : q.data;

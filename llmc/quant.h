@@ -84,6 +84,13 @@ void fp8_quantize_blockwise(const QTensor& q, const bf16* x, bool pow2, cudaStre
 void fp8_quantize_blockwise_cpu(uint8_t* data, float* scale_inv, uint8_t* data_t, float* scale_inv_t, const float* x,
                                 int rows, int cols, ScaleGranularity g, Fp8Format f, bool pow2);
 
+// Transpose of FP8 codes: dst (cols, rows) = src (rows, cols)ᵀ, byte for byte. For a per-tensor or 128x128-block
+// quantised tensor this is exactly the transposed copy the cast would have written (same scale per element), so a
+// weight can keep only its row-wise codes and make the transposed ones when backward needs them. rows and cols
+// multiples of 16, src and dst 16-byte aligned.
+void fp8_transpose_codes(uint8_t* dst, const uint8_t* src, int rows, int cols, cudaStream_t stream);
+void fp8_transpose_codes_cpu(uint8_t* dst, const uint8_t* src, int rows, int cols);
+
 // Dequantisation (tests, telemetry): out (rows, cols) FP32 = codes * scale_inv of their block; transposed = true reads
 // q.data_t / q.scale_inv_t and writes (cols, rows).
 void fp8_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream);

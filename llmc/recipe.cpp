@@ -140,6 +140,7 @@ LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearK
   // The attention output is kept in BF16 by every model anyway (the attention backward reads it), so its
   // projection saves no FP8 copy: its wgrad quantises the BF16 tensor again, and the copy's memory is saved.
   p.save_fp8_input = r.fp8_activations && kind != LinearKind::AttnOut;
+  p.cache_weight_transpose = r.cache_weight_transpose;
   return p;
 }
 
@@ -166,6 +167,7 @@ std::string describe_recipe(const PrecisionRecipe& r) {
   }
   s += r.lm_head_fp8 ? "; lm_head FP8" : "; lm_head and embeddings BF16";
   s += r.fp8_activations ? "; linear inputs saved as FP8" : "; linear inputs saved as BF16";
+  if (!r.cache_weight_transpose) s += "; transposed weight codes made in every backward";
   return s + ")";
 }
 

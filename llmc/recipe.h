@@ -39,6 +39,8 @@ struct PrecisionRecipe {
   std::vector<int> bf16_layers;  // blocks kept in BF16 (negative = from the end: -1 is the last block)
   bool lm_head_fp8 = false;      // the (tied) lm_head GEMMs in FP8 (embeddings always BF16)
   bool fp8_activations = true;   // save linear inputs for backward as FP8 (transposed copy) instead of BF16
+  bool cache_weight_transpose = true;  // keep each FP8 weight's transposed codes for dgrad (false: transpose the row
+                                       // codes in every backward: 1 byte less per FP8 parameter, one pass more)
 };
 
 // Which linear of a block (or the lm_head).
@@ -56,6 +58,7 @@ struct LinearPlan {
   bool pow2_scales = false;
   bool fast_accum_fprop = false;
   bool save_fp8_input = false;   // the input is kept for wgrad as its transposed FP8 copy (no BF16 copy)
+  bool cache_weight_transpose = true;  // the transposed weight codes live for the optimizer step (else per backward)
 };
 
 // Names known to this build, in the order the docs list them.

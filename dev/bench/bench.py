@@ -173,6 +173,12 @@ def bench_overrides(spec, recipe, steps, warmup, jsonl_path, train_glob, accum=1
     ]
 
 
+def recipe_label(recipe, extra_sets):
+    """The results' recipe column: the recipe, plus the extra --set overrides that change the run (e.g.
+    'fp8_blockwise (precision.cache_weight_transpose=false)')."""
+    return f"{recipe} ({', '.join(extra_sets)})" if extra_sets else recipe
+
+
 def trainer_command(train_gpt, config, overrides, dry_run=False):
     cmd = [train_gpt, "--config", config]
     for o in overrides:
@@ -532,7 +538,7 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
     name = f"{model}_b{spec.micro_batch}_t{spec.seq_len}_g{spec.gpus}_{recipe}"
     jsonl = os.path.join(workdir, name + ".jsonl")
     config, set_recipe = config_for(spec.model, recipe, args.configs)
-    overrides = bench_overrides(spec, recipe, args.steps, args.warmup, jsonl, args.data, args.accum)
+    overrides = bench_overrides(spec, recipe, args.steps, args.warmup, jsonl, args.data, args.accum) + args.set
     if not set_recipe:
         overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
     env = dict(os.environ, WORLD_SIZE=str(spec.gpus))
@@ -576,7 +582,7 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
     raw["metrics"] = metrics
     peaks = gpu_peaks(gpu_name) or (None, None)
     row = {
-        "model": preset_name or spec.model, "recipe": recipe, "gpus": spec.gpus, "micro_batch": spec.micro_batch,
+        "model": preset_name or spec.model, "recipe": recipe_label(recipe, args.set), "gpus": spec.gpus, "micro_batch": spec.micro_batch,
         "accum": args.accum,
         "seq_len": spec.seq_len, "tokens_per_s": metrics["tokens_per_s"],
         "mfu_bf16": mfu_percent(flops, metrics["tokens_per_s"], peaks[0], spec.gpus),
@@ -684,7 +690,7 @@ def print_dry(args, specs, recipes, gpu_name):
         for recipe in recipes:
             config, set_recipe = config_for(spec.model, recipe, args.configs)
             overrides = bench_overrides(spec, recipe, args.steps, args.warmup, f"{args.workdir}/<run>.jsonl", args.data,
-                                        args.accum)
+                                        args.accum) + args.set
             if not set_recipe:
                 overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
             prefix = f"WORLD_SIZE={spec.gpus} " if spec.gpus > 1 else ""
@@ -763,6 +769,9 @@ def main(argv=None):
                     + " (default gpt2 when --runs is not given)")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing (default 5)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra train_gpt override for our runs (repeatable), e.g. "
+                         "precision.cache_weight_transpose=false; shown in the results' recipe column")
     ap.add_argument("--accum", type=int, default=1,
                     help="micro-steps per optimizer step (gradient accumulation; default 1), for ours and the peer")
     ap.add_argument("--recipe", default="bf16", help="comma-separated precision recipes (default bf16)")

@@ -324,6 +324,51 @@ TEST_P(LinearFp8, WeightCacheProducerAmaxAndDeterminism) {
   EXPECT_NE(0, std::memcmp(a.data(), e.data(), a.size() * sizeof(float))) << "weights not re-quantised";
 }
 
+// precision.cache_weight_transpose = false (the transposed weight codes made in every backward) gives the same bits
+// as the cached transpose: forward, dgrad and wgrad over two optimizer steps with a weight update between them.
+TEST_P(LinearFp8, UncachedWeightTransposeIsBitIdentical) {
+  std::mt19937_64 rng(seed() ^ 13 ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe cached = recipe(GetParam());
+  PrecisionRecipe uncached = cached;
+  uncached.cache_weight_transpose = false;
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), dy(upload(p.dy)),
+      w2(upload(random_values(p.w.size(), rng, 0.02f)));
+  struct Result {
+    std::vector<float> out, dx, dw;
+  };
+  auto train = [&](const PrecisionRecipe& r) {
+    PrecisionState state(r);
+    Linear lin(state, "t", LinearKind::MlpUp, 0, N, K, plan_linear(r, 0, 2, LinearKind::MlpUp), M);
+    EXPECT_EQ(lin.plan().cache_weight_transpose, r.cache_weight_transpose);
+    Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
+    Dev<float> dw((size_t)N * K);
+    CUDA_CHECK(cudaMemset(dw.ptr, 0, dw.n * sizeof(float)));
+    Result res;
+    for (const bf16* weights : {w->ptr, w2->ptr}) {
+      out.poison();
+      dx.poison();
+      state.begin_forward(0);
+      lin.forward(out.ptr, x->ptr, weights, nullptr, M, true, 0);
+      state.begin_backward(0);
+      lin.backward(dx.ptr, dw.ptr, dy->ptr, x->ptr, weights, M, 0);
+      state.end_step(0);
+      lin.weights_changed();
+      for (float v : download(out.ptr, out.n)) res.out.push_back(v);
+      for (float v : download(dx.ptr, dx.n)) res.dx.push_back(v);
+    }
+    res.dw = download(dw.ptr, dw.n);
+    return res;
+  };
+  const Result a = train(cached), b = train(uncached);
+  ASSERT_EQ(a.out.size(), b.out.size());
+  EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float))) << "fprop differs";
+  EXPECT_EQ(0, std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * sizeof(float))) << "dgrad differs";
+  EXPECT_EQ(0, std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * sizeof(float))) << "wgrad differs";
+  for (float v : a.dx) ASSERT_TRUE(std::isfinite(v)) << "dgrad not written";
+}
+
 // GELU_AUX forward (epilogue or separate kernel) and the DGELU backward.
 TEST_P(LinearFp8, GeluForwardAndBackward) {
   std::mt19937_64 rng(seed() ^ 11 ^ std::hash<std::string>{}(GetParam()));

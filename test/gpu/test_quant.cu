@@ -456,6 +456,31 @@ TEST(QuantizeTensorwise, FromAmaxMatchesScaleThenCast) {
   EXPECT_EQ(cases, static_cast<int>(std::size(kShapes)) * 2 * 2 * 5);
 }
 
+// Transpose of codes: byte for byte (all 256 codes appear), for tile-aligned and ragged shapes; bad shapes rejected.
+TEST(TransposeCodes, MatchesHostBitForBit) {
+  std::mt19937_64 rng = make_rng();
+  std::uniform_int_distribution<int> code(0, 255);
+  const std::pair<int, int> shapes[] = {{16, 16}, {64, 64}, {48, 208}, {208, 48}, {1008, 784}, {128, 4096},
+                                        {2048, 512}};
+  for (const auto& [rows, cols] : shapes) {
+    const size_t n = static_cast<size_t>(rows) * cols;
+    std::vector<uint8_t> src(n);
+    for (uint8_t& c : src) c = static_cast<uint8_t>(code(rng));
+    DeviceBuffer<uint8_t> d_src(src), d_dst(n);
+    llmc::fp8_transpose_codes(d_dst.ptr, d_src.ptr, rows, cols, 0);
+    std::vector<uint8_t> want(n);
+    llmc::fp8_transpose_codes_cpu(want.data(), src.data(), rows, cols);
+    const std::vector<uint8_t> got = d_dst.download();
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != want[i];
+    EXPECT_EQ(bad, 0u) << rows << "x" << cols << ": " << bad << " codes differ";
+    EXPECT_TRUE(d_dst.guard_intact("dst")) << rows << "x" << cols;
+  }
+  DeviceBuffer<uint8_t> a(64 * 64), b(64 * 64);
+  EXPECT_THROW(llmc::fp8_transpose_codes(b.ptr, a.ptr, 24, 64, 0), llmc::Error);
+  EXPECT_THROW(llmc::fp8_transpose_codes(b.ptr, a.ptr, 64, 8, 0), llmc::Error);
+}
+
 // Block-wise, every granularity x format x pow2 x outputs x shape; q.amax poisoned before (it is overwritten).
 TEST(QuantizeBlockwise, MatchesHostBitForBit) {
   std::mt19937_64 rng = make_rng();
