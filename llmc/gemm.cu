@@ -104,7 +104,7 @@ struct GemmState {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::map<GemmKey, GemmPlan> plans;
-  std::map<GemmKey, std::string> unsupported;  // combinations cuBLASLt refused (FP8, BGRADB), with its reason
+  std::map<GemmKey, std::string> unsupported;  // FP8 combinations cuBLASLt refused, with its reason
 };
 
 GemmState g_gemm;
@@ -452,9 +452,9 @@ void fp8_key_and_spec(const void* D, bool d_fp32, const Fp8Operand& A, const Fp8
   spec->fast_accum = opt.fast_accum;
 }
 
-// The cached plan of a GEMM that may be unsupported (FP8 combinations, the BGRADB epilogue), or null (with cuBLASLt's
-// reason in *why) where cuBLASLt does not run it; both answers are cached.
-const GemmPlan* find_plan(const GemmKey& key, const PlanSpec& spec, std::string* why) {
+// The cached plan of an FP8 GEMM, or null (with cuBLASLt's reason in *why) where cuBLASLt does not run it; both
+// answers are cached.
+const GemmPlan* find_fp8_plan(const GemmKey& key, const PlanSpec& spec, std::string* why) {
   auto it = g_gemm.plans.find(key);
   if (it != g_gemm.plans.end()) return &it->second;
   auto bad = g_gemm.unsupported.find(key);
@@ -487,7 +487,7 @@ void matmul_fp8_impl(void* D, bool d_fp32, const Fp8Operand& A, const Fp8Operand
   PlanSpec spec;
   fp8_key_and_spec(D, d_fp32, A, B, M, N, K, opt, &key, &spec);
   std::string why;
-  const GemmPlan* plan = find_plan(key, spec, &why);
+  const GemmPlan* plan = find_fp8_plan(key, spec, &why);
   if (plan == nullptr) {
     throw_error("matmul_fp8: cuBLASLt does not run %s on this device (compute capability %d, alignments A/B/D %d/%d/%d "
                 "bytes): %s; check matmul_fp8_supported() first and fall back (e.g. bias / GELU in separate kernels)",
@@ -648,42 +648,6 @@ void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int 
            stream);
 }
 
-bool matmul_wgrad_dbias(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int M, int N, int K,
-                        bool accumulate, cudaStream_t stream) {
-  const char* fn = "matmul_wgrad_dbias";
-  check_dims(M, N, K, fn);
-  check_aligned(dweight, "dweight", fn);
-  check_aligned(dbias, "dbias", fn);
-  check_aligned(dout, "dout", fn);
-  check_aligned(inp, "inp", fn);
-  if (dbias == nullptr) throw_error("%s: dbias is null (use matmul_wgrad)", fn);
-  if (g_gemm.handle == nullptr) gemm_init();
-  GemmKey key{M, N, K, GemmOp::Wgrad, CUBLASLT_EPILOGUE_BGRADB, accumulate, pointer_alignment(inp),
-              pointer_alignment(dout), pointer_alignment(dweight), 256};
-  key.d_type = CUDA_R_32F;
-  key.align_bias = pointer_alignment(dbias);
-  // As matmul_wgrad; BGRADB sums cuBLASLt's B (doutᵀ, op T) over the GEMM's k dimension (our M rows) into the bias
-  // pointer, one value per column of D (our N outputs), in D's type (FP32).
-  PlanSpec spec;
-  spec.trans_a = CUBLAS_OP_N;
-  spec.trans_b = CUBLAS_OP_T;
-  spec.m = K;
-  spec.n = N;
-  spec.k = M;
-  spec.lda = K;
-  spec.ldb = N;
-  spec.ldc = K;
-  spec.c_type = CUDA_R_32F;
-  spec.bias = dbias;
-  const GemmPlan* plan = find_plan(key, spec, nullptr);
-  if (plan == nullptr) return false;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof(dbias)));
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(g_gemm.handle, plan->desc, &alpha, inp, plan->a, dout, plan->b, &beta, dweight, plan->c,
-                              dweight, plan->c, &plan->algo, g_gemm.workspace, g_gemm.workspace_bytes, stream));
-  return true;
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // FP8 products
 
@@ -733,7 +697,7 @@ bool matmul_fp8_supported(bool d_fp32, const Fp8Operand& A, const Fp8Operand& B,
   // D is not known here: asked for a 256-byte aligned D (what cudaMalloc returns); a call with a less aligned D asks
   // the heuristic again.
   fp8_key_and_spec(nullptr, d_fp32, A, B, M, N, K, opt, &key, &spec);
-  return find_plan(key, spec, nullptr) != nullptr;
+  return find_fp8_plan(key, spec, nullptr) != nullptr;
 }
 
 void matmul_fp8_cpu(double* D, const uint8_t* A, const float* a_scale_inv, ScaleGranularity ag, Fp8Format af,

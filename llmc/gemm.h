@@ -40,11 +40,6 @@ void matmul_dgrad(bf16* dinp, const bf16* dout, const bf16* weight, int M, int N
 // dweight (FP32) = doutᵀ · inp, overwritten or accumulated.
 void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int N, int K, bool accumulate,
                   cudaStream_t stream);
-// The same product and, from the same GEMM (cuBLASLt's BGRADB epilogue), dbias (N, FP32) = the sum of dout over its
-// M rows, OVERWRITTEN (the caller adds it to an accumulated bias gradient). Returns false, computing nothing, where
-// cuBLASLt has no algorithm for the combination (the answer is cached per shape).
-bool matmul_wgrad_dbias(float* dweight, float* dbias, const bf16* dout, const bf16* inp, int M, int N, int K,
-                        bool accumulate, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------------------
 // FP8. Hopper's FP8 tensor cores take both operands K-contiguous ("TN"), so every product is written as

@@ -205,12 +205,6 @@ void GPT2::backward(cudaStream_t s) {
   precision_.begin_backward(s);
   Linear::BackwardOptions produced;  // dy's amax came from its producer kernel
   produced.dy_amax_ready = true;
-  auto with_dbias = [&](float* dbias) {  // ... and the linear also accumulates its bias gradient
-    Linear::BackwardOptions opt = produced;
-    opt.dbias = dbias;
-    opt.dbias_scratch = scratch_;
-    return opt;
-  };
 
   // lm_head (tied with wte): logits (N, Vp) = lnf (N, C) · wte (Vp, C)ᵀ; the logits buffer now holds dlogits.
   const bf16* dlogits = logits_;
@@ -232,25 +226,26 @@ void GPT2::backward(cudaStream_t s) {
     Linear::BackwardOptions fcproj_opt = produced;  // dfch (N, H) = dh * gelu'(fch)
     fcproj_opt.x_pre_gelu = a.fch;
     fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
-    fcproj_opt.dbias = G.fcproj_b;                                             // dbfcproj (C) +=
-    fcproj_opt.dbias_scratch = scratch_;
     lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, a.fch_gelu, W.fcproj_w, N, s, fcproj_opt);
+    bias_backward(G.fcproj_b, scratch_, dresidual_, N, C, s);                   // dbfcproj (C) +=
     // fch = ln2 · Wfcᵀ + bfc
     if (rc && !lin.fc->saves_fp8_input())
       layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W.ln2_w, W.ln2_b, N, C, s);
-    lin.fc->backward(dsmall_, G.fc_w, dbig_, a.ln2, W.fc_w, N, s, with_dbias(G.fc_b));  // dln2, dWfc, dbfc (H) +=
+    lin.fc->backward(dsmall_, G.fc_w, dbig_, a.ln2, W.fc_w, N, s, produced);   // dln2 (N, C), dWfc (H, C) +=
+    bias_backward(G.fc_b, scratch_, dbig_, N, H, s);                            // dbfc (H) +=
     // ln2 = LN(residual2): dresidual += dLN/dresidual2 -> dresidual = full d residual2
     layernorm_backward(dresidual_, G.ln2_w, G.ln2_b, scratch_, dsmall_, a.residual2, W.ln2_w, a.ln2_mean,
                        a.ln2_rstd, N, C, s, lin.attproj->dy_amax_slot());
     // --- attention: residual2 = residual + atty · Wattprojᵀ + battproj
-    lin.attproj->backward(dsmall_, G.attproj_w, dresidual_, a.atty, W.attproj_w, N, s,
-                          with_dbias(G.attproj_b));                             // datty (N, C), dbattproj (C) +=
+    lin.attproj->backward(dsmall_, G.attproj_w, dresidual_, a.atty, W.attproj_w, N, s, produced);  // datty (N, C)
+    bias_backward(G.attproj_b, scratch_, dresidual_, N, C, s);                  // dbattproj (C) +=
     attention_backward(dbig_, scratch_, dsmall_, a.qkv, a.atty, a.att_lse, B, T, NH, NH, HS, s,
                        lin.qkv->dy_amax_slot());                                // dqkv (N, 3C)
     // qkv = ln1 · Wqkvᵀ + bqkv
     if (rc && !lin.qkv->saves_fp8_input())
       layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W.ln1_w, W.ln1_b, N, C, s);
-    lin.qkv->backward(dsmall_, G.qkv_w, dbig_, a.ln1, W.qkv_w, N, s, with_dbias(G.qkv_b));  // dln1, dWqkv, dbqkv +=
+    lin.qkv->backward(dsmall_, G.qkv_w, dbig_, a.ln1, W.qkv_w, N, s, produced);  // dln1 (N, C), dWqkv (3C, C) +=
+    bias_backward(G.qkv_b, scratch_, dbig_, N, 3 * C, s);                       // dbqkv (3C) +=
     // ln1 = LN(residual): dresidual += dLN/dresidual -> dresidual = d residual (the block input)
     layernorm_backward(dresidual_, G.ln1_w, G.ln1_b, scratch_, dsmall_, residual, W.ln1_w, a.ln1_mean, a.ln1_rstd,
                        N, C, s, l > 0 ? linears_[l - 1].fcproj->dy_amax_slot() : nullptr);

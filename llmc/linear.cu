@@ -22,7 +22,6 @@
 #include <set>
 
 #include "llmc/common.h"
-#include "llmc/cuda_utils.cuh"
 #include "llmc/gemm.h"
 #include "llmc/kernels.h"
 
@@ -256,21 +255,8 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
       if (opt.dx_amax) amax_bf16(opt.dx_amax, dx, (size_t)M * K_, s);
     }
     if (x == nullptr) throw_error("%s: BF16 backward needs the layer input", name_.c_str());
-    if (opt.dbias != nullptr) {
-      if (opt.dbias_scratch == nullptr) throw_error("%s: dbias needs dbias_scratch", name_.c_str());
-      // The bias gradient from the wgrad GEMM (one pass over dy fewer), then added to the accumulated one.
-      if (matmul_wgrad_dbias(dw, opt.dbias_scratch, dy, x, M, N_, K_, /*accumulate=*/true, s)) {
-        sum_column_partials(opt.dbias, opt.dbias_scratch, 1, N_, s);
-        return;
-      }
-      bias_backward(opt.dbias, opt.dbias_scratch, dy, M, N_, s);
-    }
     matmul_wgrad(dw, dy, x, M, N_, K_, /*accumulate=*/true, s);
     return;
-  }
-  if (opt.dbias != nullptr) {
-    if (opt.dbias_scratch == nullptr) throw_error("%s: dbias needs dbias_scratch", name_.c_str());
-    bias_backward(opt.dbias, opt.dbias_scratch, dy, M, N_, s);  // from the BF16 dy, not its FP8 codes
   }
   if (opt.accumulate_dx)
     throw_error("%s: FP8 dgrad overwrites dx (accumulate_dx is not supported with an FP8 plan)", name_.c_str());

@@ -66,16 +66,13 @@ class Linear {
   void forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s) {
     forward(out, x, w, bias, M, training, s, ForwardOptions());
   }
-  // dx (M, K) = dy (M, N) · w (overwritten, or added to dx with accumulate_dx); dw (N, K) FP32 += dyᵀ · x; the bias
-  // gradient when asked (BF16 plans: from the wgrad GEMM's epilogue where cuBLASLt supports it, else a reduction).
+  // dx (M, K) = dy (M, N) · w (overwritten, or added to dx with accumulate_dx); dw (N, K) FP32 += dyᵀ · x.
   // x: the BF16 input of the forward (may be null when saves_fp8_input()). dx may be null (not wanted).
   struct BackwardOptions {
     bool accumulate_dx = false;
     const bf16* x_pre_gelu = nullptr;  // x = gelu(x_pre_gelu): dx is the gradient w.r.t. x_pre_gelu instead
     bool dy_amax_ready = false;        // the kernel that produced dy filled dy_amax_slot()
     float* dx_amax = nullptr;          // report max |dx| here (the previous linear's dy slot), or null
-    float* dbias = nullptr;            // bias gradient (N) FP32 += the sum of dy over the M rows, or null
-    float* dbias_scratch = nullptr;    // with dbias: bias_backward_scratch_floats(M, N) floats (llmc/kernels.h)
   };
   void backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w, int M, cudaStream_t s,
                 const BackwardOptions& opt);

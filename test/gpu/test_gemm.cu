@@ -15,7 +15,6 @@
 
 #include "llmc/common.h"
 #include "llmc/gemm.h"
-#include "llmc/kernels.h"
 
 using namespace llmc;
 
@@ -258,64 +257,6 @@ TEST(Gemm, WgradMatchesCpu) {
     expect_close(download_f32(dw, n_out), ref_acc, absref_acc, 1e-6, "wgrad accumulate x2");
     cudaFree(dw);
   }
-}
-
-// The wgrad GEMM with cuBLASLt's BGRADB epilogue: the same product as matmul_wgrad (accumulated or not) and the bias
-// gradient (column sums of dout) overwritten, both deterministic. cuBLASLt must support it for the GPT-2 shapes on
-// this GPU (the trainer relies on it for speed); an odd shape it refuses returns false and computes nothing.
-TEST(Gemm, WgradBiasGradientEpilogue) {
-  int supported = 0;
-  for (const Shape& s : kShapes) {
-    SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
-    std::mt19937 rng(4000 + s.M + s.N + s.K);
-    Bf16Matrix dout((size_t)s.M * s.N, rng), inp((size_t)s.M * s.K, rng);
-    const size_t n_out = (size_t)s.N * s.K;
-    std::vector<float> init(n_out);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    for (auto& x : init) x = dist(rng);
-    float* dw = alloc_poisoned<float>(n_out);
-    float* db = alloc_poisoned<float>(s.N);
-    CUDA_CHECK(cudaMemcpy(dw, init.data(), n_out * sizeof(float), cudaMemcpyHostToDevice));
-    const bool ok = matmul_wgrad_dbias(dw, db, dout.dev, inp.dev, s.M, s.N, s.K, /*accumulate=*/true, 0);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const bool gpt2_shape = s.M == 512 && s.K % 256 == 0;
-    if (!ok) {
-      EXPECT_FALSE(gpt2_shape) << "cuBLASLt has no BGRADB algorithm for a GPT-2 shape";
-      EXPECT_EQ(0, std::memcmp(init.data(), download_f32(dw, n_out).data(), n_out * sizeof(float)))
-          << "an unsupported call must not touch dweight";
-      cudaFree(dw);
-      cudaFree(db);
-      continue;
-    }
-    supported++;
-    std::vector<float> prod(n_out), absprod(n_out), bias_ref(s.N, 0.0f), bias_abs(s.N, 0.0f);
-    matmul_wgrad_cpu(prod.data(), dout.host.data(), inp.host.data(), s.M, s.N, s.K);
-    matmul_wgrad_cpu(absprod.data(), abs_of(dout.host).data(), abs_of(inp.host).data(), s.M, s.N, s.K);
-    bias_backward_cpu(bias_ref.data(), dout.host.data(), s.M, s.N);
-    bias_backward_cpu(bias_abs.data(), abs_of(dout.host).data(), s.M, s.N);
-    std::vector<double> ref_acc(n_out);
-    std::vector<float> absref_acc(n_out);
-    for (size_t i = 0; i < n_out; i++) {
-      ref_acc[i] = (double)init[i] + prod[i];
-      absref_acc[i] = std::fabs(init[i]) + absprod[i];
-    }
-    const std::vector<float> got_dw = download_f32(dw, n_out), got_db = download_f32(db, s.N);
-    expect_close(got_dw, ref_acc, absref_acc, 1e-6, "wgrad (BGRADB) accumulate");
-    expect_close(got_db, std::vector<double>(bias_ref.begin(), bias_ref.end()), bias_abs, 1e-6, "bias gradient");
-    // again from the same start: the same bits for both outputs
-    float* db2 = alloc_poisoned<float>(s.N);
-    CUDA_CHECK(cudaMemcpy(dw, init.data(), n_out * sizeof(float), cudaMemcpyHostToDevice));
-    ASSERT_TRUE(matmul_wgrad_dbias(dw, db2, dout.dev, inp.dev, s.M, s.N, s.K, true, 0));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(0, std::memcmp(got_dw.data(), download_f32(dw, n_out).data(), n_out * sizeof(float)))
-        << "wgrad (BGRADB) not bitwise deterministic";
-    EXPECT_EQ(0, std::memcmp(got_db.data(), download_f32(db2, s.N).data(), s.N * sizeof(float)))
-        << "bias gradient not bitwise deterministic";
-    cudaFree(dw);
-    cudaFree(db);
-    cudaFree(db2);
-  }
-  std::printf("BGRADB supported for %d of %zu shapes\n", supported, std::size(kShapes));
 }
 
 TEST(Gemm, RejectsMisalignedPointersAndBadShapes) {
