@@ -16,17 +16,23 @@
 //                GQA sum over the group has a fixed order: deterministic, no atomics.
 //   bwd dQ       one CTA per (b, h, 64-query block); loops over key blocks 0..diagonal (recomputes P and dP again).
 // Rows beyond T are zero-filled in shared memory (a NaN of uninitialised memory times P = 0 would still be NaN).
+// On Hopper, head size 64 goes to the wgmma kernels of llmc/attention_sm90.cu instead (same math and layouts; the
+// dsum kernel here serves both); set_attention_kernels(kPortable) forces these.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "llmc/attention_sm90.h"
 #include "llmc/common.h"
 #include "llmc/cuda_utils.cuh"
 #include "llmc/kernels.h"
+#include "llmc/mma_ptx.cuh"
 
 namespace llmc {
 namespace {
+
+using namespace ptx;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -50,63 +56,6 @@ constexpr int forward_min_blocks() { return HS == 64 ? 4 : 2; }
 
 template <int HS>
 constexpr int dkdv_query_rows() { return HS == 64 ? 64 : 32; }
-
-// ---------------------------------------------------------------------------------------------------------------
-// PTX wrappers
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte asynchronous global->shared copy; when `valid` is false nothing is read and the 16 bytes are zero-filled.
-__device__ __forceinline__ void cp_async_16(bf16* smem, const bf16* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most `kPending` of the most recently committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives matrix i
-// (lane l holds row l/4, columns 2*(l%4), 2*(l%4)+1). The .trans form delivers each matrix transposed.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
-}
-
-// c (16x8 fp32) += a (16x16 bf16, row-major fragment) * b (16x8 bf16, column fragment).
-// Accumulator layout: c[0], c[1] = row l/4, columns 2*(l%4) + {0, 1}; c[2], c[3] = row l/4 + 8, same columns.
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Warp-level tile products (one warp, 16 output rows)
@@ -140,9 +89,8 @@ __device__ __forceinline__ void warp_mma_ab_regs(float (&c)[N / 8][4], const flo
 #pragma unroll
   for (int kk = 0; kk < K / 16; kk++) {
     // accumulator tiles 2kk (columns 0-7) and 2kk+1 (columns 8-15) form the A fragment of this k-step
-    const uint32_t a_frag[4] = {pack_bf16x2(a[2 * kk][0], a[2 * kk][1]), pack_bf16x2(a[2 * kk][2], a[2 * kk][3]),
-                                pack_bf16x2(a[2 * kk + 1][0], a[2 * kk + 1][1]),
-                                pack_bf16x2(a[2 * kk + 1][2], a[2 * kk + 1][3])};
+    uint32_t a_frag[4];
+    accumulators_to_a_fragment(a_frag, a[2 * kk], a[2 * kk + 1]);
 #pragma unroll
     for (int nn = 0; nn < N / 16; nn++) {
       uint32_t b_frag[4];  // transposed matrices: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
@@ -699,12 +647,24 @@ void backward_reference(Real* dqkv, const Real* dout, const Real* qkv, const Rea
 // ---------------------------------------------------------------------------------------------------------------
 // Public API (llmc/kernels.h)
 
+namespace {
+AttentionKernels g_attention_kernels = AttentionKernels::kAuto;
+bool use_sm90_kernels(int HS) {
+  return HS == 64 && g_attention_kernels == AttentionKernels::kAuto && attention_sm90_available();
+}
+}  // namespace
+
+void set_attention_kernels(AttentionKernels which) { g_attention_kernels = which; }
+
+const char* attention_kernels_name(int HS) { return use_sm90_kernels(HS) ? "sm90 wgmma" : "mma.sync"; }
+
 void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int NKV, int HS,
                        cudaStream_t stream, float* out_amax) {
   check_attention_shape("attention_forward", B, T, NH, NKV, HS, true);
   check_aligned16("attention_forward", "qkv", qkv);
   check_aligned16("attention_forward", "out", out);
-  if (HS == 64) launch_forward<64>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+  if (use_sm90_kernels(HS)) attention_forward_sm90(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+  else if (HS == 64) launch_forward<64>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
   else launch_forward<128>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
 }
 
@@ -735,7 +695,8 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
                                                                                                       out, B, T, NH);
   }
   CUDA_CHECK_LAUNCH();
-  if (HS == 64) launch_backward<64>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  if (use_sm90_kernels(HS)) attention_backward_sm90(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  else if (HS == 64) launch_backward<64>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
   else launch_backward<128>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
 }
 

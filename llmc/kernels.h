@@ -103,6 +103,15 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
                         float* dqkv_amax = nullptr);
 void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                             int B, int T, int NH, int NKV, int HS);
+// Which kernels attention_forward / attention_backward run: kAuto takes the Hopper wgmma kernels
+// (attention_sm90.cu) for head size 64 on a compute-capability 9.0 GPU when the build has sm_90a code, and the
+// portable mma.sync kernels otherwise; kPortable always takes the mma.sync kernels (the tests and
+// dev/cuda/bench_attention run both). Process-wide; the trainer leaves it at kAuto.
+enum class AttentionKernels { kAuto, kPortable };
+void set_attention_kernels(AttentionKernels which);
+// What attention_forward / attention_backward would run for head size HS on the current device: "sm90 wgmma" or
+// "mma.sync".
+const char* attention_kernels_name(int HS);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Llama kernels. Optional `*_amax` arguments (may be null): max |value written| is atomically maxed into that float

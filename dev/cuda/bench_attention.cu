@@ -1,5 +1,6 @@
 // dev/cuda/bench_attention.cu: times the flash attention forward and backward (llmc/attention.cu) on GPT-2-like
-// shapes and prints ms and TFLOP/s (causal FLOPs: forward 2*2*B*NH*T*T*HS/2, backward 2.5x forward).
+// shapes and prints ms and TFLOP/s (causal FLOPs: forward 2*2*B*NH*T*T*HS/2, backward 2.5x forward), for the portable
+// mma.sync kernels and, where the default differs (head size 64 on Hopper), for the default (wgmma) kernels.
 // Before timing each shape, a B=1 slice of it (one kv group) is checked against the CPU reference.
 // Usage: bench_attention [reps]   (default 50 timed repetitions after 5 warm-ups; the median is reported)
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "llmc/common.h"
@@ -110,6 +112,38 @@ void check_slice(const Shape& s) {
   cudaFree(qkv); cudaFree(dqkv); cudaFree(out); cudaFree(dout); cudaFree(lse); cudaFree(scratch);
 }
 
+// Checks and times one shape with the currently selected attention kernels.
+void bench_shape(const Shape& s, int reps) {
+  std::printf("%s: B=%d T=%d NH=%d NKV=%d HS=%d, %s kernels\n", s.name, s.B, s.T, s.NH, s.NKV, s.HS,
+              llmc::attention_kernels_name(s.HS));
+  check_slice(s);
+  const size_t qkv_n = (size_t)s.B * s.T * (s.NH + 2 * s.NKV) * s.HS, out_n = (size_t)s.B * s.T * s.NH * s.HS;
+  bf16 *qkv, *out, *dout, *dqkv;
+  float *lse, *scratch;
+  CUDA_CHECK(cudaMalloc(&qkv, qkv_n * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&dqkv, qkv_n * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&out, out_n * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&dout, out_n * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&lse, (size_t)s.B * s.NH * s.T * sizeof(float)));
+  CUDA_CHECK(
+      cudaMalloc(&scratch, llmc::attention_backward_scratch_floats(s.B, s.T, s.NH, s.HS) * sizeof(float)));
+  fill_random(qkv, qkv_n, 1.0f, 1);
+  fill_random(dout, out_n, 1.0f, 2);
+
+  const double fwd_flops = 2.0 * 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS / 2.0;
+  const double bwd_flops = 2.5 * fwd_flops;
+  const float fwd_ms = median_ms([&] { llmc::attention_forward(out, lse, qkv, s.B, s.T, s.NH, s.NKV, s.HS, 0); },
+                                 reps);
+  const float bwd_ms = median_ms(
+      [&] {
+        llmc::attention_backward(dqkv, scratch, dout, qkv, out, lse, s.B, s.T, s.NH, s.NKV, s.HS, 0);
+      },
+      reps);
+  std::printf("  forward  %8.3f ms  %6.1f TFLOP/s\n", fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12);
+  std::printf("  backward %8.3f ms  %6.1f TFLOP/s\n", bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e12);
+  cudaFree(qkv); cudaFree(dqkv); cudaFree(out); cudaFree(dout); cudaFree(lse); cudaFree(scratch);
+}
+
 int main(int argc, char** argv) {
   if (llmc::cuda_device_count() == 0) {
     std::printf("bench_attention: no CUDA GPU on this machine\n");
@@ -119,37 +153,18 @@ int main(int argc, char** argv) {
   std::printf("bench_attention on %s, median of %d reps\n", llmc::cuda_device_name().c_str(), reps);
   const Shape shapes[] = {
       {"gpt2-124M", 16, 1024, 12, 12, 64},
+      {"gpt2-124M-b32", 32, 1024, 12, 12, 64},
       {"gpt2-350M", 8, 1024, 16, 16, 64},
       {"hs128-gqa8", 4, 2048, 16, 8, 128},
   };
   for (const Shape& s : shapes) {
-    std::printf("%s: B=%d T=%d NH=%d NKV=%d HS=%d\n", s.name, s.B, s.T, s.NH, s.NKV, s.HS);
-    check_slice(s);
-    const size_t qkv_n = (size_t)s.B * s.T * (s.NH + 2 * s.NKV) * s.HS, out_n = (size_t)s.B * s.T * s.NH * s.HS;
-    bf16 *qkv, *out, *dout, *dqkv;
-    float *lse, *scratch;
-    CUDA_CHECK(cudaMalloc(&qkv, qkv_n * sizeof(bf16)));
-    CUDA_CHECK(cudaMalloc(&dqkv, qkv_n * sizeof(bf16)));
-    CUDA_CHECK(cudaMalloc(&out, out_n * sizeof(bf16)));
-    CUDA_CHECK(cudaMalloc(&dout, out_n * sizeof(bf16)));
-    CUDA_CHECK(cudaMalloc(&lse, (size_t)s.B * s.NH * s.T * sizeof(float)));
-    CUDA_CHECK(
-        cudaMalloc(&scratch, llmc::attention_backward_scratch_floats(s.B, s.T, s.NH, s.HS) * sizeof(float)));
-    fill_random(qkv, qkv_n, 1.0f, 1);
-    fill_random(dout, out_n, 1.0f, 2);
-
-    const double fwd_flops = 2.0 * 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS / 2.0;
-    const double bwd_flops = 2.5 * fwd_flops;
-    const float fwd_ms = median_ms([&] { llmc::attention_forward(out, lse, qkv, s.B, s.T, s.NH, s.NKV, s.HS, 0); },
-                                   reps);
-    const float bwd_ms = median_ms(
-        [&] {
-          llmc::attention_backward(dqkv, scratch, dout, qkv, out, lse, s.B, s.T, s.NH, s.NKV, s.HS, 0);
-        },
-        reps);
-    std::printf("  forward  %8.3f ms  %6.1f TFLOP/s\n", fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12);
-    std::printf("  backward %8.3f ms  %6.1f TFLOP/s\n", bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e12);
-    cudaFree(qkv); cudaFree(dqkv); cudaFree(out); cudaFree(dout); cudaFree(lse); cudaFree(scratch);
+    for (llmc::AttentionKernels kernels : {llmc::AttentionKernels::kPortable, llmc::AttentionKernels::kAuto}) {
+      llmc::set_attention_kernels(kernels);
+      if (kernels == llmc::AttentionKernels::kAuto && std::string(llmc::attention_kernels_name(s.HS)) == "mma.sync")
+        continue;  // the default kernels are the portable ones, timed already
+      bench_shape(s, reps);
+    }
   }
+  llmc::set_attention_kernels(llmc::AttentionKernels::kAuto);
   return 0;
 }

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -244,9 +245,28 @@ void check_attention(const Shape& s) {
   EXPECT_EQ(amax.download()[0], max_dqkv) << "backward amax (dQ, dK, dV)";
 }
 
-class AttentionShapes : public ::testing::TestWithParam<Shape> {};
+// Runs `check` with the given attention kernels selected, restoring the default afterwards. kAuto is skipped where it
+// selects the same (portable) kernels as kPortable, i.e. for head size 128 and on GPUs other than Hopper.
+void with_kernels(llmc::AttentionKernels kernels, int HS, const Shape& s) {
+  struct Restore {
+    ~Restore() { llmc::set_attention_kernels(llmc::AttentionKernels::kAuto); }
+  } restore;
+  llmc::set_attention_kernels(kernels);
+  const std::string name = llmc::attention_kernels_name(HS);
+  if (kernels == llmc::AttentionKernels::kAuto && name == "mma.sync")
+    GTEST_SKIP() << "the default kernels here are the portable ones, tested by the kPortable case";
+  std::printf("  kernels: %s\n", name.c_str());
+  check_attention(s);
+}
 
-TEST_P(AttentionShapes, MatchesCpuReference) { check_attention(GetParam()); }
+const char* kernels_label(llmc::AttentionKernels k) { return k == llmc::AttentionKernels::kAuto ? "auto" : "portable"; }
+
+class AttentionShapes : public ::testing::TestWithParam<std::tuple<Shape, llmc::AttentionKernels>> {};
+
+TEST_P(AttentionShapes, MatchesCpuReference) {
+  const Shape& s = std::get<0>(GetParam());
+  with_kernels(std::get<1>(GetParam()), s.HS, s);
+}
 
 std::vector<Shape> all_shapes() {
   std::vector<Shape> shapes;
@@ -258,20 +278,31 @@ std::vector<Shape> all_shapes() {
     }
     shapes.push_back({3, 130, 3, 3, hs});  // odd batch and head counts
   }
+  // several 128-row CTAs and streamed blocks per CTA (the Hopper kernels own 128 rows per CTA, 64 per warpgroup)
+  shapes.push_back({2, 384, 2, 2, 64});
+  shapes.push_back({1, 575, 4, 2, 64});
   return shapes;
 }
 
-INSTANTIATE_TEST_SUITE_P(Attention, AttentionShapes, ::testing::ValuesIn(all_shapes()),
-                         [](const ::testing::TestParamInfo<Shape>& info) {
-                           const Shape& s = info.param;
+INSTANTIATE_TEST_SUITE_P(Attention, AttentionShapes,
+                         ::testing::Combine(::testing::ValuesIn(all_shapes()),
+                                            ::testing::Values(llmc::AttentionKernels::kPortable,
+                                                              llmc::AttentionKernels::kAuto)),
+                         [](const ::testing::TestParamInfo<std::tuple<Shape, llmc::AttentionKernels>>& info) {
+                           const Shape& s = std::get<0>(info.param);
                            return "B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_NH" +
                                   std::to_string(s.NH) + "_NKV" + std::to_string(s.NKV) + "_HS" +
-                                  std::to_string(s.HS);
+                                  std::to_string(s.HS) + "_" + kernels_label(std::get<1>(info.param));
                          });
 
 // A long sequence, every row checked (the CPU reference is O(T^2) per head: two heads sharing one kv head keep it
 // to a few seconds).
-TEST(AttentionLong, T4096MatchesCpuReference) { check_attention({1, 4096, 2, 1, 64}); }
+TEST(AttentionLong, T4096MatchesCpuReference) {
+  with_kernels(llmc::AttentionKernels::kPortable, 64, {1, 4096, 2, 1, 64});
+}
+TEST(AttentionLong, T4096DefaultKernelsMatchCpuReference) {
+  with_kernels(llmc::AttentionKernels::kAuto, 64, {1, 4096, 2, 1, 64});
+}
 
 TEST(AttentionErrors, RejectsUnsupportedShapes) {
   EXPECT_THROW(llmc::attention_forward(nullptr, nullptr, nullptr, 1, 8, 2, 2, 80, 0), llmc::Error);  // head size

@@ -1,0 +1,560 @@
+// llmc/attention_sm90.cu: causal attention for head size 64 on Hopper tensor cores (wgmma, sm_90a): forward and the
+// dK/dV and dQ parts of the backward. Same math, layouts, masking and determinism as the portable mma.sync kernels in
+// llmc/attention.cu (whose CPU references test both); only the matrix products change instruction.
+//
+// Why: mma.sync reaches 130-180 TFLOP/s on these shapes; wgmma issues a 64 x 64 x 16 product per warpgroup (four
+// warps) asynchronously, reading its B operand straight from shared memory, which frees the registers and the issue
+// slots that ldmatrix + mma.sync spend.
+//
+// Structure (all three kernels): a CTA is two warpgroups (256 threads); each warpgroup owns 64 rows (queries in the
+// forward and dQ, keys in dK/dV) whose operand (Q, dO, K or V) it keeps in registers as wgmma A fragments for the
+// whole kernel. The other side streams through shared memory in 64-row tiles, double-buffered with cp.async:
+//   forward  CTA = (b, h, 128 queries); streams K, V blocks 0..diagonal.  S = Q K^T, online softmax, O += P V.
+//   dK/dV    CTA = (b, kv head, 128 keys); streams Q, dO (+ lse, D) of every query head of the group and every query
+//            block at or after the keys.  S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
+//   dQ       CTA = (b, h, 128 queries); streams K, V.  S = Q K^T, dP = dO V^T, dQ += dS K.
+// Products whose result feeds the next product (P, dS) pass through registers: a wgmma accumulator tile has the same
+// per-warp layout as an A fragment (llmc/mma_ptx.cuh), so it is only rounded to bf16 and packed.
+//
+// Shared tiles: (64 rows, 64 bf16) = 128 bytes per row, stored with the 128-byte swizzle that wgmma descriptors
+// understand: 16-byte chunk c of row r sits at r*128 + 16*(c ^ (r % 8)), tiles 1024-byte aligned. The same tile serves
+// as a "K-major" operand (its 64 columns are the reduction dimension: Q and dO in S^T / dP^T, K and V in S / dP) and as
+// an "MN-major" B operand (its rows are the reduction dimension: V in P V, dO in P^T dO, Q in dS^T Q, K in dS K).
+#include "llmc/attention_sm90.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "llmc/cuda_utils.cuh"
+#include "llmc/mma_ptx.cuh"
+
+// Kernel bodies exist in the sm_90a device pass (and in the host pass, which only parses them); a build for other
+// architectures gets empty kernels that the host side never launches (attention_sm90_available()).
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LLM8_SM90_KERNEL_BODY 1
+#endif
+
+namespace llmc {
+namespace {
+
+using namespace ptx;
+
+constexpr int kHeadSize = 64;
+constexpr int kRowBytes = kHeadSize * 2;                        // 128: one swizzle row
+constexpr int kTileRows = 64;                                   // rows per shared tile and per warpgroup
+constexpr int kTileBytes = kTileRows * kRowBytes;               // 8 KiB
+constexpr int kWarpgroups = 2;
+constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kCtaRows = kTileRows * kWarpgroups;               // 128 rows owned per CTA
+constexpr int kSmemAlign = 1024;                                // swizzle atoms are 1024-byte aligned
+#ifdef LLM8_SM90_KERNEL_BODY  // the device helpers: only where the kernels have bodies
+constexpr int kKSteps = kHeadSize / 16;  // 16-wide k-steps of a product over the head dim
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kSoftmaxScale = 0.125f;                         // 1/sqrt(64), exact
+constexpr float kScaleLog2 = kSoftmaxScale * kLog2e;
+
+// ---------------------------------------------------------------------------------------------------------------
+// wgmma wrappers (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate")
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled operand: start address, leading byte offset (unused by
+// swizzled K-major operands and by MN-major ones one swizzle atom wide, as all of ours are: 1), stride byte offset
+// (1024: from one group of 8 rows to the next), swizzle mode 1 = 128 B (bits 62-63). Addresses are in 16-byte units.
+__device__ __forceinline__ uint64_t smem_descriptor(uint32_t address) {
+  return (uint64_t)((address & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+// k-step kk of a K-major operand (rows = M or N, the 64 columns = the reduction): 16 columns = 32 bytes along the row.
+__device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int kk) {
+  return smem_descriptor(tile + kk * 32);
+}
+// k-step kk of an MN-major B operand (rows = the reduction, the 64 columns = N): 16 rows further.
+__device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t tile, int kk) {
+  return smem_descriptor(tile + kk * 16 * kRowBytes);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Makes the generic-proxy writes (cp.async) to shared memory visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Keeps the compiler from moving accesses of an accumulator across a wgmma wait (the hardware writes it late).
+__device__ __forceinline__ void fence_accumulator(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x 64 fp32, this warpgroup) = (accumulate ? d : 0) + A (64 x 16 bf16, registers) * B (16 x 64 bf16, shared).
+// kTransB = 0: B given K-major (as an (N, K) tile); 1: MN-major (as a (K, N) tile).
+// Accumulator layout: warp w of the warpgroup holds rows 16w..16w+15; d[4j + e] = row 16w + lane/4 + 8*(e/2),
+// column 8j + 2*(lane%4) + e%2 (j = 0..7), i.e. per 8-column tile the mma.sync c[] layout.
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc,
+                                                bool accumulate) {
+#ifdef LLM8_SM90_KERNEL_BODY
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "n"(kTransB), "r"((int)accumulate));
+#endif
+}
+
+// Full product over the 64-wide reduction: d = (accumulate ? d : 0) + A (64 x 64, fragments a[kk]) * B (64 x 64 tile).
+template <int kTransB>
+__device__ __forceinline__ void wgmma_issue_64x64x64(float (&d)[32], const uint32_t (&a)[kKSteps][4], uint32_t tile,
+                                                     bool accumulate) {
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; kk++) {
+    const uint64_t desc = kTransB ? mn_major_descriptor(tile, kk) : k_major_descriptor(tile, kk);
+    wgmma_m64n64k16<kTransB>(d, a[kk], desc, accumulate || kk > 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Operand staging
+
+// Copies rows [row0, row0 + 64) of one head (64 contiguous bf16 per row, rows `row_stride` apart) into a swizzled
+// shared tile at shared address `tile`; rows at or beyond T are zero-filled. All kThreads threads, asynchronous.
+__device__ __forceinline__ void load_tile_async(uint32_t tile, const bf16* head, int row0, int T, size_t row_stride) {
+#pragma unroll
+  for (int chunk = threadIdx.x; chunk < kTileRows * 8; chunk += kThreads) {
+    const int r = chunk / 8, c = chunk % 8;
+    const int t = row0 + r;
+    const bool valid = t < T;
+    cp_async_16(tile + r * kRowBytes + ((c ^ (r % 8)) << 4), head + (size_t)(valid ? t : 0) * row_stride + c * 8,
+                valid);
+  }
+}
+
+// This thread's A fragments of the warpgroup's 64 rows [row0, row0 + 64) of one head, read from global memory once:
+// a[kk] covers columns 16kk..16kk+15 (mma_ptx.cuh layout, warp w of the warpgroup taking rows 16w..16w+15).
+// Rows at or beyond T are zero.
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[kKSteps][4], const bf16* head, int row0, int T,
+                                                 size_t row_stride) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int r0 = row0 + warp * 16 + lane / 4, r1 = r0 + 8;
+  const int c = 2 * (lane % 4);
+  const uint32_t* row_lo = reinterpret_cast<const uint32_t*>(head + (size_t)(r0 < T ? r0 : 0) * row_stride + c);
+  const uint32_t* row_hi = reinterpret_cast<const uint32_t*>(head + (size_t)(r1 < T ? r1 : 0) * row_stride + c);
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; kk++) {
+    a[kk][0] = r0 < T ? row_lo[kk * 8] : 0u;  // 16kk columns = 8kk words further
+    a[kk][1] = r1 < T ? row_hi[kk * 8] : 0u;
+    a[kk][2] = r0 < T ? row_lo[kk * 8 + 4] : 0u;
+    a[kk][3] = r1 < T ? row_hi[kk * 8 + 4] : 0u;
+  }
+}
+
+// A fragments (k-steps over the 64 columns) from a 64 x 64 fp32 accumulator, rounded to bf16.
+__device__ __forceinline__ void accumulator_to_a_fragments(uint32_t (&a)[kKSteps][4], const float (&d)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; kk++) {
+    const float(&lo)[4] = *reinterpret_cast<const float(*)[4]>(&d[8 * kk]);
+    const float(&hi)[4] = *reinterpret_cast<const float(*)[4]>(&d[8 * kk + 4]);
+    accumulators_to_a_fragment(a[kk], lo, hi);
+  }
+}
+
+// 1024-byte aligned start of the dynamic shared memory (the launch asks for kSmemAlign extra bytes).
+__device__ __forceinline__ uint32_t aligned_smem_base(const unsigned char* smem_raw) {
+  return (smem_address(smem_raw) + kSmemAlign - 1) & ~(uint32_t)(kSmemAlign - 1);
+}
+
+// Writes this thread's share of a warpgroup's 64 x 64 result (rows row0 + 16w + lane/4 (+8), scaled) as bf16 rows
+// of `dst` (row stride `row_stride`); rows at or beyond T are skipped. Returns the max |value| written (amax bits).
+__device__ __forceinline__ unsigned store_rows(bf16* dst, size_t row_stride, const float (&d)[32], int row0, int T,
+                                               const float (&row_scale)[2]) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  unsigned bits = 0;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int t = row0 + warp * 16 + lane / 4 + r * 8;
+    if (t >= T) continue;
+    bf16* row = dst + (size_t)t * row_stride;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const int col = j * 8 + (lane % 4) * 2;
+      const __nv_bfloat162 v =
+          __floats2bfloat162_rn(d[4 * j + 2 * r] * row_scale[r], d[4 * j + 2 * r + 1] * row_scale[r]);
+      *reinterpret_cast<__nv_bfloat162*>(row + col) = v;
+      bits = max(bits, amax_bits(fmaxf(fabsf(__low2float(v)), fabsf(__high2float(v)))));
+    }
+  }
+  return bits;
+}
+
+__device__ __forceinline__ void reduce_amax(float* amax, unsigned bits) {
+  if (amax == nullptr) return;
+  bits = warp_max_bits(bits);
+  if (threadIdx.x % 32 == 0) atomic_max_amax(amax, bits);
+}
+
+#endif  // LLM8_SM90_KERNEL_BODY
+
+// ---------------------------------------------------------------------------------------------------------------
+// Forward
+
+constexpr size_t kForwardSmem = 4 * kTileBytes + kSmemAlign;  // double-buffered K and V tiles
+
+// grid (B*NH, ceil(T/128)); blockIdx.y = 0 is the last (most expensive) query block.
+__global__ void __launch_bounds__(kThreads, 2)
+    attention_forward_sm90_kernel(bf16* out, float* lse, float* amax, const bf16* qkv, int T, int NH, int NKV) {
+#ifdef LLM8_SM90_KERNEL_BODY
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem = aligned_smem_base(smem_raw);
+  auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };      // (64 keys, 64)
+  auto v_tile = [&](int stage) { return smem + (2 + stage) * kTileBytes; };  // (64 keys, 64)
+
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int b = blockIdx.x / NH, h = blockIdx.x % NH;
+  const int kv_head = h / (NH / NKV);
+  const int q_block = (T + kCtaRows - 1) / kCtaRows - 1 - blockIdx.y;
+  const int wg_q0 = q_block * kCtaRows + wg * kTileRows;  // this warpgroup's first query row
+  const size_t qkv_stride = (size_t)(NH + 2 * NKV) * kHeadSize;
+  const bf16* qkv_b = qkv + (size_t)b * T * qkv_stride;
+  const bf16* k_head = qkv_b + (NH + kv_head) * kHeadSize;
+  const bf16* v_head = qkv_b + (NH + NKV + kv_head) * kHeadSize;
+
+  load_tile_async(k_tile(0), k_head, 0, T, qkv_stride);
+  load_tile_async(v_tile(0), v_head, 0, T, qkv_stride);
+  cp_async_commit();
+  uint32_t q_frag[kKSteps][4];
+  load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
+
+  // key blocks 0 .. the CTA's last diagonal block (keys beyond T are zero rows, masked by causality)
+  const int num_k_blocks = min(2 * q_block + 2, (T + kTileRows - 1) / kTileRows);
+  const int wg_last_k_block = 2 * q_block + wg;  // this warpgroup's diagonal block
+  const int row_in_wg = warp * 16 + lane / 4;    // + 8 for accumulator elements 2, 3
+  float o[32] = {};                              // (64, 64) unnormalised output of this warpgroup
+  float row_max[2] = {-INFINITY, -INFINITY};     // running max of the log2-scaled scores
+  float row_sum[2] = {0.f, 0.f};                 // this thread's share of the running sum of exp2(s - max)
+
+  for (int kb = 0; kb < num_k_blocks; kb++) {
+    const int stage = kb % 2;
+    if (kb + 1 < num_k_blocks) {
+      load_tile_async(k_tile(1 - stage), k_head, (kb + 1) * kTileRows, T, qkv_stride);
+      load_tile_async(v_tile(1 - stage), v_head, (kb + 1) * kTileRows, T, qkv_stride);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+
+    if (kb <= wg_last_k_block) {
+      float s[32];  // (64, 64) scores of this warpgroup's rows
+      wgmma_fence();
+      wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);  // S = Q K^T
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_accumulator(s);
+
+      const bool diagonal = kb == wg_last_k_block;
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < 32; i++) {
+        float x = s[i] * kScaleLog2;
+        if (diagonal) {
+          const int key = (i / 4) * 8 + (lane % 4) * 2 + i % 2;  // within the block; the diagonal block starts at wg_q0
+          const int query = row_in_wg + ((i / 2) % 2) * 8;
+          if (key > query) x = -INFINITY;
+        }
+        s[i] = x;
+        tile_max[(i / 2) % 2] = fmaxf(tile_max[(i / 2) % 2], x);
+      }
+      float max_used[2], correction[2];
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+        max_used[r] = new_max == -INFINITY ? 0.f : new_max;  // a fully masked row so far: keep exp2 finite
+        correction[r] = exp2f(row_max[r] - max_used[r]);      // 0 on the first visit (row_max = -inf)
+        row_max[r] = new_max;
+      }
+      float tile_sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 32; i++) {
+        s[i] = exp2f(s[i] - max_used[(i / 2) % 2]);  // s now holds P (unnormalised)
+        tile_sum[(i / 2) % 2] += s[i];
+        o[i] *= correction[(i / 2) % 2];
+      }
+#pragma unroll
+      for (int r = 0; r < 2; r++) row_sum[r] = row_sum[r] * correction[r] + tile_sum[r];
+
+      uint32_t p_frag[kKSteps][4];
+      accumulator_to_a_fragments(p_frag, s);
+      wgmma_fence();
+      wgmma_issue_64x64x64<1>(o, p_frag, v_tile(stage), true);  // O += P V
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_accumulator(o);
+    }
+    __syncthreads();  // the next iteration's prefetch overwrites this stage
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float total = quad_sum(row_sum[r]);
+    inv[r] = 1.f / total;
+    const int t = wg_q0 + row_in_wg + r * 8;
+    if (t < T && lane % 4 == 0) lse[((size_t)b * NH + h) * T + t] = (row_max[r] + log2f(total)) * kLn2;
+  }
+  const unsigned bits = store_rows(out + (size_t)b * T * NH * kHeadSize + h * kHeadSize, (size_t)NH * kHeadSize, o,
+                                   wg_q0, T, inv);
+  reduce_amax(amax, bits);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward: dK, dV
+
+constexpr int kQueryStages = 2;
+constexpr size_t kDkdvSmem = 2 * kQueryStages * kTileBytes + 2 * kQueryStages * kTileRows * sizeof(float) + kSmemAlign;
+
+// grid (B*NKV, ceil(T/128)); blockIdx.y = key block (block 0 has the most queries after it, so it starts first).
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_backward_dkdv_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
+                                        const float* dsum, int T, int NH, int NKV) {
+#ifdef LLM8_SM90_KERNEL_BODY
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem = aligned_smem_base(smem_raw);
+  auto q_tile = [&](int stage) { return smem + stage * kTileBytes; };                    // (64 queries, 64)
+  auto do_tile = [&](int stage) { return smem + (kQueryStages + stage) * kTileBytes; };  // (64 queries, 64)
+  float* row_stats = reinterpret_cast<float*>(smem_raw + (smem - smem_address(smem_raw)) +
+                                              2 * kQueryStages * kTileBytes);
+  auto lse_rows = [&](int stage) { return row_stats + stage * 2 * kTileRows; };  // lse * log2(e); +inf beyond T
+  auto dsum_rows = [&](int stage) { return row_stats + stage * 2 * kTileRows + kTileRows; };  // D; 0 beyond T
+
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int b = blockIdx.x / NKV, kv_head = blockIdx.x % NKV;
+  const int group = NH / NKV;
+  const int k0 = blockIdx.y * kCtaRows;
+  const int wg_k0 = k0 + wg * kTileRows;  // this warpgroup's first key
+  const size_t qkv_stride = (size_t)(NH + 2 * NKV) * kHeadSize;
+  const size_t out_stride = (size_t)NH * kHeadSize;
+  const bf16* qkv_b = qkv + (size_t)b * T * qkv_stride;
+  const bf16* dout_b = dout + (size_t)b * T * out_stride;
+
+  // iterations: every (query head of the group, query block at or after the CTA's first key), head-major
+  const int first_q_block = k0 / kTileRows;
+  const int q_blocks_per_head = (T + kTileRows - 1) / kTileRows - first_q_block;
+  const int num_iters = group * q_blocks_per_head;
+  auto issue_loads = [&](int it, int stage) {
+    const int h = kv_head * group + it / q_blocks_per_head;
+    const int qr0 = (first_q_block + it % q_blocks_per_head) * kTileRows;
+    load_tile_async(q_tile(stage), qkv_b + h * kHeadSize, qr0, T, qkv_stride);
+    load_tile_async(do_tile(stage), dout_b + h * kHeadSize, qr0, T, out_stride);
+    if (threadIdx.x < kTileRows) {
+      const int t = qr0 + threadIdx.x;
+      const size_t row = ((size_t)b * NH + h) * T + t;
+      lse_rows(stage)[threadIdx.x] = t < T ? lse[row] * kLog2e : INFINITY;  // +inf makes P = 0 for padding rows
+      dsum_rows(stage)[threadIdx.x] = t < T ? dsum[row] : 0.f;
+    }
+  };
+  issue_loads(0, 0);
+  cp_async_commit();
+  uint32_t k_frag[kKSteps][4], v_frag[kKSteps][4];
+  load_a_fragments(k_frag, qkv_b + (NH + kv_head) * kHeadSize, wg_k0, T, qkv_stride);
+  load_a_fragments(v_frag, qkv_b + (NH + NKV + kv_head) * kHeadSize, wg_k0, T, qkv_stride);
+
+  const int key_in_wg = warp * 16 + lane / 4;  // + 8 for accumulator elements 2, 3
+  float dk[32] = {}, dv[32] = {};              // (64 keys, 64) of this warpgroup, dK unscaled
+
+  for (int it = 0; it < num_iters; it++) {
+    const int stage = it % 2;
+    if (it + 1 < num_iters) issue_loads(it + 1, 1 - stage);
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+    const int qr0 = (first_q_block + it % q_blocks_per_head) * kTileRows;
+
+    if (qr0 + kTileRows > wg_k0) {  // some query of the block is at or after some key of this warpgroup
+      float st[32], dpt[32];        // (64 keys, 64 queries): S^T then P^T; dP^T then dS^T
+      wgmma_fence();
+      wgmma_issue_64x64x64<0>(st, k_frag, q_tile(stage), false);   // S^T = K Q^T
+      wgmma_issue_64x64x64<0>(dpt, v_frag, do_tile(stage), false);  // dP^T = V dO^T
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_accumulator(st);
+      fence_accumulator(dpt);
+
+      const float* lse_s = lse_rows(stage);
+      const float* dsum_s = dsum_rows(stage);
+      const bool needs_mask = qr0 < wg_k0 + kTileRows;  // some query of the block precedes some key
+#pragma unroll
+      for (int i = 0; i < 32; i++) {
+        const int col = (i / 4) * 8 + (lane % 4) * 2 + i % 2;  // query within the block
+        float p = exp2f(st[i] * kScaleLog2 - lse_s[col]);
+        if (needs_mask && wg_k0 + key_in_wg + ((i / 2) % 2) * 8 > qr0 + col) p = 0.f;
+        st[i] = p;
+        dpt[i] = p * (dpt[i] - dsum_s[col]);
+      }
+      uint32_t p_frag[kKSteps][4], ds_frag[kKSteps][4];
+      accumulator_to_a_fragments(p_frag, st);
+      accumulator_to_a_fragments(ds_frag, dpt);
+      wgmma_fence();
+      wgmma_issue_64x64x64<1>(dv, p_frag, do_tile(stage), true);  // dV += P^T dO
+      wgmma_issue_64x64x64<1>(dk, ds_frag, q_tile(stage), true);  // dK += dS^T Q
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_accumulator(dv);
+      fence_accumulator(dk);
+    }
+    __syncthreads();
+  }
+
+  bf16* dqkv_b = dqkv + (size_t)b * T * qkv_stride;
+  const float dk_scale[2] = {kSoftmaxScale, kSoftmaxScale}, dv_scale[2] = {1.f, 1.f};
+  unsigned bits = store_rows(dqkv_b + (NH + kv_head) * kHeadSize, qkv_stride, dk, wg_k0, T, dk_scale);
+  bits = max(bits, store_rows(dqkv_b + (NH + NKV + kv_head) * kHeadSize, qkv_stride, dv, wg_k0, T, dv_scale));
+  reduce_amax(amax, bits);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward: dQ
+
+constexpr size_t kDqSmem = 4 * kTileBytes + kSmemAlign;  // double-buffered K and V tiles
+
+// grid (B*NH, ceil(T/128)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_backward_dq_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
+                                      const float* dsum, int T, int NH, int NKV) {
+#ifdef LLM8_SM90_KERNEL_BODY
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem = aligned_smem_base(smem_raw);
+  auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };
+  auto v_tile = [&](int stage) { return smem + (2 + stage) * kTileBytes; };
+
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int b = blockIdx.x / NH, h = blockIdx.x % NH;
+  const int kv_head = h / (NH / NKV);
+  const int q_block = (T + kCtaRows - 1) / kCtaRows - 1 - blockIdx.y;
+  const int wg_q0 = q_block * kCtaRows + wg * kTileRows;
+  const size_t qkv_stride = (size_t)(NH + 2 * NKV) * kHeadSize;
+  const size_t out_stride = (size_t)NH * kHeadSize;
+  const bf16* qkv_b = qkv + (size_t)b * T * qkv_stride;
+  const bf16* k_head = qkv_b + (NH + kv_head) * kHeadSize;
+  const bf16* v_head = qkv_b + (NH + NKV + kv_head) * kHeadSize;
+
+  load_tile_async(k_tile(0), k_head, 0, T, qkv_stride);
+  load_tile_async(v_tile(0), v_head, 0, T, qkv_stride);
+  cp_async_commit();
+  uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
+  load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
+  load_a_fragments(do_frag, dout + (size_t)b * T * out_stride + h * kHeadSize, wg_q0, T, out_stride);
+  const int row_in_wg = warp * 16 + lane / 4;
+  float lse_log2[2], row_dsum[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int t = wg_q0 + row_in_wg + r * 8;
+    const size_t row = ((size_t)b * NH + h) * T + t;
+    lse_log2[r] = t < T ? lse[row] * kLog2e : 0.f;  // padding rows compute finite garbage that is never written
+    row_dsum[r] = t < T ? dsum[row] : 0.f;
+  }
+
+  const int num_k_blocks = min(2 * q_block + 2, (T + kTileRows - 1) / kTileRows);
+  const int wg_last_k_block = 2 * q_block + wg;
+  float dq[32] = {};  // (64 queries, 64) of this warpgroup, unscaled
+
+  for (int kb = 0; kb < num_k_blocks; kb++) {
+    const int stage = kb % 2;
+    if (kb + 1 < num_k_blocks) {
+      load_tile_async(k_tile(1 - stage), k_head, (kb + 1) * kTileRows, T, qkv_stride);
+      load_tile_async(v_tile(1 - stage), v_head, (kb + 1) * kTileRows, T, qkv_stride);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+
+    if (kb <= wg_last_k_block) {
+      float s[32], dp[32];  // (64 queries, 64 keys): S then dS; dP
+      wgmma_fence();
+      wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);    // S = Q K^T
+      wgmma_issue_64x64x64<0>(dp, do_frag, v_tile(stage), false);  // dP = dO V^T
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_accumulator(s);
+      fence_accumulator(dp);
+
+      const bool diagonal = kb == wg_last_k_block;
+#pragma unroll
+      for (int i = 0; i < 32; i++) {
+        const int r = (i / 2) % 2;
+        float p = exp2f(s[i] * kScaleLog2 - lse_log2[r]);
+        if (diagonal && (i / 4) * 8 + (lane % 4) * 2 + i % 2 > row_in_wg + r * 8) p = 0.f;
+        s[i] = p * (dp[i] - row_dsum[r]);
+      }
+      uint32_t ds_frag[kKSteps][4];
+      accumulator_to_a_fragments(ds_frag, s);
+      wgmma_fence();
+      wgmma_issue_64x64x64<1>(dq, ds_frag, k_tile(stage), true);  // dQ += dS K
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_accumulator(dq);
+    }
+    __syncthreads();
+  }
+
+  const float dq_scale[2] = {kSoftmaxScale, kSoftmaxScale};
+  const unsigned bits = store_rows(dqkv + (size_t)b * T * qkv_stride + h * kHeadSize, qkv_stride, dq, wg_q0, T,
+                                   dq_scale);
+  reduce_amax(amax, bits);
+#endif
+}
+
+template <typename Kernel>
+void set_dynamic_smem(Kernel kernel, size_t bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+}  // namespace
+
+bool attention_sm90_available() {
+#ifdef LLM8_HAVE_SM90A
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  static int cached_device = -1;
+  static bool cached = false;
+  if (device != cached_device) {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    cached = prop.major == 9 && prop.minor == 0;
+    cached_device = device;
+  }
+  return cached;
+#else
+  return false;
+#endif
+}
+
+void attention_forward_sm90(bf16* out, float* lse, float* out_amax, const bf16* qkv, int B, int T, int NH, int NKV,
+                            cudaStream_t stream) {
+  set_dynamic_smem(attention_forward_sm90_kernel, kForwardSmem);
+  const dim3 grid(B * NH, (T + kCtaRows - 1) / kCtaRows);
+  attention_forward_sm90_kernel<<<grid, kThreads, kForwardSmem, stream>>>(out, lse, out_amax, qkv, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
+}
+
+void attention_backward_sm90(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv,
+                             const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
+  const int num_blocks = (T + kCtaRows - 1) / kCtaRows;
+  set_dynamic_smem(attention_backward_dkdv_sm90_kernel, kDkdvSmem);
+  attention_backward_dkdv_sm90_kernel<<<dim3(B * NKV, num_blocks), kThreads, kDkdvSmem, stream>>>(
+      dqkv, dqkv_amax, dout, qkv, lse, dsum, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
+  set_dynamic_smem(attention_backward_dq_sm90_kernel, kDqSmem);
+  attention_backward_dq_sm90_kernel<<<dim3(B * NH, num_blocks), kThreads, kDqSmem, stream>>>(
+      dqkv, dqkv_amax, dout, qkv, lse, dsum, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace llmc
