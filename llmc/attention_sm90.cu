@@ -24,6 +24,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "llmc/cuda_utils.cuh"
 #include "llmc/mma_ptx.cuh"
@@ -43,9 +45,7 @@ constexpr int kHeadSize = 64;
 constexpr int kRowBytes = kHeadSize * 2;                        // 128: one swizzle row
 constexpr int kTileRows = 64;                                   // rows per shared tile and per warpgroup
 constexpr int kTileBytes = kTileRows * kRowBytes;               // 8 KiB
-constexpr int kWarpgroups = 2;
-constexpr int kThreads = 128 * kWarpgroups;
-constexpr int kCtaRows = kTileRows * kWarpgroups;               // 128 rows owned per CTA
+constexpr int kWarpgroupThreads = 128;
 constexpr int kSmemAlign = 1024;                                // swizzle atoms are 1024-byte aligned
 #ifdef LLM8_SM90_KERNEL_BODY  // the device helpers: only where the kernels have bodies
 constexpr int kKSteps = kHeadSize / 16;  // 16-wide k-steps of a product over the head dim
@@ -74,7 +74,11 @@ __device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t tile, int kk) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending of the most recently committed wgmma groups are still running (groups finish in order).
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 // Makes the generic-proxy writes (cp.async) to shared memory visible to the async proxy that wgmma reads through.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -122,6 +126,7 @@ __device__ __forceinline__ void wgmma_issue_64x64x64(float (&d)[32], const uint3
 
 // Copies rows [row0, row0 + 64) of one head (64 contiguous bf16 per row, rows `row_stride` apart) into a swizzled
 // shared tile at shared address `tile`; rows at or beyond T are zero-filled. All kThreads threads, asynchronous.
+template <int kThreads>
 __device__ __forceinline__ void load_tile_async(uint32_t tile, const bf16* head, int row0, int T, size_t row_stride) {
 #pragma unroll
   for (int chunk = threadIdx.x; chunk < kTileRows * 8; chunk += kThreads) {
@@ -199,18 +204,38 @@ __device__ __forceinline__ void reduce_amax(float* amax, unsigned bits) {
 #endif  // LLM8_SM90_KERNEL_BODY
 
 // ---------------------------------------------------------------------------------------------------------------
+// Kernel shapes. kWarpgroups (1 or 2) warpgroups per CTA own kWarpgroups * 64 rows; with one warpgroup per CTA the
+// CTAs on an SM drift apart, so one's softmax overlaps another's matrix products (two warpgroups of one CTA meet at
+// every __syncthreads and compute in lockstep), at the price of streaming each shared tile to half as many rows.
+
+template <int kWarpgroups>
+constexpr int cta_threads() { return kWarpgroupThreads * kWarpgroups; }
+template <int kWarpgroups>
+constexpr int cta_rows() { return kTileRows * kWarpgroups; }
+
+// CTAs per SM each kernel is compiled for (register budget 65536 / (threads * CTAs)).
+template <int kWarpgroups>
+constexpr int forward_min_ctas() { return kWarpgroups == 1 ? 4 : 2; }  // <= 128 registers
+template <int kWarpgroups>
+constexpr int backward_min_ctas() { return kWarpgroups == 1 ? 2 : 1; }  // <= 255 registers
+
+// ---------------------------------------------------------------------------------------------------------------
 // Forward
 
-constexpr size_t kForwardSmem = 4 * kTileBytes + kSmemAlign;  // double-buffered K and V tiles
+// Shared memory of a kernel streaming K and V tiles (forward, dQ) through kStages buffers.
+constexpr size_t kv_stream_smem(int stages) { return (size_t)2 * stages * kTileBytes + kSmemAlign; }
 
-// grid (B*NH, ceil(T/128)); blockIdx.y = 0 is the last (most expensive) query block.
-__global__ void __launch_bounds__(kThreads, 2)
+// grid (B*NH, ceil(T / cta_rows)); blockIdx.y = 0 is the last (most expensive) query block.
+template <int kWarpgroups, int kStages>
+__global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<kWarpgroups>())
     attention_forward_sm90_kernel(bf16* out, float* lse, float* amax, const bf16* qkv, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
+  constexpr int kThreads = cta_threads<kWarpgroups>();
+  constexpr int kCtaRows = cta_rows<kWarpgroups>();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
-  auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };      // (64 keys, 64)
-  auto v_tile = [&](int stage) { return smem + (2 + stage) * kTileBytes; };  // (64 keys, 64)
+  auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };        // (64 keys, 64)
+  auto v_tile = [&](int stage) { return smem + (kStages + stage) * kTileBytes; };  // (64 keys, 64)
 
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int b = blockIdx.x / NH, h = blockIdx.x % NH;
@@ -222,28 +247,33 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bf16* k_head = qkv_b + (NH + kv_head) * kHeadSize;
   const bf16* v_head = qkv_b + (NH + NKV + kv_head) * kHeadSize;
 
-  load_tile_async(k_tile(0), k_head, 0, T, qkv_stride);
-  load_tile_async(v_tile(0), v_head, 0, T, qkv_stride);
-  cp_async_commit();
+  // key blocks 0 .. the CTA's last diagonal block (keys beyond T are zero rows, masked by causality)
+  const int num_k_blocks = min((q_block + 1) * kWarpgroups, (T + kTileRows - 1) / kTileRows);
+  for (int kb = 0; kb < kStages - 1; kb++) {  // prologue: the first kStages - 1 blocks in flight
+    if (kb < num_k_blocks) {
+      load_tile_async<kThreads>(k_tile(kb), k_head, kb * kTileRows, T, qkv_stride);
+      load_tile_async<kThreads>(v_tile(kb), v_head, kb * kTileRows, T, qkv_stride);
+    }
+    cp_async_commit();
+  }
   uint32_t q_frag[kKSteps][4];
   load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
 
-  // key blocks 0 .. the CTA's last diagonal block (keys beyond T are zero rows, masked by causality)
-  const int num_k_blocks = min(2 * q_block + 2, (T + kTileRows - 1) / kTileRows);
-  const int wg_last_k_block = 2 * q_block + wg;  // this warpgroup's diagonal block
-  const int row_in_wg = warp * 16 + lane / 4;    // + 8 for accumulator elements 2, 3
-  float o[32] = {};                              // (64, 64) unnormalised output of this warpgroup
-  float row_max[2] = {-INFINITY, -INFINITY};     // running max of the log2-scaled scores
-  float row_sum[2] = {0.f, 0.f};                 // this thread's share of the running sum of exp2(s - max)
+  const int wg_last_k_block = q_block * kWarpgroups + wg;  // this warpgroup's diagonal block
+  const int row_in_wg = warp * 16 + lane / 4;               // + 8 for accumulator elements 2, 3
+  float o[32] = {};                                         // (64, 64) unnormalised output of this warpgroup
+  float row_max[2] = {-INFINITY, -INFINITY};                // running max of the log2-scaled scores
+  float row_sum[2] = {0.f, 0.f};                            // this thread's share of the running sum of exp2(s - max)
 
   for (int kb = 0; kb < num_k_blocks; kb++) {
-    const int stage = kb % 2;
-    if (kb + 1 < num_k_blocks) {
-      load_tile_async(k_tile(1 - stage), k_head, (kb + 1) * kTileRows, T, qkv_stride);
-      load_tile_async(v_tile(1 - stage), v_head, (kb + 1) * kTileRows, T, qkv_stride);
+    const int stage = kb % kStages;
+    const int ahead = kb + kStages - 1;  // into the stage that iteration kb - 1 read
+    if (ahead < num_k_blocks) {
+      load_tile_async<kThreads>(k_tile(ahead % kStages), k_head, ahead * kTileRows, T, qkv_stride);
+      load_tile_async<kThreads>(v_tile(ahead % kStages), v_head, ahead * kTileRows, T, qkv_stride);
     }
     cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<kStages - 1>();  // block kb has landed
     fence_proxy_async();
     __syncthreads();
 
@@ -252,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       wgmma_fence();
       wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);  // S = Q K^T
       wgmma_commit();
-      wgmma_wait_all();
+      wgmma_wait<0>();
       fence_accumulator(s);
 
       const bool diagonal = kb == wg_last_k_block;
@@ -273,13 +303,13 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int r = 0; r < 2; r++) {
         const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
         max_used[r] = new_max == -INFINITY ? 0.f : new_max;  // a fully masked row so far: keep exp2 finite
-        correction[r] = exp2f(row_max[r] - max_used[r]);      // 0 on the first visit (row_max = -inf)
+        correction[r] = fast_exp2(row_max[r] - max_used[r]);      // 0 on the first visit (row_max = -inf)
         row_max[r] = new_max;
       }
       float tile_sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < 32; i++) {
-        s[i] = exp2f(s[i] - max_used[(i / 2) % 2]);  // s now holds P (unnormalised)
+        s[i] = fast_exp2(s[i] - max_used[(i / 2) % 2]);  // s now holds P (unnormalised)
         tile_sum[(i / 2) % 2] += s[i];
         o[i] *= correction[(i / 2) % 2];
       }
@@ -291,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       wgmma_fence();
       wgmma_issue_64x64x64<1>(o, p_frag, v_tile(stage), true);  // O += P V
       wgmma_commit();
-      wgmma_wait_all();
+      wgmma_wait<0>();
       fence_accumulator(o);
     }
     __syncthreads();  // the next iteration's prefetch overwrites this stage
@@ -314,20 +344,27 @@ __global__ void __launch_bounds__(kThreads, 2)
 // ---------------------------------------------------------------------------------------------------------------
 // Backward: dK, dV
 
-constexpr int kQueryStages = 2;
-constexpr size_t kDkdvSmem = 2 * kQueryStages * kTileBytes + 2 * kQueryStages * kTileRows * sizeof(float) + kSmemAlign;
+// Shared memory of the dK/dV kernel: kStages buffers of (Q tile, dO tile, lse and D of the 64 queries).
+constexpr size_t dkdv_smem(int stages) {
+  return (size_t)2 * stages * kTileBytes + (size_t)2 * stages * kTileRows * sizeof(float) + kSmemAlign;
+}
 
-// grid (B*NKV, ceil(T/128)); blockIdx.y = key block (block 0 has the most queries after it, so it starts first).
-__global__ void __launch_bounds__(kThreads, 1)
+// grid (B*NKV, ceil(T / cta_rows)); blockIdx.y = key block (block 0 has the most queries after it: it starts first).
+// Per query block, the products are issued as four wgmma groups so the exponentials overlap the tensor cores:
+// [S^T] [dP^T] -> wait S^T, P^T = exp2(...) -> [dV += P^T dO] -> wait dP^T, dS^T -> [dK += dS^T Q] -> wait all.
+template <int kWarpgroups, int kStages>
+__global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<kWarpgroups>())
     attention_backward_dkdv_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
                                         const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
+  constexpr int kThreads = cta_threads<kWarpgroups>();
+  constexpr int kCtaRows = cta_rows<kWarpgroups>();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
   auto q_tile = [&](int stage) { return smem + stage * kTileBytes; };                    // (64 queries, 64)
-  auto do_tile = [&](int stage) { return smem + (kQueryStages + stage) * kTileBytes; };  // (64 queries, 64)
+  auto do_tile = [&](int stage) { return smem + (kStages + stage) * kTileBytes; };  // (64 queries, 64)
   float* row_stats = reinterpret_cast<float*>(smem_raw + (smem - smem_address(smem_raw)) +
-                                              2 * kQueryStages * kTileBytes);
+                                              2 * kStages * kTileBytes);
   auto lse_rows = [&](int stage) { return row_stats + stage * 2 * kTileRows; };  // lse * log2(e); +inf beyond T
   auto dsum_rows = [&](int stage) { return row_stats + stage * 2 * kTileRows + kTileRows; };  // D; 0 beyond T
 
@@ -348,8 +385,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_loads = [&](int it, int stage) {
     const int h = kv_head * group + it / q_blocks_per_head;
     const int qr0 = (first_q_block + it % q_blocks_per_head) * kTileRows;
-    load_tile_async(q_tile(stage), qkv_b + h * kHeadSize, qr0, T, qkv_stride);
-    load_tile_async(do_tile(stage), dout_b + h * kHeadSize, qr0, T, out_stride);
+    load_tile_async<kThreads>(q_tile(stage), qkv_b + h * kHeadSize, qr0, T, qkv_stride);
+    load_tile_async<kThreads>(do_tile(stage), dout_b + h * kHeadSize, qr0, T, out_stride);
     if (threadIdx.x < kTileRows) {
       const int t = qr0 + threadIdx.x;
       const size_t row = ((size_t)b * NH + h) * T + t;
@@ -357,8 +394,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       dsum_rows(stage)[threadIdx.x] = t < T ? dsum[row] : 0.f;
     }
   };
-  issue_loads(0, 0);
-  cp_async_commit();
+  for (int it = 0; it < kStages - 1; it++) {  // prologue: the first kStages - 1 query blocks in flight
+    if (it < num_iters) issue_loads(it, it);
+    cp_async_commit();
+  }
   uint32_t k_frag[kKSteps][4], v_frag[kKSteps][4];
   load_a_fragments(k_frag, qkv_b + (NH + kv_head) * kHeadSize, wg_k0, T, qkv_stride);
   load_a_fragments(v_frag, qkv_b + (NH + NKV + kv_head) * kHeadSize, wg_k0, T, qkv_stride);
@@ -367,10 +406,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[32] = {}, dv[32] = {};              // (64 keys, 64) of this warpgroup, dK unscaled
 
   for (int it = 0; it < num_iters; it++) {
-    const int stage = it % 2;
-    if (it + 1 < num_iters) issue_loads(it + 1, 1 - stage);
+    const int stage = it % kStages;
+    const int ahead = it + kStages - 1;  // into the stage that iteration it - 1 read
+    if (ahead < num_iters) issue_loads(ahead, ahead % kStages);
     cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<kStages - 1>();  // query block it has landed
     fence_proxy_async();
     __syncthreads();
     const int qr0 = (first_q_block + it % q_blocks_per_head) * kTileRows;
@@ -378,32 +418,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (qr0 + kTileRows > wg_k0) {  // some query of the block is at or after some key of this warpgroup
       float st[32], dpt[32];        // (64 keys, 64 queries): S^T then P^T; dP^T then dS^T
       wgmma_fence();
-      wgmma_issue_64x64x64<0>(st, k_frag, q_tile(stage), false);   // S^T = K Q^T
+      wgmma_issue_64x64x64<0>(st, k_frag, q_tile(stage), false);  // S^T = K Q^T
+      wgmma_commit();
       wgmma_issue_64x64x64<0>(dpt, v_frag, do_tile(stage), false);  // dP^T = V dO^T
       wgmma_commit();
-      wgmma_wait_all();
-      fence_accumulator(st);
-      fence_accumulator(dpt);
 
       const float* lse_s = lse_rows(stage);
       const float* dsum_s = dsum_rows(stage);
       const bool needs_mask = qr0 < wg_k0 + kTileRows;  // some query of the block precedes some key
+      wgmma_wait<1>();  // S^T
+      fence_accumulator(st);
 #pragma unroll
       for (int i = 0; i < 32; i++) {
         const int col = (i / 4) * 8 + (lane % 4) * 2 + i % 2;  // query within the block
-        float p = exp2f(st[i] * kScaleLog2 - lse_s[col]);
+        float p = fast_exp2(st[i] * kScaleLog2 - lse_s[col]);
         if (needs_mask && wg_k0 + key_in_wg + ((i / 2) % 2) * 8 > qr0 + col) p = 0.f;
         st[i] = p;
-        dpt[i] = p * (dpt[i] - dsum_s[col]);
       }
-      uint32_t p_frag[kKSteps][4], ds_frag[kKSteps][4];
+      uint32_t p_frag[kKSteps][4];
       accumulator_to_a_fragments(p_frag, st);
-      accumulator_to_a_fragments(ds_frag, dpt);
       wgmma_fence();
       wgmma_issue_64x64x64<1>(dv, p_frag, do_tile(stage), true);  // dV += P^T dO
+      wgmma_commit();
+
+      wgmma_wait<1>();  // dP^T
+      fence_accumulator(dpt);
+#pragma unroll
+      for (int i = 0; i < 32; i++) {
+        const int col = (i / 4) * 8 + (lane % 4) * 2 + i % 2;
+        dpt[i] = st[i] * (dpt[i] - dsum_s[col]);
+      }
+      uint32_t ds_frag[kKSteps][4];
+      accumulator_to_a_fragments(ds_frag, dpt);
+      wgmma_fence();
       wgmma_issue_64x64x64<1>(dk, ds_frag, q_tile(stage), true);  // dK += dS^T Q
       wgmma_commit();
-      wgmma_wait_all();
+      wgmma_wait<0>();  // both tiles of this stage are read before the next prefetch overwrites them
       fence_accumulator(dv);
       fence_accumulator(dk);
     }
@@ -421,17 +471,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------------------------------
 // Backward: dQ
 
-constexpr size_t kDqSmem = 4 * kTileBytes + kSmemAlign;  // double-buffered K and V tiles
 
-// grid (B*NH, ceil(T/128)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
-__global__ void __launch_bounds__(kThreads, 1)
+// grid (B*NH, ceil(T / cta_rows)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
+// [S] [dP] -> wait S, P = exp2(...) -> wait dP, dS -> [dQ += dS K] -> wait all.
+template <int kWarpgroups, int kStages>
+__global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<kWarpgroups>())
     attention_backward_dq_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
                                       const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
+  constexpr int kThreads = cta_threads<kWarpgroups>();
+  constexpr int kCtaRows = cta_rows<kWarpgroups>();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
   auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };
-  auto v_tile = [&](int stage) { return smem + (2 + stage) * kTileBytes; };
+  auto v_tile = [&](int stage) { return smem + (kStages + stage) * kTileBytes; };
 
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int b = blockIdx.x / NH, h = blockIdx.x % NH;
@@ -444,9 +497,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bf16* k_head = qkv_b + (NH + kv_head) * kHeadSize;
   const bf16* v_head = qkv_b + (NH + NKV + kv_head) * kHeadSize;
 
-  load_tile_async(k_tile(0), k_head, 0, T, qkv_stride);
-  load_tile_async(v_tile(0), v_head, 0, T, qkv_stride);
-  cp_async_commit();
+  const int num_k_blocks = min((q_block + 1) * kWarpgroups, (T + kTileRows - 1) / kTileRows);
+  for (int kb = 0; kb < kStages - 1; kb++) {  // prologue: the first kStages - 1 blocks in flight
+    if (kb < num_k_blocks) {
+      load_tile_async<kThreads>(k_tile(kb), k_head, kb * kTileRows, T, qkv_stride);
+      load_tile_async<kThreads>(v_tile(kb), v_head, kb * kTileRows, T, qkv_stride);
+    }
+    cp_async_commit();
+  }
   uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
   load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
   load_a_fragments(do_frag, dout + (size_t)b * T * out_stride + h * kHeadSize, wg_q0, T, out_stride);
@@ -460,45 +518,49 @@ __global__ void __launch_bounds__(kThreads, 1)
     row_dsum[r] = t < T ? dsum[row] : 0.f;
   }
 
-  const int num_k_blocks = min(2 * q_block + 2, (T + kTileRows - 1) / kTileRows);
-  const int wg_last_k_block = 2 * q_block + wg;
+  const int wg_last_k_block = q_block * kWarpgroups + wg;
   float dq[32] = {};  // (64 queries, 64) of this warpgroup, unscaled
 
   for (int kb = 0; kb < num_k_blocks; kb++) {
-    const int stage = kb % 2;
-    if (kb + 1 < num_k_blocks) {
-      load_tile_async(k_tile(1 - stage), k_head, (kb + 1) * kTileRows, T, qkv_stride);
-      load_tile_async(v_tile(1 - stage), v_head, (kb + 1) * kTileRows, T, qkv_stride);
+    const int stage = kb % kStages;
+    const int ahead = kb + kStages - 1;  // into the stage that iteration kb - 1 read
+    if (ahead < num_k_blocks) {
+      load_tile_async<kThreads>(k_tile(ahead % kStages), k_head, ahead * kTileRows, T, qkv_stride);
+      load_tile_async<kThreads>(v_tile(ahead % kStages), v_head, ahead * kTileRows, T, qkv_stride);
     }
     cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<kStages - 1>();  // block kb has landed
     fence_proxy_async();
     __syncthreads();
 
     if (kb <= wg_last_k_block) {
-      float s[32], dp[32];  // (64 queries, 64 keys): S then dS; dP
+      float s[32], dp[32];  // (64 queries, 64 keys): S then P then dS; dP
       wgmma_fence();
-      wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);    // S = Q K^T
+      wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);  // S = Q K^T
+      wgmma_commit();
       wgmma_issue_64x64x64<0>(dp, do_frag, v_tile(stage), false);  // dP = dO V^T
       wgmma_commit();
-      wgmma_wait_all();
-      fence_accumulator(s);
-      fence_accumulator(dp);
 
       const bool diagonal = kb == wg_last_k_block;
+      wgmma_wait<1>();  // S
+      fence_accumulator(s);
 #pragma unroll
       for (int i = 0; i < 32; i++) {
         const int r = (i / 2) % 2;
-        float p = exp2f(s[i] * kScaleLog2 - lse_log2[r]);
+        float p = fast_exp2(s[i] * kScaleLog2 - lse_log2[r]);
         if (diagonal && (i / 4) * 8 + (lane % 4) * 2 + i % 2 > row_in_wg + r * 8) p = 0.f;
-        s[i] = p * (dp[i] - row_dsum[r]);
+        s[i] = p;
       }
+      wgmma_wait<0>();  // dP
+      fence_accumulator(dp);
+#pragma unroll
+      for (int i = 0; i < 32; i++) s[i] *= dp[i] - row_dsum[(i / 2) % 2];
       uint32_t ds_frag[kKSteps][4];
       accumulator_to_a_fragments(ds_frag, s);
       wgmma_fence();
       wgmma_issue_64x64x64<1>(dq, ds_frag, k_tile(stage), true);  // dQ += dS K
       wgmma_commit();
-      wgmma_wait_all();
+      wgmma_wait<0>();  // the K tile of this stage is read before the next prefetch overwrites it
       fence_accumulator(dq);
     }
     __syncthreads();
@@ -514,6 +576,53 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename Kernel>
 void set_dynamic_smem(Kernel kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// Warpgroups per CTA and pipeline stages of each kernel. TEMPORARY tuning knob:
+// LLM8_ATTN_CFG="fwd_wg,dkdv_wg,dq_wg,stages" (warpgroups 1 or 2, stages 2 or 4).
+struct KernelChoice {
+  int forward = 2, dkdv = 2, dq = 2, stages = 2;
+};
+KernelChoice kernel_choice() {
+  static const KernelChoice choice = [] {
+    KernelChoice c;
+    if (const char* env = std::getenv("LLM8_ATTN_CFG"))
+      std::sscanf(env, "%d,%d,%d,%d", &c.forward, &c.dkdv, &c.dq, &c.stages);
+    return c;
+  }();
+  return choice;
+}
+
+template <int kWarpgroups, int kStages>
+void launch_forward(bf16* out, float* lse, float* out_amax, const bf16* qkv, int B, int T, int NH, int NKV,
+                    cudaStream_t stream) {
+  auto kernel = attention_forward_sm90_kernel<kWarpgroups, kStages>;
+  set_dynamic_smem(kernel, kv_stream_smem(kStages));
+  const dim3 grid(B * NH, (T + cta_rows<kWarpgroups>() - 1) / cta_rows<kWarpgroups>());
+  kernel<<<grid, cta_threads<kWarpgroups>(), kv_stream_smem(kStages), stream>>>(out, lse, out_amax, qkv, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int kWarpgroups, int kStages>
+void launch_dkdv(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv,
+                 const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
+  auto kernel = attention_backward_dkdv_sm90_kernel<kWarpgroups, kStages>;
+  set_dynamic_smem(kernel, dkdv_smem(kStages));
+  const dim3 grid(B * NKV, (T + cta_rows<kWarpgroups>() - 1) / cta_rows<kWarpgroups>());
+  kernel<<<grid, cta_threads<kWarpgroups>(), dkdv_smem(kStages), stream>>>(dqkv, dqkv_amax, dout, qkv, lse, dsum, T,
+                                                                            NH, NKV);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int kWarpgroups, int kStages>
+void launch_dq(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+               int B, int T, int NH, int NKV, cudaStream_t stream) {
+  auto kernel = attention_backward_dq_sm90_kernel<kWarpgroups, kStages>;
+  set_dynamic_smem(kernel, kv_stream_smem(kStages));
+  const dim3 grid(B * NH, (T + cta_rows<kWarpgroups>() - 1) / cta_rows<kWarpgroups>());
+  kernel<<<grid, cta_threads<kWarpgroups>(), kv_stream_smem(kStages), stream>>>(dqkv, dqkv_amax, dout, qkv, lse,
+                                                                                 dsum, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -538,23 +647,30 @@ bool attention_sm90_available() {
 
 void attention_forward_sm90(bf16* out, float* lse, float* out_amax, const bf16* qkv, int B, int T, int NH, int NKV,
                             cudaStream_t stream) {
-  set_dynamic_smem(attention_forward_sm90_kernel, kForwardSmem);
-  const dim3 grid(B * NH, (T + kCtaRows - 1) / kCtaRows);
-  attention_forward_sm90_kernel<<<grid, kThreads, kForwardSmem, stream>>>(out, lse, out_amax, qkv, T, NH, NKV);
-  CUDA_CHECK_LAUNCH();
+  const KernelChoice c = kernel_choice();
+  if (c.stages == 4) {
+    if (c.forward == 1) launch_forward<1, 3>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+    else launch_forward<2, 4>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+  } else {
+    if (c.forward == 1) launch_forward<1, 2>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+    else launch_forward<2, 2>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+  }
 }
 
 void attention_backward_sm90(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv,
                              const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
-  const int num_blocks = (T + kCtaRows - 1) / kCtaRows;
-  set_dynamic_smem(attention_backward_dkdv_sm90_kernel, kDkdvSmem);
-  attention_backward_dkdv_sm90_kernel<<<dim3(B * NKV, num_blocks), kThreads, kDkdvSmem, stream>>>(
-      dqkv, dqkv_amax, dout, qkv, lse, dsum, T, NH, NKV);
-  CUDA_CHECK_LAUNCH();
-  set_dynamic_smem(attention_backward_dq_sm90_kernel, kDqSmem);
-  attention_backward_dq_sm90_kernel<<<dim3(B * NH, num_blocks), kThreads, kDqSmem, stream>>>(
-      dqkv, dqkv_amax, dout, qkv, lse, dsum, T, NH, NKV);
-  CUDA_CHECK_LAUNCH();
+  const KernelChoice c = kernel_choice();
+  if (c.stages == 4) {
+    if (c.dkdv == 1) launch_dkdv<1, 4>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+    else launch_dkdv<2, 4>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+    if (c.dq == 1) launch_dq<1, 4>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+    else launch_dq<2, 4>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  } else {
+    if (c.dkdv == 1) launch_dkdv<1, 2>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+    else launch_dkdv<2, 2>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+    if (c.dq == 1) launch_dq<1, 2>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+    else launch_dq<2, 2>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  }
 }
 
 }  // namespace llmc

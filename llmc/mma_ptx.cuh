@@ -70,6 +70,13 @@ __device__ __forceinline__ void accumulators_to_a_fragment(uint32_t (&a)[4], con
   a[3] = pack_bf16x2(hi[2], hi[3]);
 }
 
+// 2^x with one MUFU instruction, subnormal results flushed to 0 (exp2f adds range fix-ups around the same instruction).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Max / sum over the 4 lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

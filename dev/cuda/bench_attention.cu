@@ -2,7 +2,8 @@
 // shapes and prints ms and TFLOP/s (causal FLOPs: forward 2*2*B*NH*T*T*HS/2, backward 2.5x forward), for the portable
 // mma.sync kernels and, where the default differs (head size 64 on Hopper), for the default (wgmma) kernels.
 // Before timing each shape, a B=1 slice of it (one kv group) is checked against the CPU reference.
-// Usage: bench_attention [reps]   (default 50 timed repetitions after 5 warm-ups; the median is reported)
+// Usage: bench_attention [reps] [shape]   (default 50 timed repetitions after 5 warm-ups, the median reported; every
+//        shape, or only those whose name contains `shape`)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -157,7 +158,9 @@ int main(int argc, char** argv) {
       {"gpt2-350M", 8, 1024, 16, 16, 64},
       {"hs128-gqa8", 4, 2048, 16, 8, 128},
   };
+  const std::string only = argc > 2 ? argv[2] : "";
   for (const Shape& s : shapes) {
+    if (std::string(s.name).find(only) == std::string::npos) continue;
     for (llmc::AttentionKernels kernels : {llmc::AttentionKernels::kPortable, llmc::AttentionKernels::kAuto}) {
       llmc::set_attention_kernels(kernels);
       if (kernels == llmc::AttentionKernels::kAuto && std::string(llmc::attention_kernels_name(s.HS)) == "mma.sync")
