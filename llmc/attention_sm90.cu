@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<
   auto do_tile = [&](int stage) { return smem + (kStages + stage) * kTileBytes; };  // (64 queries, 64)
   float* row_stats = reinterpret_cast<float*>(smem_raw + (smem - smem_address(smem_raw)) +
                                               2 * kStages * kTileBytes);
-  auto lse_rows = [&](int stage) { return row_stats + stage * 2 * kTileRows; };  // lse * log2(e); +inf beyond T
+  auto lse_rows = [&](int stage) { return row_stats + stage * 2 * kTileRows; };  // lse; 0 beyond T
   auto dsum_rows = [&](int stage) { return row_stats + stage * 2 * kTileRows + kTileRows; };  // D; 0 beyond T
 
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -390,8 +390,9 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<
     if (threadIdx.x < kTileRows) {
       const int t = qr0 + threadIdx.x;
       const size_t row = ((size_t)b * NH + h) * T + t;
-      lse_rows(stage)[threadIdx.x] = t < T ? lse[row] * kLog2e : INFINITY;  // +inf makes P = 0 for padding rows
-      dsum_rows(stage)[threadIdx.x] = t < T ? dsum[row] : 0.f;
+      // asynchronous like the tiles: a plain load here would stall the CTA for a memory latency every iteration
+      cp_async_4(smem_address(lse_rows(stage) + threadIdx.x), lse + (t < T ? row : 0), t < T);
+      cp_async_4(smem_address(dsum_rows(stage) + threadIdx.x), dsum + (t < T ? row : 0), t < T);
     }
   };
   for (int it = 0; it < kStages - 1; it++) {  // prologue: the first kStages - 1 query blocks in flight
@@ -425,14 +426,15 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<
 
       const float* lse_s = lse_rows(stage);
       const float* dsum_s = dsum_rows(stage);
-      const bool needs_mask = qr0 < wg_k0 + kTileRows;  // some query of the block precedes some key
+      // some query of the block precedes some key, or lies beyond T (P = 0 there)
+      const bool needs_mask = qr0 < wg_k0 + kTileRows || qr0 + kTileRows > T;
       wgmma_wait<1>();  // S^T
       fence_accumulator(st);
 #pragma unroll
       for (int i = 0; i < 32; i++) {
         const int col = (i / 4) * 8 + (lane % 4) * 2 + i % 2;  // query within the block
-        float p = fast_exp2(st[i] * kScaleLog2 - lse_s[col]);
-        if (needs_mask && wg_k0 + key_in_wg + ((i / 2) % 2) * 8 > qr0 + col) p = 0.f;
+        float p = fast_exp2(st[i] * kScaleLog2 - lse_s[col] * kLog2e);
+        if (needs_mask && (wg_k0 + key_in_wg + ((i / 2) % 2) * 8 > qr0 + col || qr0 + col >= T)) p = 0.f;
         st[i] = p;
       }
       uint32_t p_frag[kKSteps][4];
