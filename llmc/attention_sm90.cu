@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "llmc/cuda_utils.cuh"
 #include "llmc/mma_ptx.cuh"
@@ -126,15 +127,19 @@ __device__ __forceinline__ void wgmma_issue_64x64x64(float (&d)[32], const uint3
 
 // Copies rows [row0, row0 + 64) of one head (64 contiguous bf16 per row, rows `row_stride` apart) into a swizzled
 // shared tile at shared address `tile`; rows at or beyond T are zero-filled. All kThreads threads, asynchronous.
+// Thread i copies 16-byte chunk i % 8 of rows i / 8 + k * kThreads / 8: its swizzled column is the same in every row
+// it copies (kThreads / 8 is a multiple of 8), so the addresses are one base plus constant steps.
 template <int kThreads>
 __device__ __forceinline__ void load_tile_async(uint32_t tile, const bf16* head, int row0, int T, size_t row_stride) {
+  constexpr int kRowsPerPass = kThreads / 8;
+  static_assert(kRowsPerPass % 8 == 0 && kTileRows % kRowsPerPass == 0, "tile rows must split into whole passes");
+  const int chunk = threadIdx.x % 8, first_row = threadIdx.x / 8;
+  const uint32_t dst = tile + first_row * kRowBytes + ((chunk ^ (first_row % 8)) << 4);
+  const bf16* src = head + (size_t)(row0 + first_row) * row_stride + chunk * 8;
 #pragma unroll
-  for (int chunk = threadIdx.x; chunk < kTileRows * 8; chunk += kThreads) {
-    const int r = chunk / 8, c = chunk % 8;
-    const int t = row0 + r;
-    const bool valid = t < T;
-    cp_async_16(tile + r * kRowBytes + ((c ^ (r % 8)) << 4), head + (size_t)(valid ? t : 0) * row_stride + c * 8,
-                valid);
+  for (int k = 0; k < kTileRows / kRowsPerPass; k++) {
+    const bool valid = row0 + first_row + k * kRowsPerPass < T;
+    cp_async_16(dst + k * kRowsPerPass * kRowBytes, valid ? src + (size_t)k * kRowsPerPass * row_stride : head, valid);
   }
 }
 
@@ -217,7 +222,9 @@ constexpr int cta_rows() { return kTileRows * kWarpgroups; }
 template <int kWarpgroups>
 constexpr int forward_min_ctas() { return kWarpgroups == 1 ? 4 : 2; }  // <= 128 registers
 template <int kWarpgroups>
-constexpr int backward_min_ctas() { return kWarpgroups == 1 ? 2 : 1; }  // <= 255 registers
+constexpr int dkdv_min_ctas() { return kWarpgroups == 1 ? 2 : 1; }  // <= 255 registers
+template <int kWarpgroups>
+constexpr int dq_min_ctas() { return kWarpgroups == 1 ? 3 : 1; }  // <= 168 / 255 registers
 
 // ---------------------------------------------------------------------------------------------------------------
 // Forward
@@ -285,19 +292,22 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<k
       wgmma_wait<0>();
       fence_accumulator(s);
 
-      const bool diagonal = kb == wg_last_k_block;
       float tile_max[2] = {-INFINITY, -INFINITY};
+      auto scale_scores = [&](auto masked) {  // the masked variant only on the diagonal block
 #pragma unroll
-      for (int i = 0; i < 32; i++) {
-        float x = s[i] * kScaleLog2;
-        if (diagonal) {
-          const int key = (i / 4) * 8 + (lane % 4) * 2 + i % 2;  // within the block; the diagonal block starts at wg_q0
-          const int query = row_in_wg + ((i / 2) % 2) * 8;
-          if (key > query) x = -INFINITY;
+        for (int i = 0; i < 32; i++) {
+          float x = s[i] * kScaleLog2;
+          if constexpr (decltype(masked)::value) {
+            const int key = (i / 4) * 8 + (lane % 4) * 2 + i % 2;  // within the block, which starts at wg_q0
+            const int query = row_in_wg + ((i / 2) % 2) * 8;
+            if (key > query) x = -INFINITY;
+          }
+          s[i] = x;
+          tile_max[(i / 2) % 2] = fmaxf(tile_max[(i / 2) % 2], x);
         }
-        s[i] = x;
-        tile_max[(i / 2) % 2] = fmaxf(tile_max[(i / 2) % 2], x);
-      }
+      };
+      if (kb == wg_last_k_block) scale_scores(std::true_type{});
+      else scale_scores(std::false_type{});
       float max_used[2], correction[2];
 #pragma unroll
       for (int r = 0; r < 2; r++) {
@@ -353,7 +363,7 @@ constexpr size_t dkdv_smem(int stages) {
 // Per query block, the products are issued as four wgmma groups so the exponentials overlap the tensor cores:
 // [S^T] [dP^T] -> wait S^T, P^T = exp2(...) -> [dV += P^T dO] -> wait dP^T, dS^T -> [dK += dS^T Q] -> wait all.
 template <int kWarpgroups, int kStages>
-__global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<kWarpgroups>())
+__global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWarpgroups>())
     attention_backward_dkdv_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
                                         const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
@@ -428,15 +438,29 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<
       const float* dsum_s = dsum_rows(stage);
       // some query of the block precedes some key, or lies beyond T (P = 0 there)
       const bool needs_mask = qr0 < wg_k0 + kTileRows || qr0 + kTileRows > T;
+      // this thread's query columns: 8j + 2(lane % 4) + {0, 1}, j = 0..7 (accumulator elements 4j + {0,1,2,3})
+      float2 lse_log2[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const float2 v = *reinterpret_cast<const float2*>(lse_s + j * 8 + (lane % 4) * 2);
+        lse_log2[j] = make_float2(v.x * kLog2e, v.y * kLog2e);
+      }
       wgmma_wait<1>();  // S^T
       fence_accumulator(st);
+      auto probabilities = [&](auto masked) {  // st = P^T; the masked variant only on diagonal / boundary blocks
 #pragma unroll
-      for (int i = 0; i < 32; i++) {
-        const int col = (i / 4) * 8 + (lane % 4) * 2 + i % 2;  // query within the block
-        float p = fast_exp2(st[i] * kScaleLog2 - lse_s[col] * kLog2e);
-        if (needs_mask && (wg_k0 + key_in_wg + ((i / 2) % 2) * 8 > qr0 + col || qr0 + col >= T)) p = 0.f;
-        st[i] = p;
-      }
+        for (int i = 0; i < 32; i++) {
+          const float2 l = lse_log2[i / 4];
+          float p = fast_exp2(st[i] * kScaleLog2 - (i % 2 ? l.y : l.x));
+          if constexpr (decltype(masked)::value) {
+            const int col = (i / 4) * 8 + (lane % 4) * 2 + i % 2;  // query within the block
+            if (wg_k0 + key_in_wg + ((i / 2) % 2) * 8 > qr0 + col || qr0 + col >= T) p = 0.f;
+          }
+          st[i] = p;
+        }
+      };
+      if (needs_mask) probabilities(std::true_type{});
+      else probabilities(std::false_type{});
       uint32_t p_frag[kKSteps][4];
       accumulator_to_a_fragments(p_frag, st);
       wgmma_fence();
@@ -446,9 +470,10 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<
       wgmma_wait<1>();  // dP^T
       fence_accumulator(dpt);
 #pragma unroll
-      for (int i = 0; i < 32; i++) {
-        const int col = (i / 4) * 8 + (lane % 4) * 2 + i % 2;
-        dpt[i] = st[i] * (dpt[i] - dsum_s[col]);
+      for (int j = 0; j < 8; j++) {
+        const float2 d = *reinterpret_cast<const float2*>(dsum_s + j * 8 + (lane % 4) * 2);
+#pragma unroll
+        for (int e = 0; e < 4; e++) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - (e % 2 ? d.y : d.x));
       }
       uint32_t ds_frag[kKSteps][4];
       accumulator_to_a_fragments(ds_frag, dpt);
@@ -477,7 +502,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<
 // grid (B*NH, ceil(T / cta_rows)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
 // [S] [dP] -> wait S, P = exp2(...) -> wait dP, dS -> [dQ += dS K] -> wait all.
 template <int kWarpgroups, int kStages>
-__global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<kWarpgroups>())
+__global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dq_min_ctas<kWarpgroups>())
     attention_backward_dq_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
                                       const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
@@ -543,16 +568,21 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), backward_min_ctas<
       wgmma_issue_64x64x64<0>(dp, do_frag, v_tile(stage), false);  // dP = dO V^T
       wgmma_commit();
 
-      const bool diagonal = kb == wg_last_k_block;
       wgmma_wait<1>();  // S
       fence_accumulator(s);
+      auto probabilities = [&](auto masked) {  // s = P; the masked variant only on the diagonal block
 #pragma unroll
-      for (int i = 0; i < 32; i++) {
-        const int r = (i / 2) % 2;
-        float p = fast_exp2(s[i] * kScaleLog2 - lse_log2[r]);
-        if (diagonal && (i / 4) * 8 + (lane % 4) * 2 + i % 2 > row_in_wg + r * 8) p = 0.f;
-        s[i] = p;
-      }
+        for (int i = 0; i < 32; i++) {
+          const int r = (i / 2) % 2;
+          float p = fast_exp2(s[i] * kScaleLog2 - lse_log2[r]);
+          if constexpr (decltype(masked)::value) {
+            if ((i / 4) * 8 + (lane % 4) * 2 + i % 2 > row_in_wg + r * 8) p = 0.f;
+          }
+          s[i] = p;
+        }
+      };
+      if (kb == wg_last_k_block) probabilities(std::true_type{});
+      else probabilities(std::false_type{});
       wgmma_wait<0>();  // dP
       fence_accumulator(dp);
 #pragma unroll
