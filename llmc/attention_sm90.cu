@@ -83,6 +83,65 @@ __device__ __forceinline__ void wgmma_wait() {
 // Makes the generic-proxy writes (cp.async) to shared memory visible to the async proxy that wgmma reads through.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// mbarriers (PTX "Parallel Synchronization and Communication Instructions: mbarrier"), CTA scope.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued before has landed (the arrival is in the barrier's count).
+__device__ __forceinline__ void mbarrier_arrive_after_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with the given parity (0 for the first phase, 1 for the second, ...) has completed.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_again:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_again;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// A ring of kStages shared-memory stages that every thread of the CTA fills with cp.async and every warpgroup reads.
+// Iteration `it` uses stage it % kStages. full[s] completes when all kThreads threads' copies into the stage have
+// landed; empty[s] when all warps have finished reading it. Unlike a __syncthreads per iteration, this lets the
+// warpgroups drift apart by up to one iteration, so one's softmax overlaps the other's tensor-core products.
+template <int kStages, int kThreads>
+struct StageRing {
+  static constexpr int kBytes = 2 * kStages * 8;
+  uint32_t bars;  // shared address of full[kStages] then empty[kStages]
+  __device__ uint32_t full(int stage) const { return bars + 8 * stage; }
+  __device__ uint32_t empty(int stage) const { return bars + 8 * (kStages + stage); }
+  // Initialises the barriers at shared address `address` (8-byte aligned). Ends with __syncthreads.
+  __device__ explicit StageRing(uint32_t address) : bars(address) {
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < kStages; st++) {
+        mbarrier_init(full(st), kThreads);
+        mbarrier_init(empty(st), kThreads / 32);
+      }
+    }
+    __syncthreads();
+  }
+  // Before refilling the stage for iteration `it`: the readers of iteration it - kStages are done with it.
+  __device__ void wait_empty(int it) const {
+    if (it >= kStages) mbarrier_wait(empty(it % kStages), (uint32_t)((it / kStages - 1) & 1));
+  }
+  // After this thread has issued its copies for iteration `it`.
+  __device__ void commit_fill(int it) const { mbarrier_arrive_after_cp_async(full(it % kStages)); }
+  // Before reading the stage of iteration `it` (with wgmma: the copies become visible to the async proxy).
+  __device__ void wait_full(int it) const {
+    mbarrier_wait(full(it % kStages), (uint32_t)((it / kStages) & 1));
+    fence_proxy_async();
+  }
+  // After this warp's last read of the stage of iteration `it` (its wgmma groups waited for).
+  __device__ void release(int it) const {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbarrier_arrive(empty(it % kStages));
+  }
+};
+
 // Keeps the compiler from moving accesses of an accumulator across a wgmma wait (the hardware writes it late).
 __device__ __forceinline__ void fence_accumulator(float (&d)[32]) {
 #pragma unroll
@@ -230,7 +289,8 @@ constexpr int dq_min_ctas() { return kWarpgroups == 1 ? 3 : 1; }  // <= 168 / 25
 // Forward
 
 // Shared memory of a kernel streaming K and V tiles (forward, dQ) through kStages buffers.
-constexpr size_t kv_stream_smem(int stages) { return (size_t)2 * stages * kTileBytes + kSmemAlign; }
+constexpr size_t kv_stream_tiles_bytes(int stages) { return (size_t)2 * stages * kTileBytes; }
+constexpr size_t kv_stream_smem(int stages) { return kv_stream_tiles_bytes(stages) + 2 * stages * 8 + kSmemAlign; }
 
 // grid (B*NH, ceil(T / cta_rows)); blockIdx.y = 0 is the last (most expensive) query block.
 template <int kWarpgroups, int kStages>
@@ -256,13 +316,14 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<k
 
   // key blocks 0 .. the CTA's last diagonal block (keys beyond T are zero rows, masked by causality)
   const int num_k_blocks = min((q_block + 1) * kWarpgroups, (T + kTileRows - 1) / kTileRows);
-  for (int kb = 0; kb < kStages - 1; kb++) {  // prologue: the first kStages - 1 blocks in flight
-    if (kb < num_k_blocks) {
-      load_tile_async<kThreads>(k_tile(kb), k_head, kb * kTileRows, T, qkv_stride);
-      load_tile_async<kThreads>(v_tile(kb), v_head, kb * kTileRows, T, qkv_stride);
-    }
-    cp_async_commit();
-  }
+  const StageRing<kStages, kThreads> ring(smem + kv_stream_tiles_bytes(kStages));
+  auto fill = [&](int kb) {  // K and V of key block kb into its stage
+    ring.wait_empty(kb);
+    load_tile_async<kThreads>(k_tile(kb % kStages), k_head, kb * kTileRows, T, qkv_stride);
+    load_tile_async<kThreads>(v_tile(kb % kStages), v_head, kb * kTileRows, T, qkv_stride);
+    ring.commit_fill(kb);
+  };
+  for (int kb = 0; kb < kStages - 1 && kb < num_k_blocks; kb++) fill(kb);  // prologue
   uint32_t q_frag[kKSteps][4];
   load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
 
@@ -274,15 +335,8 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<k
 
   for (int kb = 0; kb < num_k_blocks; kb++) {
     const int stage = kb % kStages;
-    const int ahead = kb + kStages - 1;  // into the stage that iteration kb - 1 read
-    if (ahead < num_k_blocks) {
-      load_tile_async<kThreads>(k_tile(ahead % kStages), k_head, ahead * kTileRows, T, qkv_stride);
-      load_tile_async<kThreads>(v_tile(ahead % kStages), v_head, ahead * kTileRows, T, qkv_stride);
-    }
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();  // block kb has landed
-    fence_proxy_async();
-    __syncthreads();
+    if (kb + kStages - 1 < num_k_blocks) fill(kb + kStages - 1);  // into the stage iteration kb - 1 read
+    ring.wait_full(kb);
 
     if (kb <= wg_last_k_block) {
       float s[32];  // (64, 64) scores of this warpgroup's rows
@@ -334,7 +388,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<k
       wgmma_wait<0>();
       fence_accumulator(o);
     }
-    __syncthreads();  // the next iteration's prefetch overwrites this stage
+    ring.release(kb);
   }
 
   float inv[2];
@@ -355,9 +409,10 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<k
 // Backward: dK, dV
 
 // Shared memory of the dK/dV kernel: kStages buffers of (Q tile, dO tile, lse and D of the 64 queries).
-constexpr size_t dkdv_smem(int stages) {
-  return (size_t)2 * stages * kTileBytes + (size_t)2 * stages * kTileRows * sizeof(float) + kSmemAlign;
+constexpr size_t dkdv_ring_offset(int stages) {
+  return (size_t)2 * stages * kTileBytes + (size_t)2 * stages * kTileRows * sizeof(float);
 }
+constexpr size_t dkdv_smem(int stages) { return dkdv_ring_offset(stages) + 2 * stages * 8 + kSmemAlign; }
 
 // grid (B*NKV, ceil(T / cta_rows)); blockIdx.y = key block (block 0 has the most queries after it: it starts first).
 // Per query block, the products are issued as four wgmma groups so the exponentials overlap the tensor cores:
@@ -405,10 +460,13 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWar
       cp_async_4(smem_address(dsum_rows(stage) + threadIdx.x), dsum + (t < T ? row : 0), t < T);
     }
   };
-  for (int it = 0; it < kStages - 1; it++) {  // prologue: the first kStages - 1 query blocks in flight
-    if (it < num_iters) issue_loads(it, it);
-    cp_async_commit();
-  }
+  const StageRing<kStages, kThreads> ring(smem + dkdv_ring_offset(kStages));
+  auto fill = [&](int it) {
+    ring.wait_empty(it);
+    issue_loads(it, it % kStages);
+    ring.commit_fill(it);
+  };
+  for (int it = 0; it < kStages - 1 && it < num_iters; it++) fill(it);  // prologue
   uint32_t k_frag[kKSteps][4], v_frag[kKSteps][4];
   load_a_fragments(k_frag, qkv_b + (NH + kv_head) * kHeadSize, wg_k0, T, qkv_stride);
   load_a_fragments(v_frag, qkv_b + (NH + NKV + kv_head) * kHeadSize, wg_k0, T, qkv_stride);
@@ -418,12 +476,8 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWar
 
   for (int it = 0; it < num_iters; it++) {
     const int stage = it % kStages;
-    const int ahead = it + kStages - 1;  // into the stage that iteration it - 1 read
-    if (ahead < num_iters) issue_loads(ahead, ahead % kStages);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();  // query block it has landed
-    fence_proxy_async();
-    __syncthreads();
+    if (it + kStages - 1 < num_iters) fill(it + kStages - 1);  // into the stage iteration it - 1 read
+    ring.wait_full(it);
     const int qr0 = (first_q_block + it % q_blocks_per_head) * kTileRows;
 
     if (qr0 + kTileRows > wg_k0) {  // some query of the block is at or after some key of this warpgroup
@@ -480,11 +534,11 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWar
       wgmma_fence();
       wgmma_issue_64x64x64<1>(dk, ds_frag, q_tile(stage), true);  // dK += dS^T Q
       wgmma_commit();
-      wgmma_wait<0>();  // both tiles of this stage are read before the next prefetch overwrites them
+      wgmma_wait<0>();  // both tiles of this stage are read before the stage is released
       fence_accumulator(dv);
       fence_accumulator(dk);
     }
-    __syncthreads();
+    ring.release(it);
   }
 
   bf16* dqkv_b = dqkv + (size_t)b * T * qkv_stride;
@@ -525,13 +579,14 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dq_min_ctas<kWarpg
   const bf16* v_head = qkv_b + (NH + NKV + kv_head) * kHeadSize;
 
   const int num_k_blocks = min((q_block + 1) * kWarpgroups, (T + kTileRows - 1) / kTileRows);
-  for (int kb = 0; kb < kStages - 1; kb++) {  // prologue: the first kStages - 1 blocks in flight
-    if (kb < num_k_blocks) {
-      load_tile_async<kThreads>(k_tile(kb), k_head, kb * kTileRows, T, qkv_stride);
-      load_tile_async<kThreads>(v_tile(kb), v_head, kb * kTileRows, T, qkv_stride);
-    }
-    cp_async_commit();
-  }
+  const StageRing<kStages, kThreads> ring(smem + kv_stream_tiles_bytes(kStages));
+  auto fill = [&](int kb) {  // K and V of key block kb into its stage
+    ring.wait_empty(kb);
+    load_tile_async<kThreads>(k_tile(kb % kStages), k_head, kb * kTileRows, T, qkv_stride);
+    load_tile_async<kThreads>(v_tile(kb % kStages), v_head, kb * kTileRows, T, qkv_stride);
+    ring.commit_fill(kb);
+  };
+  for (int kb = 0; kb < kStages - 1 && kb < num_k_blocks; kb++) fill(kb);  // prologue
   uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
   load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
   load_a_fragments(do_frag, dout + (size_t)b * T * out_stride + h * kHeadSize, wg_q0, T, out_stride);
@@ -550,15 +605,8 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dq_min_ctas<kWarpg
 
   for (int kb = 0; kb < num_k_blocks; kb++) {
     const int stage = kb % kStages;
-    const int ahead = kb + kStages - 1;  // into the stage that iteration kb - 1 read
-    if (ahead < num_k_blocks) {
-      load_tile_async<kThreads>(k_tile(ahead % kStages), k_head, ahead * kTileRows, T, qkv_stride);
-      load_tile_async<kThreads>(v_tile(ahead % kStages), v_head, ahead * kTileRows, T, qkv_stride);
-    }
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();  // block kb has landed
-    fence_proxy_async();
-    __syncthreads();
+    if (kb + kStages - 1 < num_k_blocks) fill(kb + kStages - 1);  // into the stage iteration kb - 1 read
+    ring.wait_full(kb);
 
     if (kb <= wg_last_k_block) {
       float s[32], dp[32];  // (64 queries, 64 keys): S then P then dS; dP
@@ -592,10 +640,10 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dq_min_ctas<kWarpg
       wgmma_fence();
       wgmma_issue_64x64x64<1>(dq, ds_frag, k_tile(stage), true);  // dQ += dS K
       wgmma_commit();
-      wgmma_wait<0>();  // the K tile of this stage is read before the next prefetch overwrites it
+      wgmma_wait<0>();  // the K tile of this stage is read before the stage is released
       fence_accumulator(dq);
     }
-    __syncthreads();
+    ring.release(kb);
   }
 
   const float dq_scale[2] = {kSoftmaxScale, kSoftmaxScale};
