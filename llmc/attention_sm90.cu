@@ -110,7 +110,6 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
 // warpgroups drift apart by up to one iteration, so one's softmax overlaps the other's tensor-core products.
 template <int kStages, int kThreads>
 struct StageRing {
-  static constexpr int kBytes = 2 * kStages * 8;
   uint32_t bars;  // shared address of full[kStages] then empty[kStages]
   __device__ uint32_t full(int stage) const { return bars + 8 * stage; }
   __device__ uint32_t empty(int stage) const { return bars + 8 * (kStages + stage); }
