@@ -141,6 +141,30 @@ struct StageRing {
   }
 };
 
+// FlashAttention-3's "ping-pong" schedule for the two warpgroups of a CTA: they take turns issuing the first products
+// of an iteration, so one's softmax runs while the other's products occupy the tensor cores. Warpgroup w waits on
+// named barrier 1 + w (256 arrivals: its own 128 threads and the other's 128) before issuing, then signals the other's.
+template <bool kEnabled>
+struct Pingpong {
+  int wg;
+  __device__ explicit Pingpong(int warpgroup) : wg(warpgroup) {
+    if (kEnabled && wg == 1) signal(0);  // warpgroup 0 goes first
+  }
+  __device__ static void signal(int target) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + target) : "memory");
+  }
+  __device__ void my_turn() const {
+    if (kEnabled) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  }
+  __device__ void their_turn() const {
+    if (kEnabled) signal(1 - wg);
+  }
+  // After the loop: warpgroup 0 consumes warpgroup 1's last signal, so no barrier is left half-arrived.
+  __device__ void finish() const {
+    if (kEnabled && wg == 0) my_turn();
+  }
+};
+
 // Keeps the compiler from moving accesses of an accumulator across a wgmma wait (the hardware writes it late).
 __device__ __forceinline__ void fence_accumulator(float (&d)[32]) {
 #pragma unroll
@@ -292,12 +316,13 @@ constexpr size_t kv_stream_tiles_bytes(int stages) { return (size_t)2 * stages *
 constexpr size_t kv_stream_smem(int stages) { return kv_stream_tiles_bytes(stages) + 2 * stages * 8 + kSmemAlign; }
 
 // grid (B*NH, ceil(T / cta_rows)); blockIdx.y = 0 is the last (most expensive) query block.
-template <int kWarpgroups, int kStages>
+template <int kWarpgroups, int kStages, bool kPingpong>
 __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<kWarpgroups>())
     attention_forward_sm90_kernel(bf16* out, float* lse, float* amax, const bf16* qkv, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
   constexpr int kThreads = cta_threads<kWarpgroups>();
   constexpr int kCtaRows = cta_rows<kWarpgroups>();
+  static_assert(!kPingpong || kWarpgroups == 2, "ping-pong needs two warpgroups");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
   auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };        // (64 keys, 64)
@@ -316,6 +341,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<k
   // key blocks 0 .. the CTA's last diagonal block (keys beyond T are zero rows, masked by causality)
   const int num_k_blocks = min((q_block + 1) * kWarpgroups, (T + kTileRows - 1) / kTileRows);
   const StageRing<kStages, kThreads> ring(smem + kv_stream_tiles_bytes(kStages));
+  const Pingpong<kPingpong> pingpong(wg);
   auto fill = [&](int kb) {  // K and V of key block kb into its stage
     ring.wait_empty(kb);
     load_tile_async<kThreads>(k_tile(kb % kStages), k_head, kb * kTileRows, T, qkv_stride);
@@ -336,12 +362,14 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<k
     const int stage = kb % kStages;
     if (kb + kStages - 1 < num_k_blocks) fill(kb + kStages - 1);  // into the stage iteration kb - 1 read
     ring.wait_full(kb);
-
-    if (kb <= wg_last_k_block) {
+    pingpong.my_turn();
+    if (kb > wg_last_k_block) pingpong.their_turn();  // nothing to do for this warpgroup
+    else {
       float s[32];  // (64, 64) scores of this warpgroup's rows
       wgmma_fence();
       wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);  // S = Q K^T
       wgmma_commit();
+      pingpong.their_turn();
       wgmma_wait<0>();
       fence_accumulator(s);
 
@@ -389,6 +417,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), forward_min_ctas<k
     }
     ring.release(kb);
   }
+  pingpong.finish();
 
   float inv[2];
 #pragma unroll
@@ -416,13 +445,14 @@ constexpr size_t dkdv_smem(int stages) { return dkdv_ring_offset(stages) + 2 * s
 // grid (B*NKV, ceil(T / cta_rows)); blockIdx.y = key block (block 0 has the most queries after it: it starts first).
 // Per query block, the products are issued as four wgmma groups so the exponentials overlap the tensor cores:
 // [S^T] [dP^T] -> wait S^T, P^T = exp2(...) -> [dV += P^T dO] -> wait dP^T, dS^T -> [dK += dS^T Q] -> wait all.
-template <int kWarpgroups, int kStages>
+template <int kWarpgroups, int kStages, bool kPingpong>
 __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWarpgroups>())
     attention_backward_dkdv_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
                                         const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
   constexpr int kThreads = cta_threads<kWarpgroups>();
   constexpr int kCtaRows = cta_rows<kWarpgroups>();
+  static_assert(!kPingpong || kWarpgroups == 2, "ping-pong needs two warpgroups");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
   auto q_tile = [&](int stage) { return smem + stage * kTileBytes; };                    // (64 queries, 64)
@@ -460,6 +490,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWar
     }
   };
   const StageRing<kStages, kThreads> ring(smem + dkdv_ring_offset(kStages));
+  const Pingpong<kPingpong> pingpong(wg);
   auto fill = [&](int it) {
     ring.wait_empty(it);
     issue_loads(it, it % kStages);
@@ -479,13 +510,17 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWar
     ring.wait_full(it);
     const int qr0 = (first_q_block + it % q_blocks_per_head) * kTileRows;
 
-    if (qr0 + kTileRows > wg_k0) {  // some query of the block is at or after some key of this warpgroup
-      float st[32], dpt[32];        // (64 keys, 64 queries): S^T then P^T; dP^T then dS^T
+    pingpong.my_turn();
+    // no query of the block at or after a key of this warpgroup: nothing to do
+    if (qr0 + kTileRows <= wg_k0) pingpong.their_turn();
+    else {
+      float st[32], dpt[32];  // (64 keys, 64 queries): S^T then P^T; dP^T then dS^T
       wgmma_fence();
       wgmma_issue_64x64x64<0>(st, k_frag, q_tile(stage), false);  // S^T = K Q^T
       wgmma_commit();
       wgmma_issue_64x64x64<0>(dpt, v_frag, do_tile(stage), false);  // dP^T = V dO^T
       wgmma_commit();
+      pingpong.their_turn();
 
       const float* lse_s = lse_rows(stage);
       const float* dsum_s = dsum_rows(stage);
@@ -539,6 +574,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWar
     }
     ring.release(it);
   }
+  pingpong.finish();
 
   bf16* dqkv_b = dqkv + (size_t)b * T * qkv_stride;
   const float dk_scale[2] = {kSoftmaxScale, kSoftmaxScale}, dv_scale[2] = {1.f, 1.f};
@@ -554,13 +590,14 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dkdv_min_ctas<kWar
 
 // grid (B*NH, ceil(T / cta_rows)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
 // [S] [dP] -> wait S, P = exp2(...) -> wait dP, dS -> [dQ += dS K] -> wait all.
-template <int kWarpgroups, int kStages>
+template <int kWarpgroups, int kStages, bool kPingpong>
 __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dq_min_ctas<kWarpgroups>())
     attention_backward_dq_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
                                       const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
   constexpr int kThreads = cta_threads<kWarpgroups>();
   constexpr int kCtaRows = cta_rows<kWarpgroups>();
+  static_assert(!kPingpong || kWarpgroups == 2, "ping-pong needs two warpgroups");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
   auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };
@@ -579,6 +616,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dq_min_ctas<kWarpg
 
   const int num_k_blocks = min((q_block + 1) * kWarpgroups, (T + kTileRows - 1) / kTileRows);
   const StageRing<kStages, kThreads> ring(smem + kv_stream_tiles_bytes(kStages));
+  const Pingpong<kPingpong> pingpong(wg);
   auto fill = [&](int kb) {  // K and V of key block kb into its stage
     ring.wait_empty(kb);
     load_tile_async<kThreads>(k_tile(kb % kStages), k_head, kb * kTileRows, T, qkv_stride);
@@ -607,13 +645,16 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dq_min_ctas<kWarpg
     if (kb + kStages - 1 < num_k_blocks) fill(kb + kStages - 1);  // into the stage iteration kb - 1 read
     ring.wait_full(kb);
 
-    if (kb <= wg_last_k_block) {
+    pingpong.my_turn();
+    if (kb > wg_last_k_block) pingpong.their_turn();  // nothing to do for this warpgroup
+    else {
       float s[32], dp[32];  // (64 queries, 64 keys): S then P then dS; dP
       wgmma_fence();
       wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);  // S = Q K^T
       wgmma_commit();
       wgmma_issue_64x64x64<0>(dp, do_frag, v_tile(stage), false);  // dP = dO V^T
       wgmma_commit();
+      pingpong.their_turn();
 
       wgmma_wait<1>();  // S
       fence_accumulator(s);
@@ -644,6 +685,7 @@ __global__ void __launch_bounds__(cta_threads<kWarpgroups>(), dq_min_ctas<kWarpg
     }
     ring.release(kb);
   }
+  pingpong.finish();
 
   const float dq_scale[2] = {kSoftmaxScale, kSoftmaxScale};
   const unsigned bits = store_rows(dqkv + (size_t)b * T * qkv_stride + h * kHeadSize, qkv_stride, dq, wg_q0, T,
@@ -657,35 +699,37 @@ void set_dynamic_smem(Kernel kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// Warpgroups per CTA and pipeline stages of each kernel. TEMPORARY tuning knob:
-// LLM8_ATTN_CFG="fwd_wg,dkdv_wg,dq_wg,stages" (warpgroups 1 or 2, stages 2 or 4).
+// Warpgroups per CTA (and ping-pong) of each kernel. TEMPORARY tuning knob:
+// LLM8_ATTN_CFG="fwd_wg,dkdv_wg,dq_wg,pingpong" (warpgroups 1 or 2; pingpong 0 or 1, for two warpgroups).
 struct KernelChoice {
-  int forward = 2, dkdv = 2, dq = 2, stages = 2;
+  int forward = 2, dkdv = 2, dq = 2, pingpong = 0;
 };
 KernelChoice kernel_choice() {
   static const KernelChoice choice = [] {
     KernelChoice c;
     if (const char* env = std::getenv("LLM8_ATTN_CFG"))
-      std::sscanf(env, "%d,%d,%d,%d", &c.forward, &c.dkdv, &c.dq, &c.stages);
+      std::sscanf(env, "%d,%d,%d,%d", &c.forward, &c.dkdv, &c.dq, &c.pingpong);
     return c;
   }();
   return choice;
 }
 
-template <int kWarpgroups, int kStages>
+template <int kWarpgroups, bool kPingpong>
 void launch_forward(bf16* out, float* lse, float* out_amax, const bf16* qkv, int B, int T, int NH, int NKV,
                     cudaStream_t stream) {
-  auto kernel = attention_forward_sm90_kernel<kWarpgroups, kStages>;
+  constexpr int kStages = kWarpgroups == 1 ? 3 : 4;  // four CTAs per SM at one warpgroup: 3 stages fit
+  auto kernel = attention_forward_sm90_kernel<kWarpgroups, kStages, kPingpong>;
   set_dynamic_smem(kernel, kv_stream_smem(kStages));
   const dim3 grid(B * NH, (T + cta_rows<kWarpgroups>() - 1) / cta_rows<kWarpgroups>());
   kernel<<<grid, cta_threads<kWarpgroups>(), kv_stream_smem(kStages), stream>>>(out, lse, out_amax, qkv, T, NH, NKV);
   CUDA_CHECK_LAUNCH();
 }
 
-template <int kWarpgroups, int kStages>
+template <int kWarpgroups, bool kPingpong>
 void launch_dkdv(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv,
                  const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
-  auto kernel = attention_backward_dkdv_sm90_kernel<kWarpgroups, kStages>;
+  constexpr int kStages = 4;
+  auto kernel = attention_backward_dkdv_sm90_kernel<kWarpgroups, kStages, kPingpong>;
   set_dynamic_smem(kernel, dkdv_smem(kStages));
   const dim3 grid(B * NKV, (T + cta_rows<kWarpgroups>() - 1) / cta_rows<kWarpgroups>());
   kernel<<<grid, cta_threads<kWarpgroups>(), dkdv_smem(kStages), stream>>>(dqkv, dqkv_amax, dout, qkv, lse, dsum, T,
@@ -693,10 +737,11 @@ void launch_dkdv(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* do
   CUDA_CHECK_LAUNCH();
 }
 
-template <int kWarpgroups, int kStages>
+template <int kWarpgroups, bool kPingpong>
 void launch_dq(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
                int B, int T, int NH, int NKV, cudaStream_t stream) {
-  auto kernel = attention_backward_dq_sm90_kernel<kWarpgroups, kStages>;
+  constexpr int kStages = 4;
+  auto kernel = attention_backward_dq_sm90_kernel<kWarpgroups, kStages, kPingpong>;
   set_dynamic_smem(kernel, kv_stream_smem(kStages));
   const dim3 grid(B * NH, (T + cta_rows<kWarpgroups>() - 1) / cta_rows<kWarpgroups>());
   kernel<<<grid, cta_threads<kWarpgroups>(), kv_stream_smem(kStages), stream>>>(dqkv, dqkv_amax, dout, qkv, lse,
@@ -727,29 +772,20 @@ bool attention_sm90_available() {
 void attention_forward_sm90(bf16* out, float* lse, float* out_amax, const bf16* qkv, int B, int T, int NH, int NKV,
                             cudaStream_t stream) {
   const KernelChoice c = kernel_choice();
-  if (c.stages == 4) {
-    if (c.forward == 1) launch_forward<1, 3>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
-    else launch_forward<2, 4>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
-  } else {
-    if (c.forward == 1) launch_forward<1, 2>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
-    else launch_forward<2, 2>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
-  }
+  if (c.forward == 1) launch_forward<1, false>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+  else if (c.pingpong) launch_forward<2, true>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
+  else launch_forward<2, false>(out, lse, out_amax, qkv, B, T, NH, NKV, stream);
 }
 
 void attention_backward_sm90(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv,
                              const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
   const KernelChoice c = kernel_choice();
-  if (c.stages == 4) {
-    if (c.dkdv == 1) launch_dkdv<1, 4>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-    else launch_dkdv<2, 4>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-    if (c.dq == 1) launch_dq<1, 4>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-    else launch_dq<2, 4>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-  } else {
-    if (c.dkdv == 1) launch_dkdv<1, 2>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-    else launch_dkdv<2, 2>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-    if (c.dq == 1) launch_dq<1, 2>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-    else launch_dq<2, 2>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-  }
+  if (c.dkdv == 1) launch_dkdv<1, false>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  else if (c.pingpong) launch_dkdv<2, true>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  else launch_dkdv<2, false>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  if (c.dq == 1) launch_dq<1, false>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  else if (c.pingpong) launch_dq<2, true>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  else launch_dq<2, false>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
 }
 
 }  // namespace llmc
