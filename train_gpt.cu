@@ -458,6 +458,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
                       }),
                       "reading the training data");
     model.zero_grads(stream);
+    model.reset_step_loss(stream);
     double loss = 0;
     for (int micro = 0; micro < accum; micro++) {
       const int* micro_inputs = step_inputs.data() + static_cast<size_t>(micro) * B * T;
@@ -465,10 +466,10 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
       const bool last_micro = micro == accum - 1;
       optimizer.begin_micro_step(last_micro);  // the last micro-step reduces the gradients
       model.forward(micro_inputs, micro_targets, B, T, grad_scale, stream);
-      loss += model.mean_loss(stream) / accum;  // the losses are known after the forward
-      // Every rank decides on the same (mean) loss; averaged before the last backward queues the gradient
-      // reductions, so that this wait does not include them.
-      if (last_micro) loss = comm.average(loss, "the training loss");
+      model.add_to_step_loss(1.0 / accum, stream);  // summed on the device: no wait per micro-step
+      // Every rank decides on the same (mean) loss; read (the one wait of the micro-steps) and averaged before the
+      // last backward queues the gradient reductions, so that this wait does not include them.
+      if (last_micro) loss = comm.average(model.step_loss(stream), "the training loss");
       model.backward(stream);
       optimizer.backward_done(stream);
     }

@@ -1,7 +1,7 @@
 // llmc/classifier: fused softmax + cross-entropy + dlogits over the (padded) vocabulary, one block per row; the
 // probabilities are never written to memory. Two kernels (the row staged in shared memory for vocabularies up to
 // 57,344 columns: one read and one write of the logits; a two-pass online-softmax kernel above that) and the CPU
-// reference.
+// reference; the mean loss of a micro-batch accumulated on the device (accumulate_mean_loss).
 #include <cfloat>
 #include <cmath>
 #include <vector>
@@ -202,6 +202,51 @@ void fused_classifier(bf16* logits, float* losses, const int* targets, int N, in
                                                                   write_dlogits);
   }
   CUDA_CHECK_LAUNCH();
+}
+
+// One block of kLossThreads: thread t sums rows t, t + kLossThreads, ... in FP64 (losses and a count of the rows
+// kept), then a fixed-order tree over the threads; thread 0 adds weight * sum / count to total[0].
+constexpr int kLossThreads = 1024;
+__global__ void __launch_bounds__(kLossThreads)
+    accumulate_mean_loss_kernel(double* total, const float* losses, const int* targets, int N, double weight) {
+  __shared__ double sums[kLossThreads];
+  __shared__ int counts[kLossThreads];
+  double sum = 0.0;
+  int count = 0;
+  for (int i = threadIdx.x; i < N; i += kLossThreads) {
+    if (targets[i] < 0) continue;
+    sum += losses[i];
+    count++;
+  }
+  sums[threadIdx.x] = sum;
+  counts[threadIdx.x] = count;
+  __syncthreads();
+  for (int half = kLossThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      sums[threadIdx.x] += sums[threadIdx.x + half];
+      counts[threadIdx.x] += counts[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && counts[0] > 0) total[0] += weight * (sums[0] / counts[0]);
+}
+
+void accumulate_mean_loss(double* total, const float* losses, const int* targets, int N, double weight,
+                          cudaStream_t stream) {
+  if (N <= 0) return;
+  accumulate_mean_loss_kernel<<<1, kLossThreads, 0, stream>>>(total, losses, targets, N, weight);
+  CUDA_CHECK_LAUNCH();
+}
+
+double mean_loss_cpu(const float* losses, const int* targets, int N) {
+  double sum = 0.0;
+  int count = 0;
+  for (int i = 0; i < N; i++) {
+    if (targets[i] < 0) continue;
+    sum += losses[i];
+    count++;
+  }
+  return count > 0 ? sum / count : 0.0;
 }
 
 // CPU reference: FP64 log-sum-exp; same ignore / out-of-range conventions as the kernel.

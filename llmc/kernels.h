@@ -166,6 +166,13 @@ void fused_classifier(bf16* logits, float* losses, const int* targets, int N, in
                       bool write_dlogits, cudaStream_t stream);
 void fused_classifier_cpu(float* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
                           bool write_dlogits);
+// total[0] (one double, device) += weight * the mean of losses over the rows whose target is >= 0 (nothing is added
+// when every target is ignored). One block, a fixed summation order: deterministic. Lets the trainer sum a step's
+// micro-batch losses on the device and read them once per step instead of waiting for every forward.
+void accumulate_mean_loss(double* total, const float* losses, const int* targets, int N, double weight,
+                          cudaStream_t stream);
+// The mean of losses over the non-ignored targets (0 when there are none), summed in FP64.
+double mean_loss_cpu(const float* losses, const int* targets, int N);
 
 // ---------------------------------------------------------------------------------------------------------------
 // reduce.cu: reductions and small elementwise helpers

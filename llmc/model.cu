@@ -1,10 +1,14 @@
 // llmc/model.cu: what every architecture shares (llmc/model.h): the parameter / gradient buffers, the checks and
-// uploads at the start of a forward, the mean loss over non-ignored targets, and make_model(), which picks the
+// uploads at the start of a forward (through pinned staging), the mean loss over non-ignored targets (on the host per
+// forward, or summed on the device over a step), and make_model(), which picks the
 // implementation from model.arch.
 #include "llmc/model.h"
 
+#include <algorithm>
+
 #include "llmc/common.h"
 #include "llmc/gemm.h"
+#include "llmc/kernels.h"
 #include "llmc/gpt2.h"
 #include "llmc/llama.h"
 #include "llmc/linear.h"
@@ -22,9 +26,19 @@ Model::Model(const ModelSpec& spec, int B, int T, int recompute, const Precision
   CUDA_CHECK(cudaMalloc(&grads_, table_.total_elements * sizeof(float)));
   CUDA_CHECK(cudaMemset(params_, 0, table_.total_elements * sizeof(bf16)));
   CUDA_CHECK(cudaMemset(grads_, 0, table_.total_elements * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&step_loss_, sizeof(double)));
+  CUDA_CHECK(cudaMemset(step_loss_, 0, sizeof(double)));
+  CUDA_CHECK(cudaMallocHost(&h_upload_, 2 * static_cast<size_t>(B) * T * sizeof(int)));
+  CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
 }
 
 Model::~Model() {
+  if (uploaded_) {
+    cudaEventSynchronize(uploaded_);
+    cudaEventDestroy(uploaded_);
+  }
+  cudaFreeHost(h_upload_);
+  cudaFree(step_loss_);
   cudaFree(act_memory_);
   cudaFree(grads_);
   cudaFree(params_);
@@ -56,11 +70,18 @@ void Model::begin_forward(const int* h_inputs, const int* h_targets, int B, int 
     if (h_targets && (h_targets[i] < -1 || h_targets[i] >= V))
       throw_error("model forward: target %d at position %d is outside [0, %d) (or -1 = ignore)", h_targets[i], i, V);
   }
-  CUDA_CHECK(cudaMemcpyAsync(inputs_, h_inputs, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
+  // Through pinned staging: a copy from pageable memory makes the host wait for the stream, which would drain the
+  // GPU at every micro-step. The previous upload has long finished reading the staging (it ran at the start of the
+  // previous forward); the event makes sure.
+  CUDA_CHECK(cudaEventSynchronize(uploaded_));
+  std::copy(h_inputs, h_inputs + N, h_upload_);
+  CUDA_CHECK(cudaMemcpyAsync(inputs_, h_upload_, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
   if (h_targets) {
-    CUDA_CHECK(cudaMemcpyAsync(targets_, h_targets, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
+    std::copy(h_targets, h_targets + N, h_upload_ + N);
+    CUDA_CHECK(cudaMemcpyAsync(targets_, h_upload_ + N, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
     last_targets_.assign(h_targets, h_targets + N);
   }
+  CUDA_CHECK(cudaEventRecord(uploaded_, s));
   last_B_ = B;
   last_T_ = T;
   last_has_targets_ = h_targets != nullptr;
@@ -86,6 +107,20 @@ float Model::mean_loss(cudaStream_t s) {
     count++;
   }
   return count > 0 ? (float)(sum / count) : 0.0f;
+}
+
+void Model::reset_step_loss(cudaStream_t s) { CUDA_CHECK(cudaMemsetAsync(step_loss_, 0, sizeof(double), s)); }
+
+void Model::add_to_step_loss(double weight, cudaStream_t s) {
+  if (!last_has_targets_) throw_error("model: add_to_step_loss needs a forward with targets");
+  accumulate_mean_loss(step_loss_, losses_, targets_, last_B_ * last_T_, weight, s);
+}
+
+double Model::step_loss(cudaStream_t s) {
+  double total = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&total, step_loss_, sizeof(double), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return total;
 }
 
 void Model::set_amax_reducer(AmaxReducer reducer) {

@@ -69,6 +69,13 @@ class Model {
 
   // Mean per-token loss over the non-ignored targets of the last forward (synchronises the stream).
   float mean_loss(cudaStream_t s);
+  // A step's loss summed on the device, so that the micro-steps need not wait for their forwards:
+  // reset_step_loss() before the first micro-step, add_to_step_loss(weight) after each forward with targets adds
+  // weight * its mean loss (as mean_loss() would return it, up to FP64 summation order), step_loss() waits for the
+  // stream and returns the sum.
+  void reset_step_loss(cudaStream_t s);
+  void add_to_step_loss(double weight, cudaStream_t s);
+  double step_loss(cudaStream_t s);
   // Per-token losses (B, T) FP32 of the last forward with targets (device memory).
   const float* losses() const { return losses_; }
   // (B, T, Vp) logits of the last forward when it ran with grad_scale == 0 (columns [V, Vp) are 0).
@@ -101,6 +108,10 @@ class Model {
   int* targets_ = nullptr;      // (B, T)
   bf16* logits_ = nullptr;      // (N, Vp) logits, or dlogits after a training forward
   float* losses_ = nullptr;     // (N)    per-token loss
+
+  double* step_loss_ = nullptr;  // (1) device accumulator of add_to_step_loss
+  int* h_upload_ = nullptr;      // (2, B_max * T_max) pinned staging of the inputs and targets of a forward
+  cudaEvent_t uploaded_ = nullptr;  // recorded after the last upload read h_upload_
 
   // state of the last forward
   int last_B_ = 0, last_T_ = 0;

@@ -353,6 +353,39 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ClassifierTest,
                                            ClassifierShape{2, 8, 8}, ClassifierShape{9, 20000, 20008},
                                            ClassifierShape{6, 128256, 128256}));  // last: the two-pass kernel
 
+// The mean loss accumulated on the device against the FP64 host mean: both sum FP32 losses in FP64 (in different
+// orders), so they agree to ~1e-15 relative; ignored rows must not count; nothing is added when all are ignored.
+TEST(AccumulateMeanLoss, MatchesReferenceAndAccumulates) {
+  auto rng = rng_for_test();
+  for (const int N : {1, 1000, 32768, 70001}) {
+    std::uniform_real_distribution<float> loss_dist(0.0f, 12.0f);
+    std::uniform_int_distribution<int> target_dist(-1, 9);  // about 1 in 11 ignored
+    std::vector<float> losses(N);
+    std::vector<int> targets(N);
+    for (int i = 0; i < N; i++) {
+      losses[i] = loss_dist(rng);
+      targets[i] = target_dist(rng);
+    }
+    targets[0] = 3;  // at least one kept row
+    DeviceBuffer<float> d_losses(losses);
+    DeviceBuffer<int> d_targets(targets);
+    DeviceBuffer<double> d_total(1);
+    const double start = 1.25;
+    d_total.upload(std::vector<double>{start});
+    llmc::accumulate_mean_loss(d_total.ptr, d_losses.ptr, d_targets.ptr, N, 0.5, 0);
+    llmc::accumulate_mean_loss(d_total.ptr, d_losses.ptr, d_targets.ptr, N, 0.25, 0);
+    const double expected = start + 0.75 * llmc::mean_loss_cpu(losses.data(), targets.data(), N);
+    EXPECT_NEAR(d_total.download()[0], expected, 1e-12 * expected) << "N=" << N;
+
+    std::vector<int> ignored(N, -1);
+    DeviceBuffer<int> d_ignored(ignored);
+    d_total.upload(std::vector<double>{start});
+    llmc::accumulate_mean_loss(d_total.ptr, d_losses.ptr, d_ignored.ptr, N, 1.0, 0);
+    EXPECT_EQ(d_total.download()[0], start) << "all targets ignored: nothing added (N=" << N << ")";
+    EXPECT_EQ(llmc::mean_loss_cpu(losses.data(), ignored.data(), N), 0.0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 class BiasBackwardTest : public ::testing::TestWithParam<RowsShape> {};
 
