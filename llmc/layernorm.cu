@@ -1,5 +1,6 @@
 // llmc/layernorm: LayerNorm forward (plain and fused with the residual add) and backward, FP32 statistics, eps 1e-5;
-// kernels and CPU references. One warp per row; parameter gradients through deterministic per-chunk partials.
+// kernels and CPU references. One warp per row; parameter gradients through deterministic per-chunk partials (for
+// C <= 1024 the backward is one fused pass: dinp and the partials from a single read of dout and inp).
 #include <cmath>
 #include <vector>
 
@@ -229,8 +230,118 @@ __global__ void layernorm_param_partials_kernel(float* dweight_partials, float* 
   }
 }
 
+// The fused backward for C <= kFusedMaxC: one warp per chunk of kFusedRowsPerChunk rows computes dinp row by row
+// (the kernel above, with the row held in registers between its two passes) and sums dout * xhat and dout over its
+// rows in row order into registers, so dout and inp are read once instead of three times. Its partials are
+// (ceil(N / 16), C): half the rows of the two-kernel path's chunks, for twice the warps (GPT-2 350M at B=16 has only
+// 16K rows). Lane l owns the 8-channel groups l + 32 j, j < kGroups; the next row's dout and inp are loaded before
+// the current row is finished (two rows in flight per warp).
+constexpr int kFusedMaxC = 1024;
+constexpr int kFusedWarpsPerBlock = 4;
+constexpr int kFusedRowsPerChunk = 16;
+inline int num_fused_chunks(int N) { return static_cast<int>(ceil_div(static_cast<size_t>(N), kFusedRowsPerChunk)); }
+
+template <int kGroups>
+__global__ void __launch_bounds__(kFusedWarpsPerBlock * kWarpSize)
+    layernorm_backward_fused_kernel(bf16* dinp, float* dinp_amax, float* dweight_partials, float* dbias_partials,
+                                    const bf16* dout, const bf16* inp, const bf16* weight, const float* mean,
+                                    const float* rstd, int N, int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int chunk = blockIdx.x * kFusedWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (chunk * kFusedRowsPerChunk >= N) return;  // whole warps leave together
+  const int row_begin = chunk * kFusedRowsPerChunk, row_end = min(N, row_begin + kFusedRowsPerChunk);
+  x128 w[kGroups], d[kGroups], x[kGroups];
+  float dw[kGroups][8] = {}, db[kGroups][8] = {};
+  auto valid = [&](int j) { return lane * 8 + j * kWarpSize * 8 < C; };
+  auto load_row = [&](int row, x128 (&dd)[kGroups], x128 (&xx)[kGroups]) {
+#pragma unroll
+    for (int j = 0; j < kGroups; j++) {
+      if (!valid(j)) continue;
+      const size_t i = static_cast<size_t>(row) * C + lane * 8 + j * kWarpSize * 8;
+      dd[j] = load128cs(dout + i);
+      xx[j] = load128cs(inp + i);
+    }
+  };
+#pragma unroll
+  for (int j = 0; j < kGroups; j++)
+    if (valid(j)) w[j] = load128(weight + lane * 8 + j * kWarpSize * 8);
+  load_row(row_begin, d, x);
+  unsigned bits = 0;
+  for (int row = row_begin; row < row_end; row++) {
+    x128 d_next[kGroups], x_next[kGroups];
+    if (row + 1 < row_end) load_row(row + 1, d_next, x_next);
+    const float m = mean[row], s = rstd[row];
+    float sum_g = 0.0f, sum_g_xhat = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kGroups; j++) {
+      if (!valid(j)) continue;
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const float dk = __bfloat162float(d[j][k]);
+        const float xhat = (__bfloat162float(x[j][k]) - m) * s;
+        const float g = __bfloat162float(w[j][k]) * dk;
+        sum_g += g;
+        sum_g_xhat += g * xhat;
+        dw[j][k] += dk * xhat;
+        db[j][k] += dk;
+      }
+    }
+    const float mean_g = warp_sum(sum_g) / C;
+    const float mean_g_xhat = warp_sum(sum_g_xhat) / C;
+#pragma unroll
+    for (int j = 0; j < kGroups; j++) {
+      if (!valid(j)) continue;
+      const size_t i = static_cast<size_t>(row) * C + lane * 8 + j * kWarpSize * 8;
+      x128 di = load128(dinp + i);
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const float g = __bfloat162float(w[j][k]) * __bfloat162float(d[j][k]);
+        const float xhat = (__bfloat162float(x[j][k]) - m) * s;
+        di[k] = __float2bfloat16_rn(__bfloat162float(di[k]) + (g - mean_g - xhat * mean_g_xhat) * s);
+        bits = max(bits, amax_bits(fabsf(__bfloat162float(di[k]))));
+      }
+      store128(dinp + i, di);
+    }
+    if (row + 1 < row_end) {
+#pragma unroll
+      for (int j = 0; j < kGroups; j++) {
+        d[j] = d_next[j];
+        x[j] = x_next[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kGroups; j++) {
+    if (!valid(j)) continue;
+    const size_t out = static_cast<size_t>(chunk) * C + lane * 8 + j * kWarpSize * 8;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      f128 pw, pb;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        pw[k] = dw[j][4 * half + k];
+        pb[k] = db[j][4 * half + k];
+      }
+      store128(dweight_partials + out + 4 * half, pw);
+      store128(dbias_partials + out + 4 * half, pb);
+    }
+  }
+  report_row_amax(dinp_amax, bits, lane);
+}
+
+template <int kGroups>
+void launch_layernorm_backward_fused(bf16* dinp, float* dinp_amax, float* dweight_partials, float* dbias_partials,
+                                     const bf16* dout, const bf16* inp, const bf16* weight, const float* mean,
+                                     const float* rstd, int N, int C, cudaStream_t stream) {
+  const int blocks = static_cast<int>(ceil_div(static_cast<size_t>(num_fused_chunks(N)), kFusedWarpsPerBlock));
+  layernorm_backward_fused_kernel<kGroups><<<blocks, kFusedWarpsPerBlock * kWarpSize, 0, stream>>>(
+      dinp, dinp_amax, dweight_partials, dbias_partials, dout, inp, weight, mean, rstd, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
 size_t layernorm_backward_scratch_floats(int N, int C) {
-  return 2 * static_cast<size_t>(num_row_chunks(N)) * static_cast<size_t>(C);
+  const int chunks = C <= kFusedMaxC ? num_fused_chunks(N) : num_row_chunks(N);
+  return 2 * static_cast<size_t>(chunks) * static_cast<size_t>(C);
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout, const bf16* inp,
@@ -244,18 +355,26 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
   require_aligned16(kernel, "inp", inp);
   require_aligned16(kernel, "weight", weight);
   if (N <= 0) return;
-  layernorm_backward_dinp_kernel<<<static_cast<int>(ceil_div(N, kRowsPerBlock)), kRowsPerBlock * kWarpSize, 0,
-                                   stream>>>(dinp, dinp_amax, dout, inp, weight, mean, rstd, N, C);
-  CUDA_CHECK_LAUNCH();
-
-  const int num_chunks = num_row_chunks(N);
+  const int num_chunks = C <= kFusedMaxC ? num_fused_chunks(N) : num_row_chunks(N);
   float* dweight_partials = scratch;                                       // (num_chunks, C)
   float* dbias_partials = scratch + static_cast<size_t>(num_chunks) * C;  // (num_chunks, C)
-  const int block = 256;
-  const size_t threads = static_cast<size_t>(num_chunks) * (C / 8);
-  layernorm_param_partials_kernel<<<ceil_div(threads, block), block, 0, stream>>>(
-      dweight_partials, dbias_partials, dout, inp, mean, rstd, N, C, num_chunks);
-  CUDA_CHECK_LAUNCH();
+  if (C <= kFusedMaxC) {  // one pass over dout and inp (GPT-2 up to 350M: C = 768, 1024)
+    const int groups = static_cast<int>(ceil_div(static_cast<size_t>(C), kWarpSize * 8));
+    auto fused = groups == 1   ? launch_layernorm_backward_fused<1>
+                 : groups == 2 ? launch_layernorm_backward_fused<2>
+                 : groups == 3 ? launch_layernorm_backward_fused<3>
+                               : launch_layernorm_backward_fused<4>;
+    fused(dinp, dinp_amax, dweight_partials, dbias_partials, dout, inp, weight, mean, rstd, N, C, stream);
+  } else {  // wider rows: one warp per row for dinp, then a column-parallel pass for the parameter partials
+    layernorm_backward_dinp_kernel<<<static_cast<int>(ceil_div(N, kRowsPerBlock)), kRowsPerBlock * kWarpSize, 0,
+                                     stream>>>(dinp, dinp_amax, dout, inp, weight, mean, rstd, N, C);
+    CUDA_CHECK_LAUNCH();
+    const int block = 256;
+    const size_t threads = static_cast<size_t>(num_chunks) * (C / 8);
+    layernorm_param_partials_kernel<<<ceil_div(threads, block), block, 0, stream>>>(
+        dweight_partials, dbias_partials, dout, inp, mean, rstd, N, C, num_chunks);
+    CUDA_CHECK_LAUNCH();
+  }
   sum_column_partials(dweight, dweight_partials, num_chunks, C, stream);
   sum_column_partials(dbias, dbias_partials, num_chunks, C, stream);
 }

@@ -238,7 +238,8 @@ TEST_P(LayerNormTest, BackwardMatchesReferenceAndIsDeterministic) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormTest,
                          ::testing::Values(RowsShape{1, 8}, RowsShape{5, 40}, RowsShape{37, 768}, RowsShape{33, 1600},
-                                           RowsShape{1031, 768}, RowsShape{4096, 768}, RowsShape{7, 4104}));
+                                           RowsShape{1031, 768}, RowsShape{4096, 768}, RowsShape{7, 4104},
+                                           RowsShape{17, 264}, RowsShape{300, 1024}));  // C <= 1024: fused backward
 
 // ---------------------------------------------------------------------------------------------------------------
 class GeluTest : public ::testing::TestWithParam<size_t> {};
