@@ -16,8 +16,8 @@
 //                GQA sum over the group has a fixed order: deterministic, no atomics.
 //   bwd dQ       one CTA per (b, h, 64-query block); loops over key blocks 0..diagonal (recomputes P and dP again).
 // Rows beyond T are zero-filled in shared memory (a NaN of uninitialised memory times P = 0 would still be NaN).
-// On Hopper, head size 64 goes to the wgmma kernels of llmc/attention_sm90.cu instead (same math and layouts; there
-// the dQ kernel computes D itself); set_attention_kernels(kPortable) forces these.
+// On Hopper, head size 64 goes to the wgmma kernels of llmc/attention_sm90.cu instead (same math and layouts; the
+// dsum kernel here serves both); set_attention_kernels(kPortable) forces these.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -686,10 +686,6 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
   float* dsum = scratch;  // (B, NH, T)
   const size_t rows = (size_t)B * T * NH;
   check_aligned16("attention_backward", "out", out);
-  if (use_sm90_kernels(HS)) {  // computes dsum inside its dQ kernel
-    attention_backward_sm90(dqkv, dqkv_amax, dsum, dout, out, qkv, lse, B, T, NH, NKV, stream);
-    return;
-  }
   const int threads = 256;
   if (HS == 64) {
     attention_backward_dsum_kernel<64><<<(unsigned)ceil_div(rows * 8, threads), threads, 0, stream>>>(dsum, dout, out,
@@ -699,7 +695,8 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
                                                                                                       out, B, T, NH);
   }
   CUDA_CHECK_LAUNCH();
-  if (HS == 64) launch_backward<64>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  if (use_sm90_kernels(HS)) attention_backward_sm90(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  else if (HS == 64) launch_backward<64>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
   else launch_backward<128>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
 }
 

@@ -15,8 +15,7 @@
 //   forward  CTA = (b, h, 128 queries); streams K, V blocks 0..diagonal.  S = Q K^T, online softmax, O += P V.
 //   dK/dV    CTA = (b, kv head, 128 keys); streams Q, dO (+ lse, D) of every query head of the group and every query
 //            block at or after the keys.  S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
-//   dQ       CTA = (b, h, 128 queries); streams K, V.  S = Q K^T, dP = dO V^T, dQ += dS K. Runs first: it also
-//            computes D = rowsum(dO * O) of its rows (dO is in its registers anyway) for the dK/dV kernel.
+//   dQ       CTA = (b, h, 128 queries); streams K, V.  S = Q K^T, dP = dO V^T, dQ += dS K.
 // Products whose result feeds the next product (P, dS) pass through registers: a wgmma accumulator tile has the same
 // per-warp layout as an A fragment (llmc/mma_ptx.cuh), so it is only rounded to bf16 and packed.
 //
@@ -538,13 +537,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Backward: dQ
 
 
-// grid (B*NH, ceil(T/128)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv, and
-// D = rowsum(dO * O) of its query rows into dsum (B, NH, T) for the dK/dV kernel, which runs after it: the rows' dO
-// are already in registers here, so only O is read for it (no separate pass over dO and O).
+// grid (B*NH, ceil(T/128)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
 // [S] [dP] -> wait S, P = exp2(...) -> wait dP, dS -> [dQ += dS K] -> wait all.
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_backward_dq_sm90_kernel(bf16* dqkv, float* amax, float* dsum, const bf16* dout, const bf16* out,
-                                      const bf16* qkv, const float* lse, int T, int NH, int NKV) {
+    attention_backward_dq_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
+                                      const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
@@ -575,28 +572,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
   load_a_fragments(do_frag, dout + (size_t)b * T * out_stride + h * kHeadSize, wg_q0, T, out_stride);
   const int row_in_wg = warp * 16 + lane / 4;
-  float row_dsum[2] = {0.f, 0.f};  // D of this thread's rows: its 16 columns of dO * O, then the quad's sum
-  {
-    uint32_t o_frag[kKSteps][4];  // the same layout as do_frag: element pairs (row, 2 columns)
-    load_a_fragments(o_frag, out + (size_t)b * T * out_stride + h * kHeadSize, wg_q0, T, out_stride);
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; kk++) {
-#pragma unroll
-      for (int i = 0; i < 4; i++) {  // registers 0, 2: the first row; 1, 3: the row 8 below
-        const float2 d = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&do_frag[kk][i]));
-        const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o_frag[kk][i]));
-        row_dsum[i % 2] += d.x * o.x + d.y * o.y;
-      }
-    }
-  }
-  float lse_log2[2];
+  float lse_log2[2], row_dsum[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    row_dsum[r] = quad_sum(row_dsum[r]);
     const int t = wg_q0 + row_in_wg + r * 8;
     const size_t row = ((size_t)b * NH + h) * T + t;
     lse_log2[r] = t < T ? lse[row] * kLog2e : 0.f;  // padding rows compute finite garbage that is never written
-    if (t < T && lane % 4 == 0) dsum[row] = row_dsum[r];
+    row_dsum[r] = t < T ? dsum[row] : 0.f;
   }
 
   const int wg_last_k_block = q_block * kWarpgroups + wg;
@@ -685,15 +667,15 @@ void attention_forward_sm90(bf16* out, float* lse, float* out_amax, const bf16* 
   CUDA_CHECK_LAUNCH();
 }
 
-void attention_backward_sm90(bf16* dqkv, float* dqkv_amax, float* dsum, const bf16* dout, const bf16* out,
-                             const bf16* qkv, const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
+void attention_backward_sm90(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv,
+                             const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
   const int num_blocks = (T + kCtaRows - 1) / kCtaRows;
+  set_dynamic_smem(attention_backward_dkdv_sm90_kernel, dkdv_smem());
+  attention_backward_dkdv_sm90_kernel<<<dim3(B * NKV, num_blocks), kThreads, dkdv_smem(), stream>>>(
+      dqkv, dqkv_amax, dout, qkv, lse, dsum, T, NH, NKV);
+  CUDA_CHECK_LAUNCH();
   set_dynamic_smem(attention_backward_dq_sm90_kernel, kv_stream_smem());
   attention_backward_dq_sm90_kernel<<<dim3(B * NH, num_blocks), kThreads, kv_stream_smem(), stream>>>(
-      dqkv, dqkv_amax, dsum, dout, out, qkv, lse, T, NH, NKV);
-  CUDA_CHECK_LAUNCH();
-  set_dynamic_smem(attention_backward_dkdv_sm90_kernel, dkdv_smem());  // reads the D the dQ kernel wrote
-  attention_backward_dkdv_sm90_kernel<<<dim3(B * NKV, num_blocks), kThreads, dkdv_smem(), stream>>>(
       dqkv, dqkv_amax, dout, qkv, lse, dsum, T, NH, NKV);
   CUDA_CHECK_LAUNCH();
 }
