@@ -87,8 +87,8 @@ void gelu_backward_inplace(bf16* dinout, const bf16* inp, size_t n, cudaStream_t
 void gelu_backward_inplace_cpu(float* dinout, const float* inp, size_t n);
 
 // ---------------------------------------------------------------------------------------------------------------
-// attention.cu: causal scaled-dot-product attention, flash-style (no (T, T) matrix in memory), head size 64 or 128,
-// grouped-query capable (n_kv_head divides n_head; GPT-2 uses n_kv_head == n_head).
+// attention.cu (+ attention_sm90.cu on Hopper): causal scaled-dot-product attention, flash-style (no (T, T) matrix
+// in memory), head size 64 or 128, grouped-query capable (n_kv_head divides n_head; GPT-2 uses n_kv_head == n_head).
 //   qkv (B, T, (NH + 2*NKV) * HS): per token the NH query heads, then NKV key heads, then NKV value heads.
 //   out (B, T, NH * HS); lse (B, NH, T) FP32 log-sum-exp of the scaled scores (natural log), saved for backward.
 //   scale = 1/sqrt(HS). Query head h uses kv head h / (NH / NKV).
