@@ -672,18 +672,28 @@ void attention_forward_cpu(float* out, float* lse, const float* qkv, int B, int 
   forward_reference<float>(out, lse, qkv, B, T, NH, NKV, HS);
 }
 
-size_t attention_backward_scratch_floats(int B, int T, int NH, int HS) {
-  return (size_t)B * NH * T;  // dsum (B, NH, T); dK/dV/dQ need no scratch (register accumulation, fixed order)
+// scratch = dsum (B, NH, T), padded to 4 floats, then (with a bias gradient) the column partials of dqkv.
+static size_t dsum_floats(int B, int T, int NH) { return ((size_t)B * NH * T + 3) / 4 * 4; }
+
+size_t attention_backward_scratch_floats(int B, int T, int NH, int HS, bool qkv_bias_grad) {
+  // dK/dV/dQ themselves need no scratch (register accumulation, fixed order)
+  if (!qkv_bias_grad) return dsum_floats(B, T, NH);
+  const size_t width = (size_t)3 * NH * HS;  // NH + 2*NKV <= 3*NH heads
+  const size_t rows = std::max<size_t>(num_row_chunks(B * T), (size_t)B * ceil_div((size_t)T, (size_t)128));
+  return dsum_floats(B, T, NH) + rows * width;
 }
 
 void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
                         const float* lse, int B, int T, int NH, int NKV, int HS, cudaStream_t stream,
-                        float* dqkv_amax) {
+                        float* dqkv_amax, float* dbias) {
   check_attention_shape("attention_backward", B, T, NH, NKV, HS, true);
   check_aligned16("attention_backward", "dqkv", dqkv);
   check_aligned16("attention_backward", "dout", dout);
   check_aligned16("attention_backward", "qkv", qkv);
-  float* dsum = scratch;  // (B, NH, T)
+  check_aligned16("attention_backward", "scratch", scratch);
+  float* dsum = scratch;                                      // (B, NH, T)
+  float* bias_partials = scratch + dsum_floats(B, T, NH);     // (rows, (NH + 2*NKV) * HS) when dbias is given
+  const int width = (NH + 2 * NKV) * HS;
   const size_t rows = (size_t)B * T * NH;
   check_aligned16("attention_backward", "out", out);
   const int threads = 256;
@@ -695,9 +705,18 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
                                                                                                       out, B, T, NH);
   }
   CUDA_CHECK_LAUNCH();
-  if (use_sm90_kernels(HS)) attention_backward_sm90(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
-  else if (HS == 64) launch_backward<64>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  if (use_sm90_kernels(HS)) {  // the sm90 kernels write the bias partials of their rows as they store dqkv
+    attention_backward_sm90(dqkv, dqkv_amax, dbias ? bias_partials : nullptr, dsum, dout, qkv, lse, B, T, NH, NKV,
+                            stream);
+    if (dbias) sum_column_partials(dbias, bias_partials, attention_sm90_bias_partial_rows(B, T), width, stream);
+    return;
+  }
+  if (HS == 64) launch_backward<64>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
   else launch_backward<128>(dqkv, dqkv_amax, dsum, dout, qkv, lse, B, T, NH, NKV, stream);
+  if (dbias) {  // a pass over the finished dqkv
+    column_partials(bias_partials, dqkv, B * T, width, stream);
+    sum_column_partials(dbias, bias_partials, num_row_chunks(B * T), width, stream);
+  }
 }
 
 void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,

@@ -268,6 +268,44 @@ __device__ __forceinline__ unsigned store_rows(bf16* dst, size_t row_stride, con
   return bits;
 }
 
+// Writes the column sums of a CTA's (kCtaRows, 64) result, exactly as store_rows stores it (scaled, rounded to bf16,
+// rows at or beyond T left out), to `partial` (64 floats): the qkv bias-gradient partial of this CTA's rows. Every
+// thread of the CTA calls it; `sums` is kThreads / 32 * 64 floats of shared memory that no one reads any more. Fixed
+// order: the thread's two rows, a butterfly over the 8 lanes sharing its columns, then the 8 warps in order.
+__device__ __forceinline__ void store_column_sums(float* partial, const float (&d)[32], int row0, int T, float scale,
+                                                  float* sums) {
+  const int warp_in_cta = threadIdx.x / 32, warp = warp_in_cta % 4, lane = threadIdx.x % 32;
+  float col[16];  // columns 8j + 2(lane % 4) + e at col[2j + e]
+#pragma unroll
+  for (int i = 0; i < 16; i++) col[i] = 0.f;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (row0 + warp * 16 + lane / 4 + r * 8 >= T) continue;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) col[2 * j + e] += __bfloat162float(__float2bfloat16_rn(d[4 * j + 2 * r + e] * scale));
+  }
+#pragma unroll
+  for (int i = 0; i < 16; i++)
+#pragma unroll
+    for (int offset = 4; offset < 32; offset *= 2) col[i] += __shfl_xor_sync(0xffffffffu, col[i], offset);
+  __syncthreads();  // the other warpgroup may still read the shared memory that `sums` reuses
+  if (lane < 4) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) sums[warp_in_cta * kHeadSize + 8 * j + 2 * lane + e] = col[2 * j + e];
+  }
+  __syncthreads();
+  if (threadIdx.x < kHeadSize) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; w++) total += sums[w * kHeadSize + threadIdx.x];
+    partial[threadIdx.x] = total;
+  }
+}
+
 __device__ __forceinline__ void reduce_amax(float* amax, unsigned bits) {
   if (amax == nullptr) return;
   bits = warp_max_bits(bits);
@@ -405,8 +443,8 @@ constexpr size_t dkdv_smem() { return dkdv_ring_offset() + 2 * kStages * 8 + kSm
 // Per query block, the products are issued as four wgmma groups so the exponentials overlap the tensor cores:
 // [S^T] [dP^T] -> wait S^T, P^T = exp2(...) -> [dV += P^T dO] -> wait dP^T, dS^T -> [dK += dS^T Q] -> wait all.
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_backward_dkdv_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
-                                        const float* dsum, int T, int NH, int NKV) {
+    attention_backward_dkdv_sm90_kernel(bf16* dqkv, float* amax, float* bias_partials, const bf16* dout,
+                                        const bf16* qkv, const float* lse, const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
@@ -530,6 +568,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned bits = store_rows(dqkv_b + (NH + kv_head) * kHeadSize, qkv_stride, dk, wg_k0, T, dk_scale);
   bits = max(bits, store_rows(dqkv_b + (NH + NKV + kv_head) * kHeadSize, qkv_stride, dv, wg_k0, T, dv_scale));
   reduce_amax(amax, bits);
+  if (bias_partials != nullptr) {  // partial row (b, key block): the dK and dV columns of this kv head
+    float* sums = reinterpret_cast<float*>(smem_raw + (smem - smem_address(smem_raw)));  // the ring's first tile
+    float* partial = bias_partials + ((size_t)b * gridDim.y + blockIdx.y) * qkv_stride;
+    store_column_sums(partial + (NH + kv_head) * kHeadSize, dk, wg_k0, T, kSoftmaxScale, sums);
+    __syncthreads();  // `sums` is reused
+    store_column_sums(partial + (NH + NKV + kv_head) * kHeadSize, dv, wg_k0, T, 1.f, sums);
+  }
 #endif
 }
 
@@ -540,8 +585,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // grid (B*NH, ceil(T/128)); blockIdx.y = 0 is the last query block. Writes dQ (bf16) of head h into dqkv.
 // [S] [dP] -> wait S, P = exp2(...) -> wait dP, dS -> [dQ += dS K] -> wait all.
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_backward_dq_sm90_kernel(bf16* dqkv, float* amax, const bf16* dout, const bf16* qkv, const float* lse,
-                                      const float* dsum, int T, int NH, int NKV) {
+    attention_backward_dq_sm90_kernel(bf16* dqkv, float* amax, float* bias_partials, const bf16* dout,
+                                      const bf16* qkv, const float* lse, const float* dsum, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
@@ -631,6 +676,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const unsigned bits = store_rows(dqkv + (size_t)b * T * qkv_stride + h * kHeadSize, qkv_stride, dq, wg_q0, T,
                                    dq_scale);
   reduce_amax(amax, bits);
+  if (bias_partials != nullptr) {  // partial row (b, query block): the dQ columns of head h
+    float* sums = reinterpret_cast<float*>(smem_raw + (smem - smem_address(smem_raw)));  // the ring's first tile
+    float* partial = bias_partials + ((size_t)b * gridDim.y + q_block) * qkv_stride;
+    store_column_sums(partial + h * kHeadSize, dq, wg_q0, T, kSoftmaxScale, sums);
+  }
 #endif
 }
 
@@ -667,16 +717,18 @@ void attention_forward_sm90(bf16* out, float* lse, float* out_amax, const bf16* 
   CUDA_CHECK_LAUNCH();
 }
 
-void attention_backward_sm90(bf16* dqkv, float* dqkv_amax, const float* dsum, const bf16* dout, const bf16* qkv,
-                             const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
+int attention_sm90_bias_partial_rows(int B, int T) { return B * ((T + kCtaRows - 1) / kCtaRows); }
+
+void attention_backward_sm90(bf16* dqkv, float* dqkv_amax, float* bias_partials, const float* dsum, const bf16* dout,
+                             const bf16* qkv, const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
   const int num_blocks = (T + kCtaRows - 1) / kCtaRows;
   set_dynamic_smem(attention_backward_dkdv_sm90_kernel, dkdv_smem());
   attention_backward_dkdv_sm90_kernel<<<dim3(B * NKV, num_blocks), kThreads, dkdv_smem(), stream>>>(
-      dqkv, dqkv_amax, dout, qkv, lse, dsum, T, NH, NKV);
+      dqkv, dqkv_amax, bias_partials, dout, qkv, lse, dsum, T, NH, NKV);
   CUDA_CHECK_LAUNCH();
   set_dynamic_smem(attention_backward_dq_sm90_kernel, kv_stream_smem());
   attention_backward_dq_sm90_kernel<<<dim3(B * NH, num_blocks), kThreads, kv_stream_smem(), stream>>>(
-      dqkv, dqkv_amax, dout, qkv, lse, dsum, T, NH, NKV);
+      dqkv, dqkv_amax, bias_partials, dout, qkv, lse, dsum, T, NH, NKV);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -143,6 +143,9 @@ inline void require_aligned16(const char* kernel, const char* name, const void* 
 constexpr int kRowsPerChunk = 32;
 inline int num_row_chunks(int N) { return static_cast<int>(ceil_div(static_cast<size_t>(N), kRowsPerChunk)); }
 void sum_column_partials(float* out, const float* partials, int num_chunks, int C, cudaStream_t stream);
+// Stage 1 for a bf16 matrix x (N, C) (C a multiple of 8, x 16-byte aligned): partials (num_row_chunks(N), C),
+// overwritten. bias_backward is this followed by sum_column_partials.
+void column_partials(float* partials, const bf16* x, int N, int C, cudaStream_t stream);
 
 // Host bf16 rounding (round to nearest, ties to even; NaN stays NaN), for the CPU references.
 inline float round_to_bf16_host(float x) {

@@ -72,9 +72,13 @@ void fused_residual_layernorm_forward(bf16* residual, bf16* out, float* mean, fl
 // scratch: at least layernorm_backward_scratch_floats(N, C) floats of device memory (for deterministic partial sums).
 size_t layernorm_backward_scratch_floats(int N, int C);
 // dinp_amax: max |dinp| after the addition (the final value written).
+// dinp_sum (C), optional: += the column sums of dinp after the addition (the bf16 values written). In GPT-2 dinp is
+// the residual-stream gradient, i.e. the output gradient of the projection that adds into the residual there, so
+// this is that projection's bias gradient without a separate pass over dinp (bias_backward's result, summed in
+// another fixed order).
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout, const bf16* inp,
                         const bf16* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
-                        float* dinp_amax = nullptr);
+                        float* dinp_amax = nullptr, float* dinp_sum = nullptr);
 void layernorm_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, const float* mean, const float* rstd, int N, int C);
 
@@ -96,11 +100,14 @@ void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int
                        cudaStream_t stream, float* out_amax = nullptr);
 void attention_forward_cpu(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int HS);
 // dqkv (B, T, (NH + 2*NKV) * HS) is OVERWRITTEN with the gradient w.r.t. qkv.
-// scratch: at least attention_backward_scratch_floats(B, T, NH, HS) floats of device memory.
-size_t attention_backward_scratch_floats(int B, int T, int NH, int HS);
+// dbias ((NH + 2*NKV) * HS), optional: += the column sums of dqkv as stored (the gradient of a bias added to qkv,
+// GPT-2's c_attn.bias; bias_backward's result in another fixed order). The Hopper kernels sum their rows as they
+// store them; the portable path makes a pass over dqkv.
+// scratch: at least attention_backward_scratch_floats(B, T, NH, HS, dbias != null) floats of device memory.
+size_t attention_backward_scratch_floats(int B, int T, int NH, int HS, bool qkv_bias_grad = false);
 void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
                         const float* lse, int B, int T, int NH, int NKV, int HS, cudaStream_t stream,
-                        float* dqkv_amax = nullptr);
+                        float* dqkv_amax = nullptr, float* dbias = nullptr);
 void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                             int B, int T, int NH, int NKV, int HS);
 // Which kernels attention_forward / attention_backward run: kAuto takes the Hopper wgmma kernels

@@ -244,14 +244,14 @@ inline int num_fused_chunks(int N) { return static_cast<int>(ceil_div(static_cas
 template <int kGroups>
 __global__ void __launch_bounds__(kFusedWarpsPerBlock * kWarpSize)
     layernorm_backward_fused_kernel(bf16* dinp, float* dinp_amax, float* dweight_partials, float* dbias_partials,
-                                    const bf16* dout, const bf16* inp, const bf16* weight, const float* mean,
-                                    const float* rstd, int N, int C) {
+                                    float* dinp_sum_partials, const bf16* dout, const bf16* inp, const bf16* weight,
+                                    const float* mean, const float* rstd, int N, int C) {
   const int lane = threadIdx.x % kWarpSize;
   const int chunk = blockIdx.x * kFusedWarpsPerBlock + threadIdx.x / kWarpSize;
   if (chunk * kFusedRowsPerChunk >= N) return;  // whole warps leave together
   const int row_begin = chunk * kFusedRowsPerChunk, row_end = min(N, row_begin + kFusedRowsPerChunk);
   x128 w[kGroups], d[kGroups], x[kGroups];
-  float dw[kGroups][8] = {}, db[kGroups][8] = {};
+  float dw[kGroups][8] = {}, db[kGroups][8] = {}, ds[kGroups][8] = {};  // ds: sums of the dinp written
   auto valid = [&](int j) { return lane * 8 + j * kWarpSize * 8 < C; };
   auto load_row = [&](int row, x128 (&dd)[kGroups], x128 (&xx)[kGroups]) {
 #pragma unroll
@@ -298,7 +298,9 @@ __global__ void __launch_bounds__(kFusedWarpsPerBlock * kWarpSize)
         const float g = __bfloat162float(w[j][k]) * __bfloat162float(d[j][k]);
         const float xhat = (__bfloat162float(x[j][k]) - m) * s;
         di[k] = __float2bfloat16_rn(__bfloat162float(di[k]) + (g - mean_g - xhat * mean_g_xhat) * s);
-        bits = max(bits, amax_bits(fabsf(__bfloat162float(di[k]))));
+        const float written = __bfloat162float(di[k]);
+        bits = max(bits, amax_bits(fabsf(written)));
+        ds[j][k] += written;
       }
       store128(dinp + i, di);
     }
@@ -324,6 +326,9 @@ __global__ void __launch_bounds__(kFusedWarpsPerBlock * kWarpSize)
       }
       store128(dweight_partials + out + 4 * half, pw);
       store128(dbias_partials + out + 4 * half, pb);
+      if (dinp_sum_partials != nullptr)
+        store128(dinp_sum_partials + out + 4 * half, f128{{ds[j][4 * half], ds[j][4 * half + 1], ds[j][4 * half + 2],
+                                                          ds[j][4 * half + 3]}});
     }
   }
   report_row_amax(dinp_amax, bits, lane);
@@ -331,22 +336,22 @@ __global__ void __launch_bounds__(kFusedWarpsPerBlock * kWarpSize)
 
 template <int kGroups>
 void launch_layernorm_backward_fused(bf16* dinp, float* dinp_amax, float* dweight_partials, float* dbias_partials,
-                                     const bf16* dout, const bf16* inp, const bf16* weight, const float* mean,
-                                     const float* rstd, int N, int C, cudaStream_t stream) {
+                                     float* dinp_sum_partials, const bf16* dout, const bf16* inp, const bf16* weight,
+                                     const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
   const int blocks = static_cast<int>(ceil_div(static_cast<size_t>(num_fused_chunks(N)), kFusedWarpsPerBlock));
   layernorm_backward_fused_kernel<kGroups><<<blocks, kFusedWarpsPerBlock * kWarpSize, 0, stream>>>(
-      dinp, dinp_amax, dweight_partials, dbias_partials, dout, inp, weight, mean, rstd, N, C);
+      dinp, dinp_amax, dweight_partials, dbias_partials, dinp_sum_partials, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
 }
 
 size_t layernorm_backward_scratch_floats(int N, int C) {
   const int chunks = C <= kFusedMaxC ? num_fused_chunks(N) : num_row_chunks(N);
-  return 2 * static_cast<size_t>(chunks) * static_cast<size_t>(C);
+  return 3 * static_cast<size_t>(chunks) * static_cast<size_t>(C);  // dweight, dbias, dinp_sum partials
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch, const bf16* dout, const bf16* inp,
                         const bf16* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
-                        float* dinp_amax) {
+                        float* dinp_amax, float* dinp_sum) {
   const char* kernel = "layernorm_backward";
   require_multiple_of_8(kernel, "C", C);
   require_aligned16(kernel, "dinp", dinp);
@@ -358,13 +363,15 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
   const int num_chunks = C <= kFusedMaxC ? num_fused_chunks(N) : num_row_chunks(N);
   float* dweight_partials = scratch;                                       // (num_chunks, C)
   float* dbias_partials = scratch + static_cast<size_t>(num_chunks) * C;  // (num_chunks, C)
+  float* dinp_sum_partials = dinp_sum ? scratch + 2 * static_cast<size_t>(num_chunks) * C : nullptr;  // (num_chunks, C)
   if (C <= kFusedMaxC) {  // one pass over dout and inp (GPT-2 up to 350M: C = 768, 1024)
     const int groups = static_cast<int>(ceil_div(static_cast<size_t>(C), kWarpSize * 8));
     auto fused = groups == 1   ? launch_layernorm_backward_fused<1>
                  : groups == 2 ? launch_layernorm_backward_fused<2>
                  : groups == 3 ? launch_layernorm_backward_fused<3>
                                : launch_layernorm_backward_fused<4>;
-    fused(dinp, dinp_amax, dweight_partials, dbias_partials, dout, inp, weight, mean, rstd, N, C, stream);
+    fused(dinp, dinp_amax, dweight_partials, dbias_partials, dinp_sum_partials, dout, inp, weight, mean, rstd, N, C,
+          stream);
   } else {  // wider rows: one warp per row for dinp, then a column-parallel pass for the parameter partials
     layernorm_backward_dinp_kernel<<<static_cast<int>(ceil_div(N, kRowsPerBlock)), kRowsPerBlock * kWarpSize, 0,
                                      stream>>>(dinp, dinp_amax, dout, inp, weight, mean, rstd, N, C);
@@ -374,9 +381,12 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
     layernorm_param_partials_kernel<<<ceil_div(threads, block), block, 0, stream>>>(
         dweight_partials, dbias_partials, dout, inp, mean, rstd, N, C, num_chunks);
     CUDA_CHECK_LAUNCH();
+    // dinp's column sums: the bias-gradient partials over the finished dinp (num_row_chunks(N) chunks as well)
+    if (dinp_sum) column_partials(dinp_sum_partials, dinp, N, C, stream);
   }
   sum_column_partials(dweight, dweight_partials, num_chunks, C, stream);
   sum_column_partials(dbias, dbias_partials, num_chunks, C, stream);
+  if (dinp_sum) sum_column_partials(dinp_sum, dinp_sum_partials, num_chunks, C, stream);
 }
 
 void layernorm_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

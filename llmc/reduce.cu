@@ -69,12 +69,17 @@ void bias_backward(float* dbias, float* scratch, const bf16* dout, int N, int OC
   require_aligned16("bias_backward", "dout", dout);
   require_aligned16("bias_backward", "scratch", scratch);
   if (N <= 0) return;
+  column_partials(scratch, dout, N, OC, stream);
+  sum_column_partials(dbias, scratch, num_row_chunks(N), OC, stream);
+}
+
+void column_partials(float* partials, const bf16* x, int N, int C, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
   const int num_chunks = num_row_chunks(N);
   const int block = 256;
-  const size_t threads = static_cast<size_t>(num_chunks) * (OC / 8);
-  bias_partials_kernel<<<ceil_div(threads, block), block, 0, stream>>>(scratch, dout, N, OC, num_chunks);
+  const size_t threads = static_cast<size_t>(num_chunks) * (C / 8);
+  bias_partials_kernel<<<ceil_div(threads, block), block, 0, stream>>>(partials, x, N, C, num_chunks);
   CUDA_CHECK_LAUNCH();
-  sum_column_partials(dbias, scratch, num_chunks, OC, stream);
 }
 
 void bias_backward_cpu(float* dbias, const float* dout, int N, int OC) {

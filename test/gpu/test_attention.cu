@@ -148,7 +148,7 @@ void check_attention(const Shape& s) {
   DeviceBuffer<bf16> qkv(s.qkv_size()), out(s.out_size()), dout(s.out_size()), dqkv(s.qkv_size()),
       dqkv2(s.qkv_size()), out2(s.out_size());
   DeviceBuffer<float> lse(s.lse_size()), lse2(s.lse_size());
-  DeviceBuffer<float> scratch(llmc::attention_backward_scratch_floats(s.B, s.T, s.NH, s.HS));
+  DeviceBuffer<float> scratch(llmc::attention_backward_scratch_floats(s.B, s.T, s.NH, s.HS, /*qkv_bias_grad=*/true));
   qkv.upload(qkv_h);
   dout.upload(dout_h);
 
@@ -231,18 +231,49 @@ void check_attention(const Shape& s) {
   }
   std::printf("  dq/dk/dv rel err %.2e %.2e %.2e\n", worst[0], worst[1], worst[2]);
 
-  // backward determinism: a second run must be bit-identical
-  dqkv2.poison();
-  scratch.poison();
-  CUDA_CHECK(cudaMemset(amax.ptr, 0, sizeof(float)));
-  llmc::attention_backward(dqkv2.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.NH, s.NKV, s.HS,
-                           0, amax.ptr);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(0, std::memcmp(dqkv2.download().data(), dqkv_gpu_bf16.data(), s.qkv_size() * sizeof(bf16)))
-      << "backward dqkv not bit-identical across runs";
+  // backward determinism: two more runs, with the amax and the qkv bias gradient, must give the same dqkv bit for bit
+  // (and the same bias gradient twice)
+  std::mt19937_64 bias_rng(rng());
+  std::vector<float> dbias0(C3);
+  for (float& v : dbias0) v = std::uniform_real_distribution<float>(-1.f, 1.f)(bias_rng);
+  std::vector<float> dbias_runs[2];
+  for (int run = 0; run < 2; run++) {
+    DeviceBuffer<float> dbias(C3);
+    dbias.upload(dbias0);
+    dqkv2.poison();
+    scratch.poison();
+    CUDA_CHECK(cudaMemset(amax.ptr, 0, sizeof(float)));
+    llmc::attention_backward(dqkv2.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.NH, s.NKV,
+                             s.HS, 0, amax.ptr, dbias.ptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(0, std::memcmp(dqkv2.download().data(), dqkv_gpu_bf16.data(), s.qkv_size() * sizeof(bf16)))
+        << "backward dqkv not bit-identical across runs (run " << run << ")";
+    dbias_runs[run] = dbias.download();
+  }
   float max_dqkv = 0.0f;
   for (float v : dqkv_gpu) max_dqkv = std::max(max_dqkv, std::fabs(v));
   EXPECT_EQ(amax.download()[0], max_dqkv) << "backward amax (dQ, dK, dV)";
+  // dbias = dbias0 + the column sums of the dqkv the kernels stored (FP64 reference over the bf16 values). FP32
+  // sums of at most B*T terms in a fixed tree: error <= 2 * depth * 2^-24 * sum |terms| with depth <= 64 + B*T/32.
+  std::vector<double> col_sum(dbias0.begin(), dbias0.end()), abs_sum(C3);
+  for (int c = 0; c < C3; c++) abs_sum[c] = std::fabs(dbias0[c]);
+  for (size_t row = 0; row < (size_t)s.B * s.T; row++)
+    for (int c = 0; c < C3; c++) {
+      col_sum[c] += dqkv_gpu[row * C3 + c];
+      abs_sum[c] += std::fabs(dqkv_gpu[row * C3 + c]);
+    }
+  const double depth = 64.0 + (double)s.B * s.T / 32.0;
+  size_t bias_bad = 0;
+  for (int c = 0; c < C3; c++) {
+    const double tol = 2.0 * depth * std::ldexp(1.0, -24) * abs_sum[c] + 1e-30;
+    if (!(std::fabs(dbias_runs[0][c] - col_sum[c]) <= tol)) {  // also catches NaN
+      if (bias_bad < 3) ADD_FAILURE() << "dbias[" << c << "] gpu " << dbias_runs[0][c] << " ref " << col_sum[c];
+      bias_bad++;
+    }
+  }
+  EXPECT_EQ(bias_bad, 0u) << "qkv bias gradient elements outside the FP32 summation bound";
+  EXPECT_EQ(0, std::memcmp(dbias_runs[0].data(), dbias_runs[1].data(), C3 * sizeof(float)))
+      << "qkv bias gradient not bit-identical across runs";
 }
 
 // Runs `check` with the given attention kernels selected, restoring the default afterwards. kAuto is skipped where it

@@ -199,23 +199,28 @@ TEST_P(LayerNormTest, BackwardMatchesReferenceAndIsDeterministic) {
   const std::vector<float> weight = random_bf16_values(C, rng, 0.5f, 1.5f), bias(C, 0.0f);
   const std::vector<float> dinp0 = random_bf16_values(inp.size(), rng, -1, 1);
   const std::vector<float> dweight0 = random_floats(C, rng, -1, 1), dbias0 = random_floats(C, rng, -1, 1);
+  const std::vector<float> dsum0 = random_floats(C, rng, -1, 1);  // dinp_sum's starting value
   std::vector<float> out(inp.size()), mean(N), rstd(N);
   llmc::layernorm_forward_cpu(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
 
   auto d_inp = upload_bf16(inp), d_dout = upload_bf16(dout), d_weight = upload_bf16(weight);
   DeviceBuffer<float> d_mean(mean), d_rstd(rstd);
   DeviceBuffer<float> d_scratch(llmc::layernorm_backward_scratch_floats(N, C));
-  std::vector<float> dinp_runs[2], dweight_runs[2], dbias_runs[2];
+  // run 0: with the amax and the column sums of dinp; run 1: the same call (determinism); run 2: neither (the
+  // optional outputs change nothing else)
+  std::vector<float> dinp_runs[3], dweight_runs[3], dbias_runs[3], dsum_runs[2];
   AmaxSlot amax;
-  for (int run = 0; run < 2; run++) {
+  for (int run = 0; run < 3; run++) {
     auto d_dinp = upload_bf16(dinp0);
-    DeviceBuffer<float> d_dweight(dweight0), d_dbias(dbias0);
+    DeviceBuffer<float> d_dweight(dweight0), d_dbias(dbias0), d_dsum(dsum0);
     d_scratch.poison();
     llmc::layernorm_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr,
-                             d_weight.ptr, d_mean.ptr, d_rstd.ptr, N, C, 0, run == 0 ? amax.ptr : nullptr);
+                             d_weight.ptr, d_mean.ptr, d_rstd.ptr, N, C, 0, run == 0 ? amax.ptr : nullptr,
+                             run < 2 ? d_dsum.ptr : nullptr);
     dinp_runs[run] = download_bf16(d_dinp);
     dweight_runs[run] = d_dweight.download();
     dbias_runs[run] = d_dbias.download();
+    if (run < 2) dsum_runs[run] = d_dsum.download();
   }
   std::vector<float> ref_dinp = dinp0, ref_dweight = dweight0, ref_dbias = dbias0;
   llmc::layernorm_backward_cpu(ref_dinp.data(), ref_dweight.data(), ref_dbias.data(), dout.data(), inp.data(),
@@ -231,9 +236,23 @@ TEST_P(LayerNormTest, BackwardMatchesReferenceAndIsDeterministic) {
   EXPECT_EQ(amax.value(), max_abs(dinp_runs[0])) << "amax of dinp (after the accumulation)";
   EXPECT_TRUE(within("dweight", dweight_runs[0], ref_dweight, fp32_sum_tolerance(abs_dweight, column_sum_depth(N))));
   EXPECT_TRUE(within("dbias", dbias_runs[0], ref_dbias, fp32_sum_tolerance(abs_dbias, column_sum_depth(N))));
-  EXPECT_TRUE(bitwise_equal("dinp", dinp_runs[0], dinp_runs[1]));
-  EXPECT_TRUE(bitwise_equal("dweight", dweight_runs[0], dweight_runs[1]));
-  EXPECT_TRUE(bitwise_equal("dbias", dbias_runs[0], dbias_runs[1]));
+  // dinp_sum += the column sums of the dinp the kernel wrote (FP64 over the downloaded bf16 values)
+  std::vector<double> col_sum(dsum0.begin(), dsum0.end());
+  std::vector<float> abs_col_sum = absolute(dsum0);
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) {
+      const float v = dinp_runs[0][static_cast<size_t>(n) * C + c];
+      col_sum[c] += v;
+      abs_col_sum[c] += std::fabs(v);
+    }
+  const std::vector<float> ref_dsum(col_sum.begin(), col_sum.end());
+  EXPECT_TRUE(within("dinp_sum", dsum_runs[0], ref_dsum, fp32_sum_tolerance(abs_col_sum, column_sum_depth(N))));
+  for (int run = 1; run < 3; run++) {
+    EXPECT_TRUE(bitwise_equal("dinp", dinp_runs[0], dinp_runs[run])) << "run " << run;
+    EXPECT_TRUE(bitwise_equal("dweight", dweight_runs[0], dweight_runs[run])) << "run " << run;
+    EXPECT_TRUE(bitwise_equal("dbias", dbias_runs[0], dbias_runs[run])) << "run " << run;
+  }
+  EXPECT_TRUE(bitwise_equal("dinp_sum", dsum_runs[0], dsum_runs[1]));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormTest,
