@@ -87,8 +87,8 @@ void GPT2::plan_activations() {
   // Scratch of the deterministic reductions: the largest any backward kernel asks for at (B_max, T_max).
   scratch_floats_ = layernorm_backward_scratch_floats((int)N, (int)C);
   scratch_floats_ = std::max(scratch_floats_, attention_backward_scratch_floats(B_max_, T_max_, (int)NH,
-                                                                                 spec_.head_size()));
-  for (size_t oc : {C, 3 * C, H}) scratch_floats_ = std::max(scratch_floats_, bias_backward_scratch_floats((int)N, (int)oc));
+                                                                                 spec_.head_size(), true));
+  scratch_floats_ = std::max(scratch_floats_, bias_backward_scratch_floats((int)N, (int)H));
 
   for (int pass = 0; pass < 2; pass++) {
     Carver cv;
@@ -198,10 +198,8 @@ void GPT2::backward(cudaStream_t s) {
     }
   };
   need_scratch(layernorm_backward_scratch_floats(N, C), "layernorm_backward");
-  need_scratch(attention_backward_scratch_floats(B, T, NH, HS), "attention_backward");
-  need_scratch(bias_backward_scratch_floats(N, 3 * C), "bias_backward");
+  need_scratch(attention_backward_scratch_floats(B, T, NH, HS, true), "attention_backward");
   need_scratch(bias_backward_scratch_floats(N, H), "bias_backward");
-  need_scratch(bias_backward_scratch_floats(N, C), "bias_backward");
   precision_.begin_backward(s);
   Linear::BackwardOptions produced;  // dy's amax came from its producer kernel
   produced.dy_amax_ready = true;
@@ -209,10 +207,12 @@ void GPT2::backward(cudaStream_t s) {
   // lm_head (tied with wte): logits (N, Vp) = lnf (N, C) · wte (Vp, C)ᵀ; the logits buffer now holds dlogits.
   const bf16* dlogits = logits_;
   lm_head_->backward(dsmall_, g_.wte, dlogits, lnf_, w_.wte, N, s);  // dlnf (N, C), dwte (Vp, C) +=
-  // ln_f: dresidual starts as the gradient of the last block's output.
+  // ln_f: dresidual starts as the gradient of the last block's output. Bias gradients of the two projections that
+  // add into the residual stream are the column sums of dresidual, taken by the LayerNorm backward that finishes it
+  // (here: the last block's c_proj.bias); the qkv bias gradient is summed by the attention backward.
   CUDA_CHECK(cudaMemsetAsync(dresidual_, 0, (size_t)N * C * sizeof(bf16), s));
   layernorm_backward(dresidual_, g_.lnf_w, g_.lnf_b, scratch_, dsmall_, acts_[L - 1].residual3, w_.lnf_w, lnf_mean_,
-                     lnf_rstd_, N, C, s, linears_[L - 1].fcproj->dy_amax_slot());
+                     lnf_rstd_, N, C, s, linears_[L - 1].fcproj->dy_amax_slot(), g_.layers[L - 1].fcproj_b);
 
   for (int l = L - 1; l >= 0; l--) {
     const auto& W = w_.layers[l];
@@ -227,7 +227,6 @@ void GPT2::backward(cudaStream_t s) {
     fcproj_opt.x_pre_gelu = a.fch;
     fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
     lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, a.fch_gelu, W.fcproj_w, N, s, fcproj_opt);
-    bias_backward(G.fcproj_b, scratch_, dresidual_, N, C, s);                   // dbfcproj (C) +=
     // fch = ln2 · Wfcᵀ + bfc
     if (rc && !lin.fc->saves_fp8_input())
       layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W.ln2_w, W.ln2_b, N, C, s);
@@ -235,20 +234,20 @@ void GPT2::backward(cudaStream_t s) {
     bias_backward(G.fc_b, scratch_, dbig_, N, H, s);                            // dbfc (H) +=
     // ln2 = LN(residual2): dresidual += dLN/dresidual2 -> dresidual = full d residual2
     layernorm_backward(dresidual_, G.ln2_w, G.ln2_b, scratch_, dsmall_, a.residual2, W.ln2_w, a.ln2_mean,
-                       a.ln2_rstd, N, C, s, lin.attproj->dy_amax_slot());
+                       a.ln2_rstd, N, C, s, lin.attproj->dy_amax_slot(), G.attproj_b);  // dbattproj (C) +=
     // --- attention: residual2 = residual + atty · Wattprojᵀ + battproj
     lin.attproj->backward(dsmall_, G.attproj_w, dresidual_, a.atty, W.attproj_w, N, s, produced);  // datty (N, C)
-    bias_backward(G.attproj_b, scratch_, dresidual_, N, C, s);                  // dbattproj (C) +=
     attention_backward(dbig_, scratch_, dsmall_, a.qkv, a.atty, a.att_lse, B, T, NH, NH, HS, s,
-                       lin.qkv->dy_amax_slot());                                // dqkv (N, 3C)
+                       lin.qkv->dy_amax_slot(), G.qkv_b);                       // dqkv (N, 3C), dbqkv (3C) +=
     // qkv = ln1 · Wqkvᵀ + bqkv
     if (rc && !lin.qkv->saves_fp8_input())
       layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W.ln1_w, W.ln1_b, N, C, s);
     lin.qkv->backward(dsmall_, G.qkv_w, dbig_, a.ln1, W.qkv_w, N, s, produced);  // dln1 (N, C), dWqkv (3C, C) +=
-    bias_backward(G.qkv_b, scratch_, dbig_, N, 3 * C, s);                       // dbqkv (3C) +=
     // ln1 = LN(residual): dresidual += dLN/dresidual -> dresidual = d residual (the block input)
+    // (and the previous block's dbfcproj (C) +=: dresidual is now that block's output gradient)
     layernorm_backward(dresidual_, G.ln1_w, G.ln1_b, scratch_, dsmall_, residual, W.ln1_w, a.ln1_mean, a.ln1_rstd,
-                       N, C, s, l > 0 ? linears_[l - 1].fcproj->dy_amax_slot() : nullptr);
+                       N, C, s, l > 0 ? linears_[l - 1].fcproj->dy_amax_slot() : nullptr,
+                       l > 0 ? g_.layers[l - 1].fcproj_b : nullptr);
     grads_ready(l, s);
   }
   // encoded = wte[tokens] + wpe[t]: dwte (Vp, C) += (second contribution to the tied matrix), dwpe (maxT, C) +=
