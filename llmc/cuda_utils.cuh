@@ -143,6 +143,10 @@ inline void require_aligned16(const char* kernel, const char* name, const void* 
 constexpr int kRowsPerChunk = 32;
 inline int num_row_chunks(int N) { return static_cast<int>(ceil_div(static_cast<size_t>(N), kRowsPerChunk)); }
 void sum_column_partials(float* out, const float* partials, int num_chunks, int C, cudaStream_t stream);
+// The same for several sums in one launch: outs[a] (C) += the column sums of partials + a * num_chunks * C.
+constexpr int kMaxColumnSums = 3;
+void sum_column_partials(float* const* outs, int num_outs, const float* partials, int num_chunks, int C,
+                         cudaStream_t stream);
 // Stage 1 for a bf16 matrix x (N, C) (C a multiple of 8, x 16-byte aligned): partials (num_row_chunks(N), C),
 // overwritten. bias_backward is this followed by sum_column_partials.
 void column_partials(float* partials, const bf16* x, int N, int C, cudaStream_t stream);

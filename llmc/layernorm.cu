@@ -384,9 +384,9 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
     // dinp's column sums: the bias-gradient partials over the finished dinp (num_row_chunks(N) chunks as well)
     if (dinp_sum) column_partials(dinp_sum_partials, dinp, N, C, stream);
   }
-  sum_column_partials(dweight, dweight_partials, num_chunks, C, stream);
-  sum_column_partials(dbias, dbias_partials, num_chunks, C, stream);
-  if (dinp_sum) sum_column_partials(dinp_sum, dinp_sum_partials, num_chunks, C, stream);
+  // the partials are consecutive (num_chunks, C) arrays: dweight, dbias (, dinp_sum), summed in one launch
+  float* outs[3] = {dweight, dbias, dinp_sum};
+  sum_column_partials(outs, dinp_sum ? 3 : 2, dweight_partials, num_chunks, C, stream);
 }
 
 void layernorm_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -11,31 +11,49 @@ namespace llmc {
 // ---------------------------------------------------------------------------------------------------------------
 // Stage 2 of every column sum: out (C) += sum over k in 0 .. num_chunks-1 of partials (num_chunks, C)[k, c].
 // Block (32 columns) x (32 lanes over chunks): lane y sums chunks y, y + 32, ... in order, then thread y == 0 adds
-// the 32 lane sums in order. Columns are contiguous across threadIdx.x, so loads coalesce.
+// the 32 lane sums in order. Columns are contiguous across threadIdx.x, so loads coalesce; the chunk loop is unrolled
+// (one accumulator, the same order) so that several loads are in flight per lane. blockIdx.y picks one of up to
+// kMaxColumnSums (out, partials) pairs, the partials of pair a at partials + a * num_chunks * C.
 constexpr int kColumnTile = 32;
 constexpr int kChunkLanes = 32;
 
-__global__ void sum_column_partials_kernel(float* out, const float* partials, int num_chunks, int C) {
+struct ColumnSumOutputs {
+  float* out[kMaxColumnSums];
+};
+
+__global__ void sum_column_partials_kernel(ColumnSumOutputs outs, const float* __restrict__ partials, int num_chunks,
+                                           int C) {
   __shared__ float lane_sums[kChunkLanes][kColumnTile + 1];  // +1: no bank conflicts on the column read
   const int c = blockIdx.x * kColumnTile + threadIdx.x;
+  const float* p = partials + static_cast<size_t>(blockIdx.y) * num_chunks * C;
   float sum = 0.0f;
-  if (c < C)
-    for (int k = threadIdx.y; k < num_chunks; k += kChunkLanes) sum += partials[static_cast<size_t>(k) * C + c];
+  if (c < C) {
+#pragma unroll 8
+    for (int k = threadIdx.y; k < num_chunks; k += kChunkLanes) sum += p[static_cast<size_t>(k) * C + c];
+  }
   lane_sums[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
     float total = 0.0f;
     for (int y = 0; y < kChunkLanes; y++) total += lane_sums[y][threadIdx.x];
-    out[c] += total;
+    outs.out[blockIdx.y][c] += total;
   }
 }
 
-void sum_column_partials(float* out, const float* partials, int num_chunks, int C, cudaStream_t stream) {
-  if (C <= 0) return;
+void sum_column_partials(float* const* outs, int num_outs, const float* partials, int num_chunks, int C,
+                         cudaStream_t stream) {
+  if (C <= 0 || num_outs <= 0) return;
+  if (num_outs > kMaxColumnSums) throw_error("sum_column_partials: %d outputs, at most %d", num_outs, kMaxColumnSums);
+  ColumnSumOutputs o{};
+  for (int a = 0; a < num_outs; a++) o.out[a] = outs[a];
   const dim3 block(kColumnTile, kChunkLanes);
-  sum_column_partials_kernel<<<static_cast<int>(ceil_div(C, kColumnTile)), block, 0, stream>>>(out, partials,
-                                                                                              num_chunks, C);
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kColumnTile)), static_cast<unsigned>(num_outs));
+  sum_column_partials_kernel<<<grid, block, 0, stream>>>(o, partials, num_chunks, C);
   CUDA_CHECK_LAUNCH();
+}
+
+void sum_column_partials(float* out, const float* partials, int num_chunks, int C, cudaStream_t stream) {
+  sum_column_partials(&out, 1, partials, num_chunks, C, stream);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
