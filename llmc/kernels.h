@@ -39,11 +39,12 @@ struct EncoderBackwardPlan {
   int* d_bucket_starts = nullptr;  // (num_buckets + 1) offsets into d_positions
   int* d_bucket_tokens = nullptr;  // (num_buckets) token id of each bucket
   int* d_positions = nullptr;      // (B*T) flat positions b*T+t, grouped by token, ascending within a group
+  int* d_bucket_order = nullptr;   // (num_buckets) the buckets in launch order: largest first
   int num_buckets = 0;
   size_t capacity = 0;
-  // pinned host staging of the three arrays (the async upload reads it after build returns), and the event that
+  // pinned host staging of the four arrays (the async upload reads it after build returns), and the event that
   // tells when the previous upload has finished reading it
-  int* h_staging = nullptr;  // (2 * capacity + 1) ints: bucket starts, bucket tokens, positions
+  int* h_staging = nullptr;  // (4 * capacity + 1) ints: bucket starts, bucket tokens, positions, bucket order
   cudaEvent_t uploaded = nullptr;
   void build(const int* host_tokens, int B, int T, cudaStream_t stream);  // uploads with cudaMemcpyAsync
   void free();

@@ -1,6 +1,6 @@
 // llmc/layernorm: LayerNorm forward (plain and fused with the residual add) and backward, FP32 statistics, eps 1e-5;
 // kernels and CPU references. One warp per row; parameter gradients through deterministic per-chunk partials (for
-// C <= 1024 the backward is one fused pass: dinp and the partials from a single read of dout and inp).
+// C <= 4096 the backward is one fused pass: dinp and the partials from a single read of dout, inp and dinp).
 #include <cmath>
 #include <vector>
 
@@ -230,118 +230,105 @@ __global__ void layernorm_param_partials_kernel(float* dweight_partials, float* 
   }
 }
 
-// The fused backward for C <= kFusedMaxC: one warp per chunk of kFusedRowsPerChunk rows computes dinp row by row
-// (the kernel above, with the row held in registers between its two passes) and sums dout * xhat and dout over its
-// rows in row order into registers, so dout and inp are read once instead of three times. Its partials are
-// (ceil(N / 16), C): half the rows of the two-kernel path's chunks, for twice the warps (GPT-2 350M at B=16 has only
-// 16K rows). Lane l owns the 8-channel groups l + 32 j, j < kGroups; the next row's dout and inp are loaded before
-// the current row is finished (two rows in flight per warp).
-constexpr int kFusedMaxC = 1024;
-constexpr int kFusedWarpsPerBlock = 4;
+// The fused backward for C <= kFusedMaxC: a block of ceil(C / 256) warps owns a chunk of kFusedRowsPerChunk rows;
+// lane l of warp w owns channels 256w + 8l .. 256w + 8l + 7. Per row, each warp sums g = weight * dout and g * xhat
+// over its channels; the warps' sums meet in shared memory (one barrier per row, double-buffered by row parity) and
+// every warp adds them in warp order, then writes its dinp channels. dout * xhat, dout and the dinp written
+// accumulate in registers over the chunk's rows in row order: the parameter partials and the dinp column-sum
+// partials, (ceil(N / 16), C) each. dout, inp and dinp are read once; the next row's loads are issued before the
+// current row is finished. Eight channels per thread keep it near 64 registers (the earlier one-warp-per-row layout
+// held 24 channels per lane at 229 registers: 8 warps per SM, and spilled at C = 1024).
+constexpr int kFusedChannelsPerWarp = kWarpSize * 8;  // 256
+constexpr int kFusedMaxWarps = 16;  // blocks of at most 512 threads: up to 128 registers per thread
+constexpr int kFusedMaxC = kFusedMaxWarps * kFusedChannelsPerWarp;  // 4096
 constexpr int kFusedRowsPerChunk = 16;
 inline int num_fused_chunks(int N) { return static_cast<int>(ceil_div(static_cast<size_t>(N), kFusedRowsPerChunk)); }
 
-template <int kGroups>
-__global__ void __launch_bounds__(kFusedWarpsPerBlock * kWarpSize)
+__global__ void __launch_bounds__(kFusedMaxWarps * kWarpSize)
     layernorm_backward_fused_kernel(bf16* dinp, float* dinp_amax, float* dweight_partials, float* dbias_partials,
                                     float* dinp_sum_partials, const bf16* dout, const bf16* inp, const bf16* weight,
                                     const float* mean, const float* rstd, int N, int C) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int chunk = blockIdx.x * kFusedWarpsPerBlock + threadIdx.x / kWarpSize;
-  if (chunk * kFusedRowsPerChunk >= N) return;  // whole warps leave together
-  const int row_begin = chunk * kFusedRowsPerChunk, row_end = min(N, row_begin + kFusedRowsPerChunk);
-  x128 w[kGroups], d[kGroups], x[kGroups];
-  float dw[kGroups][8] = {}, db[kGroups][8] = {}, ds[kGroups][8] = {};  // ds: sums of the dinp written
-  auto valid = [&](int j) { return lane * 8 + j * kWarpSize * 8 < C; };
-  auto load_row = [&](int row, x128 (&dd)[kGroups], x128 (&xx)[kGroups]) {
-#pragma unroll
-    for (int j = 0; j < kGroups; j++) {
-      if (!valid(j)) continue;
-      const size_t i = static_cast<size_t>(row) * C + lane * 8 + j * kWarpSize * 8;
-      dd[j] = load128cs(dout + i);
-      xx[j] = load128cs(inp + i);
-    }
+  __shared__ float2 warp_row_sums[2][kFusedMaxWarps];  // [row parity][warp]: (sum g, sum g * xhat) of the warp's channels
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, num_warps = blockDim.x / kWarpSize;
+  const int c = warp * kFusedChannelsPerWarp + lane * 8;
+  const bool valid = c < C;
+  const int row_begin = blockIdx.x * kFusedRowsPerChunk, row_end = min(N, row_begin + kFusedRowsPerChunk);
+  x128 w, d, x, di;
+  float m = 0.f, s = 0.f;
+  if (valid) w = load128(weight + c);
+  auto load_row = [&](int row, x128& dd, x128& xx, x128& dii, float& mm, float& ss) {
+    mm = mean[row];
+    ss = rstd[row];
+    if (!valid) return;
+    const size_t i = static_cast<size_t>(row) * C + c;
+    dd = load128cs(dout + i);
+    xx = load128cs(inp + i);
+    dii = load128(dinp + i);
   };
-#pragma unroll
-  for (int j = 0; j < kGroups; j++)
-    if (valid(j)) w[j] = load128(weight + lane * 8 + j * kWarpSize * 8);
-  load_row(row_begin, d, x);
+  load_row(row_begin, d, x, di, m, s);
+  float dw[8] = {}, db[8] = {}, ds[8] = {};
   unsigned bits = 0;
   for (int row = row_begin; row < row_end; row++) {
-    x128 d_next[kGroups], x_next[kGroups];
-    if (row + 1 < row_end) load_row(row + 1, d_next, x_next);
-    const float m = mean[row], s = rstd[row];
+    x128 d_next, x_next, di_next;
+    float m_next = 0.f, s_next = 0.f;
+    if (row + 1 < row_end) load_row(row + 1, d_next, x_next, di_next, m_next, s_next);
     float sum_g = 0.0f, sum_g_xhat = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kGroups; j++) {
-      if (!valid(j)) continue;
+    if (valid) {
 #pragma unroll
       for (int k = 0; k < 8; k++) {
-        const float dk = __bfloat162float(d[j][k]);
-        const float xhat = (__bfloat162float(x[j][k]) - m) * s;
-        const float g = __bfloat162float(w[j][k]) * dk;
+        const float dk = __bfloat162float(d[k]);
+        const float xhat = (__bfloat162float(x[k]) - m) * s;
+        const float g = __bfloat162float(w[k]) * dk;
         sum_g += g;
         sum_g_xhat += g * xhat;
-        dw[j][k] += dk * xhat;
-        db[j][k] += dk;
+        dw[k] += dk * xhat;
+        db[k] += dk;
       }
     }
-    const float mean_g = warp_sum(sum_g) / C;
-    const float mean_g_xhat = warp_sum(sum_g_xhat) / C;
-#pragma unroll
-    for (int j = 0; j < kGroups; j++) {
-      if (!valid(j)) continue;
-      const size_t i = static_cast<size_t>(row) * C + lane * 8 + j * kWarpSize * 8;
-      x128 di = load128(dinp + i);
+    sum_g = warp_sum(sum_g);
+    sum_g_xhat = warp_sum(sum_g_xhat);
+    const int parity = (row - row_begin) & 1;
+    if (lane == 0) warp_row_sums[parity][warp] = make_float2(sum_g, sum_g_xhat);
+    __syncthreads();
+    float total_g = 0.0f, total_g_xhat = 0.0f;
+    for (int v = 0; v < num_warps; v++) {  // the same order in every warp
+      const float2 p = warp_row_sums[parity][v];
+      total_g += p.x;
+      total_g_xhat += p.y;
+    }
+    const float mean_g = total_g / C, mean_g_xhat = total_g_xhat / C;
+    if (valid) {
 #pragma unroll
       for (int k = 0; k < 8; k++) {
-        const float g = __bfloat162float(w[j][k]) * __bfloat162float(d[j][k]);
-        const float xhat = (__bfloat162float(x[j][k]) - m) * s;
+        const float g = __bfloat162float(w[k]) * __bfloat162float(d[k]);
+        const float xhat = (__bfloat162float(x[k]) - m) * s;
         di[k] = __float2bfloat16_rn(__bfloat162float(di[k]) + (g - mean_g - xhat * mean_g_xhat) * s);
         const float written = __bfloat162float(di[k]);
         bits = max(bits, amax_bits(fabsf(written)));
-        ds[j][k] += written;
+        ds[k] += written;
       }
-      store128(dinp + i, di);
+      store128(dinp + static_cast<size_t>(row) * C + c, di);
     }
     if (row + 1 < row_end) {
-#pragma unroll
-      for (int j = 0; j < kGroups; j++) {
-        d[j] = d_next[j];
-        x[j] = x_next[j];
-      }
+      d = d_next;
+      x = x_next;
+      di = di_next;
+      m = m_next;
+      s = s_next;
     }
   }
-#pragma unroll
-  for (int j = 0; j < kGroups; j++) {
-    if (!valid(j)) continue;
-    const size_t out = static_cast<size_t>(chunk) * C + lane * 8 + j * kWarpSize * 8;
+  if (valid) {
+    const size_t out = static_cast<size_t>(blockIdx.x) * C + c;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-      f128 pw, pb;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        pw[k] = dw[j][4 * half + k];
-        pb[k] = db[j][4 * half + k];
-      }
-      store128(dweight_partials + out + 4 * half, pw);
-      store128(dbias_partials + out + 4 * half, pb);
+      const int k = 4 * half;
+      store128(dweight_partials + out + k, f128{{dw[k], dw[k + 1], dw[k + 2], dw[k + 3]}});
+      store128(dbias_partials + out + k, f128{{db[k], db[k + 1], db[k + 2], db[k + 3]}});
       if (dinp_sum_partials != nullptr)
-        store128(dinp_sum_partials + out + 4 * half, f128{{ds[j][4 * half], ds[j][4 * half + 1], ds[j][4 * half + 2],
-                                                          ds[j][4 * half + 3]}});
+        store128(dinp_sum_partials + out + k, f128{{ds[k], ds[k + 1], ds[k + 2], ds[k + 3]}});
     }
   }
   report_row_amax(dinp_amax, bits, lane);
-}
-
-template <int kGroups>
-void launch_layernorm_backward_fused(bf16* dinp, float* dinp_amax, float* dweight_partials, float* dbias_partials,
-                                     float* dinp_sum_partials, const bf16* dout, const bf16* inp, const bf16* weight,
-                                     const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
-  const int blocks = static_cast<int>(ceil_div(static_cast<size_t>(num_fused_chunks(N)), kFusedWarpsPerBlock));
-  layernorm_backward_fused_kernel<kGroups><<<blocks, kFusedWarpsPerBlock * kWarpSize, 0, stream>>>(
-      dinp, dinp_amax, dweight_partials, dbias_partials, dinp_sum_partials, dout, inp, weight, mean, rstd, N, C);
-  CUDA_CHECK_LAUNCH();
 }
 
 size_t layernorm_backward_scratch_floats(int N, int C) {
@@ -364,14 +351,12 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
   float* dweight_partials = scratch;                                       // (num_chunks, C)
   float* dbias_partials = scratch + static_cast<size_t>(num_chunks) * C;  // (num_chunks, C)
   float* dinp_sum_partials = dinp_sum ? scratch + 2 * static_cast<size_t>(num_chunks) * C : nullptr;  // (num_chunks, C)
-  if (C <= kFusedMaxC) {  // one pass over dout and inp (GPT-2 up to 350M: C = 768, 1024)
-    const int groups = static_cast<int>(ceil_div(static_cast<size_t>(C), kWarpSize * 8));
-    auto fused = groups == 1   ? launch_layernorm_backward_fused<1>
-                 : groups == 2 ? launch_layernorm_backward_fused<2>
-                 : groups == 3 ? launch_layernorm_backward_fused<3>
-                               : launch_layernorm_backward_fused<4>;
-    fused(dinp, dinp_amax, dweight_partials, dbias_partials, dinp_sum_partials, dout, inp, weight, mean, rstd, N, C,
-          stream);
+  if (C <= kFusedMaxC) {  // one pass over dout, inp and dinp (GPT-2 up to XL: C <= 1600)
+    const int threads = static_cast<int>(ceil_div(static_cast<size_t>(C), kFusedChannelsPerWarp)) * kWarpSize;
+    layernorm_backward_fused_kernel<<<num_chunks, threads, 0, stream>>>(dinp, dinp_amax, dweight_partials,
+                                                                       dbias_partials, dinp_sum_partials, dout, inp,
+                                                                       weight, mean, rstd, N, C);
+    CUDA_CHECK_LAUNCH();
   } else {  // wider rows: one warp per row for dinp, then a column-parallel pass for the parameter partials
     layernorm_backward_dinp_kernel<<<static_cast<int>(ceil_div(N, kRowsPerBlock)), kRowsPerBlock * kWarpSize, 0,
                                      stream>>>(dinp, dinp_amax, dout, inp, weight, mean, rstd, N, C);

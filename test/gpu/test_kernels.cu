@@ -104,7 +104,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EncoderTest,
                          ::testing::Values(EncoderShape{1, 1, 8, 8, 8}, EncoderShape{3, 37, 128, 1001, 7},
                                            EncoderShape{2, 33, 2056, 64, 64},
                                            EncoderShape{4, 256, 768, 50304, 50257},
-                                           EncoderShape{4, 1024, 768, 50304, 300}));
+                                           EncoderShape{4, 1024, 768, 50304, 300},
+                                           EncoderShape{8, 1024, 768, 50304, 3},     // a few buckets of ~2700 rows
+                                           EncoderShape{2, 64, 2048, 128, 100}));   // C = 2048: two column chunks
 
 TEST(EncoderChecks, RejectsChannelsNotMultipleOf8) {
   DeviceBuffer<bf16> out(12), table(12);
@@ -258,7 +260,8 @@ TEST_P(LayerNormTest, BackwardMatchesReferenceAndIsDeterministic) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormTest,
                          ::testing::Values(RowsShape{1, 8}, RowsShape{5, 40}, RowsShape{37, 768}, RowsShape{33, 1600},
                                            RowsShape{1031, 768}, RowsShape{4096, 768}, RowsShape{7, 4104},
-                                           RowsShape{17, 264}, RowsShape{300, 1024}));  // C <= 1024: fused backward
+                                           RowsShape{17, 264}, RowsShape{300, 1024},   // C <= 4096: fused backward
+                                           RowsShape{2, 4096}));
 
 // ---------------------------------------------------------------------------------------------------------------
 class GeluTest : public ::testing::TestWithParam<size_t> {};
