@@ -6,6 +6,7 @@
 
 #include "llmc/cuda_utils.cuh"
 #include "llmc/kernels.h"
+#include "llmc/mma_ptx.cuh"
 
 namespace llmc {
 
@@ -231,47 +232,68 @@ __global__ void layernorm_param_partials_kernel(float* dweight_partials, float* 
 }
 
 // The fused backward for C <= kFusedMaxC: a block of ceil(C / 256) warps owns a chunk of kFusedRowsPerChunk rows;
-// lane l of warp w owns channels 256w + 8l .. 256w + 8l + 7. Per row, each warp sums g = weight * dout and g * xhat
-// over its channels; the warps' sums meet in shared memory (one barrier per row, double-buffered by row parity) and
-// every warp adds them in warp order, then writes its dinp channels. dout * xhat, dout and the dinp written
-// accumulate in registers over the chunk's rows in row order: the parameter partials and the dinp column-sum
-// partials, (ceil(N / 16), C) each. dout, inp and dinp are read once; the next row's loads are issued before the
-// current row is finished. Eight channels per thread keep it near 64 registers (the earlier one-warp-per-row layout
-// held 24 channels per lane at 229 registers: 8 warps per SM, and spilled at C = 1024).
+// lane l of warp w owns channels 256w + 8l .. 256w + 8l + 7. Each thread streams its 16 bytes of dout, inp and dinp
+// of the chunk's rows through a ring of kStages rows in shared memory with cp.async (it reads back only what it
+// copied itself, so the ring needs no barrier), which keeps up to kStages rows per block in flight. Per row, each warp
+// sums g = weight * dout and g * xhat over its channels; the warps' sums meet in shared memory (one barrier per row,
+// double-buffered by row parity) and every warp adds them in warp order, then writes its dinp channels. dout * xhat,
+// dout and the dinp written accumulate in registers over the chunk's rows in row order: the parameter partials and
+// the dinp column-sum partials, (ceil(N / 16), C) each. dout, inp and dinp are each read once.
 constexpr int kFusedChannelsPerWarp = kWarpSize * 8;  // 256
-constexpr int kFusedMaxWarps = 16;  // blocks of at most 512 threads: up to 128 registers per thread
+constexpr int kFusedMaxWarps = 16;                     // blocks of at most 512 threads
 constexpr int kFusedMaxC = kFusedMaxWarps * kFusedChannelsPerWarp;  // 4096
 constexpr int kFusedRowsPerChunk = 16;
 inline int num_fused_chunks(int N) { return static_cast<int>(ceil_div(static_cast<size_t>(N), kFusedRowsPerChunk)); }
+// Ring depth: 8 rows up to C = 1536 (GPT-2 124M: 36 KiB per 96-thread block), 4 beyond (C = 4096: 96 KiB).
+inline int fused_stages(int C) { return C <= 1536 ? 8 : 4; }
+inline size_t fused_smem_bytes(int C, int stages) {
+  return static_cast<size_t>(stages) * 3 * ceil_div(static_cast<size_t>(C), kFusedChannelsPerWarp) * kWarpSize * 16;
+}
 
+template <int kStages>
 __global__ void __launch_bounds__(kFusedMaxWarps * kWarpSize)
     layernorm_backward_fused_kernel(bf16* dinp, float* dinp_amax, float* dweight_partials, float* dbias_partials,
                                     float* dinp_sum_partials, const bf16* dout, const bf16* inp, const bf16* weight,
                                     const float* mean, const float* rstd, int N, int C) {
-  __shared__ float2 warp_row_sums[2][kFusedMaxWarps];  // [row parity][warp]: (sum g, sum g * xhat) of the warp's channels
+  extern __shared__ x128 ring[];                          // (kStages, 3, blockDim.x): dout, inp, dinp of a row
+  __shared__ float2 row_stats[kFusedRowsPerChunk];        // (mean, rstd) of the chunk's rows
+  __shared__ float2 warp_row_sums[2][kFusedMaxWarps];     // [row parity][warp]: (sum g, sum g * xhat)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, num_warps = blockDim.x / kWarpSize;
   const int c = warp * kFusedChannelsPerWarp + lane * 8;
   const bool valid = c < C;
-  const int row_begin = blockIdx.x * kFusedRowsPerChunk, row_end = min(N, row_begin + kFusedRowsPerChunk);
-  x128 w, d, x, di;
-  float m = 0.f, s = 0.f;
-  if (valid) w = load128(weight + c);
-  auto load_row = [&](int row, x128& dd, x128& xx, x128& dii, float& mm, float& ss) {
-    mm = mean[row];
-    ss = rstd[row];
-    if (!valid) return;
-    const size_t i = static_cast<size_t>(row) * C + c;
-    dd = load128cs(dout + i);
-    xx = load128cs(inp + i);
-    dii = load128(dinp + i);
+  const int row_begin = blockIdx.x * kFusedRowsPerChunk;
+  const int rows = min(N - row_begin, kFusedRowsPerChunk);
+  auto slot = [&](int stage, int array) { return &ring[(stage * 3 + array) * blockDim.x + threadIdx.x]; };
+  auto fill = [&](int i) {  // row i of the chunk into stage i % kStages (nothing beyond the chunk); one group
+    if (i < rows && valid) {
+      const size_t at = static_cast<size_t>(row_begin + i) * C + c;
+      const int stage = i % kStages;
+      ptx::cp_async_16(ptx::smem_address(slot(stage, 0)), dout + at, true);
+      ptx::cp_async_16(ptx::smem_address(slot(stage, 1)), inp + at, true);
+      ptx::cp_async_16(ptx::smem_address(slot(stage, 2)), dinp + at, true);
+    }
+    ptx::cp_async_commit();
   };
-  load_row(row_begin, d, x, di, m, s);
+#pragma unroll
+  for (int i = 0; i < kStages; i++) fill(i);
+  if (threadIdx.x < rows) row_stats[threadIdx.x] = make_float2(mean[row_begin + threadIdx.x], rstd[row_begin + threadIdx.x]);
+  x128 w;
+  if (valid) w = load128(weight + c);
+  __syncthreads();  // row_stats
+
   float dw[8] = {}, db[8] = {}, ds[8] = {};
   unsigned bits = 0;
-  for (int row = row_begin; row < row_end; row++) {
-    x128 d_next, x_next, di_next;
-    float m_next = 0.f, s_next = 0.f;
-    if (row + 1 < row_end) load_row(row + 1, d_next, x_next, di_next, m_next, s_next);
+  for (int i = 0; i < rows; i++) {
+    ptx::cp_async_wait<kStages - 1>();  // this thread's copies of row i have landed (groups complete in order)
+    const int stage = i % kStages;
+    const float2 stats = row_stats[i];
+    const float m = stats.x, s = stats.y;
+    x128 d, x, di;
+    if (valid) {
+      d = *slot(stage, 0);
+      x = *slot(stage, 1);
+      di = *slot(stage, 2);
+    }
     float sum_g = 0.0f, sum_g_xhat = 0.0f;
     if (valid) {
 #pragma unroll
@@ -287,7 +309,7 @@ __global__ void __launch_bounds__(kFusedMaxWarps * kWarpSize)
     }
     sum_g = warp_sum(sum_g);
     sum_g_xhat = warp_sum(sum_g_xhat);
-    const int parity = (row - row_begin) & 1;
+    const int parity = i & 1;
     if (lane == 0) warp_row_sums[parity][warp] = make_float2(sum_g, sum_g_xhat);
     __syncthreads();
     float total_g = 0.0f, total_g_xhat = 0.0f;
@@ -307,16 +329,11 @@ __global__ void __launch_bounds__(kFusedMaxWarps * kWarpSize)
         bits = max(bits, amax_bits(fabsf(written)));
         ds[k] += written;
       }
-      store128(dinp + static_cast<size_t>(row) * C + c, di);
+      store128(dinp + static_cast<size_t>(row_begin + i) * C + c, di);
     }
-    if (row + 1 < row_end) {
-      d = d_next;
-      x = x_next;
-      di = di_next;
-      m = m_next;
-      s = s_next;
-    }
+    fill(i + kStages);  // into the stage just consumed (its values are in registers and used above)
   }
+  ptx::cp_async_wait<0>();  // nothing left in flight (the groups past the chunk are empty)
   if (valid) {
     const size_t out = static_cast<size_t>(blockIdx.x) * C + c;
 #pragma unroll
@@ -329,6 +346,20 @@ __global__ void __launch_bounds__(kFusedMaxWarps * kWarpSize)
     }
   }
   report_row_amax(dinp_amax, bits, lane);
+}
+
+template <int kStages>
+void launch_layernorm_backward_fused(bf16* dinp, float* dinp_amax, float* dweight_partials, float* dbias_partials,
+                                     float* dinp_sum_partials, const bf16* dout, const bf16* inp, const bf16* weight,
+                                     const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+  const int threads = static_cast<int>(ceil_div(static_cast<size_t>(C), kFusedChannelsPerWarp)) * kWarpSize;
+  const size_t smem = fused_smem_bytes(C, kStages);
+  auto kernel = layernorm_backward_fused_kernel<kStages>;
+  if (smem > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<num_fused_chunks(N), threads, smem, stream>>>(dinp, dinp_amax, dweight_partials, dbias_partials,
+                                                          dinp_sum_partials, dout, inp, weight, mean, rstd, N, C);
+  CUDA_CHECK_LAUNCH();
 }
 
 size_t layernorm_backward_scratch_floats(int N, int C) {
@@ -352,11 +383,9 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, float* scratch
   float* dbias_partials = scratch + static_cast<size_t>(num_chunks) * C;  // (num_chunks, C)
   float* dinp_sum_partials = dinp_sum ? scratch + 2 * static_cast<size_t>(num_chunks) * C : nullptr;  // (num_chunks, C)
   if (C <= kFusedMaxC) {  // one pass over dout, inp and dinp (GPT-2 up to XL: C <= 1600)
-    const int threads = static_cast<int>(ceil_div(static_cast<size_t>(C), kFusedChannelsPerWarp)) * kWarpSize;
-    layernorm_backward_fused_kernel<<<num_chunks, threads, 0, stream>>>(dinp, dinp_amax, dweight_partials,
-                                                                       dbias_partials, dinp_sum_partials, dout, inp,
-                                                                       weight, mean, rstd, N, C);
-    CUDA_CHECK_LAUNCH();
+    auto fused = fused_stages(C) == 8 ? launch_layernorm_backward_fused<8> : launch_layernorm_backward_fused<4>;
+    fused(dinp, dinp_amax, dweight_partials, dbias_partials, dinp_sum_partials, dout, inp, weight, mean, rstd, N, C,
+          stream);
   } else {  // wider rows: one warp per row for dinp, then a column-parallel pass for the parameter partials
     layernorm_backward_dinp_kernel<<<static_cast<int>(ceil_div(N, kRowsPerBlock)), kRowsPerBlock * kWarpSize, 0,
                                      stream>>>(dinp, dinp_amax, dout, inp, weight, mean, rstd, N, C);
