@@ -69,11 +69,13 @@ struct GemmKey {
   int a_scale_mode = -1, b_scale_mode = -1;  // -1: not set (cuBLASLt's default, SCALAR_32F for FP8)
   bool fast_accum = false;
   int align_bias = 256;
+  int align_src = 256;  // a separate C operand (D = ... + C, beta = 1): its alignment; 256 when C is D or unused
   bool operator<(const GemmKey& o) const {
     return std::tie(M, N, K, op, epilogue, accumulate, align_a, align_b, align_c, align_aux, a_type, b_type, d_type,
-                    a_scale_mode, b_scale_mode, fast_accum, align_bias) <
+                    a_scale_mode, b_scale_mode, fast_accum, align_bias, align_src) <
            std::tie(o.M, o.N, o.K, o.op, o.epilogue, o.accumulate, o.align_a, o.align_b, o.align_c, o.align_aux,
-                    o.a_type, o.b_type, o.d_type, o.a_scale_mode, o.b_scale_mode, o.fast_accum, o.align_bias);
+                    o.a_type, o.b_type, o.d_type, o.a_scale_mode, o.b_scale_mode, o.fast_accum, o.align_bias,
+                    o.align_src);
   }
 };
 
@@ -257,7 +259,7 @@ const GemmPlan& get_plan(const GemmKey& key, const PlanSpec& spec) {
 // Runs D = alpha · op(A) · op(B) + beta · C with C = D, using the cached plan.
 void run_gemm(const GemmKey& key, cublasOperation_t trans_a, cublasOperation_t trans_b, int m, int n, int k,
               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, void* D, int64_t ldd, cudaDataType_t d_type,
-              const void* bias, const void* aux, int64_t aux_ld, cudaStream_t stream) {
+              const void* bias, const void* aux, int64_t aux_ld, cudaStream_t stream, const void* C = nullptr) {
   if (g_gemm.handle == nullptr) gemm_init();
   PlanSpec spec;
   spec.trans_a = trans_a;
@@ -279,9 +281,11 @@ void run_gemm(const GemmKey& key, cublasOperation_t trans_a, cublasOperation_t t
   if (aux != nullptr) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   }
+  // C: D itself (accumulate) or a separate matrix of D's layout (key.accumulate is set for both: beta = 1)
   const float alpha = 1.0f, beta = key.accumulate ? 1.0f : 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(g_gemm.handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.c, D, plan.c,
-                              &plan.algo, g_gemm.workspace, g_gemm.workspace_bytes, stream));
+  const void* c_operand = C != nullptr ? C : D;
+  CUBLAS_CHECK(cublasLtMatmul(g_gemm.handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, c_operand, plan.c, D,
+                              plan.c, &plan.algo, g_gemm.workspace, g_gemm.workspace_bytes, stream));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -593,7 +597,7 @@ void gemm_shutdown() {
 }
 
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int M, int N, int K,
-                    cudaStream_t stream, bf16* pre_gelu) {
+                    cudaStream_t stream, bf16* pre_gelu, const bf16* residual) {
   const char* fn = "matmul_forward";
   check_dims(M, N, K, fn);
   check_aligned(out, "out", fn);
@@ -601,17 +605,24 @@ void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* 
   check_aligned(weight, "weight", fn);
   check_aligned(bias, "bias", fn);
   check_aligned(pre_gelu, "pre_gelu", fn);
+  check_aligned(residual, "residual", fn);
+  if (residual != nullptr && pre_gelu != nullptr)
+    throw_error("%s: a residual cannot be added with the GELU_AUX epilogue (the GELU input would include it)", fn);
+  if (residual != nullptr && residual == out)
+    throw_error("%s: residual and out are the same buffer (pass distinct buffers)", fn);
   cublasLtEpilogue_t epilogue;
   if (pre_gelu != nullptr) {
     epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   } else {
     epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   }
-  GemmKey key{M, N, K, GemmOp::Forward, epilogue, false, pointer_alignment(weight), pointer_alignment(inp),
-              pointer_alignment(out), pointer_alignment(pre_gelu)};
+  GemmKey key{M, N, K, GemmOp::Forward, epilogue, residual != nullptr, pointer_alignment(weight),
+              pointer_alignment(inp), pointer_alignment(out), pointer_alignment(pre_gelu)};
+  key.align_src = pointer_alignment(residual);
   // outᵀ (N×M, ld N) = Wᵀ... : A = weight as column-major (K×N, ld K) with op T; B = inp as column-major (K×M, ld K).
-  // The aux matrix pre_gelu has the shape of D: (N×M) column-major, ld N (N % 8 == 0 checked above).
-  run_gemm(key, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, weight, K, inp, K, out, N, CUDA_R_16BF, bias, pre_gelu, N, stream);
+  // The aux matrix pre_gelu and the residual have the shape of D: (N×M) column-major, ld N (N % 8 == 0 checked).
+  run_gemm(key, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, weight, K, inp, K, out, N, CUDA_R_16BF, bias, pre_gelu, N, stream,
+           residual);
 }
 
 void matmul_dgrad(bf16* dinp, const bf16* dout, const bf16* weight, int M, int N, int K, bool accumulate,

@@ -27,8 +27,10 @@ void gemm_shutdown();
 
 // out = inp · weightᵀ + bias (bias may be null).
 // If pre_gelu is non-null: pre_gelu = inp · weightᵀ + bias and out = gelu_tanh(pre_gelu) (cuBLASLt GELU_AUX epilogue).
+// If residual (M, N) is non-null (not with pre_gelu): out = residual + inp · weightᵀ + bias, summed in FP32 and
+// rounded to bf16 once (cuBLASLt's C operand with beta = 1; out and residual must not overlap).
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int M, int N, int K,
-                    cudaStream_t stream, bf16* pre_gelu = nullptr);
+                    cudaStream_t stream, bf16* pre_gelu = nullptr, const bf16* residual = nullptr);
 
 // dinp = dout · weight, overwritten (accumulate=false) or added (accumulate=true; the product is rounded to bf16
 // before the existing bf16 values are added, as cuBLASLt does with a bf16 C operand).

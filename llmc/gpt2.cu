@@ -125,7 +125,10 @@ void GPT2::plan_activations() {
     lnf_ = cv.take<bf16>(N * C);
     lnf_mean_ = cv.take<float>(N);
     lnf_rstd_ = cv.take<float>(N);
-    proj_out_ = cv.take<bf16>(N * C);
+    // proj_out_: only for projections whose plan cannot add the residual in its GEMM (FP8)
+    bool any_unfused = false;
+    for (const LayerLinears& lin : linears_) any_unfused |= !lin.attproj->adds_residual() || !lin.fcproj->adds_residual();
+    proj_out_ = any_unfused ? cv.take<bf16>(N * C) : nullptr;
     logits_ = cv.take<bf16>(N * Vp);
     losses_ = cv.take<float>(N);
     dresidual_ = cv.take<bf16>(N * C);
@@ -138,6 +141,24 @@ void GPT2::plan_activations() {
 }
 
 const bf16* GPT2::layer_input(int l) const { return l == 0 ? encoded_ : acts_[l - 1].residual3; }
+
+void GPT2::project_residual_norm(Linear& lin, bf16* residual_out, const bf16* x, const bf16* w, const bf16* b,
+                                 const bf16* residual_in, bf16* norm_out, float* mean, float* rstd,
+                                 const bf16* norm_w, const bf16* norm_b, float* norm_amax, int N, bool train,
+                                 cudaStream_t s) {
+  const int C = spec_.n_embd;
+  Linear::ForwardOptions opt;
+  opt.x_amax_ready = true;  // x came from a kernel that reported its amax (attention, the GELU epilogue)
+  if (lin.adds_residual()) {
+    opt.residual = residual_in;
+    lin.forward(residual_out, x, w, b, N, train, s, opt);
+    layernorm_forward(norm_out, mean, rstd, residual_out, norm_w, norm_b, N, C, s, norm_amax);
+  } else {
+    lin.forward(proj_out_, x, w, b, N, train, s, opt);
+    fused_residual_layernorm_forward(residual_out, norm_out, mean, rstd, residual_in, proj_out_, norm_w, norm_b, N,
+                                     C, s, norm_amax);
+  }
+}
 
 void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) {
   begin_forward(h_inputs, h_targets, B, T, grad_scale, s);
@@ -161,22 +182,23 @@ void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, floa
     const bf16* residual = layer_input(l);  // (N, C)
     lin.qkv->forward(a.qkv, a.ln1, W.qkv_w, W.qkv_b, N, train, s, produced);                  // (N, 3C)
     attention_forward(a.atty, a.att_lse, a.qkv, B, T, NH, NH, HS, s, lin.attproj->x_amax_slot());  // (N, C)
-    lin.attproj->forward(proj_out_, a.atty, W.attproj_w, W.attproj_b, N, train, s, produced);  // (N, C)
-    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, proj_out_, W.ln2_w,
-                                     W.ln2_b, N, C, s, lin.fc->x_amax_slot());                 // (N, C)
+    // residual2 = residual + atty · Wattprojᵀ + battproj; ln2 = LN(residual2)                   // (N, C) each
+    project_residual_norm(*lin.attproj, a.residual2, a.atty, W.attproj_w, W.attproj_b, residual, a.ln2, a.ln2_mean,
+                          a.ln2_rstd, W.ln2_w, W.ln2_b, lin.fc->x_amax_slot(), N, train, s);
     Linear::ForwardOptions fc_opt = produced;  // GELU output in fch_gelu, pre-GELU kept in fch
     fc_opt.pre_gelu = a.fch;
     fc_opt.out_amax = lin.fcproj->x_amax_slot();
     lin.fc->forward(a.fch_gelu, a.ln2, W.fc_w, W.fc_b, N, train, s, fc_opt);                  // (N, H)
-    lin.fcproj->forward(proj_out_, a.fch_gelu, W.fcproj_w, W.fcproj_b, N, train, s, produced);  // (N, C)
+    // residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj, then the next block's ln1 (or ln_f)   // (N, C) each
     if (l + 1 < L) {
       const auto& Wn = w_.layers[l + 1];
       LayerActs& an = acts_[l + 1];
-      fused_residual_layernorm_forward(a.residual3, an.ln1, an.ln1_mean, an.ln1_rstd, a.residual2, proj_out_,
-                                       Wn.ln1_w, Wn.ln1_b, N, C, s, linears_[l + 1].qkv->x_amax_slot());
+      project_residual_norm(*lin.fcproj, a.residual3, a.fch_gelu, W.fcproj_w, W.fcproj_b, a.residual2, an.ln1,
+                            an.ln1_mean, an.ln1_rstd, Wn.ln1_w, Wn.ln1_b, linears_[l + 1].qkv->x_amax_slot(), N, train,
+                            s);
     } else {
-      fused_residual_layernorm_forward(a.residual3, lnf_, lnf_mean_, lnf_rstd_, a.residual2, proj_out_, w_.lnf_w,
-                                       w_.lnf_b, N, C, s, lm_head_->x_amax_slot());
+      project_residual_norm(*lin.fcproj, a.residual3, a.fch_gelu, W.fcproj_w, W.fcproj_b, a.residual2, lnf_,
+                            lnf_mean_, lnf_rstd_, w_.lnf_w, w_.lnf_b, lm_head_->x_amax_slot(), N, train, s);
     }
   }
   lm_head_->forward(logits_, lnf_, w_.wte, nullptr, N, train, s, produced);  // (N, Vp) tied lm_head

@@ -79,6 +79,13 @@ class GPT2 : public Model {
 
   void plan_activations();
   const bf16* layer_input(int l) const;  // residual stream entering block l (N, C)
+  // The end of a sub-block: residual_out (N, C) = residual_in + x · wᵀ + b, then norm_out (N, C) =
+  // LayerNorm(residual_out) with mean, rstd (N) saved and max |norm_out| into norm_amax (may be null). A BF16 linear
+  // adds the residual inside its GEMM (one rounding, no extra pass); an FP8 one writes proj_out_ and the fused
+  // residual + LayerNorm kernel adds it.
+  void project_residual_norm(Linear& lin, bf16* residual_out, const bf16* x, const bf16* w, const bf16* b,
+                             const bf16* residual_in, bf16* norm_out, float* mean, float* rstd, const bf16* norm_w,
+                             const bf16* norm_b, float* norm_amax, int N, bool train, cudaStream_t s);
 
   GPT2Tensors<bf16> w_;
   GPT2Tensors<float> g_;

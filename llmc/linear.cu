@@ -168,8 +168,11 @@ void Linear::quantize(QTensor& q, int slot, const bf16* src, bool amax_ready, bo
 void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s,
                      const ForwardOptions& opt) {
   if (M > max_rows_) throw_error("%s: %d rows, planned for at most %d", name_.c_str(), M, max_rows_);
+  if (opt.residual != nullptr && !adds_residual())
+    throw_error("%s: this precision plan cannot add a residual in its product (check adds_residual() first)",
+                name_.c_str());
   if (!plan_.fp8) {
-    matmul_forward(out, x, w, bias, M, N_, K_, s, opt.pre_gelu);
+    matmul_forward(out, x, w, bias, M, N_, K_, s, opt.pre_gelu, opt.residual);
     if (opt.out_amax) amax_bf16(opt.out_amax, out, (size_t)M * N_, s);
     return;
   }

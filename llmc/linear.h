@@ -60,7 +60,13 @@ class Linear {
     bf16* pre_gelu = nullptr;   // GELU: pre_gelu (M, N) = x·wᵀ + bias and out = gelu_tanh(pre_gelu)
     bool x_amax_ready = false;  // the kernel that produced x filled x_amax_slot() (else the layer measures it)
     float* out_amax = nullptr;  // report max |out| here (the next linear's x slot), or null
+    // out = residual + x·wᵀ + bias, added in the GEMM (one rounding), when adds_residual(); residual (M, N) and out
+    // must be distinct buffers. Not with pre_gelu.
+    const bf16* residual = nullptr;
   };
+  // Whether forward can add a residual inside its product (BF16 plans: the GEMM's C operand). FP8 plans cannot (the
+  // caller adds it, e.g. in the LayerNorm kernel that follows).
+  bool adds_residual() const { return !plan_.fp8; }
   void forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s,
                const ForwardOptions& opt);
   void forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s) {

@@ -139,7 +139,61 @@ void run_forward_case(const Shape& s, bool with_bias, bool with_gelu) {
   cudaFree(pre2);
 }
 
+// out = residual + inp · weightᵀ (+ bias) in one rounding: against the FP64 reference of the same sum (the residual
+// is added before the single bf16 rounding, so one ulp of the result bounds it, plus the accumulation term).
+void run_forward_residual_case(const Shape& s, bool with_bias) {
+  std::mt19937 rng(5000 + s.M + 7 * s.N + 13 * s.K + (with_bias ? 1 : 0));
+  Bf16Matrix inp((size_t)s.M * s.K, rng), weight((size_t)s.N * s.K, rng), bias(s.N, rng);
+  Bf16Matrix residual((size_t)s.M * s.N, rng, 4.0f);
+  bf16* out = alloc_poisoned<bf16>((size_t)s.M * s.N);
+  matmul_forward(out, inp.dev, weight.dev, with_bias ? bias.dev : nullptr, s.M, s.N, s.K, 0, nullptr, residual.dev);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> ref_f((size_t)s.M * s.N), absref((size_t)s.M * s.N);
+  matmul_forward_cpu(ref_f.data(), inp.host.data(), weight.host.data(), with_bias ? bias.host.data() : nullptr, s.M,
+                     s.N, s.K);
+  std::vector<float> abs_bias = abs_of(bias.host);
+  matmul_forward_cpu(absref.data(), abs_of(inp.host).data(), abs_of(weight.host).data(),
+                     with_bias ? abs_bias.data() : nullptr, s.M, s.N, s.K);
+  std::vector<double> ref(ref_f.size());
+  for (size_t i = 0; i < ref.size(); i++) {
+    ref[i] = (double)ref_f[i] + residual.host[i];
+    absref[i] += std::fabs(residual.host[i]);
+  }
+  const std::vector<float> got = download_bf16(out, ref.size());
+  expect_close(got, ref, absref, 1.0 / 256.0, "forward residual + out");
+  // the residual is really added: without it the result is off by it (a test that could not fail otherwise)
+  size_t differs = 0;
+  for (size_t i = 0; i < ref.size(); i++) differs += std::fabs(got[i] - ref_f[i]) > 0.5 * std::fabs(residual.host[i]);
+  EXPECT_GT(differs, ref.size() / 2) << "the residual was not added";
+  bf16* out2 = alloc_poisoned<bf16>((size_t)s.M * s.N);
+  matmul_forward(out2, inp.dev, weight.dev, with_bias ? bias.dev : nullptr, s.M, s.N, s.K, 0, nullptr, residual.dev);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(got, download_bf16(out2, ref.size())) << "forward + residual not bitwise deterministic";
+  EXPECT_EQ(residual.host, download_bf16(residual.dev, ref.size())) << "the residual input was modified";
+  cudaFree(out);
+  cudaFree(out2);
+}
+
 }  // namespace
+
+TEST(Gemm, ForwardWithResidualMatchesCpu) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
+    std::printf("forward+residual M=%d N=%d K=%d\n", s.M, s.N, s.K);
+    run_forward_residual_case(s, true);
+    run_forward_residual_case(s, false);
+  }
+  std::mt19937 rng(1);
+  Bf16Matrix a(64 * 64, rng), w(64 * 64, rng);
+  bf16* out = alloc_poisoned<bf16>(64 * 64);
+  bf16* pre = alloc_poisoned<bf16>(64 * 64);
+  EXPECT_THROW(matmul_forward(out, a.dev, w.dev, nullptr, 64, 64, 64, 0, pre, a.dev), llmc::Error)
+      << "a residual with the GELU_AUX epilogue";
+  EXPECT_THROW(matmul_forward(out, a.dev, w.dev, nullptr, 64, 64, 64, 0, nullptr, out), llmc::Error)
+      << "the residual aliasing the output";
+  cudaFree(out);
+  cudaFree(pre);
+}
 
 TEST(Gemm, ForwardMatchesCpu) {
   for (const Shape& s : kShapes) {
