@@ -355,8 +355,8 @@ void launch_layernorm_backward_fused(bf16* dinp, float* dinp_amax, float* dweigh
   const int threads = static_cast<int>(ceil_div(static_cast<size_t>(C), kFusedChannelsPerWarp)) * kWarpSize;
   const size_t smem = fused_smem_bytes(C, kStages);
   auto kernel = layernorm_backward_fused_kernel<kStages>;
-  if (smem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // dynamic + static shared memory above 48 KiB needs the opt-in (C = 1024 with 8 stages is 48 KiB dynamic alone)
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<num_fused_chunks(N), threads, smem, stream>>>(dinp, dinp_amax, dweight_partials, dbias_partials,
                                                           dinp_sum_partials, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
