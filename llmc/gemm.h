@@ -24,6 +24,11 @@ using bf16 = __nv_bfloat16;
 // Creates the cuBLASLt handle and the workspace on the current device. Idempotent.
 void gemm_init(size_t workspace_bytes = 32u << 20);
 void gemm_shutdown();
+// Algorithm tuning of the BF16 products (on by default): the first call of each forward / dgrad GEMM times the
+// heuristic's candidates and keeps the fastest whose output is bitwise equal to the heuristic's first choice on that
+// call's operands (it synchronises the stream once per new GEMM). Results never depend on it; off, every GEMM runs
+// the heuristic's first choice. Applies to GEMMs first run after the call (gemm_shutdown clears the cache).
+void gemm_set_algorithm_tuning(bool on);
 
 // out = inp · weightᵀ + bias (bias may be null).
 // If pre_gelu is non-null: pre_gelu = inp · weightᵀ + bias and out = gelu_tanh(pre_gelu) (cuBLASLt GELU_AUX epilogue).

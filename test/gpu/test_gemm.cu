@@ -195,6 +195,45 @@ TEST(Gemm, ForwardWithResidualMatchesCpu) {
   cudaFree(pre);
 }
 
+// The algorithm tuning (gemm_set_algorithm_tuning) may only pick algorithms that give the heuristic's first choice's
+// bits: the same products with tuning off and on (its first, tuning call and a later call) are bitwise equal.
+TEST(Gemm, TunedAlgorithmsGiveTheHeuristicChoicesBits) {
+  const Shape shapes[] = {{4096, 3072, 768}, {4096, 768, 3072}, {4096, 2304, 768}, {333, 520, 1000}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
+    std::mt19937 rng(77 + s.M + s.N + s.K);
+    Bf16Matrix inp((size_t)s.M * s.K, rng), weight((size_t)s.N * s.K, rng), bias(s.N, rng);
+    Bf16Matrix dout((size_t)s.M * s.N, rng), pre_k((size_t)s.M * s.K, rng);
+    // [tuning off, tuning on: first call, second call] x {forward + GELU_AUX: out, pre_gelu; dgrad + DGELU; dgrad}
+    std::vector<float> results[3][4];
+    for (int run = 0; run < 3; run++) {
+      if (run < 2) {
+        gemm_shutdown();  // forget the plans (and their tuned algorithms)
+        gemm_set_algorithm_tuning(run == 1);
+      }
+      bf16* out = alloc_poisoned<bf16>((size_t)s.M * s.N);
+      bf16* pre = alloc_poisoned<bf16>((size_t)s.M * s.N);
+      bf16* dinp = alloc_poisoned<bf16>((size_t)s.M * s.K);
+      bf16* dinp_gelu = alloc_poisoned<bf16>((size_t)s.M * s.K);
+      matmul_forward(out, inp.dev, weight.dev, bias.dev, s.M, s.N, s.K, 0, pre);
+      matmul_dgrad(dinp_gelu, dout.dev, weight.dev, s.M, s.N, s.K, false, 0, pre_k.dev);
+      matmul_dgrad(dinp, dout.dev, weight.dev, s.M, s.N, s.K, false, 0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      results[run][0] = download_bf16(out, (size_t)s.M * s.N);
+      results[run][1] = download_bf16(pre, (size_t)s.M * s.N);
+      results[run][2] = download_bf16(dinp_gelu, (size_t)s.M * s.K);
+      results[run][3] = download_bf16(dinp, (size_t)s.M * s.K);
+      for (bf16* p : {out, pre, dinp, dinp_gelu}) cudaFree(p);
+    }
+    const char* names[4] = {"forward gelu(out)", "forward pre_gelu", "dgrad dgelu", "dgrad"};
+    for (int r = 1; r < 3; r++)
+      for (int i = 0; i < 4; i++)
+        EXPECT_EQ(0, std::memcmp(results[0][i].data(), results[r][i].data(), results[0][i].size() * sizeof(float)))
+            << names[i] << ": tuned run " << r << " differs from the heuristic's first algorithm";
+  }
+  gemm_set_algorithm_tuning(true);
+}
+
 TEST(Gemm, ForwardMatchesCpu) {
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
