@@ -99,14 +99,7 @@ float Model::mean_loss(cudaStream_t s) {
   std::vector<float> h_losses(N);
   CUDA_CHECK(cudaMemcpyAsync(h_losses.data(), losses_, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
-  double sum = 0.0;
-  int count = 0;
-  for (int i = 0; i < N; i++) {
-    if (last_targets_[i] < 0) continue;
-    sum += h_losses[i];
-    count++;
-  }
-  return count > 0 ? (float)(sum / count) : 0.0f;
+  return static_cast<float>(mean_loss_cpu(h_losses.data(), last_targets_.data(), N));
 }
 
 void Model::reset_step_loss(cudaStream_t s) { CUDA_CHECK(cudaMemsetAsync(step_loss_, 0, sizeof(double), s)); }
