@@ -1,7 +1,8 @@
-// test/gpu/test_gemm.cu: the three cuBLASLt products of llmc/gemm.h (forward with/without bias and GELU_AUX, dgrad
-// with/without accumulation and DGELU, wgrad with/without accumulation) against the FP64 CPU references on
-// bf16-rounded random inputs, at GPT-2 shapes and odd shapes, with poisoned outputs; bitwise determinism; errors for
-// misaligned pointers and bad shapes.
+// test/gpu/test_gemm.cu: the three cuBLASLt products of llmc/gemm.h (forward with/without bias, GELU_AUX and an added
+// residual, dgrad with/without accumulation and DGELU, wgrad with/without accumulation) against the FP64 CPU
+// references on bf16-rounded random inputs, at GPT-2 shapes and odd shapes, with poisoned outputs; bitwise
+// determinism, also between the tuned algorithms and the heuristic's first choice; errors for misaligned pointers and
+// bad shapes.
 //
 // Tolerance per element: |gpu - ref| <= rel * |ref| + 1e-5 * absref, where absref = the same product on |inputs|
 // (bounds the FP32 accumulation error) and rel = one bf16 ulp (2^-8) for bf16 outputs, 1e-6 for FP32 outputs.
