@@ -103,18 +103,6 @@ struct Shape {
 const Shape kShapes[] = {{512, 2304, 768}, {512, 768, 768}, {512, 3072, 768}, {512, 768, 3072},
                          {200, 1024, 256}, {77, 136, 40}, {1, 8, 8}, {333, 520, 1000}};
 
-// The FP64 reference of inp · weightᵀ (+ bias) and the same product on |inputs| (the accumulation-error scale).
-void forward_reference(const Bf16Matrix& inp, const Bf16Matrix& weight, const Bf16Matrix* bias, const Shape& s,
-                       std::vector<float>* ref, std::vector<float>* absref) {
-  ref->assign((size_t)s.M * s.N, 0.f);
-  absref->assign((size_t)s.M * s.N, 0.f);
-  matmul_forward_cpu(ref->data(), inp.host.data(), weight.host.data(), bias ? bias->host.data() : nullptr, s.M, s.N,
-                     s.K);
-  const std::vector<float> abs_bias = bias ? abs_of(bias->host) : std::vector<float>();
-  matmul_forward_cpu(absref->data(), abs_of(inp.host).data(), abs_of(weight.host).data(),
-                     bias ? abs_bias.data() : nullptr, s.M, s.N, s.K);
-}
-
 void run_forward_case(const Shape& s, bool with_bias, bool with_gelu) {
   std::mt19937 rng(1000 + s.M + 7 * s.N + 13 * s.K + (with_bias ? 1 : 0) + (with_gelu ? 2 : 0));
   Bf16Matrix inp((size_t)s.M * s.K, rng), weight((size_t)s.N * s.K, rng), bias(s.N, rng);
@@ -123,8 +111,12 @@ void run_forward_case(const Shape& s, bool with_bias, bool with_gelu) {
   matmul_forward(out, inp.dev, weight.dev, with_bias ? bias.dev : nullptr, s.M, s.N, s.K, 0, pre);
   CUDA_CHECK(cudaDeviceSynchronize());
 
-  std::vector<float> ref_f, absref;
-  forward_reference(inp, weight, with_bias ? &bias : nullptr, s, &ref_f, &absref);
+  std::vector<float> ref_f((size_t)s.M * s.N), absref((size_t)s.M * s.N);
+  matmul_forward_cpu(ref_f.data(), inp.host.data(), weight.host.data(), with_bias ? bias.host.data() : nullptr, s.M,
+                     s.N, s.K);
+  std::vector<float> abs_bias = abs_of(bias.host);
+  matmul_forward_cpu(absref.data(), abs_of(inp.host).data(), abs_of(weight.host).data(),
+                     with_bias ? abs_bias.data() : nullptr, s.M, s.N, s.K);
   std::vector<double> ref(ref_f.begin(), ref_f.end());
   const double ulp = 1.0 / 256.0;
   if (!with_gelu) {
@@ -157,8 +149,12 @@ void run_forward_residual_case(const Shape& s, bool with_bias) {
   bf16* out = alloc_poisoned<bf16>((size_t)s.M * s.N);
   matmul_forward(out, inp.dev, weight.dev, with_bias ? bias.dev : nullptr, s.M, s.N, s.K, 0, nullptr, residual.dev);
   CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> ref_f, absref;
-  forward_reference(inp, weight, with_bias ? &bias : nullptr, s, &ref_f, &absref);
+  std::vector<float> ref_f((size_t)s.M * s.N), absref((size_t)s.M * s.N);
+  matmul_forward_cpu(ref_f.data(), inp.host.data(), weight.host.data(), with_bias ? bias.host.data() : nullptr, s.M,
+                     s.N, s.K);
+  std::vector<float> abs_bias = abs_of(bias.host);
+  matmul_forward_cpu(absref.data(), abs_of(inp.host).data(), abs_of(weight.host).data(),
+                     with_bias ? abs_bias.data() : nullptr, s.M, s.N, s.K);
   std::vector<double> ref(ref_f.size());
   for (size_t i = 0; i < ref.size(); i++) {
     ref[i] = (double)ref_f[i] + residual.host[i];
