@@ -321,46 +321,14 @@ __device__ __forceinline__ void reduce_amax(float* amax, unsigned bits) {
 constexpr size_t kv_stream_tiles_bytes() { return (size_t)2 * kStages * kTileBytes; }
 constexpr size_t kv_stream_smem() { return kv_stream_tiles_bytes() + 2 * kStages * 8 + kSmemAlign; }
 
-#ifdef LLM8_SM90_KERNEL_BODY
-// The K and V tiles of key blocks 0 .. num_blocks - 1 of one kv head, streamed through the stage ring (forward, dQ):
-// K tiles (kStages) then V tiles (kStages) at `tiles`, the ring's barriers after them. start() fills the first
-// kStages - 1 stages (all threads; ends the ring's set-up); iteration kb calls next(kb), which refills the stage that
-// iteration kb - 1 read with block kb + kStages - 1 and waits for block kb, and release(kb) after its last read.
-struct KvTileStream {
-  uint32_t tiles;
-  StageRing ring;
-  const bf16* k_head;
-  const bf16* v_head;
-  int T, num_blocks;
-  size_t row_stride;
-  __device__ KvTileStream(uint32_t smem, const bf16* k, const bf16* v, int T_, size_t stride, int blocks)
-      : tiles(smem), ring(smem + kv_stream_tiles_bytes()), k_head(k), v_head(v), T(T_), num_blocks(blocks),
-        row_stride(stride) {}
-  __device__ uint32_t k_tile(int kb) const { return tiles + (kb % kStages) * kTileBytes; }            // (64 keys, 64)
-  __device__ uint32_t v_tile(int kb) const { return tiles + (kStages + kb % kStages) * kTileBytes; }  // (64 keys, 64)
-  __device__ void fill(int kb) const {
-    ring.wait_empty(kb);
-    load_tile_async(k_tile(kb), k_head, kb * kTileRows, T, row_stride);
-    load_tile_async(v_tile(kb), v_head, kb * kTileRows, T, row_stride);
-    ring.commit_fill(kb);
-  }
-  __device__ void start() const {
-    for (int kb = 0; kb < kStages - 1 && kb < num_blocks; kb++) fill(kb);
-  }
-  __device__ void next(int kb) const {
-    if (kb + kStages - 1 < num_blocks) fill(kb + kStages - 1);
-    ring.wait_full(kb);
-  }
-  __device__ void release(int kb) const { ring.release(kb); }
-};
-#endif
-
 // grid (B*NH, ceil(T/128)); blockIdx.y = 0 is the last (most expensive) query block.
 __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: two CTAs per SM
     attention_forward_sm90_kernel(bf16* out, float* lse, float* amax, const bf16* qkv, int T, int NH, int NKV) {
 #ifdef LLM8_SM90_KERNEL_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
+  auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };        // (64 keys, 64)
+  auto v_tile = [&](int stage) { return smem + (kStages + stage) * kTileBytes; };  // (64 keys, 64)
 
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int b = blockIdx.x / NH, h = blockIdx.x % NH;
@@ -369,12 +337,19 @@ __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: two CTAs pe
   const int wg_q0 = q_block * kCtaRows + wg * kTileRows;  // this warpgroup's first query row
   const size_t qkv_stride = (size_t)(NH + 2 * NKV) * kHeadSize;
   const bf16* qkv_b = qkv + (size_t)b * T * qkv_stride;
+  const bf16* k_head = qkv_b + (NH + kv_head) * kHeadSize;
+  const bf16* v_head = qkv_b + (NH + NKV + kv_head) * kHeadSize;
 
   // key blocks 0 .. the CTA's last diagonal block (keys beyond T are zero rows, masked by causality)
   const int num_k_blocks = min((q_block + 1) * kWarpgroups, (T + kTileRows - 1) / kTileRows);
-  const KvTileStream kv(smem, qkv_b + (NH + kv_head) * kHeadSize, qkv_b + (NH + NKV + kv_head) * kHeadSize, T,
-                        qkv_stride, num_k_blocks);
-  kv.start();
+  const StageRing ring(smem + kv_stream_tiles_bytes());
+  auto fill = [&](int kb) {  // K and V of key block kb into its stage
+    ring.wait_empty(kb);
+    load_tile_async(k_tile(kb % kStages), k_head, kb * kTileRows, T, qkv_stride);
+    load_tile_async(v_tile(kb % kStages), v_head, kb * kTileRows, T, qkv_stride);
+    ring.commit_fill(kb);
+  };
+  for (int kb = 0; kb < kStages - 1 && kb < num_k_blocks; kb++) fill(kb);  // prologue
   uint32_t q_frag[kKSteps][4];
   load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
 
@@ -385,11 +360,13 @@ __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: two CTAs pe
   float row_sum[2] = {0.f, 0.f};                            // this thread's share of the running sum of exp2(s - max)
 
   for (int kb = 0; kb < num_k_blocks; kb++) {
-    kv.next(kb);
+    const int stage = kb % kStages;
+    if (kb + kStages - 1 < num_k_blocks) fill(kb + kStages - 1);  // into the stage iteration kb - 1 read
+    ring.wait_full(kb);
     if (kb <= wg_last_k_block) {
       float s[32];  // (64, 64) scores of this warpgroup's rows
       wgmma_fence();
-      wgmma_issue_64x64x64<0>(s, q_frag, kv.k_tile(kb), false);  // S = Q K^T
+      wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);  // S = Q K^T
       wgmma_commit();
       wgmma_wait<0>();
       fence_accumulator(s);
@@ -431,12 +408,12 @@ __global__ void __launch_bounds__(kThreads, 2)  // <= 128 registers: two CTAs pe
       uint32_t p_frag[kKSteps][4];
       accumulator_to_a_fragments(p_frag, s);
       wgmma_fence();
-      wgmma_issue_64x64x64<1>(o, p_frag, kv.v_tile(kb), true);  // O += P V
+      wgmma_issue_64x64x64<1>(o, p_frag, v_tile(stage), true);  // O += P V
       wgmma_commit();
       wgmma_wait<0>();
       fence_accumulator(o);
     }
-    kv.release(kb);
+    ring.release(kb);
   }
 
   float inv[2];
@@ -613,6 +590,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef LLM8_SM90_KERNEL_BODY
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = aligned_smem_base(smem_raw);
+  auto k_tile = [&](int stage) { return smem + stage * kTileBytes; };
+  auto v_tile = [&](int stage) { return smem + (kStages + stage) * kTileBytes; };
 
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int b = blockIdx.x / NH, h = blockIdx.x % NH;
@@ -622,11 +601,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const size_t qkv_stride = (size_t)(NH + 2 * NKV) * kHeadSize;
   const size_t out_stride = (size_t)NH * kHeadSize;
   const bf16* qkv_b = qkv + (size_t)b * T * qkv_stride;
+  const bf16* k_head = qkv_b + (NH + kv_head) * kHeadSize;
+  const bf16* v_head = qkv_b + (NH + NKV + kv_head) * kHeadSize;
 
   const int num_k_blocks = min((q_block + 1) * kWarpgroups, (T + kTileRows - 1) / kTileRows);
-  const KvTileStream kv(smem, qkv_b + (NH + kv_head) * kHeadSize, qkv_b + (NH + NKV + kv_head) * kHeadSize, T,
-                        qkv_stride, num_k_blocks);
-  kv.start();
+  const StageRing ring(smem + kv_stream_tiles_bytes());
+  auto fill = [&](int kb) {  // K and V of key block kb into its stage
+    ring.wait_empty(kb);
+    load_tile_async(k_tile(kb % kStages), k_head, kb * kTileRows, T, qkv_stride);
+    load_tile_async(v_tile(kb % kStages), v_head, kb * kTileRows, T, qkv_stride);
+    ring.commit_fill(kb);
+  };
+  for (int kb = 0; kb < kStages - 1 && kb < num_k_blocks; kb++) fill(kb);  // prologue
   uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
   load_a_fragments(q_frag, qkv_b + h * kHeadSize, wg_q0, T, qkv_stride);
   load_a_fragments(do_frag, dout + (size_t)b * T * out_stride + h * kHeadSize, wg_q0, T, out_stride);
@@ -644,13 +630,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dq[32] = {};  // (64 queries, 64) of this warpgroup, unscaled
 
   for (int kb = 0; kb < num_k_blocks; kb++) {
-    kv.next(kb);
+    const int stage = kb % kStages;
+    if (kb + kStages - 1 < num_k_blocks) fill(kb + kStages - 1);  // into the stage iteration kb - 1 read
+    ring.wait_full(kb);
+
     if (kb <= wg_last_k_block) {
       float s[32], dp[32];  // (64 queries, 64 keys): S then P then dS; dP
       wgmma_fence();
-      wgmma_issue_64x64x64<0>(s, q_frag, kv.k_tile(kb), false);  // S = Q K^T
+      wgmma_issue_64x64x64<0>(s, q_frag, k_tile(stage), false);  // S = Q K^T
       wgmma_commit();
-      wgmma_issue_64x64x64<0>(dp, do_frag, kv.v_tile(kb), false);  // dP = dO V^T
+      wgmma_issue_64x64x64<0>(dp, do_frag, v_tile(stage), false);  // dP = dO V^T
       wgmma_commit();
 
       wgmma_wait<1>();  // S
@@ -675,12 +664,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ds_frag[kKSteps][4];
       accumulator_to_a_fragments(ds_frag, s);
       wgmma_fence();
-      wgmma_issue_64x64x64<1>(dq, ds_frag, kv.k_tile(kb), true);  // dQ += dS K
+      wgmma_issue_64x64x64<1>(dq, ds_frag, k_tile(stage), true);  // dQ += dS K
       wgmma_commit();
       wgmma_wait<0>();  // the K tile of this stage is read before the stage is released
       fence_accumulator(dq);
     }
-    kv.release(kb);
+    ring.release(kb);
   }
 
   const float dq_scale[2] = {kSoftmaxScale, kSoftmaxScale};
