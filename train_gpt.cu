@@ -1,11 +1,11 @@
 // train_gpt: the run driver. Read it top to bottom:
-//   flags (llmc/cli) → config (llmc/config: presets, --set overrides, validation) → --print-config / --dry-run
-//   → run_training: process group (llmc/comm: one process per GPU; nothing for one GPU) → device → data loaders
-//   → model (llmc/model: the architecture of model.arch, its linears planned by the precision recipe, llmc/recipe)
-//   + AdamW (llmc/zero: ZeRO-1 / ZeRO-0 over the ranks, llmc/optimizer's AdamW on one GPU) → init or resume
-//   (llmc/checkpoint) → the training loop (micro-batches with gradient accumulation, the gradient reduction during
+//   flags (llmc/run/cli) → config (llmc/run/config: presets, --set overrides, validation) → --print-config / --dry-run
+//   → run_training: process group (llmc/distributed/comm: one process per GPU; nothing for one GPU) → device → data loaders
+//   → model (llmc/model/model: the architecture of model.arch, its linears planned by the precision recipe, llmc/precision/recipe)
+//   + AdamW (llmc/distributed/zero: ZeRO-1 / ZeRO-0 over the ranks, llmc/optim/adamw's AdamW on one GPU) → init or resume
+//   (llmc/io/checkpoint) → the training loop (micro-batches with gradient accumulation, the gradient reduction during
 //   the last backward, AdamW with clipping, the LR schedule, the divergence guard that skips non-finite steps)
-//   → validation, samples, FP8 numerics telemetry, checkpoints and logs (llmc/metrics). Rank 0 prints and writes
+//   → validation, samples, FP8 numerics telemetry, checkpoints and logs (llmc/run/metrics). Rank 0 prints and writes
 //   logs; every rank checks in at the check points (data, resume, each step's data, checkpoints), so that an error on
 //   one rank stops all of them with a message naming it.
 #include <algorithm>
@@ -21,22 +21,25 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "llmc/checkpoint.h"
-#include "llmc/cli.h"
-#include "llmc/comm.h"
-#include "llmc/common.h"
-#include "llmc/config.h"
-#include "llmc/data.h"
-#include "llmc/gemm.h"
-#include "llmc/interop.h"
-#include "llmc/linear.h"
-#include "llmc/model.h"
-#include "llmc/metrics.h"
-#include "llmc/optimizer.h"
-#include "llmc/safetensors.h"
-#include "llmc/schedule.h"
-#include "llmc/tokenizer.h"
-#include "llmc/zero.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/run/cli.h"
+#include "llmc/distributed/comm.h"
+#include "llmc/distributed/rendezvous.h"
+#include "llmc/core/common.h"
+#include "llmc/run/config.h"
+#include "llmc/io/data.h"
+#include "llmc/precision/gemm.h"
+#include "llmc/io/interop.h"
+#include "llmc/io/optimizer_files.h"
+#include "llmc/precision/linear.h"
+#include "llmc/model/model.h"
+#include "llmc/run/metrics.h"
+#include "llmc/run/start_weights.h"
+#include "llmc/optim/adamw.h"
+#include "llmc/io/safetensors.h"
+#include "llmc/optim/schedule.h"
+#include "llmc/io/tokenizer.h"
+#include "llmc/distributed/zero.h"
 
 namespace {
 
@@ -130,7 +133,7 @@ double evaluate(Model& model, DataLoader& val, const RunConfig& cfg, std::vector
 }
 
 // ------------------------------------------------------------------------------------------------------------------
-// Checkpoints (file formats in llmc/zero.h): model.safetensors = FP32 master weights by parameter name (the bf16
+// Checkpoints (file formats in llmc/distributed/zero.h): model.safetensors = FP32 master weights by parameter name (the bf16
 // working weights are their round-to-nearest copies), the AdamW state (optimizer_m/v.safetensors by name on one GPU
 // and under ZeRO-0, one optimizer_rank%05d.safetensors per rank under ZeRO-1), trainer_state.json = step, RNG, every
 // rank's data position, world size and shard layout. Rank 0 creates the tmp dir and commits; every rank writes its
@@ -177,7 +180,7 @@ void save_checkpoint(const RunConfig& cfg, int step, Model& model, ZeroAdamW& op
   PrecisionState* precision = model.precision_state();
   const bool has_precision = precision && precision->num_slots() > 0;
   comm.check_all_ok(capture_error([&] {
-                      snapshot.write(tmp);
+                      write_optimizer_snapshot(snapshot, tmp);
                       // The FP8 scaling state is the same on every rank (the amax reducer keeps it so): rank 0's.
                       if (has_precision && comm.is_root()) write_precision_state(tmp + "/" + kPrecisionFile, *precision);
                     }),
@@ -195,7 +198,7 @@ void save_checkpoint(const RunConfig& cfg, int step, Model& model, ZeroAdamW& op
                       state.config = config_to_json(cfg);
                       state.extra = {{"optimizer_updates", loop.optimizer_updates},
                                      {"skipped_steps", loop.skipped_steps},
-                                     {"optimizer", snapshot.describe()}};
+                                     {"optimizer", describe_optimizer_snapshot(snapshot)}};
                       if (has_precision) state.extra["precision"] = precision->describe();
                       dir = writer->commit(state, cfg.checkpoint.keep);
                     }),
@@ -373,7 +376,11 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
                       }
                       TrainerState state = load_trainer_state(*resume_dir);
                       check_same_model(state, cfg, *resume_dir);
-                      optimizer.load(*resume_dir, state, stream);
+                      {  // master weights by name, moments from whatever optimizer files it has (re-sharded)
+                        const OptimizerStateFiles saved =
+                            read_optimizer_state(*resume_dir, state, table, optimizer.owned_ranges());
+                        optimizer.restore(saved.master_full.data(), saved.m, saved.v, stream);
+                      }
                       model.weights_changed();
                       const nlohmann::json& saved = state.data.at("train");
                       if (state.world_size == world_size) {

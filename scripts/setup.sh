@@ -58,7 +58,7 @@ else
 fi
 
 # Optional Python packages: their tests are skipped (exit 77) without them, so a failed install is not an error.
-#   ml_dtypes: the reference FP8 / bf16 casts that test/cpu/test_fp8_vectors.py regenerates the vectors with.
+#   ml_dtypes: the reference FP8 / bf16 casts that test/core/test_fp8_vectors.py regenerates the vectors with.
 for mod in ml_dtypes; do
   if ! python3 -c "import $mod" >/dev/null 2>&1; then
     say "installing optional Python package: $mod"

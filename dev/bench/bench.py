@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Dense peak TFLOP/s per GPU (BF16, FP8) from NVIDIA's datasheets; the same table as llmc/metrics.cpp. Matched as
+# Dense peak TFLOP/s per GPU (BF16, FP8) from NVIDIA's datasheets; the same table as llmc/run/metrics.cpp. Matched as
 # lower-case substrings of the nvidia-smi name, most specific first. None = the GPU has no such peak (A100: no FP8).
 GPU_PEAKS = [
     ("gh200", (989.0, 1979.0)),
@@ -56,7 +56,7 @@ GPU_PEAKS = [
     ("b200", (2250.0, 4500.0)),
 ]
 
-# GPT-2 model presets (n_layer, n_head, n_embd, max_seq_len), as in llmc/model_spec.cpp. Used only when the
+# GPT-2 model presets (n_layer, n_head, n_embd, max_seq_len), as in llmc/model/model_spec.cpp. Used only when the
 # trainer's --dry-run output cannot be parsed (FLOPs fallback, peer model sizes).
 GPT2_PRESETS = {
     "gpt2-tiny": (2, 2, 128, 256),
@@ -69,7 +69,7 @@ GPT2_PRESETS = {
 GPT2_VOCAB = 50257
 
 # Llama presets (n_layer, n_head, n_kv_head, n_embd, ffn_hidden, max_seq_len, rope_theta, tied), as in
-# llmc/model_spec.cpp; the same fallback role as GPT2_PRESETS.
+# llmc/model/model_spec.cpp; the same fallback role as GPT2_PRESETS.
 LLAMA_PRESETS = {
     "llama-tiny": (2, 2, 1, 128, 512, 256, 10000.0, False),
     "llama-125m": (12, 12, 4, 768, 2048, 2048, 500000.0, True),

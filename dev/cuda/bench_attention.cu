@@ -1,4 +1,4 @@
-// dev/cuda/bench_attention.cu: times the flash attention forward and backward (llmc/attention.cu) on GPT-2-like
+// dev/cuda/bench_attention.cu: times the flash attention forward and backward (llmc/kernels/attention.cu) on GPT-2-like
 // shapes and prints ms and TFLOP/s (causal FLOPs: forward 2*2*B*NH*T*T*HS/2, backward 2.5x forward), for the portable
 // mma.sync kernels and, where the default differs (head size 64 on Hopper), for the default (wgmma) kernels.
 // Before timing each shape, a B=1 slice of it (one kv group) is checked against the CPU reference.
@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/kernels.h"
+#include "llmc/core/common.h"
+#include "llmc/kernels/attention.h"
+#include "test/reference/kernels_ref.h"
 
 using llmc::bf16;
 

@@ -1,4 +1,4 @@
-// dev/cuda/bench_gemm.cu: TFLOP/s of the cuBLASLt products of llmc/gemm.h, BF16 and FP8.
+// dev/cuda/bench_gemm.cu: TFLOP/s of the cuBLASLt products of llmc/precision/gemm.h, BF16 and FP8.
 //
 //   ./build/dev/cuda/bench_gemm [iters] [suite]        iters: timed calls per GEMM (default 20)
 //                                                      suite: all (default) | bf16 | fp8
@@ -33,8 +33,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include "llmc/common.h"
-#include "llmc/gemm.h"
+#include "llmc/core/common.h"
+#include "llmc/precision/gemm.h"
 
 using namespace llmc;
 
@@ -237,7 +237,7 @@ struct BenchOperand {
     o.scale_inv = d_scales;
     return o;
   }
-  // dequantised element (r, c), the scale read from the layout of llmc/tensor.h
+  // dequantised element (r, c), the scale read from the layout of llmc/precision/tensor.h
   double value(int r, int c) const {
     double s = scales[0];
     if (granularity == ScaleGranularity::Block1x128) s = scales[(size_t)(c / 128) * round_up((size_t)rows, 4) + r];
@@ -248,7 +248,7 @@ struct BenchOperand {
   }
 };
 
-// 16 sampled elements of D (m, n) = A·Bᵀ against FP64, with the FP8 test's tolerance (test/gpu/test_gemm_fp8.cu).
+// 16 sampled elements of D (m, n) = A·Bᵀ against FP64, with the FP8 test's tolerance (test/precision/test_gemm_fp8.cu).
 bool spot_check_fp8(const void* d_out, bool d_fp32, const BenchOperand& A, const BenchOperand& B, int m, int n, int k,
                      bool fast) {
   std::mt19937 rng(11);

@@ -7,7 +7,7 @@
 // heuristic for up to `candidates` algorithms, times each (median of 9 timings of 5 back-to-back calls, after a
 // warm-up) on random bf16 inputs, and compares its output bitwise with the first candidate's. Prints one line per
 // candidate: time, TFLOP/s, speedup over candidate 0, "same bits" or the number of differing elements.
-// The layouts are llmc/gemm.cu's (row-major tensors seen as column-major by cuBLASLt).
+// The layouts are llmc/precision/gemm.cu's (row-major tensors seen as column-major by cuBLASLt).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

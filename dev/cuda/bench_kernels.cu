@@ -1,7 +1,7 @@
-// dev/cuda/bench_kernels: times every kernel of llmc/kernels.h (but attention) at GPT-2 124M shapes (B=16, T=1024,
+// dev/cuda/bench_kernels: times every kernel of llmc/kernels/ (but attention) at GPT-2 124M shapes (B=16, T=1024,
 // C=768, V=50257, Vp=50304): warm-up, then the median of repeated cudaEvent timings; prints ms and the achieved GB/s
 // with bytes = every input read once + every output written once (the ideal traffic of a memory-bound kernel).
-// Correctness is the job of test/gpu/test_kernels; the inputs here are random but valid.
+// Correctness is the job of test/kernels/test_kernels; the inputs here are random but valid.
 // Usage: bench_kernels [repeats]   (default 20)
 #include <algorithm>
 #include <cstdio>
@@ -10,8 +10,13 @@
 #include <random>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/kernels.h"
+#include "llmc/core/common.h"
+#include "llmc/kernels/classifier.h"
+#include "llmc/kernels/encoder.h"
+#include "llmc/kernels/gelu.h"
+#include "llmc/kernels/layernorm.h"
+#include "llmc/kernels/reduce.h"
+#include "llmc/optim/adamw_update.h"
 
 using llmc::bf16;
 

@@ -1,7 +1,7 @@
-// dev/cuda/bench_llama_kernels: times the Llama kernels (llmc/rmsnorm.cu, rope.cu, swiglu.cu) at Llama-3.2-1B shapes
+// dev/cuda/bench_llama_kernels: times the Llama kernels (llmc/kernels/rmsnorm.cu, rope.cu, swiglu.cu) at Llama-3.2-1B shapes
 // (B=4, T=2048, C=2048, 32 query / 8 key-value heads of 64, F=8192), each without and with its amax output: warm-up,
 // then the median of repeated cudaEvent timings; prints ms and GB/s with bytes = every input read once + every output
-// written once (the ideal traffic of a memory-bound kernel). Correctness is the job of test/gpu/test_llama_kernels.
+// written once (the ideal traffic of a memory-bound kernel). Correctness is the job of test/kernels/test_llama_kernels.
 // Usage: bench_llama_kernels [repeats]   (default 20)
 #include <algorithm>
 #include <cstdio>
@@ -10,8 +10,10 @@
 #include <random>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/kernels.h"
+#include "llmc/core/common.h"
+#include "llmc/kernels/rmsnorm.h"
+#include "llmc/kernels/rope.h"
+#include "llmc/kernels/swiglu.h"
 
 using llmc::bf16;
 

@@ -1,9 +1,9 @@
-// dev/cuda/bench_quant: times the FP8 quantisation kernels of llmc/quant.h on (16384, 768) and (16384, 3072) bf16
+// dev/cuda/bench_quant: times the FP8 quantisation kernels of llmc/precision/quant.h on (16384, 768) and (16384, 3072) bf16
 // tensors (GPT-2 124M activations: the attention / MLP inputs at B*T = 16K): warm-up, then the median of repeated
 // cudaEvent timings; prints ms and the achieved GB/s with bytes = x read once + every output written once (the ideal
 // traffic of a memory-bound kernel; scales included), and the fraction of the device's theoretical DRAM bandwidth.
 // Before timing, each cast's first 256 rows are checked against the host reference (codes and scales); the full
-// check is test/gpu/test_quant.
+// check is test/precision/test_quant.
 // Usage: bench_quant [repeats]   (default 20)
 #include <algorithm>
 #include <cstdio>
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/dtypes.h"
-#include "llmc/quant.h"
+#include "llmc/core/common.h"
+#include "llmc/core/dtypes.h"
+#include "llmc/precision/quant.h"
 
 using llmc::bf16;
 using llmc::Fp8Format;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""dev/reference/gpt2.py: the PyTorch reference GPT-2 that the GPU parity test (test/gpu/test_gpt2_parity.cu)
+"""dev/reference/gpt2.py: the PyTorch reference GPT-2 that the GPU parity test (test/model/test_gpt2_parity.cu)
 compares llm8 against, and the PyTorch baseline of the benchmarks (--time).
 
 The model is written with our conventions so that no renaming or transposing is needed:

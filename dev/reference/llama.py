@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""dev/reference/llama.py: the PyTorch reference Llama that the GPU parity test (test/gpu/test_llama_parity.cu)
+"""dev/reference/llama.py: the PyTorch reference Llama that the GPU parity test (test/model/test_llama_parity.cu)
 compares llm8 against, and the PyTorch peer of the benchmarks (--time, Hugging Face LlamaForCausalLM).
 
 The model is written out with our conventions so that no renaming or transposing is needed:
@@ -7,7 +7,7 @@ The model is written out with our conventions so that no renaming or transposing
     nn.Linear (out, in) layout, embed_tokens / lm_head padded to (Vp, C) with zero rows past the real vocabulary V);
   - RMSNorm y = x / sqrt(mean(x^2) + eps) * weight; RoPE in the Hugging Face "rotate_half" convention (dimension i
     pairs with i + HS/2, inv_freq[i] = theta^(-2i/HS) computed in FP64 and rounded to FP32, angle = t * inv_freq in
-    FP32, as llmc/rope.cu); grouped-query attention by repeating each key/value head for its NH/NKV query heads
+    FP32, as llmc/kernels/rope.cu); grouped-query attention by repeating each key/value head for its NH/NKV query heads
     (here only: the CUDA kernel indexes kv head h / (NH/NKV) directly); causal softmax with scale 1/sqrt(HS);
     SwiGLU MLP down(silu(gate(x)) * up(x)); no biases; lm_head tied to embed_tokens unless --untied;
   - logits are sliced to [:V] for the loss (padded rows never receive gradient).
@@ -51,7 +51,7 @@ except ImportError:  # the parity test turns this exit code into a skip
 
 from safetensors.numpy import load_file, save_file
 
-# The presets of llmc/model_spec.cpp (vocabulary 50257 padded to 50304, RMSNorm eps 1e-5). Explicit --n_layer etc.
+# The presets of llmc/model/model_spec.cpp (vocabulary 50257 padded to 50304, RMSNorm eps 1e-5). Explicit --n_layer etc.
 # override any of these.
 PRESETS = {
     "llama-tiny": dict(n_layer=2, n_head=2, n_kv_head=1, n_embd=128, ffn_hidden=512, max_seq_len=256,
@@ -128,7 +128,7 @@ def rms_norm(x, weight, eps):
 
 
 def rope_cos_sin(T, HS, theta, device):
-    """(T, HS) cos and sin of the rotation angles, as llmc/rope.cu: FP64 inv_freq rounded to FP32, FP32 angle."""
+    """(T, HS) cos and sin of the rotation angles, as llmc/kernels/rope.cu: FP64 inv_freq rounded to FP32, FP32 angle."""
     inv_freq = (float(theta) ** (-torch.arange(0, HS, 2, dtype=torch.float64) / HS)).to(torch.float32)
     angle = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (T, HS/2), FP32 products
     emb = torch.cat([angle, angle], dim=-1).to(device)  # dimension i and i + HS/2 share an angle

@@ -1,11 +1,11 @@
 // dev/tools/debug_state.cu: our model's logits, loss and parameter gradients for one batch, written to safetensors,
-// so that an outside reference (test/gpu/test_transformers_parity.py: Hugging Face transformers) can be compared with
+// so that an outside reference (test/model/test_transformers_parity_gpu.py: Hugging Face transformers) can be compared with
 // the trainer's GPU model tensor by tensor.
 //
 //   debug_state --model DIR|FILE.bin --batch batch.safetensors --out state.safetensors [--recompute 0|1]
 //
 //   --model   a Hugging Face directory (config.json + model.safetensors) or an llm.c model file: the spec comes from
-//             it (llmc/interop), the FP32 weights become the model's bf16 working weights exactly as in training
+//             it (llmc/io/interop), the FP32 weights become the model's bf16 working weights exactly as in training
 //             (AdamW::set_master: round to nearest even)
 //   --batch   "inputs" and "targets", I32 (B, T)
 //   --out     logits F32 (B, T, V) of the evaluation forward (padded vocabulary columns dropped), loss F32 (1) = the
@@ -21,12 +21,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "llmc/common.h"
-#include "llmc/gemm.h"
-#include "llmc/model.h"
-#include "llmc/interop.h"
-#include "llmc/optimizer.h"
-#include "llmc/safetensors.h"
+#include "llmc/core/common.h"
+#include "llmc/precision/gemm.h"
+#include "llmc/model/model.h"
+#include "llmc/io/interop.h"
+#include "llmc/optim/adamw.h"
+#include "llmc/io/safetensors.h"
 
 using namespace llmc;
 

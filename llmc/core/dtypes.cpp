@@ -1,0 +1,136 @@
+// llmc/core/dtypes.cpp: host reference encode / decode of BF16, FP8 E4M3 (OCP e4m3fn) and FP8 E5M2, written from the bit-level
+// definitions of the formats (never through the CUDA conversion, which the tests use as an independent cross-check).
+//
+// FP8 encoding, for a format with M mantissa bits, exponent bias B and smallest normal exponent emin = 1 - B:
+//   |x| = s * 2^(E - 23) with s the 24-bit FP32 significand (implicit 1) and E its unbiased exponent. The quantum of
+//   the target at that magnitude is 2^q, q = max(E, emin) - M (normal binades have M bits after the point, the
+//   subnormal range has the fixed quantum 2^(emin - M)). n = |x| / 2^q rounded to nearest, ties to even, is the
+//   number of quanta; the code is n in the subnormal range (n = 2^M is then exactly the smallest normal's code) and
+//   ((E + B - 1) << M) + n in a normal binade (n = 2^(M+1) after rounding carries into the exponent field).
+//   Codes above the largest finite one saturate to it: this is round-to-nearest-even in an unbounded exponent range
+//   followed by clamping, which is what __NV_SATFINITE does (E4M3: 464 = 448 + half an ulp ties to 448; E5M2:
+//   61440 ties to 65536 and clamps to 57344).
+#include "llmc/core/dtypes.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "llmc/core/common.h"
+
+namespace llmc {
+
+const char* fp8_format_name(Fp8Format f) {
+  switch (f) {
+    case Fp8Format::E4M3: return "e4m3";
+    case Fp8Format::E5M2: return "e5m2";
+  }
+  return "unknown";
+}
+
+bool parse_fp8_format(const std::string& s, Fp8Format* out) {
+  if (s == "e4m3") {
+    *out = Fp8Format::E4M3;
+    return true;
+  }
+  if (s == "e5m2") {
+    *out = Fp8Format::E5M2;
+    return true;
+  }
+  return false;
+}
+
+
+namespace {
+
+uint32_t float_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+float bits_float(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+struct Fp8Params {
+  int mantissa_bits;    // M
+  int bias;             // B
+  uint32_t max_code;    // largest finite magnitude code: 0x7E (448) / 0x7B (57344)
+};
+
+Fp8Params fp8_params(Fp8Format f) {
+  switch (f) {
+    case Fp8Format::E4M3: return {3, 7, 0x7Eu};
+    case Fp8Format::E5M2: return {2, 15, 0x7Bu};
+  }
+  throw_error("fp8: unknown Fp8Format %d", static_cast<int>(f));
+}
+
+}  // namespace
+
+uint8_t fp8_encode(float x, Fp8Format f) {
+  const Fp8Params p = fp8_params(f);
+  const uint32_t bits = float_bits(x);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) return kFp8NanCode;               // NaN (any sign, any payload), as CUDA
+  if (abs_bits == 0x7f800000u) return static_cast<uint8_t>(sign | p.max_code);  // +-inf saturates
+  const int exponent_field = static_cast<int>(abs_bits >> 23);
+  // FP32 zeros and subnormals (< 2^-126) are far below half the smallest FP8 subnormal: they round to +-0.
+  if (exponent_field == 0) return static_cast<uint8_t>(sign);
+  const uint32_t significand = (abs_bits & 0x7fffffu) | 0x800000u;  // s, 24 bits
+  const int E = exponent_field - 127;
+  const int emin = 1 - p.bias;
+  const int q = (E > emin ? E : emin) - p.mantissa_bits;
+  const int shift = q - (E - 23);  // |x| / 2^q = s / 2^shift; shift >= 23 - M >= 20
+  if (shift > 24) return static_cast<uint8_t>(sign);  // |x| < 2^q / 2: rounds to zero
+  uint32_t n = significand >> shift;
+  const uint32_t rest = significand & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (n & 1u))) n++;
+  uint32_t code = E < emin ? n : (static_cast<uint32_t>(E + p.bias - 1) << p.mantissa_bits) + n;
+  if (code > p.max_code) code = p.max_code;
+  return static_cast<uint8_t>(sign | code);
+}
+
+float fp8_decode(uint8_t code, Fp8Format f) {
+  const Fp8Params p = fp8_params(f);
+  const bool negative = (code & 0x80u) != 0;
+  const int magnitude = code & 0x7f;
+  const int exponent_field = magnitude >> p.mantissa_bits;
+  const int mantissa = magnitude & ((1 << p.mantissa_bits) - 1);
+  float value;
+  if (f == Fp8Format::E4M3 && magnitude == 0x7f) {
+    value = std::numeric_limits<float>::quiet_NaN();  // e4m3fn: S.1111.111 is the only NaN, no infinities
+  } else if (f == Fp8Format::E5M2 && exponent_field == 31) {
+    value = mantissa == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent_field == 0) {
+    value = std::ldexp(static_cast<float>(mantissa), 1 - p.bias - p.mantissa_bits);  // subnormal
+  } else {
+    value = std::ldexp(static_cast<float>((1 << p.mantissa_bits) + mantissa), exponent_field - p.bias - p.mantissa_bits);
+  }
+  return negative ? -value : value;
+}
+
+uint16_t bf16_encode(float x) {
+  uint32_t bits = float_bits(x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (overflow carries into inf, as it should)
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float bf16_decode(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
+
+float pow2_floor(float x) {
+  if (!(x > 0.0f) || !std::isfinite(x))
+    throw_error("pow2_floor: x = %g must be positive and finite", static_cast<double>(x));
+  const uint32_t bits = float_bits(x);
+  if (bits >= 0x00800000u) return bits_float(bits & 0x7f800000u);  // normal: keep the exponent, zero the mantissa
+  uint32_t top = 0x00400000u;                                       // subnormal: its highest set bit
+  while (!(bits & top)) top >>= 1;
+  return bits_float(top);
+}
+
+}  // namespace llmc

@@ -1,0 +1,614 @@
+// llmc/io/checkpoint.cpp: implementation of CRC-32C, the atomic checkpoint writer, retention, verification and resume
+// (layout and protocol documented in checkpoint.h).
+#include "llmc/io/checkpoint.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+#include "llmc/core/common.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace llmc {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the slicing-by-8 CRC assumes a little-endian host");
+
+// ----------------------------------------------------------------------------------------------------------------
+// CRC-32C
+
+namespace {
+
+constexpr uint32_t kCrc32cPolyReflected = 0x82F63B78u;
+constexpr size_t kFileChunkBytes = size_t(8) << 20;  // streamed checksum reads 8 MiB at a time
+constexpr int kStepDigits = 8;
+
+// tables[k][b]: CRC contribution of byte b followed by k zero bytes (slicing-by-8).
+struct Crc32cTables {
+  uint32_t t[8][256];
+  Crc32cTables() {
+    for (uint32_t b = 0; b < 256; b++) {
+      uint32_t c = b;
+      for (int bit = 0; bit < 8; bit++) c = (c & 1) ? (c >> 1) ^ kCrc32cPolyReflected : c >> 1;
+      t[0][b] = c;
+    }
+    for (int k = 1; k < 8; k++)
+      for (uint32_t b = 0; b < 256; b++) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xff];
+  }
+};
+
+const Crc32cTables& crc_tables() {
+  static const Crc32cTables tables;
+  return tables;
+}
+
+// Raw update of a CRC register (no pre/post inversion).
+uint32_t crc32c_update_portable(uint32_t crc, const uint8_t* p, size_t n) {
+  const auto& t = crc_tables().t;
+  while (n >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    word ^= crc;
+    crc = t[7][word & 0xff] ^ t[6][(word >> 8) & 0xff] ^ t[5][(word >> 16) & 0xff] ^ t[4][(word >> 24) & 0xff] ^
+          t[3][(word >> 32) & 0xff] ^ t[2][(word >> 40) & 0xff] ^ t[1][(word >> 48) & 0xff] ^ t[0][word >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xff];
+  return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_update_sse42(uint32_t crc, const uint8_t* p, size_t n) {
+  uint64_t c = crc;
+  while (n >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = uint32_t(c);
+  while (n--) c32 = _mm_crc32_u8(c32, *p++);
+  return c32;
+}
+bool cpu_has_sse42() {
+  static const bool has = __builtin_cpu_supports("sse4.2");
+  return has;
+}
+#endif
+
+}  // namespace
+
+uint32_t crc32c_portable(const void* data, size_t nbytes, uint32_t crc) {
+  return ~crc32c_update_portable(~crc, static_cast<const uint8_t*>(data), nbytes);
+}
+
+uint32_t crc32c(const void* data, size_t nbytes, uint32_t crc) {
+#if defined(__x86_64__)
+  if (cpu_has_sse42()) return ~crc32c_update_sse42(~crc, static_cast<const uint8_t*>(data), nbytes);
+#endif
+  return crc32c_portable(data, nbytes, crc);
+}
+
+std::string crc32c_hex(uint32_t crc) { return strformat("%08x", crc); }
+
+// ----------------------------------------------------------------------------------------------------------------
+// File-system helpers
+
+namespace {
+
+// Reads a whole file through the checksum, optionally fsyncing it (commit) in the same open; returns the CRC.
+uint32_t checksum_file(const std::string& path, uint64_t* bytes_out, bool fsync_it) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_error("checkpoint: cannot open %s: %s", path.c_str(), std::strerror(errno));
+  std::vector<uint8_t> buf(kFileChunkBytes);
+  uint32_t crc = 0;
+  uint64_t total = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      throw_error("checkpoint: read error in %s: %s", path.c_str(), std::strerror(err));
+    }
+    if (n == 0) break;
+    crc = crc32c(buf.data(), size_t(n), crc);
+    total += uint64_t(n);
+  }
+  if (fsync_it && ::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw_error("checkpoint: fsync of %s failed: %s", path.c_str(), std::strerror(err));
+  }
+  ::close(fd);
+  if (bytes_out) *bytes_out = total;
+  return crc;
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // best effort: some file systems do not allow opening directories
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Writes (truncating) and fsyncs a file.
+void write_file_synced(const std::string& path, const void* data, size_t nbytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_error("checkpoint: cannot create %s: %s", path.c_str(), std::strerror(errno));
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  while (nbytes > 0) {
+    ssize_t n = ::write(fd, p, std::min(nbytes, size_t(1) << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      throw_error("checkpoint: cannot write %s: %s (hint: is the disk full?)", path.c_str(), std::strerror(err));
+    }
+    p += n;
+    nbytes -= size_t(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw_error("checkpoint: fsync of %s failed: %s", path.c_str(), std::strerror(err));
+  }
+  if (::close(fd) != 0) throw_error("checkpoint: closing %s failed: %s", path.c_str(), std::strerror(errno));
+}
+
+bool read_text_file(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+bool is_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec);
+}
+
+bool is_file(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec);
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) throw_error("checkpoint: cannot remove %s: %s", path.c_str(), ec.message().c_str());
+}
+
+std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+std::string done_contents(uint32_t state_crc) {
+  return std::string(kTrainerStateFile) + " crc32c " + crc32c_hex(state_crc) + "\n";
+}
+
+// A step dir name with an optional suffix (".tmp", ".old") → step; nullopt for other names.
+std::optional<int64_t> parse_step_name_with_suffix(const std::string& name, const std::string& suffix) {
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return std::nullopt;
+  return parse_step_dir_name(name.substr(0, name.size() - suffix.size()));
+}
+
+bool has_done(const std::string& step_dir) { return is_file(join(step_dir, kDoneFile)); }
+
+// Cheap usability check of a complete checkpoint (no checksums): DONE, trainer_state.json, files with the right sizes.
+bool looks_usable(const std::string& step_dir) {
+  if (!has_done(step_dir)) return false;
+  try {
+    TrainerState st = load_trainer_state(step_dir);
+    for (const CheckpointFile& f : st.files) {
+      std::error_code ec;
+      uint64_t size = fs::file_size(join(step_dir, f.name), ec);
+      if (ec || size != f.bytes) return false;
+    }
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
+}
+
+// The step of a step dir path (its last component, with an optional .old suffix), if it is named like one.
+std::optional<int64_t> step_of_dir(const std::string& step_dir) {
+  std::string name = fs::path(step_dir).lexically_normal().filename().string();
+  if (name.empty()) name = fs::path(step_dir).lexically_normal().parent_path().filename().string();
+  if (auto s = parse_step_dir_name(name)) return s;
+  return parse_step_name_with_suffix(name, ".old");
+}
+
+// The end of a "checkpoint X is corrupt" message: what the user can do instead.
+std::string previous_checkpoint_hint(const std::string& step_dir) {
+  fs::path normal = fs::path(step_dir).lexically_normal();
+  if (normal.filename().empty()) normal = normal.parent_path();
+  const std::string run_dir = normal.parent_path().empty() ? "." : normal.parent_path().string();
+  const std::optional<int64_t> step = step_of_dir(step_dir);
+  std::vector<CheckpointInfo> all = list_checkpoints(run_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (step && it->step >= *step) continue;
+    if (it->complete && looks_usable(it->path))
+      return strformat(": the previous checkpoint %s is still usable, remove the corrupt directory %s or set "
+                       "checkpoint.resume to it",
+                       it->path.c_str(), step_dir.c_str());
+  }
+  return strformat(": no earlier usable checkpoint exists in %s; remove the corrupt directory %s and start over "
+                   "(checkpoint.resume=none)",
+                   run_dir.c_str(), step_dir.c_str());
+}
+
+// Retention after a successful commit (see checkpoint.h). The checkpoint just written is always kept.
+void apply_retention(const std::string& run_dir, int64_t current_step, int keep) {
+  std::error_code ec;
+  std::vector<std::string> to_remove;
+  std::vector<CheckpointInfo> complete;
+  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
+    if (!entry.is_directory()) continue;
+    const std::string name = entry.path().filename().string();
+    const std::string path = entry.path().string();
+    if (parse_step_name_with_suffix(name, ".tmp") || parse_step_name_with_suffix(name, ".old")) {
+      to_remove.push_back(path);
+    } else if (auto step = parse_step_dir_name(name)) {
+      if (!has_done(path))
+        to_remove.push_back(path);
+      else if (*step != current_step)
+        complete.push_back({*step, path, true});
+    }
+  }
+  std::sort(complete.begin(), complete.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step > b.step; });
+  if (keep > 0)
+    for (size_t i = size_t(keep - 1); i < complete.size(); i++) to_remove.push_back(complete[i].path);
+  for (const std::string& path : to_remove) remove_tree(path);
+  if (!to_remove.empty()) fsync_dir(run_dir);
+}
+
+}  // namespace
+
+uint32_t crc32c_file(const std::string& path) { return checksum_file(path, nullptr, /*fsync_it=*/false); }
+
+// ----------------------------------------------------------------------------------------------------------------
+// Names
+
+std::string step_dir_name(int64_t step) {
+  if (step < 0) throw_error("checkpoint: negative step %lld", (long long)step);
+  return strformat("step_%0*lld", kStepDigits, (long long)step);
+}
+
+std::string step_dir_path(const std::string& run_dir, int64_t step) { return join(run_dir, step_dir_name(step)); }
+
+std::string checkpoint_tmp_path(const std::string& run_dir, int64_t step) { return step_dir_path(run_dir, step) + ".tmp"; }
+
+std::optional<int64_t> parse_step_dir_name(const std::string& name) {
+  const std::string prefix = "step_";
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() < size_t(kStepDigits) || digits.size() > 18) return std::nullopt;
+  for (char c : digits)
+    if (c < '0' || c > '9') return std::nullopt;
+  return std::stoll(digits);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Writer
+
+CheckpointWriter::CheckpointWriter(const std::string& run_dir, int64_t step)
+    : run_dir_(run_dir), tmp_dir_(checkpoint_tmp_path(run_dir, step)), final_dir_(step_dir_path(run_dir, step)),
+      step_(step) {
+  if (run_dir.empty()) throw_error("checkpoint: checkpoint.dir is empty: set it to a run directory");
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec || !is_dir(run_dir))
+    throw_error("checkpoint: cannot create the run directory %s (checkpoint.dir): %s", run_dir.c_str(),
+                ec ? ec.message().c_str() : "exists and is not a directory");
+  if (fs::exists(tmp_dir_, ec)) remove_tree(tmp_dir_);  // stale, from an interrupted write
+  if (!fs::create_directory(tmp_dir_, ec) || ec)
+    throw_error("checkpoint: cannot create %s: %s", tmp_dir_.c_str(), ec.message().c_str());
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(tmp_dir_, ec);  // best effort; a leftover is removed by the next writer
+}
+
+const std::string& CheckpointWriter::tmp_dir() const { return tmp_dir_; }
+
+std::string CheckpointWriter::file_path(const std::string& name) const {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    throw_error("checkpoint: '%s' is not a plain file name for a checkpoint file", name.c_str());
+  if (name == kTrainerStateFile || name == kDoneFile)
+    throw_error("checkpoint: '%s' is written by CheckpointWriter::commit itself; choose another file name", name.c_str());
+  if (committed_) throw_error("checkpoint: %s is already committed; cannot add '%s'", final_dir_.c_str(), name.c_str());
+  return join(tmp_dir_, name);
+}
+
+void CheckpointWriter::add_bytes(const std::string& name, const void* data, size_t nbytes) {
+  write_file_synced(file_path(name), data, nbytes);
+}
+
+void CheckpointWriter::add_json(const std::string& name, const nlohmann::json& j) {
+  const std::string text = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  add_bytes(name, text.data(), text.size());
+}
+
+std::string CheckpointWriter::commit(TrainerState state, int keep) {
+  if (committed_) throw_error("checkpoint: %s is already committed", final_dir_.c_str());
+  if (state.step != step_)
+    throw_error("checkpoint: trainer state step %lld differs from the writer's step %lld", (long long)state.step,
+                (long long)step_);
+  if (state.world_size < 1) throw_error("checkpoint: world_size must be >= 1 (got %d)", state.world_size);
+  if (keep < 0) throw_error("checkpoint: checkpoint.keep must be >= 0 (got %d)", keep);
+
+  // 1. Checksum and fsync every file the caller (and other ranks) wrote.
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(tmp_dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == kTrainerStateFile || name == kDoneFile) continue;
+    if (!entry.is_regular_file())
+      throw_error("checkpoint: %s is not a plain file; checkpoint files must be plain files in %s",
+                  entry.path().c_str(), tmp_dir_.c_str());
+    names.push_back(name);
+  }
+  if (ec) throw_error("checkpoint: cannot list %s: %s", tmp_dir_.c_str(), ec.message().c_str());
+  std::sort(names.begin(), names.end());
+  state.files.clear();
+  for (const std::string& name : names) {
+    CheckpointFile f;
+    f.name = name;
+    f.crc32c = checksum_file(join(tmp_dir_, name), &f.bytes, /*fsync_it=*/true);
+    state.files.push_back(f);
+  }
+
+  // 2. trainer_state.json, then the directory entry.
+  json j;
+  j["format_version"] = kCheckpointFormatVersion;
+  j["step"] = state.step;
+  j["world_size"] = state.world_size;
+  j["rng"] = state.rng;
+  j["data"] = state.data;
+  j["config"] = state.config;
+  j["extra"] = state.extra;
+  j["checksum"] = "crc32c";
+  j["files"] = json::array();
+  for (const CheckpointFile& f : state.files)
+    j["files"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32c", crc32c_hex(f.crc32c)}});
+  const std::string state_text = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  write_file_synced(join(tmp_dir_, kTrainerStateFile), state_text.data(), state_text.size());
+  fsync_dir(tmp_dir_);
+
+  // 3. Publish: move an existing checkpoint of this step aside, rename tmp → final, then DONE.
+  const std::string old_dir = final_dir_ + ".old";
+  if (fs::exists(final_dir_, ec)) {
+    if (fs::exists(old_dir, ec)) remove_tree(old_dir);
+    if (::rename(final_dir_.c_str(), old_dir.c_str()) != 0)
+      throw_error("checkpoint: cannot move %s aside to %s: %s", final_dir_.c_str(), old_dir.c_str(), std::strerror(errno));
+  }
+  if (::rename(tmp_dir_.c_str(), final_dir_.c_str()) != 0)
+    throw_error("checkpoint: cannot rename %s to %s: %s", tmp_dir_.c_str(), final_dir_.c_str(), std::strerror(errno));
+  committed_ = true;
+  fsync_dir(run_dir_);
+  const std::string done = done_contents(crc32c(state_text.data(), state_text.size()));
+  write_file_synced(join(final_dir_, kDoneFile), done.data(), done.size());
+  fsync_dir(final_dir_);
+  fsync_dir(run_dir_);
+
+  // 4. Retention (also removes the replaced .old and stale *.tmp dirs).
+  apply_retention(run_dir_, step_, keep);
+  return final_dir_;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Reading
+
+std::vector<CheckpointInfo> list_checkpoints(const std::string& run_dir) {
+  std::vector<CheckpointInfo> out;
+  std::error_code ec;
+  if (run_dir.empty() || !is_dir(run_dir)) return out;
+  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
+    if (!entry.is_directory()) continue;
+    const std::string path = entry.path().string();
+    if (auto step = parse_step_dir_name(entry.path().filename().string())) out.push_back({*step, path, has_done(path)});
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+  return out;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir, std::vector<std::string>* notes) {
+  if (run_dir.empty() || !is_dir(run_dir)) return std::nullopt;
+  std::map<int64_t, std::string> complete, incomplete, old_complete;
+  std::vector<std::string> tmp_dirs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
+    if (!entry.is_directory()) continue;
+    const std::string name = entry.path().filename().string();
+    const std::string path = entry.path().string();
+    if (auto step = parse_step_dir_name(name)) {
+      (has_done(path) ? complete : incomplete)[*step] = path;
+    } else if (auto old_step = parse_step_name_with_suffix(name, ".old")) {
+      if (has_done(path)) old_complete[*old_step] = path;
+    } else if (parse_step_name_with_suffix(name, ".tmp")) {
+      tmp_dirs.push_back(path);
+    }
+  }
+  // A complete .old stands in for its step when the replacement never finished (crash between rename and DONE).
+  for (const auto& [step, path] : old_complete)
+    if (!complete.count(step)) {
+      complete[step] = path;
+      if (notes)
+        notes->push_back(strformat("using %s: the checkpoint that was replacing it did not finish", path.c_str()));
+    }
+  std::optional<std::string> latest;
+  int64_t latest_step = -1;
+  if (!complete.empty()) {
+    latest = complete.rbegin()->second;
+    latest_step = complete.rbegin()->first;
+  }
+  if (notes) {
+    for (const auto& [step, path] : incomplete)
+      if (step > latest_step)
+        notes->push_back(strformat("skipping %s: no DONE marker (its write did not finish)", path.c_str()));
+    std::sort(tmp_dirs.begin(), tmp_dirs.end());
+    for (const std::string& path : tmp_dirs)
+      notes->push_back(strformat("ignoring %s: an unfinished checkpoint write", path.c_str()));
+  }
+  return latest;
+}
+
+TrainerState load_trainer_state(const std::string& step_dir) {
+  const std::string path = join(step_dir, kTrainerStateFile);
+  std::string text;
+  if (!read_text_file(path, &text))
+    throw_error("checkpoint file %s is missing or unreadable (is %s a checkpoint step directory?)", path.c_str(),
+                step_dir.c_str());
+  TrainerState st;
+  try {
+    st.raw = json::parse(text);
+  } catch (const json::exception& e) {
+    throw_error("checkpoint file %s is corrupt (not valid JSON: %s)", path.c_str(), e.what());
+  }
+  const json& j = st.raw;
+  auto need = [&](const char* key, bool ok, const char* what) {
+    if (!j.contains(key) || !ok)
+      throw_error("checkpoint file %s is corrupt ('%s' missing or not %s)", path.c_str(), key, what);
+  };
+  if (!j.is_object()) throw_error("checkpoint file %s is corrupt (not a JSON object)", path.c_str());
+  need("format_version", j.contains("format_version") && j["format_version"].is_number_integer(), "an integer");
+  st.format_version = j["format_version"].get<int>();
+  if (st.format_version != kCheckpointFormatVersion)
+    throw_error("checkpoint file %s has format_version %d, but this build reads version %d (hint: resume it with the "
+                "llm8 version that wrote it)",
+                path.c_str(), st.format_version, kCheckpointFormatVersion);
+  need("step", j.contains("step") && j["step"].is_number_unsigned(), "a non-negative integer");
+  st.step = j["step"].get<int64_t>();
+  need("world_size", j.contains("world_size") && j["world_size"].is_number_unsigned() && j["world_size"].get<int64_t>() >= 1,
+       "a positive integer");
+  st.world_size = j["world_size"].get<int>();
+  need("files", j.contains("files") && j["files"].is_array(), "an array");
+  if (j.contains("checksum") && j["checksum"] != "crc32c")
+    throw_error("checkpoint file %s names an unknown checksum '%s' (this build knows crc32c)", path.c_str(),
+                j["checksum"].dump().c_str());
+  const std::pair<const char*, json*> opaque_fields[] = {
+      {"rng", &st.rng}, {"data", &st.data}, {"config", &st.config}, {"extra", &st.extra}};
+  for (const auto& [key, field] : opaque_fields)
+    if (j.contains(key)) *field = j[key];
+  for (const json& f : j["files"]) {
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
+        !f["bytes"].is_number_unsigned() || !f.contains("crc32c") || !f["crc32c"].is_string())
+      throw_error("checkpoint file %s is corrupt (a 'files' entry needs name, bytes and crc32c)", path.c_str());
+    CheckpointFile cf;
+    cf.name = f["name"].get<std::string>();
+    cf.bytes = f["bytes"].get<uint64_t>();
+    const std::string hex = f["crc32c"].get<std::string>();
+    char* end = nullptr;
+    unsigned long v = std::strtoul(hex.c_str(), &end, 16);
+    if (hex.size() != 8 || end != hex.c_str() + hex.size())
+      throw_error("checkpoint file %s is corrupt (crc32c '%s' of %s is not 8 hex digits)", path.c_str(), hex.c_str(),
+                  cf.name.c_str());
+    if (cf.name.empty() || cf.name.find('/') != std::string::npos)
+      throw_error("checkpoint file %s is corrupt (bad file name '%s')", path.c_str(), cf.name.c_str());
+    cf.crc32c = uint32_t(v);
+    st.files.push_back(cf);
+  }
+  return st;
+}
+
+TrainerState verify_checkpoint(const std::string& step_dir) {
+  if (!is_dir(step_dir)) throw_error("checkpoint directory %s does not exist", step_dir.c_str());
+  const std::string done_path = join(step_dir, kDoneFile);
+  const std::string state_path = join(step_dir, kTrainerStateFile);
+  std::string done;
+  if (!read_text_file(done_path, &done))
+    throw_error("checkpoint %s is incomplete (no DONE marker: its write did not finish)%s", step_dir.c_str(),
+                previous_checkpoint_hint(step_dir).c_str());
+  std::string state_text;
+  if (!read_text_file(state_path, &state_text))
+    throw_error("checkpoint file %s is missing%s", state_path.c_str(), previous_checkpoint_hint(step_dir).c_str());
+  if (done != done_contents(crc32c(state_text.data(), state_text.size())))
+    throw_error("checkpoint file %s is corrupt (checksum mismatch with the DONE marker)%s", state_path.c_str(),
+                previous_checkpoint_hint(step_dir).c_str());
+  TrainerState st;
+  try {
+    st = load_trainer_state(step_dir);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + previous_checkpoint_hint(step_dir));
+  }
+  if (auto dir_step = step_of_dir(step_dir); dir_step && *dir_step != st.step)
+    throw_error("checkpoint file %s is corrupt (step %lld, but the directory is named for step %lld)%s",
+                state_path.c_str(), (long long)st.step, (long long)*dir_step, previous_checkpoint_hint(step_dir).c_str());
+  for (const CheckpointFile& f : st.files) {
+    const std::string path = join(step_dir, f.name);
+    if (!is_file(path))
+      throw_error("checkpoint file %s is missing%s", path.c_str(), previous_checkpoint_hint(step_dir).c_str());
+    std::error_code ec;
+    const uint64_t size = fs::file_size(path, ec);
+    if (ec || size != f.bytes)
+      throw_error("checkpoint file %s is corrupt (%llu bytes, expected %llu: truncated?)%s", path.c_str(),
+                  (unsigned long long)size, (unsigned long long)f.bytes, previous_checkpoint_hint(step_dir).c_str());
+    if (checksum_file(path, nullptr, /*fsync_it=*/false) != f.crc32c)
+      throw_error("checkpoint file %s is corrupt (checksum mismatch)%s", path.c_str(),
+                  previous_checkpoint_hint(step_dir).c_str());
+  }
+  return st;
+}
+
+std::optional<std::string> resolve_resume(const std::string& mode, const std::string& run_dir,
+                                          std::vector<std::string>* notes) {
+  if (mode == "none") return std::nullopt;
+  if (mode.empty())
+    throw_error("checkpoint.resume is empty: use auto, none, or the path of a step directory");
+  if (mode == "auto") {
+    std::optional<std::string> latest = find_latest_checkpoint(run_dir, notes);
+    if (!latest) return std::nullopt;
+    verify_checkpoint(*latest);
+    return latest;
+  }
+  if (!fs::exists(mode))
+    throw_error("checkpoint.resume: %s does not exist (hint: give a step directory like <run>/step_00000300, or auto "
+                "/ none)",
+                mode.c_str());
+  if (!is_dir(mode))
+    throw_error("checkpoint.resume: %s is not a directory (hint: give a step directory like <run>/step_00000300)",
+                mode.c_str());
+  if (!is_file(join(mode, kTrainerStateFile)) && !list_checkpoints(mode).empty())
+    throw_error("checkpoint.resume: %s is a run directory, not a step directory (hint: name one of its step_NNNNNNNN "
+                "directories, or set checkpoint.dir to it with checkpoint.resume=auto)",
+                mode.c_str());
+  if (!has_done(mode))
+    throw_error("checkpoint.resume: %s is incomplete (no DONE marker: its write did not finish)%s", mode.c_str(),
+                previous_checkpoint_hint(mode).c_str());
+  verify_checkpoint(mode);
+  return mode;
+}
+
+std::string world_size_mismatch_message(const std::string& step_dir, int saved_world_size, int current_world_size) {
+  return strformat("checkpoint %s was written by %d rank(s) but this run has %d: the optimizer state is stored per "
+                   "rank, so resume with %d rank(s), or start a new run from its weights only with "
+                   "train.init_from=%s and checkpoint.resume=none",
+                   step_dir.c_str(), saved_world_size, current_world_size, saved_world_size, step_dir.c_str());
+}
+
+void check_world_size(const TrainerState& state, int current_world_size, const std::string& step_dir) {
+  if (state.world_size != current_world_size)
+    throw Error(world_size_mismatch_message(step_dir, state.world_size, current_world_size));
+}
+
+}  // namespace llmc

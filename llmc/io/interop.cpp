@@ -1,0 +1,882 @@
+// llmc/io/interop.cpp: Hugging Face and llm.c import / export, the weights a run starts from, and train_gpt's --export-*
+// commands. Formats and conventions are documented in interop.h. Host code only.
+#include "llmc/io/interop.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/io/checkpoint.h"
+#include "llmc/core/common.h"
+#include "llmc/io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace llmc {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr const char* kHfConfigFile = "config.json";
+constexpr const char* kHfWeightsFile = "model.safetensors";
+constexpr const char* kHfIndexFile = "model.safetensors.index.json";
+constexpr const char* kLlm8WeightsFile = "model.safetensors";
+constexpr size_t kLlmcHeaderInts = 256;
+constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
+constexpr float kLlmcNormEps = 1e-5f;  // llm.c's LayerNorm epsilon (fixed in its kernels)
+
+// Other llm.c magics, so a wrong file gets a precise message.
+constexpr int kLlmcLlama3ModelMagic = 20240803;
+constexpr int kLlmcDebugStateMagic = 20240327;
+constexpr int kLlmcTokenizerMagic = 20240328;
+constexpr int kLlmcShardMagic = 20240520;
+constexpr int kLlmcShardMagicU32 = 20240801;
+
+// ----------------------------------------------------------------------------------------------------------------
+// small utilities
+
+// bf16 bits of x, round to nearest even; NaN stays a (quiet) NaN with its sign.
+uint16_t float_to_bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+// Floats as the shortest decimal that reads back to the same float (1e-05, not 9.99999974737875e-06).
+double float_for_json(float v) {
+  char buf[32];
+  for (int precision = 6; precision <= 9; precision++) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, static_cast<double>(v));
+    if (static_cast<float>(std::strtod(buf, nullptr)) == v) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
+std::string join_path(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void fsync_parent(const std::string& path) {
+  int fd = ::open(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().c_str(),
+                  O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // best effort
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// A file written under path + ".tmp", fsynced and renamed over path on commit(); removed if never committed.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (!f_)
+      throw_error("cannot create %s: %s (does the directory exist and is it writable?)", tmp_.c_str(),
+                  std::strerror(errno));
+  }
+  ~AtomicFile() {
+    if (f_) {
+      std::fclose(f_);
+      std::remove(tmp_.c_str());
+    }
+  }
+  void write(const void* data, size_t nbytes) {
+    if (nbytes && std::fwrite(data, 1, nbytes, f_) != nbytes)
+      throw_error("cannot write %s: %s (is the disk full?)", tmp_.c_str(), std::strerror(errno));
+  }
+  void commit() {
+    if (std::fflush(f_) != 0 || ::fsync(fileno(f_)) != 0)
+      throw_error("cannot write %s: %s (is the disk full?)", tmp_.c_str(), std::strerror(errno));
+    const int rc = std::fclose(f_);
+    f_ = nullptr;
+    if (rc != 0) {
+      std::remove(tmp_.c_str());
+      throw_error("closing %s failed: %s", tmp_.c_str(), std::strerror(errno));
+    }
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const int err = errno;
+      std::remove(tmp_.c_str());
+      throw_error("cannot rename %s to %s: %s", tmp_.c_str(), path_.c_str(), std::strerror(err));
+    }
+    fsync_parent(path_);
+  }
+
+ private:
+  std::string path_, tmp_;
+  FILE* f_ = nullptr;
+};
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  AtomicFile f(path);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
+// Appends values as F32 or BF16 little-endian bytes.
+void append_encoded(std::vector<uint8_t>* out, const float* values, size_t n, WeightDtype dtype) {
+  const size_t start = out->size();
+  if (dtype == WeightDtype::F32) {
+    out->resize(start + n * sizeof(float));
+    std::memcpy(out->data() + start, values, n * sizeof(float));
+  } else {
+    out->resize(start + n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+      const uint16_t b = float_to_bf16_bits(values[i]);
+      std::memcpy(out->data() + start + i * sizeof(uint16_t), &b, sizeof b);
+    }
+  }
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_error("cannot open %s: %s", path.c_str(), std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return json::parse(text.str());
+  } catch (const json::exception& e) {
+    throw_error("%s: invalid JSON (%s)", path.c_str(), e.what());
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Hugging Face config.json
+
+// GPT-2's Conv1D weights: stored (in, out) by Hugging Face, (out, in) by us.
+const char* const kGpt2Conv1DSuffixes[] = {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight",
+                                           ".mlp.c_proj.weight"};
+
+bool is_gpt2_conv1d(const std::string& name) {
+  for (const char* suffix : kGpt2Conv1DSuffixes)
+    if (ends_with(name, suffix)) return true;
+  return false;
+}
+
+ordered_json hf_config(const ModelSpec& spec, WeightDtype dtype) {
+  ordered_json c = ordered_json::object();
+  if (spec.arch == "gpt2") {
+    c["architectures"] = {"GPT2LMHeadModel"};
+    c["model_type"] = "gpt2";
+    c["vocab_size"] = spec.vocab_size;
+    c["n_positions"] = spec.max_seq_len;
+    c["n_ctx"] = spec.max_seq_len;
+    c["n_embd"] = spec.n_embd;
+    c["n_layer"] = spec.n_layer;
+    c["n_head"] = spec.n_head;
+    c["n_inner"] = spec.ffn_hidden;
+    c["activation_function"] = "gelu_new";  // the tanh approximation, as our GELU kernels
+    c["layer_norm_epsilon"] = float_for_json(spec.norm_eps);
+    c["resid_pdrop"] = 0.0;  // llm8 trains without dropout
+    c["embd_pdrop"] = 0.0;
+    c["attn_pdrop"] = 0.0;
+    c["initializer_range"] = 0.02;
+    c["scale_attn_weights"] = true;
+    c["scale_attn_by_inverse_layer_idx"] = false;
+    c["reorder_and_upcast_attn"] = false;
+    c["tie_word_embeddings"] = true;
+    if (spec.vocab_size > 50256) {  // the GPT-2 tokenizer's <|endoftext|>
+      c["bos_token_id"] = 50256;
+      c["eos_token_id"] = 50256;
+    }
+  } else if (spec.arch == "llama") {
+    c["architectures"] = {"LlamaForCausalLM"};
+    c["model_type"] = "llama";
+    c["vocab_size"] = spec.vocab_size;
+    c["hidden_size"] = spec.n_embd;
+    c["intermediate_size"] = spec.ffn_hidden;
+    c["num_hidden_layers"] = spec.n_layer;
+    c["num_attention_heads"] = spec.n_head;
+    c["num_key_value_heads"] = spec.n_kv_head;
+    c["head_dim"] = spec.head_size();
+    c["hidden_act"] = "silu";
+    c["max_position_embeddings"] = spec.max_seq_len;
+    c["rms_norm_eps"] = float_for_json(spec.norm_eps);
+    c["rope_theta"] = float_for_json(spec.rope_theta);
+    c["rope_scaling"] = nullptr;  // plain RoPE (rotate_half convention, as our kernels)
+    c["attention_bias"] = false;
+    c["attention_dropout"] = 0.0;
+    c["mlp_bias"] = false;
+    c["pretraining_tp"] = 1;
+    c["initializer_range"] = 0.02;
+    c["tie_word_embeddings"] = spec.tied_embeddings;
+  } else {
+    throw_error("Hugging Face export: model.arch '%s' is not supported (supported: gpt2, llama)", spec.arch.c_str());
+  }
+  c["use_cache"] = true;
+  c["torch_dtype"] = dtype == WeightDtype::F32 ? "float32" : "bfloat16";
+  return c;
+}
+
+// Typed accessors that name the file and the key on any problem.
+struct ConfigReader {
+  const json& j;
+  const std::string& path;
+  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+  int get_int(const char* key) const {
+    if (!has(key)) throw_error("%s: key '%s' is missing", path.c_str(), key);
+    const json& v = j[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (int64_t(1) << 30))
+      throw_error("%s: '%s' must be a positive integer, got %s", path.c_str(), key, v.dump().c_str());
+    return v.get<int>();
+  }
+  int get_int(const char* key, int fallback) const { return has(key) ? get_int(key) : fallback; }
+  double get_number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_number()) throw_error("%s: '%s' must be a number, got %s", path.c_str(), key, j[key].dump().c_str());
+    return j[key].get<double>();
+  }
+  bool get_bool(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_boolean()) throw_error("%s: '%s' must be true or false, got %s", path.c_str(), key,
+                                          j[key].dump().c_str());
+    return j[key].get<bool>();
+  }
+  std::string get_string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_string()) throw_error("%s: '%s' must be a string, got %s", path.c_str(), key,
+                                         j[key].dump().c_str());
+    return j[key].get<std::string>();
+  }
+};
+
+// The architecture a config.json describes: "gpt2" or "llama"; an llmc::Error names anything else.
+std::string hf_arch(const json& j, const std::string& path) {
+  std::string model_type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>()
+                                                                                    : "";
+  std::string architecture;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    architecture = j["architectures"][0].get<std::string>();
+  if (model_type == "gpt2" || (model_type.empty() && architecture == "GPT2LMHeadModel")) return "gpt2";
+  if (model_type == "llama" || (model_type.empty() && architecture == "LlamaForCausalLM")) return "llama";
+  throw_error("%s: unknown architecture (model_type '%s', architectures [%s]): llm8 imports GPT2LMHeadModel "
+              "(model_type gpt2) and LlamaForCausalLM (model_type llama)",
+              path.c_str(), model_type.c_str(), architecture.c_str());
+}
+
+ModelSpec gpt2_spec_from_hf(const ConfigReader& c) {
+  ModelSpec s;
+  s.arch = "gpt2";
+  s.n_layer = c.get_int("n_layer");
+  s.n_head = c.get_int("n_head");
+  s.n_kv_head = s.n_head;
+  s.n_embd = c.get_int("n_embd");
+  s.vocab_size = c.get_int("vocab_size");
+  s.max_seq_len = c.get_int("n_positions");
+  s.ffn_hidden = c.get_int("n_inner", 4 * s.n_embd);
+  s.norm_eps = static_cast<float>(c.get_number("layer_norm_epsilon", 1e-5));
+  s.tied_embeddings = true;
+  const std::string act = c.get_string("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    throw_error("%s: activation_function '%s' is not supported: llm8's GPT-2 uses the tanh approximation of GELU "
+                "(gelu_new or gelu_pytorch_tanh)", c.path.c_str(), act.c_str());
+  if (!c.get_bool("tie_word_embeddings", true))
+    throw_error("%s: tie_word_embeddings is false, but llm8's GPT-2 ties lm_head to transformer.wte", c.path.c_str());
+  if (!c.get_bool("scale_attn_weights", true))
+    throw_error("%s: scale_attn_weights is false, but llm8's attention scales by 1/sqrt(head size)", c.path.c_str());
+  if (c.get_bool("scale_attn_by_inverse_layer_idx", false))
+    throw_error("%s: scale_attn_by_inverse_layer_idx is true, which llm8's GPT-2 does not implement", c.path.c_str());
+  if (c.get_bool("add_cross_attention", false))
+    throw_error("%s: add_cross_attention is true: llm8's GPT-2 is a decoder without cross-attention", c.path.c_str());
+  if (s.n_embd % s.n_head != 0)
+    throw_error("%s: n_embd %d is not divisible by n_head %d", c.path.c_str(), s.n_embd, s.n_head);
+  return s;
+}
+
+// RoPE settings: rope_theta at the top level (transformers 4.x) or in rope_parameters (5.x); only plain RoPE.
+float llama_rope_theta(const ConfigReader& c) {
+  double theta = c.get_number("rope_theta", 10000.0);
+  std::string rope_type = "default";
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!c.has(key)) continue;
+    const json& r = c.j[key];
+    if (!r.is_object())
+      throw_error("%s: '%s' must be an object or null, got %s", c.path.c_str(), key, r.dump().c_str());
+    const ConfigReader inner{r, c.path};
+    if (inner.has("rope_theta")) theta = inner.get_number("rope_theta", theta);
+    const std::string type = inner.get_string("rope_type", inner.get_string("type", "default"));
+    if (type != "default") rope_type = type;
+  }
+  if (rope_type != "default")
+    throw_error("%s: RoPE scaling '%s' is not supported: llm8's Llama implements plain RoPE (rope_type default)",
+                c.path.c_str(), rope_type.c_str());
+  if (!(theta > 0)) throw_error("%s: rope_theta must be positive", c.path.c_str());
+  return static_cast<float>(theta);
+}
+
+ModelSpec llama_spec_from_hf(const ConfigReader& c) {
+  ModelSpec s;
+  s.arch = "llama";
+  s.n_layer = c.get_int("num_hidden_layers");
+  s.n_head = c.get_int("num_attention_heads");
+  s.n_kv_head = c.get_int("num_key_value_heads", s.n_head);
+  s.n_embd = c.get_int("hidden_size");
+  s.vocab_size = c.get_int("vocab_size");
+  s.max_seq_len = c.get_int("max_position_embeddings", 2048);
+  s.ffn_hidden = c.get_int("intermediate_size");
+  s.norm_eps = static_cast<float>(c.get_number("rms_norm_eps", 1e-6));
+  s.rope_theta = llama_rope_theta(c);
+  s.tied_embeddings = c.get_bool("tie_word_embeddings", false);
+  const std::string act = c.get_string("hidden_act", "silu");
+  if (act != "silu")
+    throw_error("%s: hidden_act '%s' is not supported: llm8's Llama MLP is SwiGLU (silu)", c.path.c_str(), act.c_str());
+  if (c.get_bool("attention_bias", false) || c.get_bool("mlp_bias", false))
+    throw_error("%s: attention_bias / mlp_bias is true, but llm8's Llama has no biases", c.path.c_str());
+  if (s.n_embd % s.n_head != 0)
+    throw_error("%s: hidden_size %d is not divisible by num_attention_heads %d", c.path.c_str(), s.n_embd, s.n_head);
+  if (s.n_head % s.n_kv_head != 0)
+    throw_error("%s: num_attention_heads %d is not divisible by num_key_value_heads %d", c.path.c_str(), s.n_head,
+                s.n_kv_head);
+  if (c.get_int("head_dim", s.head_size()) != s.head_size())
+    throw_error("%s: head_dim %d differs from hidden_size / num_attention_heads = %d, which llm8's Llama assumes",
+                c.path.c_str(), c.get_int("head_dim"), s.head_size());
+  return s;
+}
+
+ModelSpec spec_from_hf_config(const json& j, const std::string& path) {
+  if (!j.is_object()) throw_error("%s: the top level is not a JSON object", path.c_str());
+  const ConfigReader c{j, path};
+  return hf_arch(j, path) == "gpt2" ? gpt2_spec_from_hf(c) : llama_spec_from_hf(c);
+}
+
+// Tensors in Hugging Face checkpoints that are buffers, not parameters: never exported, ignored on import.
+bool is_hf_buffer(const ModelSpec& spec, const std::string& name) {
+  static const std::regex gpt2_buffer(R"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias))");
+  static const std::regex rotary_buffer(R"(.*rotary_emb\.inv_freq)");
+  if (spec.arch == "gpt2") return std::regex_match(name, gpt2_buffer);
+  return std::regex_match(name, rotary_buffer);
+}
+
+// The tensors of a Hugging Face directory: model.safetensors, or the shards a model.safetensors.index.json lists.
+class HfTensorFiles {
+ public:
+  explicit HfTensorFiles(const std::string& dir) {
+    const std::string single = join_path(dir, kHfWeightsFile), index = join_path(dir, kHfIndexFile);
+    if (fs::exists(single)) {
+      add_file(single);
+    } else if (fs::exists(index)) {
+      const json j = read_json_file(index);
+      if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw_error("%s: no \"weight_map\" object (a sharded checkpoint's index maps tensor names to shard files)",
+                    index.c_str());
+      std::map<std::string, size_t> shard_of_file;
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        if (!it.value().is_string())
+          throw_error("%s: weight_map entry '%s' is not a file name", index.c_str(), it.key().c_str());
+        const std::string file = it.value().get<std::string>();
+        if (file.find('/') != std::string::npos)
+          throw_error("%s: weight_map entry '%s' points outside the directory ('%s')", index.c_str(),
+                      it.key().c_str(), file.c_str());
+        if (!shard_of_file.count(file)) shard_of_file[file] = add_file(join_path(dir, file));
+        const size_t shard = shard_of_file[file];
+        if (!readers_[shard].has(it.key()))
+          throw_error("%s: index lists tensor '%s' in %s, but that file does not hold it", index.c_str(),
+                      it.key().c_str(), readers_[shard].path().c_str());
+      }
+    } else {
+      throw_error("%s: neither %s nor %s found (a Hugging Face model directory holds the weights in safetensors)",
+                  dir.c_str(), kHfWeightsFile, kHfIndexFile);
+    }
+  }
+  const SafetensorsReader* find(const std::string& name) const {
+    auto it = where_.find(name);
+    return it == where_.end() ? nullptr : &readers_[it->second];
+  }
+  const std::map<std::string, size_t>& names() const { return where_; }
+  const std::string& description() const { return description_; }
+
+ private:
+  size_t add_file(const std::string& path) {
+    readers_.emplace_back(path);
+    const size_t index = readers_.size() - 1;
+    for (const TensorEntry& e : readers_.back().tensors()) {
+      auto [it, inserted] = where_.emplace(e.name, index);
+      if (!inserted)
+        throw_error("tensor '%s' is in both %s and %s", e.name.c_str(), readers_[it->second].path().c_str(),
+                    path.c_str());
+    }
+    description_ += (description_.empty() ? "" : ", ") + path;
+    return index;
+  }
+  std::vector<SafetensorsReader> readers_;
+  std::map<std::string, size_t> where_;  // tensor name -> reader
+  std::string description_;
+};
+
+// Copies a tensor in Hugging Face layout (hf, hf_shape) into our layout at dst.
+void hf_to_ours(const HfTensorMapping& m, const ParamInfo& p, const std::vector<float>& hf, float* dst) {
+  if (m.transposed) {  // hf (in, out) -> ours (out, in)
+    const size_t out = static_cast<size_t>(p.shape[0]), in = static_cast<size_t>(p.shape[1]);
+    for (size_t i = 0; i < in; i++)
+      for (size_t o = 0; o < out; o++) dst[o * in + i] = hf[i * out + o];
+  } else {
+    std::copy(hf.begin(), hf.end(), dst);  // vocabulary rows: the padded rows after them stay 0
+  }
+}
+
+// Our tensor (at src) in Hugging Face layout.
+std::vector<float> ours_to_hf(const HfTensorMapping& m, const ParamInfo& p, const float* src) {
+  const size_t numel = shape_numel(m.hf_shape);
+  std::vector<float> hf(numel);
+  if (m.transposed) {  // ours (out, in) -> hf (in, out)
+    const size_t out = static_cast<size_t>(p.shape[0]), in = static_cast<size_t>(p.shape[1]);
+    for (size_t o = 0; o < out; o++)
+      for (size_t i = 0; i < in; i++) hf[i * out + o] = src[o * in + i];
+  } else {
+    std::copy(src, src + numel, hf.begin());  // vocabulary rows: the first V rows only
+  }
+  return hf;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// llm.c: the 16 tensors of the model file, by our names ("{}" = the layer index; stacked over layers).
+
+struct LlmcTensor {
+  const char* llmc_name;
+  const char* our_name;  // "transformer.h.{}.ln_1.weight" for per-layer tensors
+};
+const LlmcTensor kLlmcTensors[] = {
+    {"wte", "transformer.wte.weight"},
+    {"wpe", "transformer.wpe.weight"},
+    {"ln1w", "transformer.h.{}.ln_1.weight"},
+    {"ln1b", "transformer.h.{}.ln_1.bias"},
+    {"qkvw", "transformer.h.{}.attn.c_attn.weight"},
+    {"qkvb", "transformer.h.{}.attn.c_attn.bias"},
+    {"attprojw", "transformer.h.{}.attn.c_proj.weight"},
+    {"attprojb", "transformer.h.{}.attn.c_proj.bias"},
+    {"ln2w", "transformer.h.{}.ln_2.weight"},
+    {"ln2b", "transformer.h.{}.ln_2.bias"},
+    {"fcw", "transformer.h.{}.mlp.c_fc.weight"},
+    {"fcb", "transformer.h.{}.mlp.c_fc.bias"},
+    {"fcprojw", "transformer.h.{}.mlp.c_proj.weight"},
+    {"fcprojb", "transformer.h.{}.mlp.c_proj.bias"},
+    {"lnfw", "transformer.ln_f.weight"},
+    {"lnfb", "transformer.ln_f.bias"},
+};
+
+// The table entries (in layer order) that make up one llm.c tensor.
+std::vector<const ParamInfo*> llmc_parts(const ParamTable& table, const LlmcTensor& t, int n_layer) {
+  const std::string pattern = t.our_name;
+  const size_t brace = pattern.find("{}");
+  std::vector<const ParamInfo*> parts;
+  if (brace == std::string::npos) {
+    parts.push_back(&table.get(pattern));
+  } else {
+    for (int l = 0; l < n_layer; l++)
+      parts.push_back(&table.get(pattern.substr(0, brace) + std::to_string(l) + pattern.substr(brace + 2)));
+  }
+  return parts;
+}
+
+void check_llmc_exportable(const ModelSpec& spec, const std::string& path) {
+  if (spec.arch != "gpt2")
+    throw_error("%s: llm.c model files hold GPT-2 models only (model.arch is '%s'); use --export-hf", path.c_str(),
+                spec.arch.c_str());
+  if (spec.ffn_hidden != 4 * spec.n_embd)
+    throw_error("%s: llm.c's GPT-2 has an MLP of 4 * n_embd = %d, but model.ffn_hidden is %d; use --export-hf",
+                path.c_str(), 4 * spec.n_embd, spec.ffn_hidden);
+  if (spec.n_kv_head != spec.n_head || !spec.tied_embeddings)
+    throw_error("%s: llm.c's GPT-2 has n_kv_head == n_head and tied embeddings; use --export-hf", path.c_str());
+  if (spec.norm_eps != kLlmcNormEps)
+    throw_error("%s: llm.c's LayerNorm epsilon is fixed at 1e-5, but model.norm_eps is %g; use --export-hf",
+                path.c_str(), static_cast<double>(spec.norm_eps));
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Spec comparison for imports into a configured run.
+
+void check_same_spec(const ModelSpec& imported, const ModelSpec& configured, const std::string& source) {
+  auto mismatch = [&](const char* key, const std::string& have, const std::string& want) {
+    throw_error("train.init_from %s: the imported model has model.%s = %s but the config says %s: set model.%s to %s "
+                "(the model section must describe the imported model)",
+                source.c_str(), key, have.c_str(), want.c_str(), key, have.c_str());
+  };
+  auto check_int = [&](const char* key, int have, int want) {
+    if (have != want) mismatch(key, std::to_string(have), std::to_string(want));
+  };
+  if (imported.arch != configured.arch) mismatch("arch", "\"" + imported.arch + "\"", "\"" + configured.arch + "\"");
+  check_int("n_layer", imported.n_layer, configured.n_layer);
+  check_int("n_head", imported.n_head, configured.n_head);
+  check_int("n_kv_head", imported.n_kv_head, configured.n_kv_head);
+  check_int("n_embd", imported.n_embd, configured.n_embd);
+  check_int("vocab_size", imported.vocab_size, configured.vocab_size);
+  check_int("max_seq_len", imported.max_seq_len, configured.max_seq_len);
+  check_int("ffn_hidden", imported.ffn_hidden, configured.ffn_hidden);
+  if (imported.norm_eps != configured.norm_eps)
+    mismatch("norm_eps", json(float_for_json(imported.norm_eps)).dump(),
+             json(float_for_json(configured.norm_eps)).dump());
+  if (imported.tied_embeddings != configured.tied_embeddings)
+    mismatch("tied_embeddings", imported.tied_embeddings ? "true" : "false",
+             configured.tied_embeddings ? "true" : "false");
+  if (imported.arch == "llama" && imported.rope_theta != configured.rope_theta)
+    mismatch("rope_theta", json(float_for_json(imported.rope_theta)).dump(),
+             json(float_for_json(configured.rope_theta)).dump());
+}
+
+// Copies src (any vocabulary padding) into dst laid out by dst_table (same model otherwise), by tensor name.
+void copy_by_name(const ModelWeights& src, const ModelSpec& dst_spec, const ParamTable& dst_table, float* dst) {
+  std::fill(dst, dst + dst_table.total_elements, 0.0f);
+  for (const ParamInfo& p : dst_table.params) {
+    const ParamInfo& q = src.table.get(p.name);
+    const bool vocab = hf_mapping(dst_spec, p).vocab_rows;
+    const size_t n = vocab ? static_cast<size_t>(dst_spec.vocab_size) * static_cast<size_t>(p.shape[1]) : p.numel;
+    if (n > q.numel || n > p.numel) throw_error("internal error: tensor '%s' does not fit", p.name.c_str());
+    std::copy(src.values.begin() + q.offset, src.values.begin() + q.offset + n, dst + p.offset);
+  }
+}
+
+// Our model.safetensors (a checkpoint's, or a file): every tensor of the table by name, F32, the table's shape.
+void read_llm8_weights(const std::string& path, const ParamTable& table, float* values) {
+  SafetensorsReader reader(path);
+  std::fill(values, values + table.total_elements, 0.0f);
+  for (const ParamInfo& p : table.params) {
+    if (!reader.has(p.name))
+      throw_error("%s: no tensor '%s' (is this a checkpoint of another model config? Hugging Face directories and "
+                  "llm.c .bin files are recognised by config.json and by their magic)",
+                  path.c_str(), p.name.c_str());
+    const TensorEntry& e = reader.entry(p.name);
+    if (e.dtype != "F32" || e.shape != p.shape)
+      throw_error("%s: tensor '%s' is %s %s; the model needs F32 %s (is this checkpoint from another model config?)",
+                  path.c_str(), p.name.c_str(), e.dtype.c_str(), shape_str(e.shape).c_str(),
+                  shape_str(p.shape).c_str());
+    reader.read_into(p.name, values + p.offset, p.numel * sizeof(float));
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------------------------
+// dtypes
+
+WeightDtype parse_weight_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32" || name == "f32") return WeightDtype::F32;
+  if (name == "bfloat16" || name == "bf16") return WeightDtype::BF16;
+  throw_error("unknown weight dtype '%s' (choices: float32, bfloat16)", name.c_str());
+}
+
+const char* weight_dtype_name(WeightDtype dtype) { return dtype == WeightDtype::F32 ? "float32" : "bfloat16"; }
+
+// ------------------------------------------------------------------------------------------------------------------
+// Hugging Face
+
+HfTensorMapping hf_mapping(const ModelSpec& spec, const ParamInfo& p) {
+  HfTensorMapping m;
+  m.hf_name = p.name;  // our names are Hugging Face's
+  m.hf_shape = p.shape;
+  m.vocab_rows = p.role == ParamRole::TokenEmbedding || p.role == ParamRole::LmHead;
+  if (m.vocab_rows) m.hf_shape[0] = spec.vocab_size;
+  m.transposed = spec.arch == "gpt2" && is_gpt2_conv1d(p.name);
+  if (m.transposed) std::swap(m.hf_shape[0], m.hf_shape[1]);
+  return m;
+}
+
+std::vector<std::string> export_hf(const std::string& dir, const ModelSpec& spec, const float* values,
+                                   WeightDtype dtype) {
+  const ordered_json config = hf_config(spec, dtype);
+  const ParamTable table = build_param_table(spec);
+  if (fs::exists(dir) && !fs::is_directory(dir))
+    throw_error("Hugging Face export: %s exists and is not a directory", dir.c_str());
+  if (fs::exists(join_path(dir, kHfIndexFile)))
+    throw_error("Hugging Face export: %s already holds a sharded checkpoint (%s) that would shadow the export: "
+                "choose an empty directory", dir.c_str(), kHfIndexFile);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw_error("Hugging Face export: cannot create directory %s: %s", dir.c_str(), ec.message().c_str());
+
+  SafetensorsWriter writer;
+  for (const ParamInfo& p : table.params) {
+    const HfTensorMapping m = hf_mapping(spec, p);
+    const std::vector<float> hf = ours_to_hf(m, p, values + p.offset);
+    std::vector<uint8_t> bytes;
+    append_encoded(&bytes, hf.data(), hf.size(), dtype);
+    writer.add(m.hf_name, dtype == WeightDtype::F32 ? "F32" : "BF16", m.hf_shape, std::move(bytes));
+  }
+  writer.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+  const std::string weights_path = join_path(dir, kHfWeightsFile), config_path = join_path(dir, kHfConfigFile);
+  writer.write(weights_path);
+  write_text_atomic(config_path, config.dump(2) + "\n");  // last: a directory with config.json is complete
+  return {config_path, weights_path};
+}
+
+ModelWeights import_hf(const std::string& dir, int padded_vocab_multiple) {
+  if (!fs::is_directory(dir)) throw_error("Hugging Face import: %s is not a directory", dir.c_str());
+  const std::string config_path = join_path(dir, kHfConfigFile);
+  if (!fs::exists(config_path))
+    throw_error("Hugging Face import: %s has no %s (a Hugging Face model directory holds config.json and "
+                "model.safetensors)", dir.c_str(), kHfConfigFile);
+  ModelWeights w;
+  w.spec = spec_from_hf_config(read_json_file(config_path), config_path);
+  w.spec.padded_vocab_size = static_cast<int>(round_up(w.spec.vocab_size, std::max(1, padded_vocab_multiple)));
+  w.table = build_param_table(w.spec);
+  w.values.assign(w.table.total_elements, 0.0f);
+
+  const HfTensorFiles files(dir);
+  std::set<std::string> used;
+  std::vector<std::string> missing;
+  const HfTensorMapping* embedding = nullptr;
+  std::vector<HfTensorMapping> mappings;
+  mappings.reserve(w.table.params.size());
+  for (const ParamInfo& p : w.table.params) {
+    mappings.push_back(hf_mapping(w.spec, p));
+    HfTensorMapping& m = mappings.back();
+    if (p.role == ParamRole::TokenEmbedding) embedding = &m;
+    std::string name = m.hf_name;
+    // Checkpoints of GPT2Model (the Hub's openai-community/gpt2) have no "transformer." prefix.
+    if (!files.find(name) && w.spec.arch == "gpt2" && name.rfind("transformer.", 0) == 0 &&
+        files.find(name.substr(12)))
+      name = name.substr(12);
+    const SafetensorsReader* reader = files.find(name);
+    if (!reader) {
+      missing.push_back(m.hf_name);
+      continue;
+    }
+    used.insert(name);
+    m.hf_name = name;
+    const TensorEntry& e = reader->entry(name);
+    if (e.shape != m.hf_shape)
+      throw_error("%s: tensor '%s' has shape %s, but %s describes %s", reader->path().c_str(), name.c_str(),
+                  shape_str(e.shape).c_str(), config_path.c_str(), shape_str(m.hf_shape).c_str());
+    if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")
+      throw_error("%s: tensor '%s' is %s; import reads F32, BF16 and F16", reader->path().c_str(), name.c_str(),
+                  e.dtype.c_str());
+    hf_to_ours(m, p, reader->read_as_float(name), w.values.data() + p.offset);
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 5; i++) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 5) list += strformat(", ... (%zu in all)", missing.size());
+    throw_error("%s: %zu tensor(s) of the model that %s describes are missing: %s", files.description().c_str(),
+                missing.size(), config_path.c_str(), list.c_str());
+  }
+  for (const auto& [name, index] : files.names()) {
+    if (used.count(name) || is_hf_buffer(w.spec, name)) continue;
+    const SafetensorsReader* reader = files.find(name);
+    if (name == "lm_head.weight" && w.spec.tied_embeddings && embedding) {  // (tied: not in our table)
+      // A tied lm_head saved anyway (older checkpoints): it must be the embedding.
+      const std::vector<float> head = reader->read_as_float(name);
+      const std::vector<float> emb = files.find(embedding->hf_name)->read_as_float(embedding->hf_name);
+      if (head != emb)
+        throw_error("%s: tensor 'lm_head.weight' differs from '%s', but %s says the embeddings are tied",
+                    reader->path().c_str(), embedding->hf_name.c_str(), config_path.c_str());
+      continue;
+    }
+    throw_error("%s: unexpected tensor '%s' (%s %s): it is not part of the %s model %s describes",
+                reader->path().c_str(), name.c_str(), reader->entry(name).dtype.c_str(),
+                shape_str(reader->entry(name).shape).c_str(), w.spec.arch.c_str(), config_path.c_str());
+  }
+  return w;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// llm.c
+
+void export_llmc(const std::string& path, const ModelSpec& spec, const float* values, WeightDtype dtype) {
+  check_llmc_exportable(spec, path);
+  const ParamTable table = build_param_table(spec);
+  int32_t header[kLlmcHeaderInts] = {0};
+  header[0] = kLlmcModelMagic;
+  header[1] = dtype == WeightDtype::F32 ? kLlmcVersionF32 : kLlmcVersionBF16;
+  header[2] = spec.max_seq_len;
+  header[3] = spec.vocab_size;
+  header[4] = spec.n_layer;
+  header[5] = spec.n_head;
+  header[6] = spec.n_embd;
+  header[7] = spec.padded_vocab_size;
+  AtomicFile file(path);
+  file.write(header, sizeof(header));
+  std::vector<uint8_t> bytes;
+  for (const LlmcTensor& t : kLlmcTensors) {
+    for (const ParamInfo* p : llmc_parts(table, t, spec.n_layer)) {
+      bytes.clear();
+      size_t real = p->numel;
+      if (p->role == ParamRole::TokenEmbedding)  // the padded rows are written as zeros, as llm.c's writer does
+        real = static_cast<size_t>(spec.vocab_size) * static_cast<size_t>(p->shape[1]);
+      append_encoded(&bytes, values + p->offset, real, dtype);
+      bytes.resize(bytes.size() + (p->numel - real) * (dtype == WeightDtype::F32 ? 4 : 2), 0);
+      file.write(bytes.data(), bytes.size());
+    }
+  }
+  file.commit();
+}
+
+ModelWeights import_llmc(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_error("llm.c import: cannot open %s: %s", path.c_str(), std::strerror(errno));
+  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
+    ::close(*f);
+    delete f;
+  });
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw_error("llm.c import: %s is not a regular file", path.c_str());
+  const size_t file_size = static_cast<size_t>(st.st_size);
+  auto read_at = [&](size_t offset, void* dst, size_t nbytes) {
+    uint8_t* p = static_cast<uint8_t*>(dst);
+    while (nbytes > 0) {
+      const ssize_t n = ::pread(fd, p, std::min(nbytes, size_t(1) << 30), static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw_error("llm.c import: cannot read %s: %s", path.c_str(), n < 0 ? std::strerror(errno) : "EOF");
+      p += n;
+      offset += static_cast<size_t>(n);
+      nbytes -= static_cast<size_t>(n);
+    }
+  };
+  if (file_size < kLlmcHeaderBytes)
+    throw_error("llm.c import: %s is %zu bytes, too short for the 1024-byte header of an llm.c model file",
+                path.c_str(), file_size);
+  int32_t h[kLlmcHeaderInts];
+  read_at(0, h, kLlmcHeaderBytes);
+  switch (h[0]) {
+    case kLlmcModelMagic: break;
+    case kLlmcLlama3ModelMagic:
+      throw_error("llm.c import: %s is an llm.c Llama 3 model file (magic %d): not supported, import Llama models "
+                  "from a Hugging Face directory", path.c_str(), h[0]);
+    case kLlmcDebugStateMagic:
+      throw_error("llm.c import: %s is an llm.c debug state (magic %d), not a model file", path.c_str(), h[0]);
+    case kLlmcTokenizerMagic:
+      throw_error("llm.c import: %s is an llm.c tokenizer file (magic %d), not a model file", path.c_str(), h[0]);
+    case kLlmcShardMagic:
+    case kLlmcShardMagicU32:
+      throw_error("llm.c import: %s is a token shard (magic %d), not a model file", path.c_str(), h[0]);
+    default:
+      throw_error("llm.c import: %s: bad magic %d: not an llm.c model file (expected %d)", path.c_str(), h[0],
+                  kLlmcModelMagic);
+  }
+  if (h[1] != kLlmcVersionF32 && h[1] != kLlmcVersionBF16)
+    throw_error("llm.c import: %s: version %d is not supported (3 = FP32, 5 = BF16; older versions predate the padded "
+                "vocabulary: re-export with llm.c's train_gpt2.py)", path.c_str(), h[1]);
+  const WeightDtype dtype = h[1] == kLlmcVersionF32 ? WeightDtype::F32 : WeightDtype::BF16;
+  const char* names[] = {"maxT", "V", "L", "NH", "C", "Vp"};
+  for (int i = 2; i <= 7; i++)
+    if (h[i] < 1 || h[i] > (1 << 24))
+      throw_error("llm.c import: %s: header field %s = %d is out of range", path.c_str(), names[i - 2], h[i]);
+  ModelWeights w;
+  w.spec.arch = "gpt2";
+  w.spec.max_seq_len = h[2];
+  w.spec.vocab_size = h[3];
+  w.spec.n_layer = h[4];
+  w.spec.n_head = h[5];
+  w.spec.n_kv_head = h[5];
+  w.spec.n_embd = h[6];
+  w.spec.padded_vocab_size = h[7];
+  w.spec.ffn_hidden = 4 * h[6];
+  w.spec.tied_embeddings = true;
+  w.spec.norm_eps = kLlmcNormEps;
+  if (w.spec.padded_vocab_size < w.spec.vocab_size || w.spec.n_embd % w.spec.n_head != 0)
+    throw_error("llm.c import: %s: inconsistent header (V %d, Vp %d, C %d, NH %d)", path.c_str(), w.spec.vocab_size,
+                w.spec.padded_vocab_size, w.spec.n_embd, w.spec.n_head);
+  w.table = build_param_table(w.spec);
+  const size_t elem = dtype == WeightDtype::F32 ? 4 : 2;
+  const size_t expected = kLlmcHeaderBytes + w.table.num_parameters * elem;
+  if (file_size != expected)
+    throw_error("llm.c import: %s is %zu bytes, but a version %d model with maxT %d, V %d, L %d, NH %d, C %d, Vp %d "
+                "needs %zu: truncated, or not written by llm.c", path.c_str(), file_size, h[1], h[2], h[3], h[4],
+                h[5], h[6], h[7], expected);
+  w.values.assign(w.table.total_elements, 0.0f);
+  size_t offset = kLlmcHeaderBytes;
+  std::vector<uint16_t> bits;
+  for (const LlmcTensor& t : kLlmcTensors) {
+    for (const ParamInfo* p : llmc_parts(w.table, t, w.spec.n_layer)) {
+      float* dst = w.values.data() + p->offset;
+      if (dtype == WeightDtype::F32) {
+        read_at(offset, dst, p->numel * sizeof(float));
+      } else {
+        bits.resize(p->numel);
+        read_at(offset, bits.data(), p->numel * sizeof(uint16_t));
+        for (size_t i = 0; i < p->numel; i++) dst[i] = bf16_bits_to_float(bits[i]);
+      }
+      offset += p->numel * elem;
+      if (p->role == ParamRole::TokenEmbedding)  // rows past V are padding: zero, as llm.c keeps them
+        std::fill(dst + static_cast<size_t>(w.spec.vocab_size) * static_cast<size_t>(p->shape[1]), dst + p->numel,
+                  0.0f);
+    }
+  }
+  return w;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Weights for a run
+
+WeightsFormat detect_weights_format(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) throw_error("%s does not exist", path.c_str());
+  if (fs::is_directory(status))
+    return fs::exists(join_path(path, kHfConfigFile)) ? WeightsFormat::HuggingFace : WeightsFormat::Llm8;
+  int32_t magic = 0;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    if (std::fread(&magic, sizeof magic, 1, f) != 1) magic = 0;
+    std::fclose(f);
+  }
+  switch (magic) {
+    case kLlmcModelMagic:
+    case kLlmcLlama3ModelMagic:  // import_llmc names it
+    case kLlmcDebugStateMagic:
+    case kLlmcTokenizerMagic:
+    case kLlmcShardMagic:
+    case kLlmcShardMagicU32: return WeightsFormat::Llmc;
+    default: return WeightsFormat::Llm8;
+  }
+}
+
+std::string load_weights(const std::string& path, const ModelSpec& spec, float* values) {
+  const ParamTable table = build_param_table(spec);
+  switch (detect_weights_format(path)) {
+    case WeightsFormat::HuggingFace: {
+      const ModelWeights w = import_hf(path, /*padded_vocab_multiple=*/1);  // copy_by_name pads for spec
+      check_same_spec(w.spec, spec, path + "/" + kHfConfigFile);
+      copy_by_name(w, spec, table, values);
+      return "Hugging Face directory " + path + " (" + w.spec.arch + ")";
+    }
+    case WeightsFormat::Llmc: {
+      const ModelWeights w = import_llmc(path);
+      check_same_spec(w.spec, spec, path);
+      copy_by_name(w, spec, table, values);
+      return "llm.c model file " + path;
+    }
+    case WeightsFormat::Llm8: break;
+  }
+  std::string file = path;
+  if (fs::is_directory(path)) {
+    file = join_path(path, kLlm8WeightsFile);
+    if (!fs::exists(file))
+      throw_error("%s holds neither config.json (a Hugging Face model) nor %s (an llm8 checkpoint step directory)",
+                  path.c_str(), kLlm8WeightsFile);
+  }
+  read_llm8_weights(file, table, values);
+  return "llm8 weights " + file;
+}
+
+void check_exportable(const ModelSpec& spec, const std::string& llmc_path, WeightDtype dtype) {
+  if (!llmc_path.empty()) check_llmc_exportable(spec, llmc_path);
+  hf_config(spec, dtype);
+}
+
+}  // namespace llmc

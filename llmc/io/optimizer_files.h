@@ -1,0 +1,56 @@
+// llmc/io/optimizer_files.h: the optimizer state in a checkpoint directory.
+//   model.safetensors                 every FP32 master weight by parameter name (rank 0; train.init_from and the
+//                                     exports read it)
+//   optimizer_m / optimizer_v.safetensors   the full AdamW moments by name (one rank, or ZeRO-0)
+//   optimizer_rank%05d.safetensors    ZeRO-1: one per rank, its master weights, m and v of the flat-buffer pieces it
+//                                     owns, with the pieces, the layout and the parameter-table fingerprint in the
+//                                     metadata
+// Any of them can be read back into any world size and stage (re-sharding by global element offset).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/core/param_table.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/optim/optimizer_state.h"
+
+namespace llmc {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kMomentFiles[2] = {"optimizer_m.safetensors", "optimizer_v.safetensors"};
+std::string optimizer_shard_file(int rank);  // "optimizer_rank00003.safetensors"
+
+// CRC-32C (hex) of every tensor's name, shape and offset: optimizer shards are only read into the same layout.
+std::string param_table_fingerprint(const ParamTable& table);
+
+// values: table.total_elements floats; one F32 tensor per ParamTable entry with its shape.
+void write_param_tensors(const std::string& path, const ParamTable& table, const float* values,
+                         const std::string& content);
+// Reads every tensor of the table by name into values (table.total_elements floats; gaps untouched). llmc::Error
+// naming the file and the tensor when one is missing or has another dtype / shape.
+void read_param_tensors(const std::string& path, const ParamTable& table, float* values);
+
+// The AdamW moments m and v for the global pieces `want`, concatenated in that order, from a checkpoint step dir
+// written with any world size and stage: optimizer_m/v.safetensors (by name) or optimizer_rank*.safetensors (one per
+// saved rank, each read only where it overlaps `want`). Elements no file covers (alignment gaps) are 0.
+// llmc::Error naming the file for a missing shard, a shard of another parameter layout, or a gap in the coverage.
+void read_optimizer_moments(const std::string& step_dir, const TrainerState& state, const ParamTable& table,
+                            const std::vector<ElementRange>& want, std::vector<float>* m, std::vector<float>* v);
+
+// What a rank needs to resume its optimizer: every FP32 master weight (model.safetensors) and the moments of `owned`
+// (read_optimizer_moments), for ZeroAdamW::restore.
+struct OptimizerStateFiles {
+  std::vector<float> master_full, m, v;
+};
+OptimizerStateFiles read_optimizer_state(const std::string& step_dir, const TrainerState& state,
+                                         const ParamTable& table, const std::vector<ElementRange>& owned);
+
+// Writes this rank's files of the snapshot into dir (a checkpoint's tmp dir shared by all ranks).
+void write_optimizer_snapshot(const OptimizerSnapshot& snap, const std::string& dir);
+// For trainer_state.json's "extra": {"optimizer": {"format", "world_size", "zero_stage", "files", ...}}.
+nlohmann::json describe_optimizer_snapshot(const OptimizerSnapshot& snap);
+
+}  // namespace llmc

@@ -1,0 +1,129 @@
+// llmc/model/model.cu: what every architecture shares (llmc/model/model.h): the parameter / gradient buffers, the checks and
+// uploads at the start of a forward (through pinned staging), the mean loss over non-ignored targets (on the host per
+// forward, or summed on the device over a step), and make_model(), which picks the
+// implementation from model.arch.
+#include "llmc/model/model.h"
+
+#include <algorithm>
+
+#include "llmc/core/common.h"
+#include "llmc/precision/gemm.h"
+#include "llmc/kernels/classifier.h"
+#include "llmc/model/gpt2/gpt2.h"
+#include "llmc/model/llama/llama.h"
+#include "llmc/precision/linear.h"
+
+namespace llmc {
+
+Model::Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe)
+    : spec_(spec), table_(build_param_table(spec)), recipe_(recipe), B_max_(B), T_max_(T), recompute_(recompute) {
+  if (B <= 0 || T <= 0) throw_error("model: micro-batch B=%d and sequence length T=%d must be positive", B, T);
+  if (T > spec.max_seq_len)
+    throw_error("model: train.seq_len=%d exceeds the context length model.max_seq_len=%d", T, spec.max_seq_len);
+  if (recompute != 0 && recompute != 1) throw_error("model: train.recompute must be 0 or 1 (got %d)", recompute);
+  gemm_init();
+  CUDA_CHECK(cudaMalloc(&params_, table_.total_elements * sizeof(bf16)));
+  CUDA_CHECK(cudaMalloc(&grads_, table_.total_elements * sizeof(float)));
+  CUDA_CHECK(cudaMemset(params_, 0, table_.total_elements * sizeof(bf16)));
+  CUDA_CHECK(cudaMemset(grads_, 0, table_.total_elements * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&step_loss_, sizeof(double)));
+  CUDA_CHECK(cudaMemset(step_loss_, 0, sizeof(double)));
+  CUDA_CHECK(cudaMallocHost(&h_upload_, 2 * static_cast<size_t>(B) * T * sizeof(int)));
+  CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+}
+
+Model::~Model() {
+  if (uploaded_) {
+    cudaEventSynchronize(uploaded_);
+    cudaEventDestroy(uploaded_);
+  }
+  cudaFreeHost(h_upload_);
+  cudaFree(step_loss_);
+  cudaFree(act_memory_);
+  cudaFree(grads_);
+  cudaFree(params_);
+}
+
+const bf16* Model::logits() const {
+  if (last_wrote_dlogits_) {
+    throw_error("model: the last forward ran with grad_scale > 0, so the logits buffer now holds dlogits; run "
+                "forward with grad_scale = 0 to read logits");
+  }
+  return logits_;
+}
+
+void Model::zero_grads(cudaStream_t s) {
+  CUDA_CHECK(cudaMemsetAsync(grads_, 0, table_.total_elements * sizeof(float), s));
+}
+
+void Model::begin_forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale,
+                          cudaStream_t s) {
+  if (B <= 0 || T <= 0 || B > B_max_ || T > T_max_)
+    throw_error("model forward: batch (B=%d, T=%d) outside the planned (B <= %d, T <= %d)", B, T, B_max_, T_max_);
+  if (grad_scale > 0.0f && h_targets == nullptr)
+    throw_error("model forward: a training forward (grad_scale > 0) needs targets");
+  const int N = B * T, V = spec_.vocab_size;
+  for (int i = 0; i < N; i++) {
+    if (h_inputs[i] < 0 || h_inputs[i] >= V)
+      throw_error("model forward: input token %d at position %d is outside the vocabulary [0, %d)", h_inputs[i], i,
+                  V);
+    if (h_targets && (h_targets[i] < -1 || h_targets[i] >= V))
+      throw_error("model forward: target %d at position %d is outside [0, %d) (or -1 = ignore)", h_targets[i], i, V);
+  }
+  // Through pinned staging: a copy from pageable memory makes the host wait for the stream, which would drain the
+  // GPU at every micro-step. The previous upload has long finished reading the staging (it ran at the start of the
+  // previous forward); the event makes sure.
+  CUDA_CHECK(cudaEventSynchronize(uploaded_));
+  std::copy(h_inputs, h_inputs + N, h_upload_);
+  CUDA_CHECK(cudaMemcpyAsync(inputs_, h_upload_, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
+  if (h_targets) {
+    std::copy(h_targets, h_targets + N, h_upload_ + N);
+    CUDA_CHECK(cudaMemcpyAsync(targets_, h_upload_ + N, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
+    last_targets_.assign(h_targets, h_targets + N);
+  }
+  CUDA_CHECK(cudaEventRecord(uploaded_, s));
+  last_B_ = B;
+  last_T_ = T;
+  last_has_targets_ = h_targets != nullptr;
+  last_wrote_dlogits_ = grad_scale > 0.0f;
+}
+
+void Model::begin_backward() const {
+  if (!last_wrote_dlogits_)
+    throw_error("model backward: call forward with targets and grad_scale > 0 first (the dlogits come from it)");
+}
+
+float Model::mean_loss(cudaStream_t s) {
+  if (!last_has_targets_) throw_error("model: mean_loss needs a forward with targets");
+  const int N = last_B_ * last_T_;
+  std::vector<float> h_losses(N);
+  CUDA_CHECK(cudaMemcpyAsync(h_losses.data(), losses_, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return static_cast<float>(mean_loss_host(h_losses.data(), last_targets_.data(), N));
+}
+
+void Model::reset_step_loss(cudaStream_t s) { CUDA_CHECK(cudaMemsetAsync(step_loss_, 0, sizeof(double), s)); }
+
+void Model::add_to_step_loss(double weight, cudaStream_t s) {
+  if (!last_has_targets_) throw_error("model: add_to_step_loss needs a forward with targets");
+  accumulate_mean_loss(step_loss_, losses_, targets_, last_B_ * last_T_, weight, s);
+}
+
+double Model::step_loss(cudaStream_t s) {
+  double total = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&total, step_loss_, sizeof(double), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return total;
+}
+
+void Model::set_amax_reducer(AmaxReducer reducer) {
+  if (PrecisionState* p = precision_state()) p->set_amax_reducer(std::move(reducer));
+}
+
+std::unique_ptr<Model> make_model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe) {
+  if (spec.arch == "gpt2") return std::make_unique<GPT2>(spec, B, T, recompute, recipe);
+  if (spec.arch == "llama") return std::make_unique<Llama>(spec, B, T, recompute, recipe);
+  throw_error("model.arch '%s' is not supported by this build (supported: gpt2, llama)", spec.arch.c_str());
+}
+
+}  // namespace llmc

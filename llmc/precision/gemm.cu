@@ -1,0 +1,890 @@
+// llmc/precision/gemm.cu: the cuBLASLt wrapper behind llmc/precision/gemm.h. One handle and one workspace per process (current device),
+// BF16 A/B with FP32 accumulation (CUBLAS_COMPUTE_32F), bf16 or FP32 C/D, bias / GELU_AUX / DGELU epilogues, the FP8
+// products (E4M3 / E5M2 operands with per-tensor or 1x128 / 128x128 block scales), and a cache of (matmul
+// descriptor, layouts, heuristic algorithm) per problem so that the algorithm of a given GEMM never changes within a
+// run (cuBLASLt is bitwise deterministic for a fixed algorithm; split-K schemes that reduce in place through atomics
+// are excluded). Also the FP64 CPU references.
+//
+// Row-major ↔ column-major mapping. cuBLASLt is column-major; a row-major (R, S) matrix with leading dimension S is
+// the same memory as a column-major (S, R) matrix with ld S, i.e. its transpose. So each row-major product
+// Y = X · Z is computed as the column-major product Yᵀ = Zᵀ · Xᵀ with the operands swapped:
+//   forward  out (M,N) = inp (M,K) · W (N,K)ᵀ    →  outᵀ (N×M) = op_T(W as col (K×N), ld K) · op_N(inpᵀ (K×M), ld K)
+//                                                   cuBLAS m=N, n=M, k=K; bias is per row of outᵀ = per column of out
+//   dgrad    dinp (M,K) = dout (M,N) · W (N,K)   →  dinpᵀ (K×M) = op_N(W as col (K×N), ld K) · op_N(doutᵀ (N×M), ld N)
+//                                                   cuBLAS m=K, n=M, k=N; the GELU aux (pre_gelu (M,K)) has ld K
+//   wgrad    dW (N,K) = dout (M,N)ᵀ · inp (M,K)  →  dWᵀ (K×N) = op_N(inpᵀ (K×M), ld K) · op_T(doutᵀ (N×M), ld N)
+//                                                   cuBLAS m=K, n=N, k=M; FP32 C/D, beta = 1 to accumulate
+// Leading dimensions are K or N, so K and N must be multiples of 8 (16-byte rows of bf16); M is free.
+//
+// FP8 (Hopper/Ada tensor cores take only "TN": both operands contiguous along K). Every FP8 product is
+//   D (M,N) = A (M,K) · B (N,K)ᵀ  →  Dᵀ (N×M, ld N) = op_T(B as col (K×N), ld K) · op_N(A as col (K×M), ld K)
+//                                    cuBLAS m=N, n=M, k=K: cuBLAS's "A" is our B and cuBLAS's "B" is our A,
+// so our B's codes / format / scales go to CUBLASLT_MATMUL_DESC_A_* and our A's to CUBLASLT_MATMUL_DESC_B_*.
+// Scale layouts as cuBLASLt reads them (cuBLAS docs, "128-element 1D and 128x128 2D block scaling"), with
+// L = ceil(K / 128) blocks along K:
+//   VEC128_32F      cuBLAS A: (m × L), m-major  → for our B (N, K): scale_inv[kb * N + n]
+//                   cuBLAS B: (n × L), n-major  → for our A (M, K): scale_inv[kb * M + m]
+//                   (i.e. contiguous along the operand's rows; tensor.h pads that stride to a multiple of 4, which
+//                   is the stride itself here since M, N are multiples of 16)
+//   BLK128x128_32F  (round_up(L, 4) × ceil(rows / 128)), K-major → scale_inv[rb * round_up(L, 4) + kb]
+// These are exactly the GEMM-ready layouts of llmc/precision/tensor.h (Block1x128 and Block128x128 of a (rows, K) operand).
+// D = A·Bᵀ scaled: per-tensor D = sA·sB·Σ qA·qB (SCALAR_32F, the scale pointers are the scale_inv); with blocks
+// every 128-long K slice of a row of A and of B has its own factor. cuBLASLt accepts 1x128·1x128, 1x128·128x128,
+// 128x128·1x128, never 128x128·128x128, and (on Hopper) only split accumulation with block scales. FP32 D with
+// beta = 1 accumulates into C = D (weight gradients); bf16 D takes the bias / GELU_AUX epilogues. Not exposed:
+// AMAX_D (cuBLASLt computes it only for FP8 outputs), FP8 outputs, E5M2 · E5M2 (no cuBLASLt kernel).
+#include "llmc/precision/gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <cublasLt.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "llmc/core/common.h"
+
+namespace llmc {
+
+namespace {
+
+enum class GemmOp : int { Forward = 0, Dgrad = 1, Wgrad = 2, Fp8 = 3 };
+
+struct GemmKey {
+  int M, N, K;
+  GemmOp op;
+  cublasLtEpilogue_t epilogue;
+  bool accumulate;
+  int align_a, align_b, align_c, align_aux;  // pointer alignments (bytes, capped at 256) the algorithm was chosen for
+  // FP8 products only (the BF16 keys keep these defaults). Types and scale modes as cuBLASLt sees its operands
+  // (its A is our B), the output type, fast accumulation and the bias alignment.
+  int a_type = CUDA_R_16BF, b_type = CUDA_R_16BF, d_type = CUDA_R_16BF;
+  int a_scale_mode = -1, b_scale_mode = -1;  // -1: not set (cuBLASLt's default, SCALAR_32F for FP8)
+  bool fast_accum = false;
+  int align_bias = 256;
+  int align_src = 256;  // a separate C operand (D = ... + C, beta = 1): its alignment; 256 when C is D or unused
+  bool operator<(const GemmKey& o) const {
+    return std::tie(M, N, K, op, epilogue, accumulate, align_a, align_b, align_c, align_aux, a_type, b_type, d_type,
+                    a_scale_mode, b_scale_mode, fast_accum, align_bias, align_src) <
+           std::tie(o.M, o.N, o.K, o.op, o.epilogue, o.accumulate, o.align_a, o.align_b, o.align_c, o.align_aux,
+                    o.a_type, o.b_type, o.d_type, o.a_scale_mode, o.b_scale_mode, o.fast_accum, o.align_bias,
+                    o.align_src);
+  }
+};
+
+// Everything cuBLASLt needs to describe one GEMM, in its column-major terms (see the mapping at the top).
+struct PlanSpec {
+  cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  int m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  cudaDataType_t a_type = CUDA_R_16BF, b_type = CUDA_R_16BF, c_type = CUDA_R_16BF;  // C and D share type and layout
+  const void* bias = nullptr;
+  const void* aux = nullptr;  // GELU_AUX output / DGELU input
+  int64_t aux_ld = 0;
+  bool set_aux_type = true;   // BF16 path: aux type bf16 set explicitly; FP8: left to cuBLASLt (= D type, bf16)
+  const void* a_scale = nullptr;  // FP8: cuBLASLt A / B scale pointers (our B's and our A's scale_inv)
+  const void* b_scale = nullptr;
+  int a_scale_mode = -1, b_scale_mode = -1;
+  bool fast_accum = false;
+};
+
+constexpr int kAlgoCandidates = 8;  // heuristic results kept per BF16 plan for the tuning below
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  // The heuristic's candidates, best first (BF16 plans); `algo` starts as candidates[0] and may be replaced once by
+  // a faster candidate that writes the same bits (tune_algorithm).
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  bool tuned = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct GemmState {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::map<GemmKey, GemmPlan> plans;
+  std::map<GemmKey, std::string> unsupported;  // FP8 combinations cuBLASLt refused, with its reason
+};
+
+GemmState g_gemm;
+
+int pointer_alignment(const void* p) {
+  if (p == nullptr) return 256;
+  uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  int a = 1;
+  while (a < 256 && (v % (2 * a)) == 0) a *= 2;
+  return a;
+}
+
+void check_aligned(const void* p, const char* what, const char* fn) {
+  if (p != nullptr && pointer_alignment(p) < 16) {
+    throw_error("%s: pointer %s (%p) is not 16-byte aligned; cuBLASLt tensor-core GEMMs need 16-byte aligned "
+                "buffers (carve activations at multiples of 8 bf16 elements)", fn, what, p);
+  }
+}
+
+void check_dims(int M, int N, int K, const char* fn) {
+  if (M <= 0 || N <= 0 || K <= 0) throw_error("%s: invalid GEMM shape M=%d N=%d K=%d (all must be > 0)", fn, M, N, K);
+  if (N % 8 != 0 || K % 8 != 0) {
+    throw_error("%s: N=%d and K=%d must be multiples of 8 (they are leading dimensions of bf16 row-major matrices; "
+                "pad the layer width, e.g. the vocabulary to a multiple of 128)", fn, N, K);
+  }
+}
+
+const char* status_name(cublasStatus_t st) { return cublasGetStatusName(st); }
+
+void destroy_plan(GemmPlan& plan) {
+  if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+  if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+  if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
+  if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+  plan = GemmPlan{};
+}
+
+// Creates the descriptor, layouts and the heuristic algorithm of one GEMM. Returns false (with the cuBLASLt call and
+// status in *why, nothing leaked) where cuBLASLt refuses the combination or finds no algorithm for it.
+bool create_plan(const GemmKey& key, const PlanSpec& s, GemmPlan* out, std::string* why) {
+  GemmPlan plan;
+  auto ok = [&](cublasStatus_t st, const char* call) {
+    if (st == CUBLAS_STATUS_SUCCESS) return true;
+    *why = strformat("%s returned %s", call, status_name(st));
+    return false;
+  };
+  auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* value, size_t size, const char* call) {
+    return ok(cublasLtMatmulDescSetAttribute(plan.desc, attr, value, size), call);
+  };
+  bool good = ok(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublasLtEpilogue_t epilogue = key.epilogue;
+  good = good && set(CUBLASLT_MATMUL_DESC_TRANSA, &s.trans_a, sizeof(s.trans_a), "set TRANSA") &&
+         set(CUBLASLT_MATMUL_DESC_TRANSB, &s.trans_b, sizeof(s.trans_b), "set TRANSB") &&
+         set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue), "set EPILOGUE");
+  // Pointers are set again on every call; here they only tell the heuristic their alignment.
+  if (good && s.bias != nullptr) {
+    good = set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &s.bias, sizeof(s.bias), "set BIAS_POINTER");
+  }
+  if (good && s.aux != nullptr) {
+    good = set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &s.aux, sizeof(s.aux), "set EPILOGUE_AUX_POINTER") &&
+           set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &s.aux_ld, sizeof(s.aux_ld), "set EPILOGUE_AUX_LD");
+    if (good && s.set_aux_type) {
+      cudaDataType_t aux_type = CUDA_R_16BF;
+      good = set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type),
+                 "set EPILOGUE_AUX_DATA_TYPE");
+    }
+  }
+  // FP8: scale pointers (per call as well), block scale modes, fast accumulation only when asked.
+  if (good && s.a_scale != nullptr) {
+    good = set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &s.a_scale, sizeof(s.a_scale), "set A_SCALE_POINTER");
+  }
+  if (good && s.b_scale != nullptr) {
+    good = set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &s.b_scale, sizeof(s.b_scale), "set B_SCALE_POINTER");
+  }
+  if (good && s.a_scale_mode >= 0) {
+    int32_t mode = s.a_scale_mode;
+    good = set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode), "set A_SCALE_MODE");
+  }
+  if (good && s.b_scale_mode >= 0) {
+    int32_t mode = s.b_scale_mode;
+    good = set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode), "set B_SCALE_MODE");
+  }
+  if (good && s.fast_accum) {
+    int8_t fast = 1;
+    good = set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast), "set FAST_ACCUM");
+  }
+  // Operand layouts (column-major, before op).
+  const int a_rows = (s.trans_a == CUBLAS_OP_N) ? s.m : s.k, a_cols = (s.trans_a == CUBLAS_OP_N) ? s.k : s.m;
+  const int b_rows = (s.trans_b == CUBLAS_OP_N) ? s.k : s.n, b_cols = (s.trans_b == CUBLAS_OP_N) ? s.n : s.k;
+  good = good && ok(cublasLtMatrixLayoutCreate(&plan.a, s.a_type, a_rows, a_cols, s.lda), "cublasLtMatrixLayoutCreate(A)") &&
+         ok(cublasLtMatrixLayoutCreate(&plan.b, s.b_type, b_rows, b_cols, s.ldb), "cublasLtMatrixLayoutCreate(B)") &&
+         ok(cublasLtMatrixLayoutCreate(&plan.c, s.c_type, s.m, s.n, s.ldc), "cublasLtMatrixLayoutCreate(C/D)");
+
+  if (good) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    good = ok(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    // Deterministic: no split-K reduction "in place" in the output buffer (its order of additions can vary).
+    uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK & ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_INPLACE);
+    uint32_t align_a = key.align_a, align_b = key.align_b, align_c = key.align_c;
+    good = good &&
+           ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &g_gemm.workspace_bytes, sizeof(g_gemm.workspace_bytes)),
+              "set MAX_WORKSPACE_BYTES") &&
+           ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
+                                                   sizeof(reduction_mask)),
+              "set REDUCTION_SCHEME_MASK") &&
+           ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, 4),
+              "set MIN_ALIGNMENT_A_BYTES") &&
+           ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, 4),
+              "set MIN_ALIGNMENT_B_BYTES") &&
+           ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, 4),
+              "set MIN_ALIGNMENT_C_BYTES") &&
+           ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, 4),
+              "set MIN_ALIGNMENT_D_BYTES");
+    std::array<cublasLtMatmulHeuristicResult_t, kAlgoCandidates> results{};
+    int found = 0;
+    good = good && ok(cublasLtMatmulAlgoGetHeuristic(g_gemm.handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref,
+                                                     kAlgoCandidates, results.data(), &found),
+                      "cublasLtMatmulAlgoGetHeuristic");
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (good && found == 0) {
+      *why = "cublasLtMatmulAlgoGetHeuristic found no algorithm";
+      good = false;
+    }
+    if (good) {
+      plan.algo = results[0].algo;
+      for (int i = 0; i < found; i++) plan.candidates.push_back(results[i].algo);
+    }
+  }
+  if (!good) {
+    destroy_plan(plan);
+    return false;
+  }
+  *out = plan;
+  return true;
+}
+
+// The cached plan of a BF16 GEMM, created the first time it is seen; throws where cuBLASLt has no algorithm.
+const GemmPlan& get_plan(const GemmKey& key, const PlanSpec& spec) {
+  auto it = g_gemm.plans.find(key);
+  if (it != g_gemm.plans.end()) return it->second;
+  GemmPlan plan;
+  std::string why;
+  if (!create_plan(key, spec, &plan, &why)) {
+    throw_error("gemm: cuBLASLt found no algorithm for op=%d M=%d N=%d K=%d epilogue=%d accumulate=%d (alignments "
+                "%d/%d/%d bytes): %s; check the shapes and the CUDA architecture",
+                static_cast<int>(key.op), key.M, key.N, key.K, static_cast<int>(key.epilogue), key.accumulate ? 1 : 0,
+                key.align_a, key.align_b, key.align_c, why.c_str());
+  }
+  return g_gemm.plans.emplace(key, plan).first->second;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Algorithm tuning that cannot change a result. cuBLASLt's heuristic ranks algorithms by a model, not by a
+// measurement, and its first choice is often not the fastest (measured on H100 at GPT-2 124M, 32K tokens, with
+// dev/cuda/bench_gemm_algos: the lm_head forward 3.84 -> 3.47 ms, the GELU_AUX forward 0.305 -> 0.285 ms). Algorithms
+// that keep the per-element order of the K-sum (no split-K: only tiles, clusters and schedules differ) write the same
+// bits, so the first call of a plan times the candidates and keeps the fastest one whose output hashes equal to the
+// first candidate's on that call's own operands: the choice depends on timing, the result does not, and runs stay
+// bit-identical (train.deterministic). Only for GEMMs that do not read D (beta = 0, or C a separate input), so the
+// trial runs write nothing that the real call does not overwrite.
+
+bool g_tune_algorithms = true;
+
+// hash (one uint64) ^= mix(word, index) over the n64 64-bit words of p: order-independent (XOR), position-aware.
+__global__ void hash_words_kernel(unsigned long long* hash, const unsigned long long* p, size_t n64) {
+  unsigned long long h = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n64; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned long long z = p[i] ^ (0x9E3779B97F4A7C15ull * (i + 1));  // splitmix64 finaliser of (word, index)
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    h ^= z ^ (z >> 31);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) h ^= __shfl_xor_sync(0xffffffffu, h, offset);
+  if (threadIdx.x % 32 == 0 && h != 0) atomicXor(hash, h);
+}
+
+struct TuneScratch {
+  unsigned long long* hash = nullptr;  // device
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TuneScratch() {
+    CUDA_CHECK(cudaMalloc(&hash, sizeof(unsigned long long)));
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~TuneScratch() {
+    cudaFree(hash);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  // Hash of the bytes of D and (if not null) of the aux output; synchronises the stream.
+  unsigned long long digest(const void* D, size_t d_bytes, const void* aux, size_t aux_bytes, cudaStream_t s) {
+    CUDA_CHECK(cudaMemsetAsync(hash, 0, sizeof(unsigned long long), s));
+    for (auto [p, bytes] : {std::pair<const void*, size_t>{D, d_bytes}, {aux, aux_bytes}}) {
+      if (p == nullptr || bytes == 0) continue;
+      hash_words_kernel<<<1024, 256, 0, s>>>(hash, static_cast<const unsigned long long*>(p), bytes / 8);
+      CUDA_CHECK(cudaGetLastError());
+    }
+    unsigned long long h = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&h, hash, sizeof(h), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return h;
+  }
+};
+
+// `call(algo)` runs the plan's product with that algorithm (false if cuBLASLt refused it). d_bytes / aux_bytes: the
+// outputs compared (aux only when the epilogue writes it).
+template <typename Call>
+void tune_algorithm(GemmPlan& plan, const void* D, size_t d_bytes, const void* aux_out, size_t aux_bytes,
+                    cudaStream_t s, Call&& call) {
+  plan.tuned = true;
+  if (plan.candidates.size() < 2) return;
+  static TuneScratch scratch;
+  constexpr int kTimed = 3;
+  unsigned long long reference = 0;
+  float best_ms = 0.f;
+  for (size_t i = 0; i < plan.candidates.size(); i++) {
+    const cublasLtMatmulAlgo_t& algo = plan.candidates[i];
+    if (!call(algo)) continue;  // also the warm-up of the timing below
+    const unsigned long long h = scratch.digest(D, d_bytes, aux_out, aux_bytes, s);
+    if (i == 0) reference = h;
+    else if (h != reference) continue;  // a different order of additions (split-K): not interchangeable
+    std::array<float, kTimed> ms{};
+    for (int r = 0; r < kTimed; r++) {
+      CUDA_CHECK(cudaEventRecord(scratch.start, s));
+      call(algo);
+      CUDA_CHECK(cudaEventRecord(scratch.stop, s));
+      CUDA_CHECK(cudaEventSynchronize(scratch.stop));
+      CUDA_CHECK(cudaEventElapsedTime(&ms[r], scratch.start, scratch.stop));
+    }
+    std::sort(ms.begin(), ms.end());
+    const float median = ms[kTimed / 2];
+    if (i == 0 || median < best_ms) {
+      best_ms = median;
+      plan.algo = algo;
+    }
+  }
+}
+
+// Runs D = alpha · op(A) · op(B) + beta · C (C = D, or the separate input C), using the cached plan (its algorithm
+// tuned on the first call where that cannot change a result).
+void run_gemm(const GemmKey& key, cublasOperation_t trans_a, cublasOperation_t trans_b, int m, int n, int k,
+              const bf16* A, int64_t lda, const bf16* B, int64_t ldb, void* D, int64_t ldd, cudaDataType_t d_type,
+              const void* bias, const void* aux, int64_t aux_ld, cudaStream_t stream, const void* C = nullptr) {
+  if (g_gemm.handle == nullptr) gemm_init();
+  PlanSpec spec;
+  spec.trans_a = trans_a;
+  spec.trans_b = trans_b;
+  spec.m = m;
+  spec.n = n;
+  spec.k = k;
+  spec.lda = lda;
+  spec.ldb = ldb;
+  spec.ldc = ldd;
+  spec.c_type = d_type;
+  spec.bias = bias;
+  spec.aux = aux;
+  spec.aux_ld = aux_ld;
+  GemmPlan& plan = const_cast<GemmPlan&>(get_plan(key, spec));
+  if (bias != nullptr) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (aux != nullptr) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  }
+  // C: D itself (accumulate) or a separate matrix of D's layout (key.accumulate is set for both: beta = 1)
+  const float alpha = 1.0f, beta = key.accumulate ? 1.0f : 0.0f;
+  const void* c_operand = C != nullptr ? C : D;
+  const bool reads_d = key.accumulate && C == nullptr;
+  if (!plan.tuned && g_tune_algorithms && !reads_d) {
+    const size_t elem = d_type == CUDA_R_32F ? 4 : 2;
+    const bool aux_is_output = key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    tune_algorithm(plan, D, (size_t)m * n * elem, aux_is_output ? aux : nullptr, (size_t)m * n * 2, stream,
+                   [&](const cublasLtMatmulAlgo_t& algo) {
+                     return cublasLtMatmul(g_gemm.handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, c_operand,
+                                           plan.c, D, plan.c, &algo, g_gemm.workspace, g_gemm.workspace_bytes,
+                                           stream) == CUBLAS_STATUS_SUCCESS;
+                   });
+  }
+  plan.tuned = true;
+  CUBLAS_CHECK(cublasLtMatmul(g_gemm.handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, c_operand, plan.c, D,
+                              plan.c, &plan.algo, g_gemm.workspace, g_gemm.workspace_bytes, stream));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// FP8 helpers. Names are local (not tensor.h's fp8_format_name & co.) so that this module stands on its own.
+
+const char* format_str(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m3" : "e5m2"; }
+const char* granularity_str(ScaleGranularity g) {
+  switch (g) {
+    case ScaleGranularity::Tensor: return "tensor";
+    case ScaleGranularity::Block1x128: return "1x128";
+    case ScaleGranularity::Block128x128: return "128x128";
+  }
+  return "?";
+}
+cudaDataType_t fp8_cuda_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+bool is_block(ScaleGranularity g) { return g != ScaleGranularity::Tensor; }
+// -1 leaves cuBLASLt's default (SCALAR_32F: one float, the scale_inv).
+int scale_mode(ScaleGranularity g) {
+  switch (g) {
+    case ScaleGranularity::Tensor: return -1;
+    case ScaleGranularity::Block1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case ScaleGranularity::Block128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  }
+  return -1;
+}
+
+cublasLtEpilogue_t fp8_epilogue(const Fp8GemmOptions& opt) {
+  if (opt.pre_gelu != nullptr) return opt.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  return opt.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+const char* epilogue_str(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "none";
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    default: return "other";
+  }
+}
+
+// "D (1024x768 bf16) = A (1024x2304 e5m2, 1x128) · B (768x2304 e4m3, 128x128)ᵀ, epilogue none, fast_accum 0,
+// accumulate 0": the combination, for error messages and the test's support report.
+std::string describe_fp8(bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
+                         const Fp8GemmOptions& opt) {
+  return strformat("D (%dx%d %s) = A (%dx%d %s, %s) * B (%dx%d %s, %s)^T, epilogue %s, fast_accum %d, accumulate %d",
+                   M, N, d_fp32 ? "fp32" : "bf16", M, K, format_str(A.format), granularity_str(A.granularity), N, K,
+                   format_str(B.format), granularity_str(B.granularity), epilogue_str(fp8_epilogue(opt)),
+                   opt.fast_accum ? 1 : 0, opt.accumulate ? 1 : 0);
+}
+
+// Empty when the arguments describe a product cuBLASLt can be asked for; otherwise why not, naming the argument.
+// require_pointers: matmul_fp8 needs every pointer; matmul_fp8_supported checks only the alignment of those given.
+std::string fp8_argument_error(const void* D, bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N,
+                               int K, const Fp8GemmOptions& opt, bool require_pointers) {
+  if (M <= 0 || N <= 0 || K <= 0) return strformat("invalid GEMM shape M=%d N=%d K=%d (all must be > 0)", M, N, K);
+  if (K % 16 != 0) {
+    return strformat("K=%d must be a multiple of 16 (the FP8 rows are 16-byte aligned leading dimensions)", K);
+  }
+  if (M % 16 != 0 || N % 16 != 0) return strformat("M=%d and N=%d must be multiples of 16", M, N);
+  const bool a_block = is_block(A.granularity), b_block = is_block(B.granularity);
+  if (a_block != b_block) {
+    return strformat("A is scaled per %s and B per %s: use per-tensor scales on both operands or block scales on "
+                     "both (cuBLASLt does not mix SCALAR_32F with VEC128_32F / BLK128x128_32F)",
+                     granularity_str(A.granularity), granularity_str(B.granularity));
+  }
+  if (A.granularity == ScaleGranularity::Block128x128 && B.granularity == ScaleGranularity::Block128x128) {
+    return "A and B are both 128x128 block-scaled; cuBLASLt supports 1x128*1x128, 1x128*128x128 and 128x128*1x128, "
+           "never 128x128*128x128 (quantise one operand with 1x128 blocks)";
+  }
+  if (a_block && K % 128 != 0) {
+    return strformat("K=%d must be a multiple of 128 with block scales (one scale per 128 elements along K)", K);
+  }
+  if (opt.fast_accum && a_block) {
+    return "fast_accum with block scales: cuBLASLt's block-scaled FP8 kernels always promote partial sums to FP32 "
+           "(split accumulation); fast accumulation is for per-tensor scales only";
+  }
+  if (A.format == Fp8Format::E5M2 && B.format == Fp8Format::E5M2) {
+    return "A and B are both e5m2; cuBLASLt has no e5m2*e5m2 kernel (use e4m3 for one operand)";
+  }
+  if (d_fp32 && (opt.bias != nullptr || opt.pre_gelu != nullptr)) {
+    return "bias / pre_gelu (the BIAS and GELU_AUX epilogues) are for a bf16 D (the forward product), not FP32 D";
+  }
+  if (!d_fp32 && opt.accumulate) return "accumulate (D += A*B^T) is for an FP32 D (weight gradients), not bf16 D";
+  std::string err;
+  auto check = [&](const void* p, const char* name, int align, bool needed) {
+    if (!err.empty()) return;
+    if (p == nullptr) {
+      if (needed && require_pointers) err = strformat("%s is null", name);
+      return;
+    }
+    if (pointer_alignment(p) < align) {
+      err = strformat("%s (%p) is not %d-byte aligned (cuBLASLt FP8 GEMMs need 16-byte aligned matrices, "
+                      "block-scale arrays and per-tensor scales: an H100 returned CUBLAS_STATUS_NOT_SUPPORTED for a "
+                      "4-byte aligned per-tensor scale)",
+                      name, p, align);
+    }
+  };
+  check(D, "D", 16, true);
+  check(A.data, "A.data", 16, true);
+  check(B.data, "B.data", 16, true);
+  check(A.scale_inv, "A.scale_inv", 16, true);
+  check(B.scale_inv, "B.scale_inv", 16, true);
+  check(opt.bias, "opt.bias", 16, false);
+  check(opt.pre_gelu, "opt.pre_gelu", 16, false);
+  return err;
+}
+
+// Compute capability of the current device as major * 10 + minor (89 = Ada, 90 = Hopper); cached per device.
+int current_compute_capability() {
+  static std::map<int, int> cache;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return cache[dev] = major * 10 + minor;
+}
+
+// Empty when the device has what the combination needs: FP8 tensor cores (8.9+), and for block scales the Hopper
+// kernels (9.0+; cuBLASLt documents VEC128_32F / BLK128x128_32F for 9.0, its heuristic decides on newer GPUs).
+std::string fp8_device_error(bool block) {
+  const int cc = current_compute_capability();
+  if (cc < 89) {
+    return strformat("FP8 GEMMs need FP8 tensor cores (compute capability 8.9 or newer); this device is %d.%d",
+                     cc / 10, cc % 10);
+  }
+  if (block && cc < 90) {
+    return strformat("block-scaled FP8 GEMMs (VEC128_32F / BLK128x128_32F) need compute capability 9.0 (Hopper); "
+                     "this device is %d.%d", cc / 10, cc % 10);
+  }
+  return "";
+}
+
+// The cache key and the cuBLASLt description of D (M,N) = A (M,K) · B (N,K)ᵀ (see the mapping at the top).
+void fp8_key_and_spec(const void* D, bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
+                      const Fp8GemmOptions& opt, GemmKey* key, PlanSpec* spec) {
+  *key = GemmKey{M, N, K, GemmOp::Fp8, fp8_epilogue(opt), opt.accumulate, pointer_alignment(B.data),
+                 pointer_alignment(A.data), pointer_alignment(D), pointer_alignment(opt.pre_gelu)};
+  key->a_type = fp8_cuda_type(B.format);
+  key->b_type = fp8_cuda_type(A.format);
+  key->d_type = d_fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  key->a_scale_mode = scale_mode(B.granularity);
+  key->b_scale_mode = scale_mode(A.granularity);
+  key->fast_accum = opt.fast_accum;
+  key->align_bias = pointer_alignment(opt.bias);
+
+  spec->trans_a = CUBLAS_OP_T;  // B (N,K) row-major = column-major (K×N), ld K; op T → (N×K)
+  spec->trans_b = CUBLAS_OP_N;  // A (M,K) row-major = column-major (K×M), ld K
+  spec->m = N;
+  spec->n = M;
+  spec->k = K;
+  spec->lda = K;
+  spec->ldb = K;
+  spec->ldc = N;  // Dᵀ (N×M) column-major = D (M,N) row-major
+  spec->a_type = static_cast<cudaDataType_t>(key->a_type);
+  spec->b_type = static_cast<cudaDataType_t>(key->b_type);
+  spec->c_type = static_cast<cudaDataType_t>(key->d_type);
+  spec->bias = opt.bias;        // (N): per row of Dᵀ = per column of D
+  spec->aux = opt.pre_gelu;     // (M,N) row-major = (N×M) column-major, ld N
+  spec->aux_ld = N;
+  spec->set_aux_type = false;   // FP8 kernels: the aux type defaults to D's (bf16); setting it is reserved for FP8 D
+  spec->a_scale = B.scale_inv;
+  spec->b_scale = A.scale_inv;
+  spec->a_scale_mode = key->a_scale_mode;
+  spec->b_scale_mode = key->b_scale_mode;
+  spec->fast_accum = opt.fast_accum;
+}
+
+// The cached plan of an FP8 GEMM, or null (with cuBLASLt's reason in *why) where cuBLASLt does not run it; both
+// answers are cached.
+const GemmPlan* find_fp8_plan(const GemmKey& key, const PlanSpec& spec, std::string* why) {
+  auto it = g_gemm.plans.find(key);
+  if (it != g_gemm.plans.end()) return &it->second;
+  auto bad = g_gemm.unsupported.find(key);
+  if (bad != g_gemm.unsupported.end()) {
+    if (why) *why = bad->second;
+    return nullptr;
+  }
+  GemmPlan plan;
+  std::string reason;
+  if (!create_plan(key, spec, &plan, &reason)) {
+    g_gemm.unsupported.emplace(key, reason);
+    if (why) *why = reason;
+    return nullptr;
+  }
+  return &g_gemm.plans.emplace(key, plan).first->second;
+}
+
+void matmul_fp8_impl(void* D, bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
+                     const Fp8GemmOptions& opt, cudaStream_t stream) {
+  const std::string arg_error = fp8_argument_error(D, d_fp32, A, B, M, N, K, opt, true);
+  if (!arg_error.empty()) {
+    throw_error("matmul_fp8: %s [%s]", arg_error.c_str(), describe_fp8(d_fp32, A, B, M, N, K, opt).c_str());
+  }
+  const std::string device_error = fp8_device_error(is_block(A.granularity));
+  if (!device_error.empty()) {
+    throw_error("matmul_fp8: %s [%s]", device_error.c_str(), describe_fp8(d_fp32, A, B, M, N, K, opt).c_str());
+  }
+  if (g_gemm.handle == nullptr) gemm_init();
+  GemmKey key{};
+  PlanSpec spec;
+  fp8_key_and_spec(D, d_fp32, A, B, M, N, K, opt, &key, &spec);
+  std::string why;
+  const GemmPlan* plan = find_fp8_plan(key, spec, &why);
+  if (plan == nullptr) {
+    throw_error("matmul_fp8: cuBLASLt does not run %s on this device (compute capability %d, alignments A/B/D %d/%d/%d "
+                "bytes): %s; check matmul_fp8_supported() first and fall back (e.g. bias / GELU in separate kernels)",
+                describe_fp8(d_fp32, A, B, M, N, K, opt).c_str(), current_compute_capability(), key.align_b,
+                key.align_a, key.align_c, why.c_str());
+  }
+  // The per-call pointers (the plan was built with those of its first call).
+  auto set_ptr = [&](cublasLtMatmulDescAttributes_t attr, const void* p) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, attr, &p, sizeof(p)));
+  };
+  set_ptr(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, B.scale_inv);  // cuBLASLt's A is our B
+  set_ptr(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, A.scale_inv);
+  if (opt.bias != nullptr) set_ptr(CUBLASLT_MATMUL_DESC_BIAS_POINTER, opt.bias);
+  if (opt.pre_gelu != nullptr) set_ptr(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, opt.pre_gelu);
+  const float alpha = 1.0f, beta = opt.accumulate ? 1.0f : 0.0f;
+  const cublasStatus_t st = cublasLtMatmul(g_gemm.handle, plan->desc, &alpha, B.data, plan->a, A.data, plan->b, &beta,
+                                           D, plan->c, D, plan->c, &plan->algo, g_gemm.workspace,
+                                           g_gemm.workspace_bytes, stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    throw_error("matmul_fp8: cublasLtMatmul returned %s for %s", status_name(st),
+                describe_fp8(d_fp32, A, B, M, N, K, opt).c_str());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side of the FP8 reference.
+
+// The exact value of every FP8 code: CUDA's host conversion to half holds every E4M3 / E5M2 value (NaN stays NaN).
+const float* fp8_values(Fp8Format f) {
+  static const std::array<std::array<float, 256>, 2> tables = [] {
+    std::array<std::array<float, 256>, 2> t{};
+    for (int c = 0; c < 256; c++) {
+      const __nv_fp8_storage_t code = static_cast<__nv_fp8_storage_t>(c);
+      t[0][c] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+      t[1][c] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E5M2)));
+    }
+    return t;
+  }();
+  return tables[f == Fp8Format::E4M3 ? 0 : 1].data();
+}
+
+// scale_inv of element (r, k) of a (rows, K) operand, GEMM-ready layouts of llmc/precision/tensor.h (see the top of the file).
+double scale_inv_at(const float* s, ScaleGranularity g, int r, int k, int rows, int K) {
+  switch (g) {
+    case ScaleGranularity::Tensor: return s[0];
+    case ScaleGranularity::Block1x128: {
+      const size_t ld = round_up((size_t)rows, 4);
+      return s[(size_t)(k / kScaleBlock) * ld + r];
+    }
+    case ScaleGranularity::Block128x128: {
+      const size_t ld = round_up(ceil_div((size_t)K, kScaleBlock), 4);
+      return s[(size_t)(r / kScaleBlock) * ld + k / kScaleBlock];
+    }
+  }
+  return NAN;
+}
+
+// out (rows, K) = the dequantised operand in FP64.
+std::vector<double> dequantize_operand(const uint8_t* codes, const float* scale_inv, ScaleGranularity g, Fp8Format f,
+                                       int rows, int K) {
+  const float* values = fp8_values(f);
+  std::vector<double> out((size_t)rows * K);
+  for (int r = 0; r < rows; r++) {
+    for (int k = 0; k < K; k++) {
+      const size_t i = (size_t)r * K + k;
+      out[i] = (double)values[codes[i]] * scale_inv_at(scale_inv, g, r, k, rows, K);
+    }
+  }
+  return out;
+}
+
+// fn(row_begin, row_end) over [0, rows) on the machine's cores (the FP64 references run at GPT-2 sizes).
+template <typename F>
+void parallel_rows(int rows, F&& fn) {
+  const int threads = std::max(1, std::min<int>({(int)std::thread::hardware_concurrency(), 64, rows}));
+  std::vector<std::thread> pool;
+  const int chunk = (rows + threads - 1) / threads;
+  for (int t = 0; t < threads; t++) {
+    const int begin = t * chunk, end = std::min(rows, begin + chunk);
+    if (begin < end) pool.emplace_back([&fn, begin, end] { fn(begin, end); });
+  }
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace
+
+void gemm_init(size_t workspace_bytes) {
+  if (g_gemm.handle != nullptr) return;
+  CUBLAS_CHECK(cublasLtCreate(&g_gemm.handle));
+  g_gemm.workspace_bytes = workspace_bytes;
+  CUDA_CHECK(cudaMalloc(&g_gemm.workspace, workspace_bytes));
+}
+
+void gemm_set_algorithm_tuning(bool on) { g_tune_algorithms = on; }
+
+void gemm_shutdown() {
+  if (g_gemm.handle == nullptr) return;
+  for (auto& kv : g_gemm.plans) destroy_plan(kv.second);
+  g_gemm.plans.clear();
+  g_gemm.unsupported.clear();
+  cudaFree(g_gemm.workspace);
+  g_gemm.workspace = nullptr;
+  cublasLtDestroy(g_gemm.handle);
+  g_gemm.handle = nullptr;
+}
+
+void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int M, int N, int K,
+                    cudaStream_t stream, bf16* pre_gelu, const bf16* residual) {
+  const char* fn = "matmul_forward";
+  check_dims(M, N, K, fn);
+  check_aligned(out, "out", fn);
+  check_aligned(inp, "inp", fn);
+  check_aligned(weight, "weight", fn);
+  check_aligned(bias, "bias", fn);
+  check_aligned(pre_gelu, "pre_gelu", fn);
+  check_aligned(residual, "residual", fn);
+  if (residual != nullptr && pre_gelu != nullptr)
+    throw_error("%s: a residual cannot be added with the GELU_AUX epilogue (the GELU input would include it)", fn);
+  if (residual != nullptr && residual == out)
+    throw_error("%s: residual and out are the same buffer (pass distinct buffers)", fn);
+  cublasLtEpilogue_t epilogue;
+  if (pre_gelu != nullptr) {
+    epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  } else {
+    epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  GemmKey key{M, N, K, GemmOp::Forward, epilogue, residual != nullptr, pointer_alignment(weight),
+              pointer_alignment(inp), pointer_alignment(out), pointer_alignment(pre_gelu)};
+  key.align_src = pointer_alignment(residual);
+  // outᵀ (N×M, ld N) = Wᵀ... : A = weight as column-major (K×N, ld K) with op T; B = inp as column-major (K×M, ld K).
+  // The aux matrix pre_gelu and the residual have the shape of D: (N×M) column-major, ld N (N % 8 == 0 checked).
+  run_gemm(key, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, weight, K, inp, K, out, N, CUDA_R_16BF, bias, pre_gelu, N, stream,
+           residual);
+}
+
+void matmul_dgrad(bf16* dinp, const bf16* dout, const bf16* weight, int M, int N, int K, bool accumulate,
+                  cudaStream_t stream, const bf16* pre_gelu) {
+  const char* fn = "matmul_dgrad";
+  check_dims(M, N, K, fn);
+  check_aligned(dinp, "dinp", fn);
+  check_aligned(dout, "dout", fn);
+  check_aligned(weight, "weight", fn);
+  check_aligned(pre_gelu, "pre_gelu", fn);
+  if (pre_gelu != nullptr && accumulate) {
+    throw_error("matmul_dgrad: the DGELU epilogue cannot accumulate (pass accumulate=false with pre_gelu)");
+  }
+  cublasLtEpilogue_t epilogue = pre_gelu ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
+  GemmKey key{M, N, K, GemmOp::Dgrad, epilogue, accumulate, pointer_alignment(weight), pointer_alignment(dout),
+              pointer_alignment(dinp), pointer_alignment(pre_gelu)};
+  // dinpᵀ (K×M, ld K) = A (weight as column-major K×N, ld K, op N) · B (doutᵀ as column-major N×M, ld N, op N).
+  // aux = pre_gelu (M, K) row-major = (K×M) column-major, ld K (K % 8 == 0 checked above).
+  run_gemm(key, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, weight, K, dout, N, dinp, K, CUDA_R_16BF, nullptr, pre_gelu, K,
+           stream);
+}
+
+void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int N, int K, bool accumulate,
+                  cudaStream_t stream) {
+  const char* fn = "matmul_wgrad";
+  check_dims(M, N, K, fn);
+  check_aligned(dweight, "dweight", fn);
+  check_aligned(dout, "dout", fn);
+  check_aligned(inp, "inp", fn);
+  GemmKey key{M, N, K, GemmOp::Wgrad, CUBLASLT_EPILOGUE_DEFAULT, accumulate, pointer_alignment(inp), pointer_alignment(dout),
+              pointer_alignment(dweight), 256};
+  // dWᵀ (K×N, ld K) = A (inpᵀ as column-major K×M, ld K, op N) · B (doutᵀ as column-major N×M, ld N, op T).
+  run_gemm(key, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, inp, K, dout, N, dweight, K, CUDA_R_32F, nullptr, nullptr, 0,
+           stream);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// FP8 products
+
+Fp8Operand fp8_operand(const QTensor& q, bool transposed) {
+  Fp8Operand op;
+  op.format = q.format;
+  op.granularity = q.granularity;
+  if (!transposed) {
+    op.data = q.data;
+    op.scale_inv = q.scale_inv;
+  } else {
+    op.data = q.data_t;
+    // per-tensor: the transposed copy shares the tensor's scale; blocks: the copy has its own GEMM-ready scales
+    op.scale_inv = (q.granularity == ScaleGranularity::Tensor) ? q.scale_inv : q.scale_inv_t;
+  }
+  if (op.data == nullptr) {
+    throw_error("fp8_operand: the QTensor (%d x %d, %s, %s) has no %s copy (its %s is null); quantise it with that "
+                "copy kept", q.rows, q.cols, format_str(q.format), granularity_str(q.granularity),
+                transposed ? "transposed" : "row-major", transposed ? "data_t" : "data");
+  }
+  if (op.scale_inv == nullptr) {
+    throw_error("fp8_operand: the QTensor (%d x %d, %s, %s) has no %s", q.rows, q.cols, format_str(q.format),
+                granularity_str(q.granularity),
+                (transposed && q.granularity != ScaleGranularity::Tensor) ? "scale_inv_t" : "scale_inv");
+  }
+  return op;
+}
+
+void matmul_fp8(bf16* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
+                cudaStream_t stream) {
+  matmul_fp8_impl(D, false, A, B, M, N, K, opt, stream);
+}
+
+void matmul_fp8(float* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
+                cudaStream_t stream) {
+  matmul_fp8_impl(D, true, A, B, M, N, K, opt, stream);
+}
+
+bool matmul_fp8_supported(bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
+                          const Fp8GemmOptions& opt) {
+  if (!fp8_argument_error(nullptr, d_fp32, A, B, M, N, K, opt, false).empty()) return false;
+  if (cuda_device_count() == 0) return false;
+  if (!fp8_device_error(is_block(A.granularity)).empty()) return false;
+  if (g_gemm.handle == nullptr) gemm_init();
+  GemmKey key{};
+  PlanSpec spec;
+  // D is not known here: asked for a 256-byte aligned D (what cudaMalloc returns); a call with a less aligned D asks
+  // the heuristic again.
+  fp8_key_and_spec(nullptr, d_fp32, A, B, M, N, K, opt, &key, &spec);
+  return find_fp8_plan(key, spec, nullptr) != nullptr;
+}
+
+void matmul_fp8_cpu(double* D, const uint8_t* A, const float* a_scale_inv, ScaleGranularity ag, Fp8Format af,
+                    const uint8_t* B, const float* b_scale_inv, ScaleGranularity bg, Fp8Format bf, int M, int N, int K,
+                    const float* bias) {
+  if (D == nullptr || A == nullptr || B == nullptr || a_scale_inv == nullptr || b_scale_inv == nullptr) {
+    throw_error("matmul_fp8_cpu: D, A, B, a_scale_inv and b_scale_inv must all be non-null");
+  }
+  if (M <= 0 || N <= 0 || K <= 0) throw_error("matmul_fp8_cpu: invalid shape M=%d N=%d K=%d", M, N, K);
+  const std::vector<double> a = dequantize_operand(A, a_scale_inv, ag, af, M, K);  // (M, K)
+  const std::vector<double> b = dequantize_operand(B, b_scale_inv, bg, bf, N, K);  // (N, K)
+  parallel_rows(M, [&](int begin, int end) {
+    for (int i = begin; i < end; i++) {
+      const double* x = a.data() + (size_t)i * K;  // (K)
+      for (int j = 0; j < N; j++) {
+        const double* w = b.data() + (size_t)j * K;  // (K)
+        double acc = bias ? (double)bias[j] : 0.0;
+        for (int k = 0; k < K; k++) acc += x[k] * w[k];
+        D[(size_t)i * N + j] = acc;
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// CPU references (FP64 accumulation), row-major as in the header.
+
+void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K) {
+  for (int i = 0; i < M; i++) {
+    const float* x = inp + (size_t)i * K;  // (K)
+    for (int j = 0; j < N; j++) {
+      const float* w = weight + (size_t)j * K;  // (K)
+      double acc = bias ? (double)bias[j] : 0.0;
+      for (int k = 0; k < K; k++) acc += (double)x[k] * (double)w[k];
+      out[(size_t)i * N + j] = (float)acc;
+    }
+  }
+}
+
+void matmul_dgrad_cpu(float* dinp, const float* dout, const float* weight, int M, int N, int K) {
+  std::vector<double> row(K);
+  for (int i = 0; i < M; i++) {
+    std::fill(row.begin(), row.end(), 0.0);
+    const float* dy = dout + (size_t)i * N;  // (N)
+    for (int j = 0; j < N; j++) {
+      const double g = dy[j];
+      const float* w = weight + (size_t)j * K;  // (K)
+      for (int k = 0; k < K; k++) row[k] += g * (double)w[k];
+    }
+    for (int k = 0; k < K; k++) dinp[(size_t)i * K + k] = (float)row[k];
+  }
+}
+
+void matmul_wgrad_cpu(float* dweight, const float* dout, const float* inp, int M, int N, int K) {
+  std::vector<double> acc((size_t)N * K, 0.0);  // (N, K)
+  for (int i = 0; i < M; i++) {
+    const float* dy = dout + (size_t)i * N;  // (N)
+    const float* x = inp + (size_t)i * K;    // (K)
+    for (int j = 0; j < N; j++) {
+      const double g = dy[j];
+      double* a = acc.data() + (size_t)j * K;
+      for (int k = 0; k < K; k++) a[k] += g * (double)x[k];
+    }
+  }
+  for (size_t idx = 0; idx < acc.size(); idx++) dweight[idx] = (float)acc[idx];
+}
+
+}  // namespace llmc

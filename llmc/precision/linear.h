@@ -1,0 +1,108 @@
+// llmc/precision/linear.h: one linear layer's three products (fprop, dgrad, wgrad) under its precision plan
+// (llmc/precision/recipe.h), with the model-wide precision state it shares (llmc/precision/precision_state.h). Every
+// model family runs every linear through this class, so a recipe applies to all of them the same way.
+//
+//   BF16 plan: cuBLASLt BF16 GEMMs with FP32 accumulation (llmc/precision/gemm), bias / GELU_AUX / DGELU epilogues.
+//   FP8 plan:  x, w, dy quantised per the plan (llmc/precision/quant) and multiplied with the TN FP8 GEMMs of llmc/precision/gemm:
+//              fprop Y = Xq·Wqᵀ, dgrad dX = dYq·(Wᵀq)ᵀ, wgrad dW += dYᵀq·(Xᵀq)ᵀ. The weight is quantised once per
+//              optimizer step (with its transposed copy) and reused by every micro-step; the input is saved for
+//              wgrad as its transposed FP8 copy when the plan says so (the model then keeps no BF16 copy of it).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include "llmc/precision/precision_state.h"
+#include "llmc/precision/quant.h"
+#include "llmc/precision/recipe.h"
+#include "llmc/precision/tensor.h"
+
+namespace llmc {
+
+using bf16 = __nv_bfloat16;
+
+class PrecisionState;
+
+class Linear {
+ public:
+  // name: the weight's parameter-table name without ".weight" (e.g. "transformer.h.3.attn.c_attn"), used in
+  // telemetry, checkpoints and errors. out_features N, in_features K; max_rows = the largest M (B*T) it will see.
+  Linear(PrecisionState& state, std::string name, LinearKind kind, int layer, int out_features, int in_features,
+         const LinearPlan& plan, int max_rows);
+  ~Linear();
+  Linear(const Linear&) = delete;
+  Linear& operator=(const Linear&) = delete;
+
+  const std::string& name() const { return name_; }
+  const LinearPlan& plan() const { return plan_; }
+  bool fp8() const { return plan_.fp8; }
+  // True when backward needs no BF16 copy of the input (it was saved as FP8 in forward).
+  bool saves_fp8_input() const { return plan_.fp8 && plan_.save_fp8_input; }
+  // Device slots that the kernel producing x (forward) or dy (backward) fills with max |value| (current per-tensor
+  // FP8 scaling only; null otherwise: the producer then skips it). Zeroed by PrecisionState::begin_forward /
+  // begin_backward.
+  float* x_amax_slot() const;
+  float* dy_amax_slot() const;
+
+  // out (M, N) = x (M, K) · wᵀ (+ bias (N)). training: save what backward needs and record amaxes for delayed
+  // scaling (false for evaluation / sampling: the same quantisers run, nothing is recorded).
+  struct ForwardOptions {
+    bf16* pre_gelu = nullptr;   // GELU: pre_gelu (M, N) = x·wᵀ + bias and out = gelu_tanh(pre_gelu)
+    bool x_amax_ready = false;  // the kernel that produced x filled x_amax_slot() (else the layer measures it)
+    float* out_amax = nullptr;  // report max |out| here (the next linear's x slot), or null
+    // out = residual + x·wᵀ + bias, added in the GEMM (one rounding), when adds_residual(); residual (M, N) and out
+    // must be distinct buffers. Not with pre_gelu.
+    const bf16* residual = nullptr;
+  };
+  // Whether forward can add a residual inside its product (BF16 plans: the GEMM's C operand). FP8 plans cannot (the
+  // caller adds it, e.g. in the LayerNorm kernel that follows).
+  bool adds_residual() const { return !plan_.fp8; }
+  void forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s,
+               const ForwardOptions& opt);
+  void forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s) {
+    forward(out, x, w, bias, M, training, s, ForwardOptions());
+  }
+  // dx (M, K) = dy (M, N) · w (overwritten, or added to dx with accumulate_dx); dw (N, K) FP32 += dyᵀ · x.
+  // x: the BF16 input of the forward (may be null when saves_fp8_input()). dx may be null (not wanted).
+  struct BackwardOptions {
+    bool accumulate_dx = false;
+    const bf16* x_pre_gelu = nullptr;  // x = gelu(x_pre_gelu): dx is the gradient w.r.t. x_pre_gelu instead
+    bool dy_amax_ready = false;        // the kernel that produced dy filled dy_amax_slot()
+    float* dx_amax = nullptr;          // report max |dx| here (the previous linear's dy slot), or null
+  };
+  void backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w, int M, cudaStream_t s,
+                const BackwardOptions& opt);
+  void backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w, int M, cudaStream_t s) {
+    backward(dx, dw, dy, x, w, M, s, BackwardOptions());
+  }
+  // The weights changed: the next forward re-quantises them.
+  void weights_changed() { weight_cache_valid_ = false; }
+
+ private:
+  friend class PrecisionState;
+  PrecisionState& state_;
+  std::string name_;
+  LinearKind kind_;
+  int layer_, N_, K_, max_rows_;
+  LinearPlan plan_;
+  // Quantises src (q.rows, q.cols) into q: block scales, or the per-tensor slot's scale (current / delayed).
+  void quantize(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, cudaStream_t s);
+  // FP8 operands. Per-tensor slots index into the PrecisionState arrays (-1 = none).
+  int x_slot_ = -1, w_slot_ = -1, dy_slot_ = -1;
+  QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step
+  QTensor x_saved_;    // (M_max, K) input: only data_t (K, M) kept for wgrad when save_fp8_input
+  bool weight_cache_valid_ = false;
+  bool weight_cache_recorded_ = false;  // the cache was built by a training forward (its amax recorded)
+  bool have_saved_input_ = false;
+  int saved_rows_ = 0;
+  void* memory_ = nullptr;  // one allocation for wq_ and x_saved_
+  size_t memory_bytes_ = 0;
+};
+
+}  // namespace llmc

@@ -1,0 +1,220 @@
+// llmc/precision/precision_state.cu: PrecisionState (llmc/precision/precision_state.h): the model-wide per-tensor
+// scaling slots, amax histories, the shared quantised scratch and the numerics telemetry.
+#include "llmc/precision/precision_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "llmc/core/common.h"
+#include "llmc/precision/linear.h"
+
+namespace llmc {
+
+namespace {
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+}  // namespace
+
+PrecisionState::PrecisionState(const PrecisionRecipe& recipe) : recipe_(recipe) {
+  history_len_ = recipe_.fp8 && recipe_.scaling == ScalingMode::Delayed ? recipe_.amax_history_len : 1;
+  scratch_bytes_.assign(kScratchCount, 0);
+  scratch_floats_.assign(kScratchCount, 0);
+}
+
+PrecisionState::~PrecisionState() {
+  cudaFree(device_memory_);
+  cudaFree(numerics_);
+}
+
+void PrecisionState::add(Linear* linear) {
+  if (allocated_) throw_error("PrecisionState: linear %s registered after the first forward", linear->name().c_str());
+  linears_.push_back(linear);
+}
+
+int PrecisionState::new_slot(const std::string& name, Fp8Format f) {
+  if (allocated_) throw_error("PrecisionState: slot %s registered after the first forward", name.c_str());
+  slot_names_.push_back(name);
+  slot_formats_.push_back(static_cast<uint8_t>(f));
+  return static_cast<int>(slot_names_.size()) - 1;
+}
+
+void PrecisionState::reserve(int which, size_t bytes, size_t scale_floats) {
+  scratch_bytes_[which] = std::max(scratch_bytes_[which], bytes);
+  scratch_floats_[which] = std::max(scratch_floats_[which], scale_floats);
+}
+
+// One allocation: slot arrays (scale, scale_inv, amax, temp amax), formats, the histories, and the scratch buffers.
+void PrecisionState::ensure_allocated() {
+  if (allocated_) return;
+  allocated_ = true;
+  const size_t n = slot_names_.size(), np = padded_slots();
+  size_t bytes = 0;
+  auto take = [&](size_t b) {
+    const size_t at = bytes;
+    bytes += align256(std::max<size_t>(b, 1));
+    return at;
+  };
+  const size_t o_scale = take(np * sizeof(float)), o_scale_inv = take(np * sizeof(float));
+  const size_t o_amax = take(np * sizeof(float)), o_formats = take(np);
+  const size_t o_history = take(np * (size_t)history_len_ * sizeof(float));
+  std::vector<size_t> o_scratch(kScratchCount), o_scales(kScratchCount);
+  for (int i = 0; i < kScratchCount; i++) {
+    o_scratch[i] = take(scratch_bytes_[i]);
+    o_scales[i] = take(scratch_floats_[i] * sizeof(float));
+  }
+  CUDA_CHECK(cudaMalloc(&device_memory_, bytes));
+  char* base = static_cast<char*>(device_memory_);
+  scale_ = reinterpret_cast<float*>(base + o_scale);
+  scale_inv_ = reinterpret_cast<float*>(base + o_scale_inv);
+  amax_ = reinterpret_cast<float*>(base + o_amax);
+  formats_ = reinterpret_cast<uint8_t*>(base + o_formats);
+  history_ = reinterpret_cast<float*>(base + o_history);
+  scratch_ptrs_.resize(kScratchCount);
+  scratch_scale_ptrs_.resize(kScratchCount);
+  for (int i = 0; i < kScratchCount; i++) {
+    scratch_ptrs_[i] = reinterpret_cast<uint8_t*>(base + o_scratch[i]);
+    scratch_scale_ptrs_[i] = reinterpret_cast<float*>(base + o_scales[i]);
+  }
+  // Initial state: scale 1, amax 0, empty histories; the inert entries between slots carry their slot's format.
+  std::vector<float> ones(np, 1.0f);
+  std::vector<uint8_t> formats(np, static_cast<uint8_t>(Fp8Format::E4M3));
+  for (size_t i = 0; i < n; i++)
+    for (int j = 0; j < kSlotStride; j++) formats[kSlotStride * i + j] = slot_formats_[i];
+  CUDA_CHECK(cudaMemcpy(scale_, ones.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(scale_inv_, ones.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(formats_, formats.data(), np, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(amax_, 0, np * sizeof(float)));
+  CUDA_CHECK(cudaMemset(history_, 0, np * history_len_ * sizeof(float)));
+  // Scratch: the block-scale padding entries must read as 1 (never written by the quantisers for rows past the
+  // tensor); fill every scale scratch with 1 once.
+  for (int i = 0; i < kScratchCount; i++) {
+    if (scratch_floats_[i] == 0) continue;
+    std::vector<float> fill(scratch_floats_[i], 1.0f);
+    CUDA_CHECK(cudaMemcpy(scratch_scale_ptrs_[i], fill.data(), fill.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+}
+
+uint8_t* PrecisionState::scratch(int which) {
+  ensure_allocated();
+  return scratch_ptrs_[which];
+}
+
+float* PrecisionState::scratch_scales(int which) {
+  ensure_allocated();
+  return scratch_scale_ptrs_[which];
+}
+
+void PrecisionState::begin_forward(cudaStream_t s) {
+  if (!recipe_.fp8 || slot_names_.empty()) return;
+  ensure_allocated();
+  if (recipe_.scaling == ScalingMode::Current) CUDA_CHECK(cudaMemsetAsync(amax_, 0, padded_slots() * sizeof(float), s));
+}
+
+void PrecisionState::begin_backward(cudaStream_t s) { begin_forward(s); }
+
+void PrecisionState::end_step(cudaStream_t s) {
+  for (Linear* l : linears_) l->weights_changed();
+  if (!recipe_.fp8 || slot_names_.empty() || recipe_.scaling != ScalingMode::Delayed) return;
+  ensure_allocated();
+  const int n = static_cast<int>(kSlotStride * slot_names_.size());  // the inert entries update to themselves
+  if (amax_reducer_) amax_reducer_(amax_, n, s);
+  fp8_delayed_scaling_update(history_, amax_, scale_, scale_inv_, formats_, n, history_len_, history_pos_,
+                             recipe_.amax_compute != "most_recent", recipe_.margin, recipe_.pow2_scales, s);
+  history_pos_ = (history_pos_ + 1) % history_len_;
+  steps_recorded_++;
+}
+
+void PrecisionState::discard_step(cudaStream_t s) {
+  if (!recipe_.fp8 || slot_names_.empty() || !allocated_) return;
+  CUDA_CHECK(cudaMemsetAsync(amax_, 0, padded_slots() * sizeof(float), s));
+}
+
+void PrecisionState::weights_changed() {
+  for (Linear* l : linears_) l->weights_changed();
+}
+
+void PrecisionState::record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s) {
+  if (q.data == nullptr) return;
+  if (std::find(numerics_names_.begin(), numerics_names_.end(), name) != numerics_names_.end()) return;
+  if (numerics_ == nullptr) {
+    numerics_capacity_ = static_cast<int>(3 * linears_.size() + 8);
+    CUDA_CHECK(cudaMalloc(&numerics_, (size_t)numerics_capacity_ * kQuantStatsSlots * sizeof(double)));
+  }
+  if ((int)numerics_names_.size() >= numerics_capacity_) return;
+  fp8_quant_stats(numerics_ + numerics_names_.size() * kQuantStatsSlots, q, x, s);
+  numerics_names_.push_back(name);
+}
+
+std::vector<TensorNumerics> PrecisionState::collect_numerics(cudaStream_t s) {
+  numerics_requested_ = false;
+  std::vector<TensorNumerics> out;
+  if (numerics_names_.empty()) return out;
+  std::vector<double> host(numerics_names_.size() * kQuantStatsSlots);
+  CUDA_CHECK(cudaMemcpyAsync(host.data(), numerics_, host.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t i = 0; i < numerics_names_.size(); i++)
+    out.push_back({numerics_names_[i], finish_quant_stats(host.data() + i * kQuantStatsSlots)});
+  numerics_names_.clear();
+  return out;
+}
+
+size_t PrecisionState::device_bytes() const {
+  size_t bytes = 0;
+  for (const Linear* l : linears_) bytes += l->memory_bytes_;
+  for (int i = 0; i < kScratchCount; i++) bytes += align256(scratch_bytes_[i]) + align256(scratch_floats_[i] * 4);
+  return bytes + padded_slots() * (13 + (size_t)history_len_ * 4);
+}
+
+nlohmann::json PrecisionState::describe() const {
+  return {{"slots", slot_names_}, {"history_len", history_len_}, {"history_pos", history_pos_},
+          {"steps_recorded", steps_recorded_}};
+}
+
+// Checkpoint form: compact (one entry per slot, no inert padding).
+void PrecisionState::download(std::vector<float>* scales, std::vector<float>* history) const {
+  const size_t n = slot_names_.size(), L = history_len_;
+  scales->assign(2 * n, 1.0f);
+  history->assign(n * L, 0.0f);
+  if (n == 0 || !allocated_) return;
+  const size_t np = padded_slots();
+  std::vector<float> s(np), si(np), h(np * L);
+  CUDA_CHECK(cudaMemcpy(s.data(), scale_, np * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(si.data(), scale_inv_, np * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(h.data(), history_, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; i++) {
+    (*scales)[i] = s[kSlotStride * i];
+    (*scales)[n + i] = si[kSlotStride * i];
+    std::copy(h.begin() + kSlotStride * i * L, h.begin() + (kSlotStride * i + 1) * L, history->begin() + i * L);
+  }
+}
+
+void PrecisionState::upload(const nlohmann::json& description, const std::vector<float>& scales,
+                            const std::vector<float>& history) {
+  const size_t n = slot_names_.size(), L = history_len_;
+  const std::vector<std::string> names = description.at("slots").get<std::vector<std::string>>();
+  if (names != slot_names_ || description.at("history_len").get<int>() != history_len_ ||
+      scales.size() != 2 * n || history.size() != n * L)
+    throw_error("precision state: the checkpoint's FP8 scaling state (%zu tensors, history %d) does not match this "
+                "run's recipe (%zu tensors, history %d): resume with the same precision section",
+                names.size(), description.at("history_len").get<int>(), n, history_len_);
+  ensure_allocated();
+  history_pos_ = description.at("history_pos").get<int>();
+  steps_recorded_ = description.at("steps_recorded").get<long long>();
+  if (n == 0) return;
+  const size_t np = padded_slots();
+  std::vector<float> s(np, 1.0f), si(np, 1.0f), h(np * L, 0.0f);
+  for (size_t i = 0; i < n; i++) {
+    s[kSlotStride * i] = scales[i];
+    si[kSlotStride * i] = scales[n + i];
+    std::copy(history.begin() + i * L, history.begin() + (i + 1) * L, h.begin() + kSlotStride * i * L);
+  }
+  CUDA_CHECK(cudaMemcpy(scale_, s.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(scale_inv_, si.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(history_, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(amax_, 0, np * sizeof(float)));
+}
+
+}  // namespace llmc

@@ -1,0 +1,121 @@
+// llmc/precision/precision_state.h: the precision state a model's quantised linears share (class PrecisionState):
+// every per-tensor scale / scale_inv / amax slot in contiguous device arrays (so delayed scaling updates all of them
+// in one launch, and checkpoints save them as a few tensors), the amax histories, the quantised scratch shared by all
+// linears (a linear's quantised x / dy live only during its own products), and the numerics telemetry.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include "llmc/precision/quant.h"
+#include "llmc/precision/recipe.h"
+#include "llmc/precision/tensor.h"
+
+namespace llmc {
+
+using bf16 = __nv_bfloat16;
+
+class Linear;
+
+// Scratch buffers shared by every linear (a linear's quantised operands live only during its own products).
+enum ScratchId : int {
+  kScratchRows = 0,      // Xq (M, K) in forward; dYq (M, N) in backward
+  kScratchRowsT = 1,     // dYᵀq (N, M)
+  kScratchInputT = 2,    // Xᵀq (K, M) quantised in backward when the input was not saved as FP8
+  kScratchWeightT = 3,   // Wᵀq (K, N) when the plan does not cache it (made by the weight cast, then in backward)
+  kScratchCount = 4,
+};
+
+// Telemetry of one quantised tensor at one step.
+struct TensorNumerics {
+  std::string name;   // "transformer.h.3.attn.c_attn.x" (x / w / dy)
+  QuantStats stats;
+};
+
+class PrecisionState {
+ public:
+  explicit PrecisionState(const PrecisionRecipe& recipe);
+  ~PrecisionState();
+  PrecisionState(const PrecisionState&) = delete;
+  PrecisionState& operator=(const PrecisionState&) = delete;
+
+  const PrecisionRecipe& recipe() const { return recipe_; }
+  // Registers a linear (called by its constructor). All linears are created before the first forward.
+  void add(Linear* linear);
+  // Before a forward / backward: zeroes the producer amax slots (current scaling).
+  void begin_forward(cudaStream_t s);
+  void begin_backward(cudaStream_t s);
+  // After an optimizer step that was applied: the weights changed (every linear re-quantises its weight), and delayed
+  // scaling records the step's amaxes (MAX-reduced over ranks by the reducer, if set) into the histories and computes
+  // new scales, one launch for all tensors.
+  void end_step(cudaStream_t s);
+  // The weights changed without a step (upload, resume).
+  void weights_changed();
+  // A step the divergence guard skipped: the amaxes it recorded for delayed scaling are dropped.
+  void discard_step(cudaStream_t s);
+  void set_amax_reducer(std::function<void(float*, int, cudaStream_t)> reducer) { amax_reducer_ = std::move(reducer); }
+  // Telemetry: when requested, every quantisation of the following training forward/backward also measures its
+  // numerics (once per tensor); collect_numerics() returns them (synchronises) and ends the request.
+  void request_numerics() { numerics_requested_ = true; }
+  bool numerics_requested() const { return numerics_requested_; }
+  std::vector<TensorNumerics> collect_numerics(cudaStream_t s);
+
+  // Checkpointed state (delayed scaling: scales, amax histories, ring position). describe() names the slots;
+  // download gives scales = [scale (n) | scale_inv (n)] and history (n, history_len); upload checks the description
+  // against this run (a different recipe or model is a clear error).
+  int num_slots() const { return static_cast<int>(slot_names_.size()); }
+  // Device memory of the FP8 machinery: every linear's cached FP8 weight and saved FP8 input, the shared scratch and
+  // the scaling arrays (planned sizes; allocated at the first forward).
+  size_t device_bytes() const;
+  nlohmann::json describe() const;
+  void download(std::vector<float>* scales, std::vector<float>* history) const;
+  void upload(const nlohmann::json& description, const std::vector<float>& scales, const std::vector<float>& history);
+
+ private:
+  friend class Linear;
+  int new_slot(const std::string& name, Fp8Format f);
+  void reserve(int which, size_t bytes, size_t scale_floats);  // scratch a linear needs at its largest M
+  void ensure_allocated();  // on first use, once every linear is registered
+  uint8_t* scratch(int which);
+  float* scratch_scales(int which);
+  // Slot i lives at index kSlotStride * i of the device arrays: cuBLASLt wants every scale pointer 16-byte aligned.
+  // The entries in between are inert (amax 0 keeps their scale at 1 in the delayed update).
+  static constexpr int kSlotStride = 4;
+  float* scale_ptr(int slot) { return scale_ + kSlotStride * slot; }
+  float* scale_inv_ptr(int slot) { return scale_inv_ + kSlotStride * slot; }
+  float* amax_ptr(int slot) const { return amax_ + kSlotStride * slot; }
+  float* temp_amax() { return amax_ + kSlotStride * slot_names_.size(); }  // the spare slot (delayed's first step)
+  size_t padded_slots() const { return kSlotStride * (slot_names_.size() + 1); }
+  bool history_started() const { return steps_recorded_ > 0; }
+  void record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s);
+
+  PrecisionRecipe recipe_;
+  std::vector<Linear*> linears_;
+  std::vector<std::string> slot_names_;
+  std::vector<uint8_t> slot_formats_;
+  bool allocated_ = false;
+  void* device_memory_ = nullptr;  // one allocation for everything below
+  float* scale_ = nullptr;         // (padded_slots) quantisation multipliers
+  float* scale_inv_ = nullptr;     // (padded_slots)
+  float* amax_ = nullptr;          // (padded_slots) amax slots (+ the spare)
+  uint8_t* formats_ = nullptr;     // (padded_slots) Fp8Format of each slot
+  float* history_ = nullptr;       // (padded_slots, history_len) delayed scaling ring buffers
+  int history_len_ = 1;
+  int history_pos_ = 0;
+  long long steps_recorded_ = 0;
+  std::function<void(float*, int, cudaStream_t)> amax_reducer_;
+  std::vector<size_t> scratch_bytes_, scratch_floats_;
+  std::vector<uint8_t*> scratch_ptrs_;
+  std::vector<float*> scratch_scale_ptrs_;
+  bool numerics_requested_ = false;
+  std::vector<std::string> numerics_names_;
+  double* numerics_ = nullptr;  // (capacity, kQuantStatsSlots)
+  int numerics_capacity_ = 0;
+};
+
+}  // namespace llmc

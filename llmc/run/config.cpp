@@ -1,0 +1,726 @@
+// llmc/run/config.cpp: the run-config schema and everything it drives. One table (kSchema below: section, key, type, help,
+// allowed range, accessors into RunConfig) is the single source for JSON loading, `--set` overrides, type and range
+// validation, defaults (read from the structs in config.h), config_to_json and config_key_docs. Presets and the checks
+// that span several keys (batch divisibility, context length, head size...) follow the table.
+#include "llmc/run/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include "llmc/core/common.h"
+
+namespace llmc {
+
+using nlohmann::json;
+
+namespace {
+
+enum class KeyType { Int, Int64, Float, Bool, String, IntList };
+
+const char* type_doc_name(KeyType t) {
+  switch (t) {
+    case KeyType::Int:
+    case KeyType::Int64: return "int";
+    case KeyType::Float: return "float";
+    case KeyType::Bool: return "bool";
+    case KeyType::String: return "string";
+    case KeyType::IntList: return "int list";
+  }
+  return "?";
+}
+
+const char* type_expected_name(KeyType t) {
+  switch (t) {
+    case KeyType::Int:
+    case KeyType::Int64: return "an integer";
+    case KeyType::Float: return "a number";
+    case KeyType::Bool: return "a boolean (true or false)";
+    case KeyType::String: return "a string";
+    case KeyType::IntList: return "a list of integers, e.g. [0, -1]";
+  }
+  return "?";
+}
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct KeySchema {
+  const char* section;
+  const char* key;
+  KeyType type;
+  const char* help;
+  // Numeric range [lo, hi] (open ends where lo_open / hi_open); ignored for strings and booleans.
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string> choices;  // allowed strings; empty = any
+  const char* doc_default = nullptr;  // shown instead of the struct default where the default is derived
+  std::function<json(const RunConfig&)> get;
+  std::function<void(RunConfig&, const json&)> set;
+
+  std::string full_name() const { return std::string(section) + "." + key; }
+};
+
+// Floats print as the shortest decimal that reads back to the same float (1e-05, not 9.99999974737875e-06).
+json float_to_json(float v) {
+  char buf[32];
+  for (int precision = 6; precision <= 9; precision++) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, static_cast<double>(v));
+    if (static_cast<float>(std::strtod(buf, nullptr)) == v) break;
+  }
+  return json(std::strtod(buf, nullptr));
+}
+
+// Builders for the table rows. `member` is an expression on `c` (a RunConfig) naming the field.
+#define LLMC_ACCESS(member)                                                     \
+  [](const RunConfig& c) { return json(c.member); },                            \
+  [](RunConfig& c, const json& v) { c.member = v.get<decltype(c.member)>(); }
+// Enum fields stored as their names (the choices of the row are the valid names).
+#define FORMAT_ACCESS(member)                                                   \
+  [](const RunConfig& c) { return json(fp8_format_name(c.member)); },          \
+  [](RunConfig& c, const json& v) { parse_fp8_format(v.get<std::string>(), &c.member); }
+#define GRANULARITY_ACCESS(member)                                              \
+  [](const RunConfig& c) { return json(scale_granularity_name(c.member)); },   \
+  [](RunConfig& c, const json& v) { parse_scale_granularity(v.get<std::string>(), &c.member); }
+
+KeySchema row(const char* section, const char* key, KeyType type, const char* help,
+              std::function<json(const RunConfig&)> get, std::function<void(RunConfig&, const json&)> set) {
+  KeySchema k;
+  k.section = section;
+  k.key = key;
+  k.type = type;
+  k.help = help;
+  k.get = std::move(get);
+  k.set = std::move(set);
+  return k;
+}
+KeySchema at_least(KeySchema k, double lo) { k.lo = lo; return k; }
+KeySchema above(KeySchema k, double lo) { k.lo = lo; k.lo_open = true; return k; }
+KeySchema between(KeySchema k, double lo, double hi) { k.lo = lo; k.hi = hi; return k; }
+KeySchema open_unit(KeySchema k) { k.lo = 0; k.hi = 1; k.lo_open = k.hi_open = true; return k; }
+KeySchema one_of(KeySchema k, std::vector<std::string> choices) { k.choices = std::move(choices); return k; }
+KeySchema derived_default(KeySchema k, const char* doc) { k.doc_default = doc; return k; }
+
+const std::vector<KeySchema>& schema() {
+  using T = KeyType;
+  static const std::vector<KeySchema> table = {
+      // model: a preset fills every key; explicit keys override it. Without a preset the defaults are gpt2-124m's.
+      row("model", "preset", T::String, "model preset (gpt2-tiny, gpt2-mini, gpt2-124m, gpt2-350m, gpt2-774m, "
+          "gpt2-1558m, llama-tiny, llama-125m, llama-350m, llama-1b, llama-3b); \"\" = none, the keys below define "
+          "the model", LLMC_ACCESS(model_preset)),
+      row("model", "arch", T::String, "architecture: gpt2 | llama", LLMC_ACCESS(model.arch)),
+      at_least(row("model", "n_layer", T::Int, "transformer blocks (L)", LLMC_ACCESS(model.n_layer)), 1),
+      at_least(row("model", "n_head", T::Int, "attention heads (H)", LLMC_ACCESS(model.n_head)), 1),
+      derived_default(at_least(row("model", "n_kv_head", T::Int, "key/value heads: divides n_head (grouped-query "
+                                   "attention, llama); must equal n_head for gpt2",
+                                   LLMC_ACCESS(model.n_kv_head)), 1), "n_head"),
+      at_least(row("model", "n_embd", T::Int, "embedding width (C)", LLMC_ACCESS(model.n_embd)), 1),
+      at_least(row("model", "vocab_size", T::Int, "real vocabulary size (V)", LLMC_ACCESS(model.vocab_size)), 1),
+      at_least(row("model", "padded_vocab_multiple", T::Int,
+                   "the embedding/lm_head rows are V rounded up to a multiple of this (Vp)",
+                   LLMC_ACCESS(padded_vocab_multiple)), 1),
+      at_least(row("model", "max_seq_len", T::Int, "context length (gpt2: rows of wpe; llama: longest sequence)",
+                   LLMC_ACCESS(model.max_seq_len)), 1),
+      derived_default(at_least(row("model", "ffn_hidden", T::Int, "MLP hidden size (F; llama: the width of gate_proj "
+                                   "and up_proj, a multiple of 8)", LLMC_ACCESS(model.ffn_hidden)), 1),
+                      "gpt2: 4 * n_embd; llama: 8 * n_embd / 3 rounded up to a multiple of 256"),
+      above(row("model", "norm_eps", T::Float, "LayerNorm (gpt2) / RMSNorm (llama) epsilon",
+                [](const RunConfig& c) { return float_to_json(c.model.norm_eps); },
+                [](RunConfig& c, const json& v) { c.model.norm_eps = static_cast<float>(v.get<double>()); }), 0),
+      above(row("model", "rope_theta", T::Float, "llama: RoPE base theta (Llama 3: 500000); unused by gpt2",
+                [](const RunConfig& c) { return float_to_json(c.model.rope_theta); },
+                [](RunConfig& c, const json& v) { c.model.rope_theta = static_cast<float>(v.get<double>()); }), 0),
+      row("model", "tied_embeddings", T::Bool, "the lm_head shares the token embedding matrix (gpt2: must be true; "
+          "llama: false adds lm_head.weight)", LLMC_ACCESS(model.tied_embeddings)),
+
+      row("data", "train", T::String, "glob of training shards, e.g. data/kjv/kjv_train_*.bin (required)",
+          LLMC_ACCESS(data.train)),
+      row("data", "val", T::String, "glob of validation shards (\"\" = no validation)", LLMC_ACCESS(data.val)),
+      row("data", "shuffle", T::Bool, "shuffle the order of sequences (per epoch, seeded)", LLMC_ACCESS(data.shuffle)),
+      at_least(row("data", "seed", T::Int, "data shuffling seed", LLMC_ACCESS(data.seed)), 0),
+      row("data", "tokenizer", T::String, "GPT-2 vocabulary (encoder.json) used to decode samples",
+          LLMC_ACCESS(data.tokenizer)),
+
+      at_least(row("train", "micro_batch", T::Int, "sequences per GPU per micro-step (B)",
+                   LLMC_ACCESS(train.micro_batch)), 1),
+      at_least(row("train", "seq_len", T::Int, "tokens per sequence (T), at most model.max_seq_len",
+                   LLMC_ACCESS(train.seq_len)), 1),
+      at_least(row("train", "global_batch_tokens", T::Int64,
+                   "tokens per optimizer step over all GPUs, a multiple of micro_batch * seq_len * world_size "
+                   "(0 = exactly that: no gradient accumulation)", LLMC_ACCESS(train.global_batch_tokens)), 0),
+      at_least(row("train", "steps", T::Int, "optimizer steps", LLMC_ACCESS(train.steps)), 1),
+      above(row("train", "lr", T::Float, "peak learning rate", LLMC_ACCESS(train.lr)), 0),
+      at_least(row("train", "warmup_steps", T::Int, "linear warm-up steps (at most train.steps)",
+                   LLMC_ACCESS(train.warmup_steps)), 0),
+      one_of(row("train", "schedule", T::String, "learning-rate decay after warm-up", LLMC_ACCESS(train.schedule)),
+             {"cosine", "linear", "constant", "wsd"}),
+      between(row("train", "final_lr_frac", T::Float, "lr at the end of decay, as a fraction of lr",
+                  LLMC_ACCESS(train.final_lr_frac)), 0, 1),
+      between(row("train", "wsd_decay_frac", T::Float, "wsd: fraction of the steps spent decaying at the end",
+                  LLMC_ACCESS(train.wsd_decay_frac)), 0, 1),
+      at_least(row("train", "grad_clip", T::Float, "global gradient-norm clip (0 = off)", LLMC_ACCESS(train.grad_clip)),
+               0),
+      at_least(row("train", "seed", T::Int, "parameter initialisation seed", LLMC_ACCESS(train.seed)), 0),
+      between(row("train", "recompute", T::Int,
+                  "0 = keep all activations; 1 = recompute the norm outputs (LayerNorm / RMSNorm) and the "
+                  "GELU / SwiGLU outputs in backward",
+                  LLMC_ACCESS(train.recompute)), 0, 1),
+      row("train", "deterministic", T::Bool, "bit-identical runs (deterministic kernels and GEMM algorithms)",
+          LLMC_ACCESS(train.deterministic)),
+      row("train", "init_from", T::String,
+          "\"\" = random init; else weights to start from: an llm8 checkpoint step directory or model.safetensors, a "
+          "Hugging Face model directory (config.json + model.safetensors) or an llm.c model .bin; the model section "
+          "must describe that model", LLMC_ACCESS(train.init_from)),
+      at_least(row("train", "max_skipped_steps", T::Int,
+                   "divergence guard: a step whose loss or gradient norm is not finite is skipped (no update); stop "
+                   "after this many consecutive skips", LLMC_ACCESS(train.max_skipped_steps)), 1),
+
+      one_of(row("optimizer", "type", T::String, "optimizer", LLMC_ACCESS(optimizer.type)), {"adamw"}),
+      open_unit(row("optimizer", "beta1", T::Float, "AdamW first-moment decay", LLMC_ACCESS(optimizer.beta1))),
+      open_unit(row("optimizer", "beta2", T::Float, "AdamW second-moment decay", LLMC_ACCESS(optimizer.beta2))),
+      above(row("optimizer", "eps", T::Float, "AdamW epsilon", LLMC_ACCESS(optimizer.eps)), 0),
+      at_least(row("optimizer", "weight_decay", T::Float, "decoupled weight decay, applied to 2-D tensors only",
+                   LLMC_ACCESS(optimizer.weight_decay)), 0),
+
+      // precision: the preset named in precision.recipe fills every key below; explicit keys override it.
+      row("precision", "recipe", T::String,
+          "precision recipe preset: bf16 | fp8_tensorwise (current per-tensor scaling) | fp8_delayed (amax history) | "
+          "fp8_blockwise (1x128 / 128x128 blocks); the keys below override its fields", LLMC_ACCESS(precision.recipe)),
+      one_of(row("precision", "x_format", T::String, "FP8 format of linear inputs",
+                 FORMAT_ACCESS(precision.x.format)), {"e4m3", "e5m2"}),
+      one_of(row("precision", "w_format", T::String, "FP8 format of weights", FORMAT_ACCESS(precision.w.format)),
+             {"e4m3", "e5m2"}),
+      one_of(row("precision", "dy_format", T::String, "FP8 format of output gradients",
+                 FORMAT_ACCESS(precision.dy.format)), {"e4m3", "e5m2"}),
+      one_of(row("precision", "x_granularity", T::String, "scaling granularity of linear inputs",
+                 GRANULARITY_ACCESS(precision.x.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "w_granularity", T::String, "scaling granularity of weights",
+                 GRANULARITY_ACCESS(precision.w.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "dy_granularity", T::String, "scaling granularity of output gradients",
+                 GRANULARITY_ACCESS(precision.dy.granularity)), {"tensor", "1x128", "128x128"}),
+      one_of(row("precision", "scaling", T::String,
+                 "per-tensor scales from the current amax or delayed from an amax history",
+                 [](const RunConfig& c) { return json(scaling_mode_name(c.precision.scaling)); },
+                 [](RunConfig& c, const json& v) {
+                   c.precision.scaling = v.get<std::string>() == "delayed" ? ScalingMode::Delayed : ScalingMode::Current;
+                 }), {"current", "delayed"}),
+      at_least(row("precision", "amax_history_len", T::Int, "delayed scaling: steps of amax history",
+                   LLMC_ACCESS(precision.amax_history_len)), 1),
+      one_of(row("precision", "amax_compute", T::String, "delayed scaling: scale from the max of the history or the "
+                 "most recent amax", LLMC_ACCESS(precision.amax_compute)), {"max", "most_recent"}),
+      between(row("precision", "margin", T::Int, "scale = fp8_max / amax / 2^margin", LLMC_ACCESS(precision.margin)),
+              0, 16),
+      row("precision", "pow2_scales", T::Bool, "round scales down to powers of two", LLMC_ACCESS(precision.pow2_scales)),
+      row("precision", "fast_accum", T::Bool,
+          "fast FP8 accumulation in the forward GEMM (per-tensor scales only; dgrad and wgrad never use it)",
+          LLMC_ACCESS(precision.fast_accum)),
+      row("precision", "bf16_layers", T::IntList, "blocks that stay in BF16, e.g. [0, -1] (negative = from the end)",
+          LLMC_ACCESS(precision.bf16_layers)),
+      row("precision", "lm_head_fp8", T::Bool, "run the lm_head GEMMs in FP8 too (embeddings always stay BF16)",
+          LLMC_ACCESS(precision.lm_head_fp8)),
+      row("precision", "fp8_activations", T::Bool,
+          "save linear inputs for backward as FP8 (their transposed copies) instead of BF16",
+          LLMC_ACCESS(precision.fp8_activations)),
+      row("precision", "cache_weight_transpose", T::Bool,
+          "keep each FP8 weight's transposed codes for the optimizer step (false: transpose them in every backward, "
+          "1 byte less per FP8 parameter, one more pass over the weights per micro-step)",
+          LLMC_ACCESS(precision.cache_weight_transpose)),
+
+      one_of(row("parallel", "init", T::String, "how ranks find each other: auto | mpi | tcp | fs | none",
+                 LLMC_ACCESS(parallel.init)), {"auto", "mpi", "tcp", "fs", "none"}),
+      between(row("parallel", "zero_stage", T::Int, "0 = replicate optimizer state, 1 = shard it (ZeRO-1)",
+                  LLMC_ACCESS(parallel.zero_stage)), 0, 1),
+      row("parallel", "fs_path", T::String, "shared directory for the fs init method", LLMC_ACCESS(parallel.fs_path)),
+      at_least(row("parallel", "timeout_s", T::Int, "seconds to wait for peers before failing",
+                   LLMC_ACCESS(parallel.timeout_s)), 1),
+
+      row("checkpoint", "dir", T::String, "run directory (\"\" = no checkpoints)", LLMC_ACCESS(checkpoint.dir)),
+      at_least(row("checkpoint", "every", T::Int, "checkpoint every N steps (0 = only at the end when dir is set)",
+                   LLMC_ACCESS(checkpoint.every)), 0),
+      at_least(row("checkpoint", "keep", T::Int, "keep the newest N complete checkpoints (0 = keep all)",
+                   LLMC_ACCESS(checkpoint.keep)), 0),
+      row("checkpoint", "resume", T::String,
+          "auto = newest complete checkpoint in dir if any | none | path to a step directory",
+          LLMC_ACCESS(checkpoint.resume)),
+
+      at_least(row("eval", "every", T::Int, "validation loss every N steps (0 = off; also at the end if data.val is set)",
+                   LLMC_ACCESS(eval.every)), 0),
+      at_least(row("eval", "batches", T::Int, "micro-batches per validation", LLMC_ACCESS(eval.batches)), 1),
+
+      at_least(row("sample", "every", T::Int, "sample every N steps (0 = only at the end)", LLMC_ACCESS(sample.every)),
+               0),
+      at_least(row("sample", "tokens", T::Int, "tokens to generate (0 = no sampling)", LLMC_ACCESS(sample.tokens)), 0),
+      above(row("sample", "temperature", T::Float, "softmax temperature", LLMC_ACCESS(sample.temperature)), 0),
+      at_least(row("sample", "top_k", T::Int, "sample from the k most likely tokens (0 = full distribution)",
+                   LLMC_ACCESS(sample.top_k)), 0),
+      at_least(row("sample", "seed", T::Int, "sampling seed (sampling starts from <|endoftext|>)",
+                   LLMC_ACCESS(sample.seed)), 0),
+
+      at_least(row("log", "every", T::Int, "console line every N steps", LLMC_ACCESS(log.every)), 1),
+      row("log", "jsonl", T::String, "JSONL metrics file (\"\" = <checkpoint.dir>/metrics.jsonl when dir is set)",
+          LLMC_ACCESS(log.jsonl)),
+      at_least(row("log", "numerics_every", T::Int,
+                   "FP8 numerics telemetry (amax, scale, saturated and underflow fractions, SNR of every quantised "
+                   "tensor) every N steps into the JSONL log (0 = off)", LLMC_ACCESS(log.numerics_every)), 0),
+  };
+  return table;
+}
+#undef LLMC_ACCESS
+#undef FORMAT_ACCESS
+#undef GRANULARITY_ACCESS
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = {"model",     "data",     "train",      "optimizer", "precision",
+                                                 "parallel",  "checkpoint", "eval",     "sample",    "log"};
+  return names;
+}
+
+const KeySchema* find_key(const std::string& section, const std::string& key) {
+  for (const KeySchema& k : schema())
+    if (section == k.section && key == k.key) return &k;
+  return nullptr;
+}
+
+bool is_section(const std::string& s) {
+  return std::find(section_names().begin(), section_names().end(), s) != section_names().end();
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); j++) {
+      size_t substitute = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, substitute});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); i++) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+// " (did you mean 'optimizer.beta1'?)" for an unknown key, searching every section (a key in the right place but the
+// wrong section costs 1), or the list of the section's keys when nothing is close.
+std::string suggest_key(const std::string& section, const std::string& key) {
+  const KeySchema* best = nullptr;
+  size_t best_score = std::numeric_limits<size_t>::max();
+  for (const KeySchema& k : schema()) {
+    size_t score = edit_distance(key, k.key) + (section == k.section ? 0 : 1);
+    if (score < best_score) {
+      best_score = score;
+      best = &k;
+    }
+  }
+  size_t tolerance = std::max<size_t>(2, key.size() / 3);
+  if (best && best_score <= tolerance) return " (did you mean '" + best->full_name() + "'?)";
+  std::vector<std::string> keys;
+  for (const KeySchema& k : schema())
+    if (section == k.section) keys.push_back(k.key);
+  return " (valid keys in '" + section + "': " + join(keys, ", ") + "; run train_gpt --list-keys)";
+}
+
+std::string suggest_section(const std::string& section) {
+  std::string best;
+  size_t best_score = std::numeric_limits<size_t>::max();
+  for (const std::string& s : section_names()) {
+    size_t score = edit_distance(section, s);
+    if (score < best_score) {
+      best_score = score;
+      best = s;
+    }
+  }
+  // A key written at the top level ("lr": ...) belongs in a section.
+  for (const KeySchema& k : schema())
+    if (section == k.key) return " (did you mean '" + k.full_name() + "'? keys go inside their section)";
+  if (best_score <= std::max<size_t>(2, section.size() / 3)) return " (did you mean '" + best + "'?)";
+  return " (sections: " + join(section_names(), ", ") + ")";
+}
+
+[[noreturn]] void unknown_key(const std::string& section, const std::string& key) {
+  throw_error("unknown key '%s.%s'%s", section.c_str(), key.c_str(), suggest_key(section, key).c_str());
+}
+
+[[noreturn]] void unknown_section(const std::string& section) {
+  throw_error("unknown section '%s'%s", section.c_str(), suggest_section(section).c_str());
+}
+
+std::string describe_value(const json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return std::string(v.type_name()) + " " + text;
+}
+
+// Type check of one JSON value against its key; throws naming the key with expected vs got.
+void check_type(const KeySchema& k, const json& v) {
+  bool ok = false;
+  switch (k.type) {
+    case KeyType::Int:
+    case KeyType::Int64: {
+      ok = v.is_number_integer();
+      if (!ok && v.is_number_float()) {  // accept 1e4 or 8.0, but not 8.5
+        double d = v.get<double>();
+        ok = std::isfinite(d) && d == std::floor(d);
+      }
+      if (ok) {
+        double d = v.get<double>();
+        double lim = k.type == KeyType::Int ? static_cast<double>(std::numeric_limits<int>::max()) : 9.0e18;
+        if (d > lim || d < -lim)
+          throw_error("%s: %s is out of range for an integer key", k.full_name().c_str(), v.dump().c_str());
+      }
+      break;
+    }
+    case KeyType::Float: ok = v.is_number(); break;
+    case KeyType::Bool: ok = v.is_boolean(); break;
+    case KeyType::String: ok = v.is_string(); break;
+    case KeyType::IntList:
+      ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_number_integer(); });
+      break;
+  }
+  if (!ok)
+    throw_error("%s: expected %s, got %s", k.full_name().c_str(), type_expected_name(k.type),
+                describe_value(v).c_str());
+}
+
+void set_value(const KeySchema& k, RunConfig& cfg, const json& v) {
+  check_type(k, v);
+  if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end())
+    throw_error("%s must be one of %s (got '%s')", k.full_name().c_str(), join(k.choices, ", ").c_str(),
+                v.get<std::string>().c_str());
+  if ((k.type == KeyType::Int || k.type == KeyType::Int64) && v.is_number_float()) {
+    k.set(cfg, json(static_cast<long long>(v.get<double>())));
+  } else {
+    k.set(cfg, v);
+  }
+}
+
+// "section.key=value" → (section, key, JSON value). The value is parsed as JSON where the key is not a string key
+// (so 3e-4, 8, true work); string keys take the text as is unless it is a quoted JSON string.
+void apply_override(json& j, const std::string& text) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos)
+    throw_error("--set '%s': expected section.key=value, e.g. --set train.lr=3e-4", text.c_str());
+  std::string name = text.substr(0, eq), value_text = text.substr(eq + 1);
+  size_t dot = name.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == name.size())
+    throw_error("--set '%s': the key must be section.key (e.g. train.lr=3e-4), got '%s'%s", text.c_str(),
+                name.c_str(), dot == std::string::npos ? suggest_section(name).c_str() : "");
+  std::string section = name.substr(0, dot), key = name.substr(dot + 1);
+  if (!is_section(section)) {
+    try {
+      unknown_section(section);
+    } catch (const Error& e) {
+      throw_error("--set '%s': %s", text.c_str(), e.what());
+    }
+  }
+  const KeySchema* k = find_key(section, key);
+  if (!k) {
+    try {
+      unknown_key(section, key);
+    } catch (const Error& e) {
+      throw_error("--set '%s': %s", text.c_str(), e.what());
+    }
+  }
+  json value;
+  if (k->type == KeyType::String && (value_text.empty() || value_text[0] != '"')) {
+    value = value_text;
+  } else {
+    value = json::parse(value_text, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) value = value_text;  // not JSON: a string (the type check reports it for non-strings)
+  }
+  try {
+    check_type(*k, value);
+  } catch (const Error& e) {
+    throw_error("--set '%s': %s", text.c_str(), e.what());
+  }
+  if (!j.contains(section)) j[section] = json::object();
+  if (!j[section].is_object())
+    throw_error("--set '%s': section '%s' of the config must be a JSON object of keys, got %s", text.c_str(),
+                section.c_str(), describe_value(j[section]).c_str());
+  j[section][key] = value;
+}
+
+std::string format_number(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<long long>(v));
+  return json(v).dump();
+}
+
+void check_range(const KeySchema& k, const RunConfig& cfg) {
+  json v = k.get(cfg);
+  if (!k.choices.empty()) {
+    std::string s = v.get<std::string>();
+    if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
+      throw_error("%s must be one of %s (got '%s')", k.full_name().c_str(), join(k.choices, ", ").c_str(), s.c_str());
+    return;
+  }
+  if (!v.is_number()) return;
+  double d = v.get<double>();
+  bool low_ok = k.lo_open ? d > k.lo : d >= k.lo;
+  bool high_ok = k.hi_open ? d < k.hi : d <= k.hi;
+  if (low_ok && high_ok) return;
+  std::string range;
+  if (k.lo != -kInf && k.hi != kInf)
+    range = std::string("in ") + (k.lo_open ? "(" : "[") + format_number(k.lo) + ", " + format_number(k.hi) +
+            (k.hi_open ? ")" : "]");
+  else if (k.lo != -kInf)
+    range = std::string(k.lo_open ? "> " : ">= ") + format_number(k.lo);
+  else
+    range = std::string(k.hi_open ? "< " : "<= ") + format_number(k.hi);
+  throw_error("%s must be %s (got %s)", k.full_name().c_str(), range.c_str(), v.dump().c_str());
+}
+
+std::string range_doc(const KeySchema& k) {
+  if (!k.choices.empty()) return join(k.choices, " | ");
+  if (k.type == KeyType::String || k.type == KeyType::Bool) return "";
+  if (k.lo != -kInf && k.hi != kInf)
+    return std::string(k.lo_open ? "(" : "[") + format_number(k.lo) + ", " + format_number(k.hi) +
+           (k.hi_open ? ")" : "]");
+  if (k.lo != -kInf) return std::string(k.lo_open ? "> " : ">= ") + format_number(k.lo);
+  return "";
+}
+
+// Runs fn and prefixes any llmc::Error message with the source ("configs/x.json: ...").
+template <typename Fn>
+auto with_source(const std::string& source, Fn fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
+}
+
+RunConfig resolve_config(const json& input, const std::vector<std::string>& overrides, const std::string& source) {
+  json j = input;
+  if (!j.is_object())
+    throw Error(source + ": the top level must be a JSON object of sections (" + join(section_names(), ", ") +
+                "), got " + j.type_name());
+  for (const std::string& o : overrides) apply_override(j, o);  // errors name the --set, not the file
+
+  return with_source(source, [&]() {
+    for (auto& [section, body] : j.items()) {
+      if (!is_section(section)) unknown_section(section);
+      if (!body.is_object())
+        throw_error("section '%s' must be a JSON object of keys, got %s", section.c_str(),
+                    describe_value(body).c_str());
+      for (auto& [key, value] : body.items())
+        if (!find_key(section, key)) unknown_key(section, key);
+    }
+
+    RunConfig cfg;
+    const json model = j.contains("model") ? j["model"] : json::object();
+    // 1. The preset fills the whole model section.
+    if (model.contains("preset")) {
+      set_value(*find_key("model", "preset"), cfg, model["preset"]);
+      if (!cfg.model_preset.empty() && !model_preset(cfg.model_preset, &cfg.model))
+        throw_error("model.preset: unknown preset '%s' (known: %s)", cfg.model_preset.c_str(),
+                    join(model_preset_names(), ", ").c_str());
+    }
+    // 1b. The recipe preset fills the whole precision section.
+    const json precision = j.contains("precision") ? j["precision"] : json::object();
+    if (precision.contains("recipe")) {
+      const KeySchema& rk = *find_key("precision", "recipe");
+      set_value(rk, cfg, precision["recipe"]);
+      if (!precision_recipe_preset(cfg.precision.recipe, &cfg.precision))
+        throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
+                    join(recipe_names(), ", ").c_str());
+    }
+    // 2. Explicit keys win over the presets and the defaults.
+    for (const KeySchema& k : schema()) {
+      if (k.section == std::string("model") && k.key == std::string("preset")) continue;
+      if (k.section == std::string("precision") && k.key == std::string("recipe")) continue;
+      if (j.contains(k.section) && j[k.section].contains(k.key)) set_value(k, cfg, j[k.section][k.key]);
+    }
+    // 3. Model sizes that follow others unless given: derived again when there is no preset or when the key they
+    // follow is given (a preset's own value, e.g. llama-1b's 8 kv heads, stays otherwise).
+    const bool preset = !cfg.model_preset.empty();
+    if (!model.contains("n_kv_head") && (!preset || model.contains("n_head"))) cfg.model.n_kv_head = cfg.model.n_head;
+    if (!model.contains("ffn_hidden") && (!preset || model.contains("n_embd") || model.contains("arch")))
+      cfg.model.ffn_hidden = cfg.model.arch == "llama" ? llama_default_ffn_hidden(cfg.model.n_embd)
+                                                       : 4 * cfg.model.n_embd;
+    return cfg;
+  });
+}
+
+}  // namespace
+
+std::vector<std::string> recipe_names() { return precision_recipe_names(); }
+
+void validate_config(RunConfig& cfg, int world_size) {
+  with_source("config", [&]() {
+    if (world_size < 1) throw_error("world size must be >= 1 (got %d)", world_size);
+    ModelSpec& m = cfg.model;
+    // Architecture and recipe first: their messages matter more than the numbers that follow from them.
+    if (m.arch != "gpt2" && m.arch != "llama")
+      throw_error("model.arch: unknown architecture '%s' (supported: gpt2, llama)", m.arch.c_str());
+    std::vector<std::string> recipes = recipe_names();
+    if (std::find(recipes.begin(), recipes.end(), cfg.precision.recipe) == recipes.end())
+      throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
+                  join(recipes, ", ").c_str());
+    validate_precision_recipe(cfg.precision, m.n_layer);
+    if (!cfg.model_preset.empty() && !model_preset(cfg.model_preset, nullptr))
+      throw_error("model.preset: unknown preset '%s' (known: %s)", cfg.model_preset.c_str(),
+                  join(model_preset_names(), ", ").c_str());
+
+    for (const KeySchema& k : schema()) check_range(k, cfg);
+
+    // Model shape.
+    if (m.n_embd % m.n_head != 0)
+      throw_error("model.n_embd = %d is not divisible by model.n_head = %d", m.n_embd, m.n_head);
+    int head_size = m.n_embd / m.n_head;
+    if (head_size != 64 && head_size != 128)
+      throw_error("model.n_embd / model.n_head = %d / %d = %d is not a supported head size (the attention kernels "
+                  "support 64 and 128)", m.n_embd, m.n_head, head_size);
+    if (m.n_head % m.n_kv_head != 0)
+      throw_error("model.n_head = %d is not divisible by model.n_kv_head = %d", m.n_head, m.n_kv_head);
+    if (m.arch == "gpt2" && m.n_kv_head != m.n_head)
+      throw_error("model.n_kv_head = %d but gpt2 has no grouped-query attention: it must equal model.n_head = %d",
+                  m.n_kv_head, m.n_head);
+    if (m.arch == "gpt2" && !m.tied_embeddings)
+      throw_error("model.tied_embeddings = false but gpt2 always ties its lm_head to transformer.wte (untied heads: "
+                  "model.arch llama)");
+    if (m.arch == "llama" && m.ffn_hidden % 8 != 0)
+      throw_error("model.ffn_hidden = %d must be a multiple of 8 for llama (the SwiGLU kernel and the gate|up GEMM "
+                  "move 8 bf16 per 16-byte access)", m.ffn_hidden);
+    m.padded_vocab_size = static_cast<int>(round_up(m.vocab_size, cfg.padded_vocab_multiple));
+
+    // Data.
+    if (cfg.data.train.empty())
+      throw_error("data.train is empty: set it to a glob of training shards, e.g. \"data/kjv/kjv_train_*.bin\"");
+    if (cfg.eval.every > 0 && cfg.data.val.empty())
+      throw_error("eval.every = %d but data.val is empty: set data.val to a glob of validation shards or eval.every "
+                  "to 0", cfg.eval.every);
+
+    // Batch and schedule.
+    TrainConfig& t = cfg.train;
+    if (t.seq_len > m.max_seq_len)
+      throw_error("train.seq_len = %d exceeds model.max_seq_len = %d (the model's context length)", t.seq_len,
+                  m.max_seq_len);
+    long long tokens_per_micro_step = static_cast<long long>(t.micro_batch) * t.seq_len * world_size;
+    if (t.global_batch_tokens == 0) t.global_batch_tokens = tokens_per_micro_step;
+    if (t.global_batch_tokens % tokens_per_micro_step != 0)
+      throw_error("train.global_batch_tokens = %lld must be a multiple of micro_batch * seq_len * world_size = "
+                  "%d * %d * %d = %lld (e.g. %lld)", t.global_batch_tokens, t.micro_batch, t.seq_len, world_size,
+                  tokens_per_micro_step,
+                  std::max(1LL, t.global_batch_tokens / tokens_per_micro_step) * tokens_per_micro_step);
+    cfg.grad_accum_steps = static_cast<int>(t.global_batch_tokens / tokens_per_micro_step);
+    if (cfg.precision.fp8) {
+      // FP8 GEMMs: every dimension that is a GEMM's K (channels, and the tokens B*T for the weight gradient) must be
+      // a multiple of 16, of 128 with block scales.
+      const bool blocks = cfg.precision.x.granularity != ScaleGranularity::Tensor;
+      const int multiple = blocks ? 128 : 16;
+      const long long tokens = static_cast<long long>(t.micro_batch) * t.seq_len;
+      if (tokens % multiple != 0)
+        throw_error("precision.recipe = \"%s\" needs train.micro_batch * train.seq_len (%d * %d = %lld) to be a "
+                    "multiple of %d (the FP8 weight-gradient GEMM runs over the tokens)",
+                    cfg.precision.recipe.c_str(), t.micro_batch, t.seq_len, tokens, multiple);
+      if (m.n_embd % multiple != 0 || m.ffn_hidden % multiple != 0)
+        throw_error("precision.recipe = \"%s\" needs model.n_embd (%d) and model.ffn_hidden (%d) to be multiples "
+                    "of %d (FP8 GEMM dimensions)", cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden, multiple);
+    }
+    if (t.warmup_steps > t.steps)
+      throw_error("train.warmup_steps = %d exceeds train.steps = %d", t.warmup_steps, t.steps);
+
+    // Sampling, parallelism, checkpoints.
+    if (cfg.sample.top_k > m.vocab_size)
+      throw_error("sample.top_k = %d exceeds model.vocab_size = %d", cfg.sample.top_k, m.vocab_size);
+    if (cfg.parallel.init == "fs" && cfg.parallel.fs_path.empty())
+      throw_error("parallel.init is 'fs' but parallel.fs_path is empty: set it to a directory all ranks share");
+    if (cfg.checkpoint.resume.empty())
+      throw_error("checkpoint.resume is empty: use 'auto', 'none' or the path of a step directory");
+  });
+}
+
+RunConfig load_config_json(const json& j, const std::vector<std::string>& overrides, int world_size) {
+  RunConfig cfg = resolve_config(j, overrides, "config");
+  validate_config(cfg, world_size);
+  return cfg;
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  std::ifstream file(path);
+  if (!file)
+    throw_error("cannot open config file '%s': %s (paths are relative to the current directory; configs/ has "
+                "examples)", path.c_str(), std::strerror(errno));
+  std::stringstream text;
+  text << file.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    size_t bracket = what.find("] ");  // drop nlohmann's "[json.exception.parse_error.101] " prefix
+    if (bracket != std::string::npos) what = what.substr(bracket + 2);
+    throw_error("%s: invalid JSON: %s", path.c_str(), what.c_str());
+  }
+  RunConfig cfg = resolve_config(j, overrides, path);
+  try {
+    validate_config(cfg, world_size);
+  } catch (const Error& e) {  // validate_config says "config: ..."; name the file instead
+    std::string what = e.what();
+    if (what.rfind("config: ", 0) == 0) what = what.substr(8);
+    throw Error(path + ": " + what);
+  }
+  return cfg;
+}
+
+json config_to_json(const RunConfig& cfg) {
+  json j = json::object();
+  for (const std::string& s : section_names()) j[s] = json::object();
+  for (const KeySchema& k : schema()) j[k.section][k.key] = k.get(cfg);
+  return j;
+}
+
+std::vector<ConfigKeyDoc> config_key_docs() {
+  const RunConfig defaults;
+  std::vector<ConfigKeyDoc> docs;
+  for (const KeySchema& k : schema()) {
+    ConfigKeyDoc d;
+    d.key = k.full_name();
+    d.type = type_doc_name(k.type);
+    d.default_value = k.doc_default ? k.doc_default : k.get(defaults).dump();
+    d.help = k.help;
+    std::string range = range_doc(k);
+    if (!range.empty()) d.help += " [" + range + "]";
+    docs.push_back(d);
+  }
+  return docs;
+}
+
+ParallelConfig bootstrap_parallel_config(const std::string& config_path, const std::vector<std::string>& overrides) {
+  ParallelConfig p;
+  auto apply = [&p](const std::string& key, const json& v) {
+    if (key == "init" && v.is_string()) p.init = v.get<std::string>();
+    if (key == "fs_path" && v.is_string()) p.fs_path = v.get<std::string>();
+    if (key == "timeout_s" && v.is_number_integer() && v.get<long long>() >= 1 && v.get<long long>() <= 86400 * 7)
+      p.timeout_s = v.get<int>();
+  };
+  std::ifstream in(config_path);
+  if (in) {
+    std::stringstream text;
+    text << in.rdbuf();
+    const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+    if (j.is_object() && j.contains("parallel") && j["parallel"].is_object())
+      for (auto it = j["parallel"].begin(); it != j["parallel"].end(); ++it) apply(it.key(), it.value());
+  }
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (o.rfind("parallel.", 0) != 0 || eq == std::string::npos) continue;
+    const std::string key = o.substr(9, eq - 9), value = o.substr(eq + 1);
+    json v = json::parse(value, nullptr, /*allow_exceptions=*/false);
+    if (v.is_discarded()) v = value;
+    apply(key, v);
+  }
+  return p;
+}
+
+}  // namespace llmc

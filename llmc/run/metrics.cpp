@@ -1,0 +1,169 @@
+// llmc/run/metrics.cpp: implementation of the GPU peak table, MFU, duration formatting and the console / JSONL logger.
+#include "llmc/run/metrics.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "llmc/core/common.h"
+
+namespace llmc {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr double kEmaBeta = 0.95;  // tok/s moving-average decay (as llm.c)
+
+std::string lowercase(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return s;
+}
+
+// A finite number as JSON, or null.
+nlohmann::ordered_json number_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+}
+
+}  // namespace
+
+bool gpu_peaks(const std::string& device_name, GpuPeaks* peaks) {
+  // Dense peaks from NVIDIA's datasheets. More specific names come first ("gh200" before "h200", "h100 pcie" and
+  // "h100 nvl" before "h100", "gb200" before "b200").
+  struct Row {
+    const char* name_part;
+    GpuPeaks peaks;
+  };
+  static const Row table[] = {
+      {"gh200", {989, 1979}},  {"h200", {989, 1979}},     {"h100 pcie", {756, 1513}}, {"h100 nvl", {835, 1671}},
+      {"h100", {989, 1979}},   {"h800", {989, 1979}},     {"a100", {312, 0}},         {"gb200", {2500, 5000}},
+      {"b200", {2250, 4500}},
+  };
+  const std::string name = lowercase(device_name);
+  for (const Row& row : table)
+    if (name.find(row.name_part) != std::string::npos) {
+      if (peaks) *peaks = row.peaks;
+      return true;
+    }
+  return false;
+}
+
+std::optional<double> mfu_percent(double flops_per_token, double tokens_per_second, double peak_tflops_per_gpu,
+                                  int num_gpus) {
+  if (!(flops_per_token > 0) || !(tokens_per_second > 0) || !(peak_tflops_per_gpu > 0) || num_gpus < 1 ||
+      !std::isfinite(flops_per_token) || !std::isfinite(tokens_per_second) || !std::isfinite(peak_tflops_per_gpu))
+    return std::nullopt;
+  return 100.0 * flops_per_token * tokens_per_second / (peak_tflops_per_gpu * 1e12 * num_gpus);
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "n/a";
+  const long long s = std::llround(seconds);
+  if (s < 60) return strformat("%llds", s);
+  if (s < 3600) return strformat("%lldm%02llds", s / 60, s % 60);
+  if (s < 86400) return strformat("%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  return strformat("%lldd%02lldh", s / 86400, (s % 86400) / 3600);
+}
+
+MetricsLogger::MetricsLogger(const MetricsOptions& options) : options_(options) {
+  if (!options_.writer || options_.jsonl_path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(options_.jsonl_path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  jsonl_ = std::fopen(options_.jsonl_path.c_str(), options_.append ? "a" : "w");
+  if (!jsonl_)
+    throw_error("metrics: cannot open the JSONL metrics file %s (log.jsonl): %s", options_.jsonl_path.c_str(),
+                std::strerror(errno));
+}
+
+MetricsLogger::~MetricsLogger() {
+  if (jsonl_) std::fclose(jsonl_);
+}
+
+// Records are built as ordered_json so that "type" and "step" come first in every line.
+template <class Json>
+void MetricsLogger::write_line(const Json& record) {
+  if (!jsonl_) return;
+  const std::string line = record.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+  std::fwrite(line.data(), 1, line.size(), jsonl_);
+  std::fflush(jsonl_);
+}
+
+std::string MetricsLogger::log_train(const TrainStepMetrics& m) {
+  const double step_tok_s = m.step_ms > 0 ? m.tokens / (m.step_ms / 1000.0) : 0.0;
+  steps_seen_++;
+  if (steps_seen_ > 1 && step_tok_s > 0) {  // the first step after a (re)start is skipped
+    ema_samples_++;
+    ema_tok_s_ = kEmaBeta * ema_tok_s_ + (1.0 - kEmaBeta) * step_tok_s;
+  }
+  last_tok_s_ = ema_samples_ > 0 ? tokens_per_second() : step_tok_s;
+  const int remaining = std::max(0, options_.total_steps - m.step);
+  eta_s_ = last_tok_s_ > 0 ? remaining * m.tokens / last_tok_s_ : -1.0;
+  const std::optional<double> mfu =
+      mfu_percent(options_.flops_per_token, last_tok_s_, options_.peak_tflops, options_.world_size);
+
+  const std::string mfu_text = mfu ? strformat("MFU %.1f%%", *mfu) : std::string("MFU n/a");
+  const std::string mem_text = m.mem_gib >= 0 ? strformat("mem %.1f GiB", m.mem_gib) : std::string("mem n/a");
+  const std::string line =
+      strformat("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s | %s | ETA %s", m.step,
+                options_.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms, last_tok_s_, mfu_text.c_str(),
+                mem_text.c_str(), format_duration(eta_s_).c_str());
+  if (!options_.writer) return line;
+
+  const int every = std::max(1, options_.console_every);
+  if (options_.console && (m.step % every == 0 || m.step == options_.total_steps)) {
+    std::fprintf(options_.console, "%s\n", line.c_str());
+    std::fflush(options_.console);
+  }
+  using ojson = nlohmann::ordered_json;
+  ojson record = {{"type", "train"},
+                 {"step", m.step},
+                 {"loss", number_or_null(m.loss)},
+                 {"lr", number_or_null(m.lr)},
+                 {"norm", number_or_null(m.grad_norm)},
+                 {"ms", number_or_null(m.step_ms)},
+                 {"tokens", number_or_null(m.tokens)},
+                 {"tok_s", number_or_null(last_tok_s_)},
+                 {"mfu", mfu ? ojson(*mfu) : ojson(nullptr)},
+                 {"mem_gib", m.mem_gib >= 0 ? ojson(m.mem_gib) : ojson(nullptr)}};
+  write_line(record);
+  return line;
+}
+
+void MetricsLogger::log_eval(int step, double val_loss) {
+  if (!options_.writer) return;
+  if (options_.console) {
+    std::fprintf(options_.console, "step %d/%d | val loss %.4f\n", step, options_.total_steps, val_loss);
+    std::fflush(options_.console);
+  }
+  write_line(nlohmann::ordered_json{{"type", "eval"}, {"step", step}, {"val_loss", number_or_null(val_loss)}});
+}
+
+void MetricsLogger::log_sample(int step, const std::string& text) {
+  if (!options_.writer) return;
+  if (options_.console) {
+    std::fprintf(options_.console, "step %d/%d | sample:\n%s\n", step, options_.total_steps, text.c_str());
+    std::fflush(options_.console);
+  }
+  write_line(nlohmann::ordered_json{{"type", "sample"}, {"step", step}, {"text", text}});
+}
+
+void MetricsLogger::log_record(const json& record) {
+  if (!record.is_object() || !record.contains("type") || !record["type"].is_string())
+    throw_error("metrics: a JSONL record must be an object with a string \"type\" (got %s)",
+                record.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+  if (!options_.writer) return;
+  write_line(record);
+}
+
+double MetricsLogger::tokens_per_second() const {
+  if (ema_samples_ == 0) return last_tok_s_;
+  return ema_tok_s_ / (1.0 - std::pow(kEmaBeta, ema_samples_));
+}
+
+double MetricsLogger::eta_seconds() const { return eta_s_; }
+
+}  // namespace llmc

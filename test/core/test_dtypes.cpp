@@ -1,0 +1,310 @@
+// test/core/test_dtypes: the host number formats of llmc/core/dtypes (fp8_encode / fp8_decode for E4M3 and E5M2,
+// bf16_encode / bf16_decode, pow2_floor) bit for bit against the ml_dtypes vectors in test/core/data/fp8_vectors.txt
+// (test/core/gen_fp8_vectors.py), then against CUDA's own host conversions (cuda_fp8.h / cuda_bf16.h, an independent
+// implementation) on a sweep of the whole FP32 space and on NaNs; and the names and scale layouts of llmc/precision/tensor.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <gtest/gtest.h>
+
+#include "llmc/core/common.h"
+#include "llmc/core/dtypes.h"
+#include "llmc/precision/tensor.h"
+
+namespace {
+
+using llmc::Fp8Format;
+
+uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+float float_of(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+// The vector file: section name ("encode e4m3") -> (input, expected) pairs.
+using Vectors = std::map<std::string, std::vector<std::pair<uint32_t, uint32_t>>>;
+
+const Vectors& vectors() {
+  static const Vectors v = [] {
+    const std::string path = std::string(LLM8_SOURCE_DIR) + "/test/core/data/fp8_vectors.txt";
+    std::ifstream in(path);
+    if (!in) throw llmc::Error("cannot open " + path);
+    Vectors out;
+    std::string line, section;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      if (line[0] == '@') {
+        section = line.substr(2);
+        continue;
+      }
+      std::istringstream fields(line);
+      std::string a, b;
+      fields >> a >> b;
+      out[section].emplace_back(static_cast<uint32_t>(std::stoul(a, nullptr, 16)),
+                                static_cast<uint32_t>(std::stoul(b, nullptr, 16)));
+    }
+    return out;
+  }();
+  return v;
+}
+
+const std::vector<std::pair<uint32_t, uint32_t>>& section(const std::string& name) {
+  const auto it = vectors().find(name);
+  if (it == vectors().end()) throw llmc::Error("fp8_vectors.txt has no section '" + name + "'");
+  return it->second;
+}
+
+struct FormatCase {
+  Fp8Format format;
+  const char* name;
+  __nv_fp8_interpretation_t cuda;
+  uint8_t max_code;
+  float max;
+};
+const FormatCase kFormats[] = {{Fp8Format::E4M3, "e4m3", __NV_E4M3, 0x7E, 448.0f},
+                               {Fp8Format::E5M2, "e5m2", __NV_E5M2, 0x7B, 57344.0f}};
+
+// ---------------------------------------------------------------------------------------------------------------
+// ml_dtypes vectors
+TEST(Fp8Vectors, DecodeEveryCodeMatchesMlDtypes) {
+  for (const FormatCase& fc : kFormats) {
+    const auto& v = section(std::string("decode ") + fc.name);
+    ASSERT_EQ(v.size(), 256u) << fc.name;
+    int bad = 0;
+    for (const auto& [code, want_bits] : v) {
+      const float got = llmc::fp8_decode(static_cast<uint8_t>(code), fc.format);
+      const float want = float_of(want_bits);
+      const bool ok = std::isnan(want) ? std::isnan(got) : bits_of(got) == want_bits;
+      if (!ok && bad++ < 10)
+        ADD_FAILURE() << fc.name << " decode 0x" << std::hex << code << ": got " << std::hexfloat << got
+                      << " want " << want;
+    }
+    EXPECT_EQ(bad, 0) << fc.name;
+  }
+}
+
+TEST(Fp8Vectors, EncodeMatchesMlDtypes) {
+  for (const FormatCase& fc : kFormats) {
+    const auto& v = section(std::string("encode ") + fc.name);
+    ASSERT_GT(v.size(), 3000u) << fc.name;
+    int bad = 0;
+    for (const auto& [x_bits, want] : v) {
+      const uint8_t got = llmc::fp8_encode(float_of(x_bits), fc.format);
+      if (got != want && bad++ < 10)
+        ADD_FAILURE() << llmc::strformat("%s encode %08x (%a): got %02x want %02x", fc.name, x_bits,
+                                         static_cast<double>(float_of(x_bits)), got, want);
+    }
+    EXPECT_EQ(bad, 0) << fc.name << ": " << bad << " of " << v.size() << " vectors differ";
+  }
+}
+
+TEST(Bf16Vectors, EncodeMatchesMlDtypes) {
+  const auto& v = section("encode bf16");
+  ASSERT_GT(v.size(), 2000u);
+  int bad = 0;
+  for (const auto& [x_bits, want] : v) {
+    const uint16_t got = llmc::bf16_encode(float_of(x_bits));
+    if (got != want && bad++ < 10)
+      ADD_FAILURE() << llmc::strformat("bf16 encode %08x: got %04x want %04x", x_bits, got, want);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Against CUDA's host conversions (cuda_fp8.hpp converts through FP64 with its own rounding code).
+TEST(Fp8Encode, MatchesCudaSatfiniteConversionOnFp32Sweep) {
+  // Every 997th FP32 bit pattern (all signs, exponents, NaN payloads and infinities get hit) plus the neighbourhood
+  // of every FP8 value. (An exhaustive run over all 2^32 floats matched too; it takes minutes.)
+  std::vector<uint32_t> inputs;
+  for (uint64_t b = 0; b < (1ull << 32); b += 997) inputs.push_back(static_cast<uint32_t>(b));
+  for (const FormatCase& fc : kFormats)
+    for (int code = 0; code < 256; code++) {
+      const float v = llmc::fp8_decode(static_cast<uint8_t>(code), fc.format);
+      for (int d = -3; d <= 3; d++) inputs.push_back(bits_of(v) + d);
+    }
+  for (const FormatCase& fc : kFormats) {
+    size_t bad = 0;
+    for (uint32_t b : inputs) {
+      const float x = float_of(b);
+      const uint8_t got = llmc::fp8_encode(x, fc.format);
+      const uint8_t want = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, fc.cuda);
+      if (got != want && bad++ < 10)
+        ADD_FAILURE() << llmc::strformat("%s encode %08x (%a): got %02x, CUDA %02x", fc.name, b,
+                                         static_cast<double>(x), got, want);
+    }
+    EXPECT_EQ(bad, 0u) << fc.name << " over " << inputs.size() << " inputs";
+  }
+}
+
+TEST(Fp8Encode, NanGivesTheCanonicalCodeLikeCuda) {
+  const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0xffffffffu, 0x7fa00000u};
+  for (const FormatCase& fc : kFormats)
+    for (uint32_t b : nans) {
+      EXPECT_EQ(llmc::fp8_encode(float_of(b), fc.format), llmc::kFp8NanCode) << fc.name << std::hex << " " << b;
+      EXPECT_EQ(__nv_cvt_float_to_fp8(float_of(b), __NV_SATFINITE, fc.cuda), llmc::kFp8NanCode)
+          << fc.name << std::hex << " " << b;
+    }
+  EXPECT_TRUE(std::isnan(llmc::fp8_decode(llmc::kFp8NanCode, Fp8Format::E4M3)));
+  EXPECT_TRUE(std::isnan(llmc::fp8_decode(llmc::kFp8NanCode, Fp8Format::E5M2)));
+}
+
+TEST(Fp8Encode, SaturatesAndRoundsAtTheEdges) {
+  // Hand-computed anchors, independent of both ml_dtypes and CUDA.
+  EXPECT_EQ(llmc::fp8_encode(448.0f, Fp8Format::E4M3), 0x7E);
+  EXPECT_EQ(llmc::fp8_encode(464.0f, Fp8Format::E4M3), 0x7E);   // tie between 448 and (NaN) 480: even, 448
+  EXPECT_EQ(llmc::fp8_encode(1e9f, Fp8Format::E4M3), 0x7E);
+  EXPECT_EQ(llmc::fp8_encode(-INFINITY, Fp8Format::E4M3), 0xFE);
+  EXPECT_EQ(llmc::fp8_encode(61440.0f, Fp8Format::E5M2), 0x7B);  // ties up to 65536 = inf, saturates
+  EXPECT_EQ(llmc::fp8_encode(INFINITY, Fp8Format::E5M2), 0x7B);
+  EXPECT_EQ(llmc::fp8_encode(1.0f, Fp8Format::E4M3), 0x38);
+  EXPECT_EQ(llmc::fp8_encode(1.0f, Fp8Format::E5M2), 0x3C);
+  EXPECT_EQ(llmc::fp8_encode(1.0625f, Fp8Format::E4M3), 0x38);  // tie: 1.0 (even) vs 1.125
+  EXPECT_EQ(llmc::fp8_encode(1.1875f, Fp8Format::E4M3), 0x3A);  // tie: 1.25 (even) vs 1.125
+  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -9), Fp8Format::E4M3), 0x01);   // smallest subnormal
+  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -10), Fp8Format::E4M3), 0x00);  // half of it: tie to 0
+  EXPECT_EQ(llmc::fp8_encode(-std::ldexp(1.0f, -10), Fp8Format::E4M3), 0x80);
+  EXPECT_EQ(llmc::fp8_encode(std::ldexp(3.0f, -10), Fp8Format::E4M3), 0x02);  // 1.5 quanta: tie to 2
+  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -16), Fp8Format::E5M2), 0x01);
+  EXPECT_EQ(llmc::fp8_encode(-0.0f, Fp8Format::E5M2), 0x80);
+  EXPECT_EQ(llmc::fp8_decode(0x7E, Fp8Format::E4M3), 448.0f);
+  EXPECT_EQ(llmc::fp8_decode(0x7B, Fp8Format::E5M2), 57344.0f);
+  EXPECT_EQ(llmc::fp8_decode(0x7C, Fp8Format::E5M2), INFINITY);
+  EXPECT_EQ(llmc::fp8_decode(0xFC, Fp8Format::E5M2), -INFINITY);
+  EXPECT_EQ(llmc::fp8_decode(0x01, Fp8Format::E4M3), std::ldexp(1.0f, -9));
+}
+
+TEST(Fp8Decode, MatchesCudaAndRoundTrips) {
+  for (const FormatCase& fc : kFormats)
+    for (int c = 0; c < 256; c++) {
+      const uint8_t code = static_cast<uint8_t>(c);
+      const float got = llmc::fp8_decode(code, fc.format);
+      const float cuda = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, fc.cuda)));
+      if (std::isnan(cuda)) {
+        EXPECT_TRUE(std::isnan(got)) << fc.name << " code " << c;
+        continue;
+      }
+      EXPECT_EQ(bits_of(got), bits_of(cuda)) << fc.name << " code " << c;
+      if (std::isfinite(got)) {
+        EXPECT_EQ(llmc::fp8_encode(got, fc.format), code) << fc.name << " code " << c;
+        EXPECT_LE(std::fabs(got), fc.max);
+      }
+    }
+}
+
+TEST(Bf16, MatchesCudaHostConversionOnFp32Sweep) {
+  size_t bad = 0, count = 0;
+  for (uint64_t b = 0; b < (1ull << 32); b += 1009, count++) {
+    const float x = float_of(static_cast<uint32_t>(b));
+    const uint16_t got = llmc::bf16_encode(x);
+    const __nv_bfloat16 cuda = __float2bfloat16_rn(x);
+    uint16_t want;
+    std::memcpy(&want, &cuda, sizeof(want));
+    const bool ok = std::isnan(x) ? std::isnan(llmc::bf16_decode(got)) : got == want;
+    if (!ok && bad++ < 10) ADD_FAILURE() << llmc::strformat("bf16 %08x: got %04x, CUDA %04x", uint32_t(b), got, want);
+  }
+  EXPECT_EQ(bad, 0u) << "over " << count << " inputs";
+}
+
+TEST(Bf16, DecodeIsExactAndRoundTrips) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    const float x = llmc::bf16_decode(static_cast<uint16_t>(h));
+    ASSERT_EQ(bits_of(x), h << 16);
+    if (!std::isnan(x)) ASSERT_EQ(llmc::bf16_encode(x), h);
+    else ASSERT_TRUE(std::isnan(llmc::bf16_decode(llmc::bf16_encode(x))));
+  }
+  EXPECT_EQ(llmc::bf16_encode(1.0f + std::ldexp(1.0f, -8)), 0x3F80);  // tie to even (down)
+  EXPECT_EQ(llmc::bf16_encode(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);  // tie to even (up)
+  EXPECT_EQ(llmc::bf16_encode(std::numeric_limits<float>::max()), 0x7F80);  // rounds to inf
+}
+
+TEST(Pow2Floor, KeepsTheExponent) {
+  EXPECT_EQ(llmc::pow2_floor(1.0f), 1.0f);
+  EXPECT_EQ(llmc::pow2_floor(1.9999999f), 1.0f);
+  EXPECT_EQ(llmc::pow2_floor(0.75f), 0.5f);
+  EXPECT_EQ(llmc::pow2_floor(448.0f / 3.0f), 128.0f);
+  EXPECT_EQ(llmc::pow2_floor(std::numeric_limits<float>::max()), std::ldexp(1.0f, 127));
+  EXPECT_EQ(llmc::pow2_floor(std::numeric_limits<float>::min()), std::numeric_limits<float>::min());
+  EXPECT_EQ(llmc::pow2_floor(std::ldexp(3.0f, -149)), std::ldexp(1.0f, -148));  // subnormal: highest bit
+  EXPECT_EQ(llmc::pow2_floor(std::ldexp(1.0f, -149)), std::ldexp(1.0f, -149));
+  for (float bad : {0.0f, -0.0f, -1.0f, INFINITY, NAN}) {
+    try {
+      llmc::pow2_floor(bad);
+      ADD_FAILURE() << "pow2_floor(" << bad << ") did not throw";
+    } catch (const llmc::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("pow2_floor: x"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// llmc/precision/tensor: names and scale layouts
+TEST(TensorNames, RoundTrip) {
+  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    Fp8Format parsed = f == Fp8Format::E4M3 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    ASSERT_TRUE(llmc::parse_fp8_format(llmc::fp8_format_name(f), &parsed));
+    EXPECT_EQ(parsed, f);
+  }
+  EXPECT_STREQ(llmc::fp8_format_name(Fp8Format::E4M3), "e4m3");
+  EXPECT_STREQ(llmc::fp8_format_name(Fp8Format::E5M2), "e5m2");
+  using G = llmc::ScaleGranularity;
+  for (G g : {G::Tensor, G::Block1x128, G::Block128x128}) {
+    G parsed = G::Tensor;
+    ASSERT_TRUE(llmc::parse_scale_granularity(llmc::scale_granularity_name(g), &parsed));
+    EXPECT_EQ(parsed, g);
+  }
+  EXPECT_STREQ(llmc::scale_granularity_name(G::Block1x128), "1x128");
+  EXPECT_STREQ(llmc::scale_granularity_name(G::Block128x128), "128x128");
+  Fp8Format f = Fp8Format::E5M2;
+  EXPECT_FALSE(llmc::parse_fp8_format("E4M3", &f));
+  EXPECT_FALSE(llmc::parse_fp8_format("fp8", &f));
+  EXPECT_EQ(f, Fp8Format::E5M2);  // untouched on failure
+  G g = G::Block1x128;
+  EXPECT_FALSE(llmc::parse_scale_granularity("128", &g));
+  EXPECT_FALSE(llmc::parse_scale_granularity("1x32", &g));
+  EXPECT_EQ(g, G::Block1x128);
+}
+
+TEST(TensorLayout, ScaleInvSizesAndLeadingDimensions) {
+  using G = llmc::ScaleGranularity;
+  EXPECT_EQ(llmc::scale_inv_floats(G::Tensor, 1000, 784), 1u);
+  EXPECT_EQ(llmc::scale_inv_ld(G::Tensor, 1000, 784), 1);
+  // 1x128: (ceil(cols / 128), round_up(rows, 4))
+  EXPECT_EQ(llmc::scale_inv_ld(G::Block1x128, 1000, 784), 1000);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 1000, 784), 7u * 1000u);
+  EXPECT_EQ(llmc::scale_inv_ld(G::Block1x128, 1001, 784), 1004);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 1001, 784), 7u * 1004u);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 16, 16), 16u);
+  // the transposed copy of a (1001, 784) 1x128 tensor: (ceil(1001 / 128), round_up(784, 4)) = (8, 784)
+  EXPECT_EQ(llmc::scale_inv_ld(G::Block1x128, 784, 1001), 784);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 784, 1001), 8u * 784u);
+  // 128x128: (ceil(rows / 128), round_up(ceil(cols / 128), 4))
+  EXPECT_EQ(llmc::scale_inv_ld(G::Block128x128, 1000, 784), 8);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block128x128, 1000, 784), 8u * 8u);
+  EXPECT_EQ(llmc::scale_inv_ld(G::Block128x128, 256, 3072), 24);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block128x128, 256, 3072), 2u * 24u);
+  EXPECT_EQ(llmc::scale_inv_ld(G::Block128x128, 3072, 256), 4);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block128x128, 3072, 256), 24u * 4u);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block128x128, 16, 16), 4u);
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 0, 128), 0u);
+  EXPECT_THROW(llmc::scale_inv_floats(G::Block1x128, -1, 128), llmc::Error);
+  EXPECT_THROW(llmc::scale_inv_ld(G::Block128x128, 16, -16), llmc::Error);
+  // Large: sizes do not overflow int arithmetic.
+  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 1 << 30, 1 << 14), size_t(128) << 30);
+}
+
+}  // namespace

@@ -1,0 +1,426 @@
+// test/distributed/test_zero: the CPU half of data parallelism's state handling: the ZeRO shard layout (ranges tile the
+// buffer, every element has exactly one owner, reductions are only started once the blocks they hold are final, most
+// of every block is reduced during backward), the optimizer state files written by N ranks and read back into any
+// other world size (re-sharding, the full by-name format, missing or foreign shards refused), the data position
+// continued across world sizes (no window skipped), and partial safetensors reads.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include <unistd.h>
+
+#include "llmc/io/checkpoint.h"
+#include "llmc/core/common.h"
+#include "llmc/io/data.h"
+#include "llmc/io/interop.h"
+#include "llmc/model/model_spec.h"
+#include "llmc/io/safetensors.h"
+#include "llmc/distributed/zero.h"
+#include "llmc/io/optimizer_files.h"
+
+namespace fs = std::filesystem;
+using llmc::ElementRange;
+using llmc::ParamTable;
+using llmc::ShardLayout;
+
+namespace {
+
+ParamTable table_of(const std::string& preset) {
+  llmc::ModelSpec spec;
+  EXPECT_TRUE(llmc::model_preset(preset, &spec)) << preset;
+  return llmc::build_param_table(spec);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const llmc::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string strformat_trace(bool shuffle, int w0, int b0, int w1, int b1) {
+  return "shuffle " + std::to_string(shuffle) + ": " + std::to_string(w0) + "x" + std::to_string(b0) + " -> " +
+         std::to_string(w1) + "x" + std::to_string(b1);
+}
+
+class TempDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / ("llm8_zero_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_;
+};
+
+}  // namespace
+
+// GPT-2's offsets are multiples of large powers of two; an odd-sized model puts the block boundaries between the
+// multiples of M, where the rounding direction matters.
+ParamTable odd_table() {
+  llmc::ModelSpec spec;
+  llmc::model_preset("gpt2-tiny", &spec);
+  spec.n_layer = 5;
+  spec.n_head = 3;
+  spec.n_kv_head = 3;
+  spec.n_embd = 192;
+  spec.ffn_hidden = 4 * 192;
+  spec.max_seq_len = 100;
+  spec.vocab_size = 1000;
+  spec.padded_vocab_size = 1024;
+  return llmc::build_param_table(spec);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Layout
+
+TEST(ShardLayout, TilesTheBufferAndEveryElementHasOneOwner) {
+  for (const char* preset : {"gpt2-tiny", "odd", "llama-tiny", "gpt2-124m"})
+    for (int world : {1, 2, 3, 4, 5, 8}) {
+      if (std::string(preset) == "gpt2-124m" && world != 3 && world != 8) continue;  // large: two worlds suffice
+      SCOPED_TRACE(std::string(preset) + " world " + std::to_string(world));
+      const ParamTable table = std::string(preset) == "odd" ? odd_table() : table_of(preset);
+      const ShardLayout L = llmc::make_shard_layout(table, world);
+      const size_t M = static_cast<size_t>(world) * ShardLayout::kAlign;
+      EXPECT_EQ(L.total, table.total_elements);
+      EXPECT_EQ(L.replicated_begin % M, 0u);
+      EXPECT_LT(L.total - L.replicated_begin, M);
+      size_t at = 0;
+      for (const auto& r : L.ranges) {
+        EXPECT_EQ(r.begin, at);
+        EXPECT_LT(r.begin, r.end);
+        EXPECT_EQ(r.begin % M, 0u);
+        EXPECT_EQ(r.end % M, 0u);
+        // layers = exactly the blocks of the tensors it overlaps
+        std::set<int> expect;
+        for (const auto& p : table.params)
+          if (p.offset < r.end && p.offset + p.numel > r.begin) expect.insert(p.layer);
+        if (expect.empty()) expect.insert(-1);
+        EXPECT_EQ(std::set<int>(r.layers.begin(), r.layers.end()), expect);
+        at = r.end;
+      }
+      EXPECT_EQ(at, L.replicated_begin);
+      // owners: every element below replicated_begin exactly once over the ranks; the tail on every rank
+      std::vector<int> owners(L.total, 0);
+      size_t owned_total = 0;
+      for (int r = 0; r < world; r++) {
+        const auto pieces = L.owned(r);
+        EXPECT_EQ(pieces.size(), L.ranges.size() + (L.replicated_begin < L.total ? 1 : 0));
+        for (const ElementRange& p : pieces) {
+          EXPECT_EQ(p.first % ShardLayout::kAlign, 0u);  // 128-byte aligned pieces: vectorised AdamW
+          for (size_t i = p.first; i < p.second; i++) owners[i]++;
+        }
+        owned_total += L.owned_elements(r);
+      }
+      for (size_t i = 0; i < L.replicated_begin; i++) ASSERT_EQ(owners[i], 1) << "element " << i;
+      for (size_t i = L.replicated_begin; i < L.total; i++) ASSERT_EQ(owners[i], world) << "element " << i;
+      EXPECT_EQ(owned_total, L.replicated_begin + world * (L.total - L.replicated_begin));
+      // balanced: the ranks' shares differ only by the replicated tail
+      EXPECT_EQ(L.owned_elements(0), L.owned_elements(world - 1));
+    }
+  EXPECT_NE(error_of([] { llmc::make_shard_layout(table_of("gpt2-tiny"), 0); }).find("world size 0"),
+            std::string::npos);
+}
+
+// The schedule the optimizer runs: blocks report final from the last to the first, then -1 (the end of backward).
+// A range starts when every block it holds has reported; check that this happens and that most of each block is
+// reduced while backward still runs (the overlap), the embeddings at the end.
+TEST(ShardLayout, ReductionsFollowBackwardAndOverlapIt) {
+  for (const char* which : {"gpt2-124m", "odd", "llama-125m"})
+  for (int world : {2, 3, 5, 7, 8}) {
+    SCOPED_TRACE(std::string(which) + ", world " + std::to_string(world));
+    const ParamTable table = std::string(which) == "odd" ? odd_table() : table_of(which);
+    const ShardLayout L = llmc::make_shard_layout(table, world);
+    int blocks = 0;
+    for (const auto& p : table.params) blocks = std::max(blocks, p.layer + 1);
+    std::vector<int> launched_at(L.ranges.size(), -2);  // the hook that launched it
+    std::vector<bool> done(blocks, false);
+    bool end = false;
+    auto ready = [&](const llmc::ReduceRange& r) {
+      return std::all_of(r.layers.begin(), r.layers.end(), [&](int l) { return l < 0 ? end : done[l]; });
+    };
+    for (int hook = blocks - 1; hook >= -1; hook--) {
+      if (hook >= 0) done[hook] = true; else end = true;
+      for (size_t k = 0; k < L.ranges.size(); k++)
+        if (launched_at[k] == -2 && ready(L.ranges[k])) launched_at[k] = hook;
+    }
+    for (size_t k = 0; k < L.ranges.size(); k++) EXPECT_NE(launched_at[k], -2) << "range " << k << " never started";
+    // per block: the share of its elements reduced at its own hook (not later)
+    for (int l = 0; l < blocks; l++) {
+      size_t total = 0, early = 0;
+      for (const auto& p : table.params) {
+        if (p.layer != l) continue;
+        total += p.numel;
+        for (size_t k = 0; k < L.ranges.size(); k++) {
+          const size_t b = std::max(p.offset, L.ranges[k].begin), e = std::min(p.offset + p.numel, L.ranges[k].end);
+          if (b < e && launched_at[k] >= l) early += e - b;
+        }
+      }
+      EXPECT_GT(static_cast<double>(early), 0.99 * total) << "block " << l;
+    }
+    // what is left for the end of backward: the embeddings, the final norm and a few elements around them
+    size_t at_end = 0, outside_blocks = 0;
+    for (size_t k = 0; k < L.ranges.size(); k++)
+      if (launched_at[k] == -1) at_end += L.ranges[k].end - L.ranges[k].begin;
+    for (const auto& p : table.params)
+      if (p.layer < 0) outside_blocks += p.numel;
+    EXPECT_LE(at_end, outside_blocks + 4 * world * ShardLayout::kAlign + 2 * ParamTable::kAlign);
+  }
+}
+
+TEST(ShardLayout, FingerprintNamesTheLayout) {
+  EXPECT_EQ(llmc::param_table_fingerprint(table_of("gpt2-tiny")), llmc::param_table_fingerprint(table_of("gpt2-tiny")));
+  EXPECT_NE(llmc::param_table_fingerprint(table_of("gpt2-tiny")), llmc::param_table_fingerprint(table_of("gpt2-mini")));
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Optimizer state files
+
+namespace {
+
+// A synthetic optimizer state of the whole table: distinct values everywhere (gaps included, to see they are not
+// confused with tensor elements).
+struct FullState {
+  std::vector<float> master, m, v;
+  explicit FullState(size_t n) : master(n), m(n), v(n) {
+    for (size_t i = 0; i < n; i++) {
+      master[i] = 0.5f + static_cast<float>(i);
+      m[i] = -static_cast<float>(i) * 0.25f;
+      v[i] = static_cast<float>(i % 1009) * 1e-3f;
+    }
+  }
+};
+
+// Writes a checkpoint's optimizer files as `world` ranks at `stage` would.
+llmc::TrainerState write_state(const std::string& dir, const ParamTable& table, const FullState& full, int world,
+                               int stage) {
+  const ShardLayout L = llmc::make_shard_layout(table, world);
+  for (int r = 0; r < world; r++) {
+    llmc::OptimizerSnapshot s;
+    s.table = &table;
+    s.rank = r;
+    s.world_size = world;
+    s.zero_stage = stage;
+    s.layout = L.to_json();
+    if (r == 0) s.master_full = full.master;
+    if (stage == 0 || world == 1) {
+      s.format = "full";
+      if (r == 0) {
+        s.m = full.m;
+        s.v = full.v;
+      }
+    } else {
+      s.format = "sharded";
+      s.owned = L.owned(r);
+      for (const ElementRange& p : L.owned(r))
+        for (size_t i = p.first; i < p.second; i++) {
+          s.master.push_back(full.master[i]);
+          s.m.push_back(full.m[i]);
+          s.v.push_back(full.v[i]);
+        }
+    }
+    llmc::write_optimizer_snapshot(s, dir);
+  }
+  llmc::TrainerState st;
+  st.world_size = world;
+  return st;
+}
+
+// Is element i inside a tensor (not an alignment gap)?
+std::vector<bool> tensor_mask(const ParamTable& table) {
+  std::vector<bool> in(table.total_elements, false);
+  for (const auto& p : table.params) std::fill(in.begin() + p.offset, in.begin() + p.offset + p.numel, true);
+  return in;
+}
+
+}  // namespace
+
+TEST_F(TempDir, OptimizerStateReshardsToAnyWorldSize) {
+  const ParamTable table = table_of("gpt2-tiny");
+  const FullState full(table.total_elements);
+  const std::vector<bool> in_tensor = tensor_mask(table);
+  for (auto [saved_world, saved_stage] : std::vector<std::pair<int, int>>{{2, 1}, {3, 1}, {1, 0}, {2, 0}}) {
+    SCOPED_TRACE("saved by " + std::to_string(saved_world) + " rank(s), stage " + std::to_string(saved_stage));
+    const std::string dir = dir_ + "/saved_" + std::to_string(saved_world) + "_" + std::to_string(saved_stage);
+    fs::create_directories(dir);
+    const llmc::TrainerState st = write_state(dir, table, full, saved_world, saved_stage);
+    EXPECT_EQ(fs::exists(dir + "/optimizer_rank00000.safetensors"), saved_stage == 1);
+    EXPECT_EQ(fs::exists(dir + "/optimizer_m.safetensors"), saved_stage == 0);
+    // model.safetensors: the full master weights by name, as train.init_from reads them
+    std::vector<float> master(table.total_elements, 0.0f);
+    llmc::read_param_tensors(dir + "/" + llmc::kModelFile, table, master.data());
+    for (size_t i = 0; i < master.size(); i++)
+      if (in_tensor[i]) ASSERT_EQ(master[i], full.master[i]) << i;
+    // every rank of every new world size gets exactly the moments of its pieces
+    for (int world : {1, 2, 4, 5}) {
+      const ShardLayout L = llmc::make_shard_layout(table, world);
+      for (int r = 0; r < world; r++) {
+        const std::vector<ElementRange> want = world == 1 ? std::vector<ElementRange>{{0, table.total_elements}}
+                                                          : L.owned(r);
+        std::vector<float> m, v;
+        llmc::read_optimizer_moments(dir, st, table, want, &m, &v);
+        size_t at = 0;
+        for (const ElementRange& p : want)
+          for (size_t i = p.first; i < p.second; i++, at++) {
+            // the by-name format holds tensors only (gaps read as 0); shards hold gaps too
+            const bool known = in_tensor[i] || saved_stage == 1;
+            ASSERT_EQ(m[at], known ? full.m[i] : 0.0f) << "world " << world << " rank " << r << " element " << i;
+            ASSERT_EQ(v[at], known ? full.v[i] : 0.0f) << "world " << world << " rank " << r << " element " << i;
+          }
+        ASSERT_EQ(at, m.size());
+      }
+    }
+  }
+}
+
+// A whole checkpoint written as 2 ZeRO-1 ranks would (rank 0's CheckpointWriter, every rank's files in its tmp dir,
+// one commit) verifies, and its model.safetensors is what train.init_from and the Hugging Face / llm.c exports read
+// (llmc/io/interop's load_weights).
+TEST_F(TempDir, CheckpointOfTwoRanksLoadsForInitAndExport) {
+  llmc::ModelSpec spec;
+  ASSERT_TRUE(llmc::model_preset("gpt2-tiny", &spec));
+  const ParamTable table = llmc::build_param_table(spec);
+  const FullState full(table.total_elements);
+  llmc::CheckpointWriter writer(dir_ + "/run", 5);
+  llmc::TrainerState st = write_state(writer.tmp_dir(), table, full, 2, 1);
+  st.step = 5;
+  const std::string step_dir = writer.commit(st, 0);
+  const llmc::TrainerState verified = llmc::verify_checkpoint(step_dir);
+  EXPECT_EQ(verified.world_size, 2);
+  EXPECT_EQ(verified.files.size(), 3u);  // model.safetensors and one optimizer shard per rank
+  std::vector<float> values(table.total_elements, 0.0f);
+  const std::string what = llmc::load_weights(step_dir, spec, values.data());
+  EXPECT_NE(what.find("model.safetensors"), std::string::npos) << what;
+  const std::vector<bool> in_tensor = tensor_mask(table);
+  for (size_t i = 0; i < values.size(); i++)
+    if (in_tensor[i]) ASSERT_EQ(values[i], full.master[i]) << i;
+}
+
+TEST_F(TempDir, OptimizerStateErrorsNameTheFile) {
+  const ParamTable table = table_of("gpt2-tiny");
+  const FullState full(table.total_elements);
+  llmc::TrainerState st = write_state(dir_, table, full, 2, 1);
+  std::vector<float> m, v;
+  const std::vector<ElementRange> all = {{0, table.total_elements}};
+  // a shard missing
+  fs::rename(dir_ + "/optimizer_rank00001.safetensors", dir_ + "/moved.safetensors");
+  std::string msg = error_of([&] { llmc::read_optimizer_moments(dir_, st, table, all, &m, &v); });
+  EXPECT_NE(msg.find("optimizer_rank00001.safetensors (it was written by 2 rank(s))"), std::string::npos) << msg;
+  fs::rename(dir_ + "/moved.safetensors", dir_ + "/optimizer_rank00001.safetensors");
+  // shards of another model
+  msg = error_of([&] { llmc::read_optimizer_moments(dir_, st, table_of("gpt2-mini"), {{0, 1000}}, &m, &v); });
+  EXPECT_NE(msg.find("optimizer_rank00000.safetensors was written for another parameter layout"), std::string::npos)
+      << msg;
+  // the trainer state claims more ranks than wrote shards
+  st.world_size = 3;
+  msg = error_of([&] { llmc::read_optimizer_moments(dir_, st, table, all, &m, &v); });
+  EXPECT_NE(msg.find("optimizer_rank00002.safetensors"), std::string::npos) << msg;
+  // fewer: the pieces of rank 1 are missing from the coverage
+  st.world_size = 1;
+  msg = error_of([&] { llmc::read_optimizer_moments(dir_, st, table, all, &m, &v); });
+  EXPECT_NE(msg.find("do not cover parameter element"), std::string::npos) << msg;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Data position across world sizes
+
+namespace {
+
+void write_counting_shard(const std::string& path, size_t n) {
+  std::vector<unsigned char> bytes(256 * 4, 0);
+  auto put32 = [&](size_t at, uint32_t v) {
+    for (int k = 0; k < 4; k++) bytes[at + k] = static_cast<unsigned char>(v >> (8 * k));
+  };
+  put32(0, 20240520);
+  put32(4, 1);
+  put32(8, static_cast<uint32_t>(n));
+  for (size_t i = 0; i < n; i++) {
+    bytes.push_back(static_cast<unsigned char>(i & 0xff));
+    bytes.push_back(static_cast<unsigned char>((i >> 8) & 0xff));
+  }
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+}
+
+// The windows (identified by their first token / T) a loader yields in its next `batches` batches.
+std::vector<int> next_windows(llmc::DataLoader& d, int B, int T, int batches) {
+  std::vector<int> in(static_cast<size_t>(B) * T), tg(in.size()), out;
+  for (int b = 0; b < batches; b++) {
+    d.next_batch(in.data(), tg.data());
+    for (int s = 0; s < B; s++) out.push_back(in[static_cast<size_t>(s) * T] / T);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_F(TempDir, DataPositionContinuesAcrossWorldSizes) {
+  const int T = 8;
+  write_counting_shard(dir_ + "/d_000.bin", 97 * T + 1);  // 97 windows
+  const std::string glob = dir_ + "/d_*.bin";
+  for (bool shuffle : {false, true})
+    for (auto [w0, b0, w1, b1] : std::vector<std::array<int, 4>>{{2, 4, 1, 4}, {1, 4, 2, 4}, {2, 3, 4, 2}, {3, 2, 2, 2}}) {
+      SCOPED_TRACE(strformat_trace(shuffle, w0, b0, w1, b1));
+      // run 1: w0 ranks x b0 sequences, 3 batches each; save rank 0's position
+      std::set<int> seen;
+      nlohmann::json saved;
+      for (int r = 0; r < w0; r++) {
+        llmc::DataLoader d(glob, b0, T, r, w0, shuffle, 7);
+        for (int w : next_windows(d, b0, T, 3)) EXPECT_TRUE(seen.insert(w).second);
+        if (r == 0) saved = d.position();
+      }
+      // run 2: w1 ranks x b1 sequences continue to the end of the epoch
+      std::multiset<int> later;
+      std::string note;
+      for (int r = 0; r < w1; r++) {
+        llmc::DataLoader d(glob, b1, T, r, w1, shuffle, 7);
+        d.restore(llmc::continue_position(saved, d.position(), &note));
+        const int left = static_cast<int>(d.batches_per_epoch()) - d.position()["batch"].get<int>();
+        for (int w : next_windows(d, b1, T, left)) later.insert(w);
+      }
+      EXPECT_NE(note.find("data position re-derived for"), std::string::npos) << note;
+      // nothing the first run had not seen is skipped (up to the windows the smaller per-rank split drops at the end
+      // of the epoch), and what is seen twice is less than one global batch of run 2
+      const size_t consumed = static_cast<size_t>(3 * b0 * w0), per_batch = static_cast<size_t>(b1 * w1);
+      size_t repeated = 0;
+      for (int w : later) repeated += seen.count(w);
+      EXPECT_EQ(repeated, consumed % per_batch);
+      std::set<int> all(seen);
+      all.insert(later.begin(), later.end());
+      const size_t usable = 97 / static_cast<size_t>(w1) / static_cast<size_t>(b1) * per_batch;
+      EXPECT_GE(all.size(), usable);
+    }
+  // other data is refused
+  llmc::DataLoader a(glob, 4, T, 0, 2, false, 7), b(glob, 4, T, 0, 1, true, 7);
+  EXPECT_NE(error_of([&] { llmc::continue_position(a.position(), b.position(), nullptr); }).find("'shuffle' was false"),
+            std::string::npos);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Partial reads
+
+TEST_F(TempDir, SafetensorsReadRange) {
+  std::vector<float> x(100);
+  std::iota(x.begin(), x.end(), 0.0f);
+  llmc::SafetensorsWriter w;
+  w.add("x", "F32", {100}, x.data(), x.size() * 4);
+  w.write(dir_ + "/r.safetensors");
+  llmc::SafetensorsReader r(dir_ + "/r.safetensors");
+  std::vector<float> y(10);
+  r.read_range("x", 37 * 4, y.data(), 10 * 4);
+  for (int i = 0; i < 10; i++) EXPECT_EQ(y[i], 37.0f + i);
+  EXPECT_NE(error_of([&] { r.read_range("x", 95 * 4, y.data(), 10 * 4); }).find("outside tensor 'x'"),
+            std::string::npos);
+}

@@ -1,0 +1,497 @@
+// test/precision/test_linear: llmc/precision/linear under each FP8 recipe, against host references built from the bit-exact
+// quantisation references of llmc/precision/quant and the FP64 product of llmc/precision/gemm (matmul_fp8_cpu):
+//   - fprop, dgrad and wgrad equal the FP64 product of the host-quantised operands (tight: FP32 accumulation, one
+//     bf16 rounding of the output; fast accumulation in fprop gets its documented looser bound),
+//   - and stay close to the FP64 product of the ORIGINAL operands (loose, documented: what FP8 costs),
+//   - the weight is quantised once per optimizer step (cache) and re-quantised after weights_changed(),
+//   - a producer-reported amax gives the same bits as the amax the layer measures itself,
+//   - GELU forward / backward options,
+//   - delayed scaling: the first step scales from the current amax, later steps from the history,
+//   - numerics telemetry names and sanity,
+//   - the BF16 plan is exactly the cuBLASLt BF16 path.
+// Fresh random inputs each run (seed printed; LLM8_TEST_SEED replays).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "llmc/core/common.h"
+#include "llmc/precision/gemm.h"
+#include "llmc/kernels/reduce.h"
+#include "llmc/precision/linear.h"
+#include "llmc/precision/quant.h"
+#include "llmc/precision/recipe.h"
+#include "test/reference/kernels_ref.h"
+
+using namespace llmc;
+
+namespace {
+
+uint64_t seed() {
+  static const uint64_t s = [] {
+    const char* env = std::getenv("LLM8_TEST_SEED");
+    const uint64_t v = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("test_linear: seed %llu (replay with LLM8_TEST_SEED=%llu)\n", (unsigned long long)v,
+                (unsigned long long)v);
+    return v;
+  }();
+  return s;
+}
+
+// Random bf16-exact values, N(0, std) with a few outliers 30x larger (FP8 scaling must survive them).
+std::vector<float> random_values(size_t n, std::mt19937_64& rng, float std_dev) {
+  std::normal_distribution<float> dist(0.0f, std_dev);
+  std::uniform_int_distribution<size_t> pick(0, n - 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  for (int i = 0; i < 8; i++) v[pick(rng)] *= 30.0f;
+  for (float& x : v) x = __bfloat162float(__float2bfloat16_rn(x));
+  return v;
+}
+
+template <class T>
+struct Dev {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T))); }
+  ~Dev() { cudaFree(ptr); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void poison() { CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(T))); }
+};
+
+Dev<bf16>* upload(const std::vector<float>& v) {
+  auto* d = new Dev<bf16>(v.size());
+  std::vector<bf16> h(v.size());
+  for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16_rn(v[i]);
+  CUDA_CHECK(cudaMemcpy(d->ptr, h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  return d;
+}
+std::vector<float> download(const bf16* p, size_t n) {
+  std::vector<bf16> h(n);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; i++) out[i] = __bfloat162float(h[i]);
+  return out;
+}
+std::vector<float> download(const float* p, size_t n) {
+  std::vector<float> out(n);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+std::vector<float> transpose(const std::vector<float>& a, int rows, int cols) {
+  std::vector<float> t(a.size());
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) t[(size_t)c * rows + r] = a[(size_t)r * cols + c];
+  return t;
+}
+
+// Host quantisation of a (rows, cols) source with the recipe role: codes (and transposed codes) + scale_inv arrays in
+// the GEMM-ready layouts. Per-tensor: current scaling from the source's amax (margin 0, no pow2 unless asked).
+struct HostQ {
+  std::vector<uint8_t> data, data_t;
+  std::vector<float> scale_inv, scale_inv_t;
+  ScaleGranularity g;
+  Fp8Format f;
+};
+HostQ host_quantize(const std::vector<float>& x, int rows, int cols, const RoleSpec& role, bool pow2) {
+  HostQ q;
+  q.g = role.granularity;
+  q.f = role.format;
+  q.data.resize((size_t)rows * cols);
+  q.data_t.resize((size_t)rows * cols);
+  if (role.granularity == ScaleGranularity::Tensor) {
+    const float amax = amax_bf16_cpu(x.data(), x.size());
+    const float scale = fp8_scale_from_amax_cpu(amax, 1.0f, role.format, 0, pow2);
+    fp8_quantize_tensorwise_cpu(q.data.data(), q.data_t.data(), nullptr, x.data(), rows, cols, scale, role.format);
+    q.scale_inv = {1.0f / scale};
+    q.scale_inv_t = q.scale_inv;
+  } else {
+    q.scale_inv.assign(scale_inv_floats(role.granularity, rows, cols), 1.0f);
+    q.scale_inv_t.assign(scale_inv_floats(role.granularity, cols, rows), 1.0f);
+    fp8_quantize_blockwise_cpu(q.data.data(), q.scale_inv.data(), q.data_t.data(), q.scale_inv_t.data(), x.data(),
+                               rows, cols, role.granularity, role.format, pow2);
+  }
+  return q;
+}
+
+// |got - ref| <= rel |ref| + abs_frac * absref per element (absref = the same product on |operands|).
+void expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& ref,
+                  const std::vector<double>& absref, double rel, double abs_frac) {
+  ASSERT_EQ(got.size(), ref.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    const double tol = rel * std::fabs(ref[i]) + abs_frac * absref[i] + 1e-30;
+    if (!(std::fabs(got[i] - ref[i]) <= tol)) {
+      if (bad < 5)
+        ADD_FAILURE() << what << "[" << i << "] got " << got[i] << " want " << ref[i] << " (tol " << tol << ")";
+      bad++;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": elements outside tolerance";
+}
+
+// ‖got - ref‖ / ‖ref‖ with ref the FP64 product on the original (unquantised) operands.
+double rel_error(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// FP64 D (M, N) = A (M, K) · B (N, K)ᵀ on plain floats.
+std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int M, int N, int K,
+                            bool absolute = false) {
+  std::vector<double> d((size_t)M * N, 0.0);
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      double acc = 0;
+      for (int k = 0; k < K; k++) {
+        const double p = (double)a[(size_t)m * K + k] * b[(size_t)n * K + k];
+        acc += absolute ? std::fabs(p) : p;
+      }
+      d[(size_t)m * N + n] = acc;
+    }
+  return d;
+}
+
+// FP64 product of host-quantised operands (matmul_fp8_cpu) and the same on |dequantised values|.
+std::vector<double> fp8_product(const HostQ& a, bool at, const HostQ& b, bool bt, int M, int N, int K,
+                                const float* bias = nullptr) {
+  std::vector<double> d((size_t)M * N);
+  matmul_fp8_cpu(d.data(), (at ? a.data_t : a.data).data(), (at ? a.scale_inv_t : a.scale_inv).data(), a.g, a.f,
+                 (bt ? b.data_t : b.data).data(), (bt ? b.scale_inv_t : b.scale_inv).data(), b.g, b.f, M, N, K, bias);
+  return d;
+}
+
+struct Problem {
+  int M = 256, N = 384, K = 512;
+  std::vector<float> x, w, bias, dy, dw0;
+  explicit Problem(std::mt19937_64& rng) {
+    x = random_values((size_t)M * K, rng, 1.0f);
+    w = random_values((size_t)N * K, rng, 0.02f);
+    bias = random_values(N, rng, 0.1f);
+    dy = random_values((size_t)M * N, rng, 1e-4f);  // gradient-sized values: E5M2 needs its scale
+    std::uniform_real_distribution<float> u(-1e-3f, 1e-3f);
+    dw0.resize((size_t)N * K);
+    for (float& v : dw0) v = u(rng);
+  }
+};
+
+PrecisionRecipe recipe(const char* name) {
+  PrecisionRecipe r;
+  EXPECT_TRUE(precision_recipe_preset(name, &r));
+  return r;
+}
+
+class LinearFp8 : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LinearFp8, ProductsMatchHostQuantisedReference) {
+  std::mt19937_64 rng(seed() ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe r = recipe(GetParam());
+  const LinearPlan plan = plan_linear(r, 1, 4, LinearKind::MlpUp);
+  ASSERT_TRUE(plan.fp8);
+  PrecisionState state(r);
+  Linear lin(state, "test.linear", LinearKind::MlpUp, 1, N, K, plan, M);
+
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), bias(upload(p.bias)), dy(upload(p.dy));
+  Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
+  Dev<float> dw((size_t)N * K);
+  CUDA_CHECK(cudaMemcpy(dw.ptr, p.dw0.data(), p.dw0.size() * sizeof(float), cudaMemcpyHostToDevice));
+  out.poison();
+  dx.poison();
+  state.request_numerics();
+  state.begin_forward(0);
+  lin.forward(out.ptr, x->ptr, w->ptr, bias->ptr, M, /*training=*/true, 0);
+  state.begin_backward(0);
+  lin.backward(dx.ptr, dw.ptr, dy->ptr, /*x=*/nullptr, w->ptr, M, 0);
+  const std::vector<float> out_h = download(out.ptr, out.n), dx_h = download(dx.ptr, dx.n),
+                           dw_h = download(dw.ptr, dw.n);
+
+  // Host references from the quantisation references.
+  const HostQ xq = host_quantize(p.x, M, K, plan.x, plan.pow2_scales);
+  const HostQ wq = host_quantize(p.w, N, K, plan.w, plan.pow2_scales);
+  const HostQ dyq = host_quantize(p.dy, M, N, plan.dy, plan.pow2_scales);
+  // The absolute products bound the accumulation error: FP32 over K terms, or fast accumulation in fprop.
+  auto dequant = [](const HostQ& q, int rows, int cols, bool t) {
+    std::vector<float> v((size_t)rows * cols);
+    fp8_dequantize_cpu(v.data(), (t ? q.data_t : q.data).data(), (t ? q.scale_inv_t : q.scale_inv).data(), rows, cols,
+                       q.g, q.f);
+    return v;
+  };
+  const std::vector<float> xd = dequant(xq, M, K, false), wd = dequant(wq, N, K, false),
+                           dyd = dequant(dyq, M, N, false), wtd = dequant(wq, K, N, true),
+                           dytd = dequant(dyq, N, M, true), xtd = dequant(xq, K, M, true);
+  // Accumulation error per element, as a fraction of sum |products| (the bounds test_gemm_fp8 calibrates): Hopper's
+  // FP8 tensor cores accumulate a 128-deep K block in a reduced-precision accumulator before it is promoted to FP32
+  // (2^-10: twice test_gemm_fp8's 2^-11, measured on an H100 at 1.03x of 2^-11 for one wgrad element), and fast
+  // accumulation promotes only at the end (2^-12 per 128 of K); plus FP32 rounding over K terms.
+  auto accumulation = [](int k, bool fast) {
+    const double fp32 = 4.0 * k * std::ldexp(1.0, -24);
+    return fast ? std::ldexp(1.0, -12) * (k / 128.0) + fp32 : std::ldexp(1.0, -10) + fp32;
+  };
+  // + 2^-9 of the absolute product in fprop: with block scales the bias is added after the GEMM's bf16 rounding
+  // (add_bias), a second rounding of the product before the bias.
+  const double fprop_abs = accumulation(K, plan.fast_accum_fprop) + std::ldexp(1.0, -9);
+  const std::vector<double> out_ref = fp8_product(xq, false, wq, false, M, N, K, p.bias.data());
+  expect_close("fprop", out_h, out_ref, product(xd, wd, M, N, K, true), std::ldexp(1.0, -8), fprop_abs);
+  const std::vector<double> dx_ref = fp8_product(dyq, false, wq, true, M, K, N);
+  expect_close("dgrad", dx_h, dx_ref, product(dyd, wtd, M, K, N, true), std::ldexp(1.0, -8), accumulation(N, false));
+  std::vector<double> dw_ref = fp8_product(dyq, true, xq, true, N, K, M);
+  for (size_t i = 0; i < dw_ref.size(); i++) dw_ref[i] += p.dw0[i];
+  std::vector<double> dw_abs = product(dytd, xtd, N, K, M, true);
+  for (size_t i = 0; i < dw_abs.size(); i++) dw_abs[i] += std::fabs(p.dw0[i]);
+  expect_close("wgrad", dw_h, dw_ref, dw_abs, 1e-6, accumulation(M, false));
+
+  // Against the unquantised operands (what FP8 costs; loose, documented): E4M3 keeps 3 mantissa bits (relative
+  // rounding error <= 2^-4 per element, ~2^-5.5 rms), E5M2 2 bits (<= 2^-3): the products' relative Frobenius errors
+  // stay below 6% (fprop, E4M3 x E4M3) and 12% (dgrad, wgrad with an E5M2 or E4M3 gradient).
+  std::vector<double> out_exact = product(p.x, p.w, M, N, K);
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) out_exact[(size_t)m * N + n] += p.bias[n];
+  const std::vector<float> wt = transpose(p.w, N, K), dyt = transpose(p.dy, M, N), xt = transpose(p.x, M, K);
+  const double e_fprop = rel_error(out_h, out_exact);
+  const double e_dgrad = rel_error(dx_h, product(p.dy, wt, M, K, N));
+  std::vector<double> dw_exact = product(dyt, xt, N, K, M);
+  for (size_t i = 0; i < dw_exact.size(); i++) dw_exact[i] += p.dw0[i];
+  const double e_wgrad = rel_error(dw_h, dw_exact);
+  std::printf("  %s: relative error vs unquantised fprop %.3f dgrad %.3f wgrad %.3f\n", GetParam(), e_fprop, e_dgrad,
+              e_wgrad);
+  EXPECT_LT(e_fprop, 0.06);
+  EXPECT_LT(e_dgrad, 0.12);
+  EXPECT_LT(e_wgrad, 0.12);
+
+  // Telemetry: one record per quantised role, with sane values.
+  const std::vector<TensorNumerics> numerics = state.collect_numerics(0);
+  std::vector<std::string> names;
+  for (const TensorNumerics& t : numerics) {
+    names.push_back(t.name);
+    EXPECT_GT(t.stats.snr_db, 10.0) << t.name;
+    EXPECT_GE(t.stats.saturated_frac, 0.0) << t.name;
+    EXPECT_LT(t.stats.underflow_frac, 0.5) << t.name;
+    EXPECT_GT(t.stats.amax, 0.0) << t.name;
+  }
+  EXPECT_NE(std::find(names.begin(), names.end(), "test.linear.x"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "test.linear.w"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "test.linear.dy"), names.end());
+}
+
+TEST_P(LinearFp8, WeightCacheProducerAmaxAndDeterminism) {
+  std::mt19937_64 rng(seed() ^ 7 ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe r = recipe(GetParam());
+  const LinearPlan plan = plan_linear(r, 0, 2, LinearKind::Qkv);
+  PrecisionState state(r);
+  Linear lin(state, "cache", LinearKind::Qkv, 0, N, K, plan, M);
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), w2(upload(random_values(p.w.size(), rng, 0.02f)));
+  Dev<bf16> out((size_t)M * N);
+  auto run = [&](const bf16* weights, bool producer_amax) {
+    out.poison();
+    state.begin_forward(0);
+    Linear::ForwardOptions opt;
+    if (producer_amax && lin.x_amax_slot() != nullptr) {
+      amax_bf16(lin.x_amax_slot(), x->ptr, p.x.size(), 0);  // what a producer kernel reports
+      opt.x_amax_ready = true;
+    }
+    lin.forward(out.ptr, x->ptr, weights, nullptr, M, true, 0, opt);
+    return download(out.ptr, out.n);
+  };
+  const std::vector<float> a = run(w->ptr, false);
+  const std::vector<float> b = run(w->ptr, true);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "producer amax changes the result";
+  // Same forward again: bit-identical (deterministic).
+  const std::vector<float> c = run(w->ptr, false);
+  EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float))) << "not deterministic";
+  // New weights without weights_changed(): the cached FP8 weight is used (same result) ...
+  const std::vector<float> d = run(w2->ptr, false);
+  EXPECT_EQ(0, std::memcmp(a.data(), d.data(), a.size() * sizeof(float))) << "weight cache not used";
+  // ... and after weights_changed() the new weights are quantised.
+  lin.weights_changed();
+  const std::vector<float> e = run(w2->ptr, false);
+  EXPECT_NE(0, std::memcmp(a.data(), e.data(), a.size() * sizeof(float))) << "weights not re-quantised";
+}
+
+// precision.cache_weight_transpose = false (the transposed weight codes made in every backward) gives the same bits
+// as the cached transpose: forward, dgrad and wgrad over two optimizer steps with a weight update between them.
+TEST_P(LinearFp8, UncachedWeightTransposeIsBitIdentical) {
+  std::mt19937_64 rng(seed() ^ 13 ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe cached = recipe(GetParam());
+  PrecisionRecipe uncached = cached;
+  uncached.cache_weight_transpose = false;
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), dy(upload(p.dy)),
+      w2(upload(random_values(p.w.size(), rng, 0.02f)));
+  struct Result {
+    std::vector<float> out, dx, dw;
+  };
+  auto train = [&](const PrecisionRecipe& r) {
+    PrecisionState state(r);
+    Linear lin(state, "t", LinearKind::MlpUp, 0, N, K, plan_linear(r, 0, 2, LinearKind::MlpUp), M);
+    EXPECT_EQ(lin.plan().cache_weight_transpose, r.cache_weight_transpose);
+    Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
+    Dev<float> dw((size_t)N * K);
+    CUDA_CHECK(cudaMemset(dw.ptr, 0, dw.n * sizeof(float)));
+    Result res;
+    for (const bf16* weights : {w->ptr, w2->ptr}) {
+      out.poison();
+      dx.poison();
+      state.begin_forward(0);
+      lin.forward(out.ptr, x->ptr, weights, nullptr, M, true, 0);
+      state.begin_backward(0);
+      lin.backward(dx.ptr, dw.ptr, dy->ptr, x->ptr, weights, M, 0);
+      state.end_step(0);
+      lin.weights_changed();
+      for (float v : download(out.ptr, out.n)) res.out.push_back(v);
+      for (float v : download(dx.ptr, dx.n)) res.dx.push_back(v);
+    }
+    res.dw = download(dw.ptr, dw.n);
+    return res;
+  };
+  const Result a = train(cached), b = train(uncached);
+  ASSERT_EQ(a.out.size(), b.out.size());
+  EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float))) << "fprop differs";
+  EXPECT_EQ(0, std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * sizeof(float))) << "dgrad differs";
+  EXPECT_EQ(0, std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * sizeof(float))) << "wgrad differs";
+  for (float v : a.dx) ASSERT_TRUE(std::isfinite(v)) << "dgrad not written";
+}
+
+// GELU_AUX forward (epilogue or separate kernel) and the DGELU backward.
+TEST_P(LinearFp8, GeluForwardAndBackward) {
+  std::mt19937_64 rng(seed() ^ 11 ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe r = recipe(GetParam());
+  PrecisionState state(r);
+  Linear up(state, "up", LinearKind::MlpUp, 0, N, K, plan_linear(r, 0, 2, LinearKind::MlpUp), M);
+  Linear down(state, "down", LinearKind::MlpDown, 0, K, N, plan_linear(r, 0, 2, LinearKind::MlpDown), M);
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), bias(upload(p.bias)),
+      w_down(upload(random_values(p.w.size(), rng, 0.02f))), dy(upload(random_values((size_t)M * K, rng, 1e-4f)));
+  Dev<bf16> h((size_t)M * N), pre((size_t)M * N), y((size_t)M * K), dpre((size_t)M * N);
+  Dev<float> dw_down((size_t)K * N);
+  CUDA_CHECK(cudaMemset(dw_down.ptr, 0, dw_down.n * sizeof(float)));
+  h.poison();
+  pre.poison();
+  state.begin_forward(0);
+  Linear::ForwardOptions opt;
+  opt.pre_gelu = pre.ptr;
+  up.forward(h.ptr, x->ptr, w->ptr, bias->ptr, M, true, 0, opt);
+  down.forward(y.ptr, h.ptr, w_down->ptr, nullptr, M, true, 0);
+  const std::vector<float> pre_h = download(pre.ptr, pre.n), h_h = download(h.ptr, h.n);
+  // The GELU_AUX epilogue applies GELU to the FP32 accumulator, pre_gelu is that value rounded to bf16: allow one
+  // bf16 rounding of the output plus gelu' times one bf16 rounding of the input. The epilogue forms 1 + tanh(u) in
+  // FP32, which cannot resolve values below a few ulps of 1: for pre_gelu under about -4.8 it returns 0 where gelu is
+  // still -5e-7 (seen on an H100). Allow 16 ulps of 1 times |pre_gelu| / 2, i.e. |pre_gelu| * 2^-21, on top.
+  std::vector<float> gelu_ref(pre_h.size()), gelu_slope(pre_h.size(), 1.0f);
+  gelu_forward_cpu(gelu_ref.data(), pre_h.data(), pre_h.size());
+  gelu_backward_inplace_cpu(gelu_slope.data(), pre_h.data(), pre_h.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < h_h.size(); i++) {
+    const double tol = std::ldexp(1.0, -8) * std::fabs(gelu_ref[i]) +
+                       std::ldexp(1.0, -8) * std::fabs(gelu_slope[i] * pre_h[i]) +
+                       std::ldexp(std::fabs(pre_h[i]), -21) + 1e-7;
+    if (!(std::fabs(h_h[i] - gelu_ref[i]) <= tol)) {
+      if (bad < 5) ADD_FAILURE() << "gelu[" << i << "] " << h_h[i] << " vs gelu(" << pre_h[i] << ") = " << gelu_ref[i];
+      bad++;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "GELU output is not gelu(pre_gelu)";
+  // DGELU: dpre = (dy · W_down) * gelu'(pre), against the same without the GELU option followed by the host gelu'.
+  state.begin_backward(0);
+  Linear::BackwardOptions bopt;
+  bopt.x_pre_gelu = pre.ptr;
+  down.backward(dpre.ptr, dw_down.ptr, dy->ptr, nullptr, w_down->ptr, M, 0, bopt);
+  const std::vector<float> dpre_h = download(dpre.ptr, dpre.n);
+  Dev<bf16> dh((size_t)M * N);
+  state.begin_backward(0);
+  down.backward(dh.ptr, dw_down.ptr, dy->ptr, nullptr, w_down->ptr, M, 0);
+  std::vector<float> expect = download(dh.ptr, dh.n);
+  gelu_backward_inplace_cpu(expect.data(), pre_h.data(), expect.size());
+  bad = 0;
+  for (size_t i = 0; i < expect.size(); i++)
+    if (!(std::fabs(dpre_h[i] - expect[i]) <= std::ldexp(1.0, -7) * std::fabs(expect[i]) + 1e-9)) bad++;
+  EXPECT_EQ(bad, 0u) << "DGELU backward differs from dgrad followed by gelu'";
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, LinearFp8, ::testing::Values("fp8_tensorwise", "fp8_delayed", "fp8_blockwise"));
+
+// Delayed scaling: the first step scales from the current amax; end_step records the step's amaxes and the next
+// scales come from the max over the history.
+TEST(LinearDelayed, ScalesFollowTheHistory) {
+  std::mt19937_64 rng(seed() ^ 99);
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  PrecisionRecipe r = recipe("fp8_delayed");
+  r.amax_history_len = 4;
+  PrecisionState state(r);
+  Linear lin(state, "d", LinearKind::Qkv, 0, N, K, plan_linear(r, 0, 1, LinearKind::Qkv), M);
+  std::vector<float> x2 = p.x;
+  for (float& v : x2) v *= 4.0f;  // a larger step-2 input (exact in bf16)
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), xb(upload(x2)), w(upload(p.w)), dy(upload(p.dy));
+  Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
+  Dev<float> dw((size_t)N * K);
+  auto step = [&](const bf16* input) {
+    state.begin_forward(0);
+    lin.forward(out.ptr, input, w->ptr, nullptr, M, true, 0);
+    state.begin_backward(0);
+    lin.backward(dx.ptr, dw.ptr, dy->ptr, nullptr, w->ptr, M, 0);
+    state.end_step(0);
+    std::vector<float> scales, history;
+    state.download(&scales, &history);
+    return scales;  // [scale (3) | scale_inv (3)]: slots x, w, dy
+  };
+  const float amax1 = amax_bf16_cpu(p.x.data(), p.x.size()), amax2 = 4.0f * amax1;
+  std::vector<float> s1 = step(x->ptr);
+  EXPECT_EQ(s1[0], fp8_scale_from_amax_cpu(amax1, 1.0f, Fp8Format::E4M3, 0, false)) << "x scale after step 1";
+  EXPECT_EQ(s1[2], fp8_scale_from_amax_cpu(amax_bf16_cpu(p.dy.data(), p.dy.size()), 1.0f, Fp8Format::E5M2, 0, false))
+      << "dy scale after step 1";
+  std::vector<float> s2 = step(xb->ptr);
+  EXPECT_EQ(s2[0], fp8_scale_from_amax_cpu(amax2, 1.0f, Fp8Format::E4M3, 0, false)) << "x scale after step 2";
+  std::vector<float> s3 = step(x->ptr);  // smaller again: the history's max (step 2) still rules
+  EXPECT_EQ(s3[0], s2[0]) << "x scale after step 3 must come from the history max";
+  EXPECT_EQ(s1[3], 1.0f / s1[0]) << "scale_inv";
+  // Checkpoint round trip of the scaling state.
+  std::vector<float> scales, history;
+  state.download(&scales, &history);
+  PrecisionState restored(r);
+  Linear lin2(restored, "d", LinearKind::Qkv, 0, N, K, plan_linear(r, 0, 1, LinearKind::Qkv), M);
+  restored.upload(state.describe(), scales, history);
+  std::vector<float> scales2, history2;
+  restored.download(&scales2, &history2);
+  EXPECT_EQ(scales, scales2);
+  EXPECT_EQ(history, history2);
+  EXPECT_EQ(restored.describe(), state.describe());
+}
+
+// The BF16 plan is the cuBLASLt BF16 path, bit for bit.
+TEST(LinearBf16, IsTheBf16Gemm) {
+  std::mt19937_64 rng(seed() ^ 5);
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  PrecisionState state{PrecisionRecipe()};
+  Linear lin(state, "b", LinearKind::Qkv, 0, N, K, LinearPlan(), M);
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), bias(upload(p.bias));
+  Dev<bf16> a((size_t)M * N), b((size_t)M * N);
+  lin.forward(a.ptr, x->ptr, w->ptr, bias->ptr, M, true, 0);
+  matmul_forward(b.ptr, x->ptr, w->ptr, bias->ptr, M, N, K, 0);
+  const std::vector<float> ah = download(a.ptr, a.n), bh = download(b.ptr, b.n);
+  EXPECT_EQ(0, std::memcmp(ah.data(), bh.data(), ah.size() * sizeof(float)));
+  EXPECT_EQ(lin.x_amax_slot(), nullptr);
+  EXPECT_FALSE(lin.saves_fp8_input());
+}
+
+}  // namespace

@@ -1,0 +1,609 @@
+// test/run/test_config: the run config: parsing, defaults, presets, --set overrides (with type conversion), the
+// resolved-config round trip, every validation error (message names the key, unknown keys get a suggestion), the
+// shipped configs/*.json and the key reference in configs/README.md.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <iterator>
+#include <fstream>
+#include <sstream>
+
+#include "llmc/core/common.h"
+#include "llmc/run/config.h"
+
+using llmc::RunConfig;
+using nlohmann::json;
+
+namespace {
+
+const std::string kSourceDir = LLM8_SOURCE_DIR;
+
+// A small valid config: the tiny preset with a short context so batch arithmetic is easy to follow.
+json base_config() {
+  return json::parse(R"({
+    "model": {"preset": "gpt2-tiny"},
+    "data": {"train": "data/x/x_train_*.bin", "val": "data/x/x_val_*.bin"},
+    "train": {"micro_batch": 2, "seq_len": 64, "steps": 10, "warmup_steps": 1}
+  })");
+}
+
+// The message of the llmc::Error that loading throws, or "" when it loads.
+std::string load_error(const json& j, const std::vector<std::string>& overrides = {}, int world_size = 1) {
+  try {
+    llmc::load_config_json(j, overrides, world_size);
+  } catch (const llmc::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// base_config() with one key replaced.
+json with(const std::string& section, const std::string& key, const json& value) {
+  json j = base_config();
+  j[section][key] = value;
+  return j;
+}
+
+void expect_error(const std::string& message, const std::vector<std::string>& parts) {
+  ASSERT_FALSE(message.empty()) << "expected an error containing '" << parts.front() << "'";
+  for (const std::string& p : parts) EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Parsing and defaults
+
+TEST(Config, DefaultsComeFromTheStructs) {
+  json j = {{"data", {{"train", "a_*.bin"}}}, {"train", {{"seq_len", 256}}}};
+  RunConfig cfg = llmc::load_config_json(j, {});
+  RunConfig defaults;
+  EXPECT_EQ(cfg.model_preset, "");
+  EXPECT_EQ(cfg.model.n_layer, 12);  // without a preset: gpt2-124m's shape
+  EXPECT_EQ(cfg.model.n_embd, 768);
+  EXPECT_EQ(cfg.model.n_kv_head, 12);
+  EXPECT_EQ(cfg.model.ffn_hidden, 3072);
+  EXPECT_EQ(cfg.model.padded_vocab_size, 50304);
+  EXPECT_EQ(cfg.train.micro_batch, defaults.train.micro_batch);
+  EXPECT_EQ(cfg.train.steps, defaults.train.steps);
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 6e-4);
+  EXPECT_EQ(cfg.train.schedule, "cosine");
+  EXPECT_DOUBLE_EQ(cfg.optimizer.beta2, 0.95);
+  EXPECT_EQ(cfg.checkpoint.resume, "auto");
+  EXPECT_EQ(cfg.precision.recipe, "bf16");
+  EXPECT_EQ(cfg.data.seed, 1337);
+  EXPECT_TRUE(cfg.data.shuffle);
+  EXPECT_EQ(cfg.sample.tokens, 64);
+  EXPECT_EQ(cfg.log.every, 1);
+  EXPECT_EQ(cfg.train.global_batch_tokens, 4 * 256);  // 0 resolves to micro_batch * seq_len * world
+  EXPECT_EQ(cfg.grad_accum_steps, 1);
+}
+
+TEST(Config, KeyDocsDefaultsMatchStructs) {
+  std::vector<llmc::ConfigKeyDoc> docs = llmc::config_key_docs();
+  auto doc = [&](const std::string& key) {
+    for (const auto& d : docs)
+      if (d.key == key) return d;
+    ADD_FAILURE() << "no doc for " << key;
+    return llmc::ConfigKeyDoc{};
+  };
+  EXPECT_EQ(docs.size(), 73u);  // 13 model keys + 17 precision keys + the 43 fields of the other sections
+  EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
+  EXPECT_EQ(doc("precision.bf16_layers").default_value, "[]");
+  EXPECT_EQ(doc("precision.dy_format").default_value, "\"e5m2\"");
+  EXPECT_EQ(doc("precision.x_granularity").default_value, "\"tensor\"");
+  EXPECT_EQ(doc("train.lr").default_value, json(6e-4).dump());
+  EXPECT_EQ(doc("train.lr").type, "float");
+  EXPECT_EQ(doc("train.steps").default_value, "100");
+  EXPECT_EQ(doc("train.steps").type, "int");
+  EXPECT_EQ(doc("data.shuffle").default_value, "true");
+  EXPECT_EQ(doc("train.schedule").default_value, "\"cosine\"");
+  EXPECT_EQ(doc("model.padded_vocab_multiple").default_value, "128");
+  EXPECT_EQ(doc("model.norm_eps").default_value, "1e-05");
+  for (const auto& d : docs) EXPECT_FALSE(d.help.empty()) << d.key;
+}
+
+TEST(Config, ReadsEveryValueType) {
+  json j = base_config();
+  j["train"]["lr"] = 3e-4;
+  j["train"]["global_batch_tokens"] = 1024;
+  j["train"]["deterministic"] = false;
+  j["checkpoint"]["dir"] = "runs/x";
+  j["train"]["steps"] = 1e3;  // an integral number written as a float is accepted for an int key
+  RunConfig cfg = llmc::load_config_json(j, {});
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 3e-4);
+  EXPECT_EQ(cfg.train.global_batch_tokens, 1024);
+  EXPECT_EQ(cfg.grad_accum_steps, 1024 / (2 * 64));
+  EXPECT_FALSE(cfg.train.deterministic);
+  EXPECT_EQ(cfg.checkpoint.dir, "runs/x");
+  EXPECT_EQ(cfg.train.steps, 1000);
+}
+
+TEST(Config, GradAccumDependsOnWorldSize) {
+  json j = with("train", "global_batch_tokens", 2 * 64 * 4 * 3);
+  EXPECT_EQ(llmc::load_config_json(j, {}, 1).grad_accum_steps, 12);
+  EXPECT_EQ(llmc::load_config_json(j, {}, 4).grad_accum_steps, 3);
+  EXPECT_EQ(llmc::load_config_json(base_config(), {}, 4).train.global_batch_tokens, 2 * 64 * 4);
+}
+
+TEST(Config, LoadsFromFileWithComments) {
+  std::string path = testing::TempDir() + "llm8_config_comments.json";
+  std::ofstream(path) << "{ // a comment\n \"model\": {\"preset\": \"gpt2-tiny\"},\n"
+                         " \"data\": {\"train\": \"a_*.bin\"}, \"train\": {\"seq_len\": 128}}\n";
+  RunConfig cfg = llmc::load_config(path, {});
+  EXPECT_EQ(cfg.model.n_layer, 2);
+  EXPECT_EQ(cfg.train.seq_len, 128);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Presets
+
+TEST(Config, EveryModelPresetLoads) {
+  struct Expected {
+    const char* name;
+    int layers, embd, heads, kv_heads, ffn, context;
+    bool tied;
+    float theta;
+  };
+  const Expected presets[] = {
+      {"gpt2-tiny", 2, 128, 2, 2, 512, 256, true, 10000.0f},
+      {"gpt2-mini", 6, 384, 6, 6, 1536, 512, true, 10000.0f},
+      {"gpt2-124m", 12, 768, 12, 12, 3072, 1024, true, 10000.0f},
+      {"gpt2-350m", 24, 1024, 16, 16, 4096, 1024, true, 10000.0f},
+      {"gpt2-774m", 36, 1280, 20, 20, 5120, 1024, true, 10000.0f},
+      {"gpt2-1558m", 48, 1600, 25, 25, 6400, 1024, true, 10000.0f},
+      {"llama-tiny", 2, 128, 2, 1, 512, 256, false, 10000.0f},
+      {"llama-125m", 12, 768, 12, 4, 2048, 2048, true, 500000.0f},
+      {"llama-350m", 24, 1024, 16, 4, 2816, 2048, true, 500000.0f},
+      {"llama-1b", 16, 2048, 32, 8, 8192, 2048, true, 500000.0f},
+      {"llama-3b", 28, 3072, 24, 8, 8192, 2048, true, 500000.0f}};
+  EXPECT_EQ(llmc::model_preset_names().size(), std::size(presets));
+  for (const Expected& p : presets) {
+    json j = with("model", "preset", p.name);
+    j["train"]["seq_len"] = 64;
+    RunConfig cfg = llmc::load_config_json(j, {});
+    EXPECT_EQ(cfg.model_preset, p.name);
+    EXPECT_EQ(cfg.model.arch, std::string(p.name).substr(0, std::string(p.name).find('-'))) << p.name;
+    EXPECT_EQ(cfg.model.n_layer, p.layers) << p.name;
+    EXPECT_EQ(cfg.model.n_embd, p.embd) << p.name;
+    EXPECT_EQ(cfg.model.n_head, p.heads) << p.name;
+    EXPECT_EQ(cfg.model.n_kv_head, p.kv_heads) << p.name;
+    EXPECT_EQ(cfg.model.max_seq_len, p.context) << p.name;
+    EXPECT_EQ(cfg.model.ffn_hidden, p.ffn) << p.name;
+    EXPECT_EQ(cfg.model.tied_embeddings, p.tied) << p.name;
+    EXPECT_FLOAT_EQ(cfg.model.rope_theta, p.theta) << p.name;
+    EXPECT_EQ(cfg.model.vocab_size, 50257) << p.name;
+    EXPECT_EQ(cfg.model.padded_vocab_size, 50304) << p.name;
+  }
+}
+
+// Keys that follow others (n_kv_head follows n_head, ffn_hidden follows n_embd and the arch) keep a preset's value
+// unless the key they follow is given; without a preset they are always derived.
+TEST(Config, LlamaDerivedKeys) {
+  json j = with("model", "preset", "llama-1b");
+  RunConfig cfg = llmc::load_config_json(j, {});
+  EXPECT_EQ(cfg.model.n_kv_head, 8);
+  EXPECT_EQ(cfg.model.ffn_hidden, 8192);
+  cfg = llmc::load_config_json(j, {"model.n_layer=4"});  // unrelated key: the preset's sizes stay
+  EXPECT_EQ(cfg.model.n_kv_head, 8);
+  EXPECT_EQ(cfg.model.ffn_hidden, 8192);
+  cfg = llmc::load_config_json(j, {"model.n_head=16"});  // head size 128, n_kv_head follows n_head
+  EXPECT_EQ(cfg.model.n_kv_head, 16);
+  cfg = llmc::load_config_json(j, {"model.n_head=16", "model.n_kv_head=4"});
+  EXPECT_EQ(cfg.model.n_kv_head, 4);
+  cfg = llmc::load_config_json(j, {"model.n_embd=1024", "model.n_head=16"});  // the 8C/3 rule, rounded up to 256
+  EXPECT_EQ(cfg.model.ffn_hidden, 2816);
+  // No preset: gpt2-124m's shape with the llama rules.
+  json k = base_config();
+  k["model"] = {{"arch", "llama"}};
+  k["train"]["seq_len"] = 64;
+  cfg = llmc::load_config_json(k, {});
+  EXPECT_EQ(cfg.model.arch, "llama");
+  EXPECT_EQ(cfg.model.n_kv_head, 12);
+  EXPECT_EQ(cfg.model.ffn_hidden, 2048);
+  EXPECT_TRUE(cfg.model.tied_embeddings);
+  EXPECT_FLOAT_EQ(cfg.model.rope_theta, 10000.0f);
+  // Llama 3's own vocabulary: already a multiple of 128.
+  cfg = llmc::load_config_json(j, {"model.vocab_size=128256"});
+  EXPECT_EQ(cfg.model.padded_vocab_size, 128256);
+  cfg = llmc::load_config_json(j, {"model.tied_embeddings=false", "model.rope_theta=10000"});
+  EXPECT_FALSE(cfg.model.tied_embeddings);
+  EXPECT_FLOAT_EQ(cfg.model.rope_theta, 10000.0f);
+}
+
+TEST(Config, ExplicitModelKeysOverrideThePreset) {
+  json j = with("model", "preset", "gpt2-124m");
+  j["model"]["n_layer"] = 4;
+  j["model"]["n_embd"] = 1024;
+  j["model"]["n_head"] = 16;
+  RunConfig cfg = llmc::load_config_json(j, {});
+  EXPECT_EQ(cfg.model_preset, "gpt2-124m");
+  EXPECT_EQ(cfg.model.n_layer, 4);
+  EXPECT_EQ(cfg.model.n_embd, 1024);
+  EXPECT_EQ(cfg.model.n_kv_head, 16);      // follows n_head unless given
+  EXPECT_EQ(cfg.model.ffn_hidden, 4096);   // follows n_embd unless given
+  EXPECT_EQ(cfg.model.max_seq_len, 1024);  // from the preset
+  j["model"]["ffn_hidden"] = 2048;
+  EXPECT_EQ(llmc::load_config_json(j, {}).model.ffn_hidden, 2048);
+}
+
+TEST(Config, PaddedVocabRoundsUp) {
+  json j = with("model", "vocab_size", 1000);
+  EXPECT_EQ(llmc::load_config_json(j, {}).model.padded_vocab_size, 1024);
+  j["model"]["padded_vocab_multiple"] = 1;
+  EXPECT_EQ(llmc::load_config_json(j, {}).model.padded_vocab_size, 1000);
+  j["model"]["padded_vocab_multiple"] = 64;
+  j["model"]["vocab_size"] = 1025;
+  EXPECT_EQ(llmc::load_config_json(j, {}).model.padded_vocab_size, 1088);
+}
+
+TEST(Config, RecipeNames) {
+  EXPECT_EQ(llmc::recipe_names(),
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"}));
+  EXPECT_EQ(llmc::load_config_json(with("precision", "recipe", "bf16"), {}).precision.recipe, "bf16");
+}
+
+// The recipe preset fills the precision section; explicit keys (file or --set) override single fields.
+TEST(Config, RecipePresetAndOverrides) {
+  llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "fp8_blockwise"), {});
+  EXPECT_TRUE(c.precision.fp8);
+  EXPECT_EQ(c.precision.x.granularity, llmc::ScaleGranularity::Block1x128);
+  EXPECT_EQ(c.precision.w.granularity, llmc::ScaleGranularity::Block128x128);
+  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E5M2);
+  EXPECT_TRUE(c.precision.pow2_scales);
+  EXPECT_FALSE(c.precision.fast_accum);
+
+  json j = with("precision", "recipe", "fp8_delayed");
+  j["precision"]["amax_history_len"] = 16;
+  j["precision"]["bf16_layers"] = json::array({0, -1});
+  c = llmc::load_config_json(j, {"precision.margin=1", "precision.dy_format=e4m3"});
+  EXPECT_EQ(c.precision.scaling, llmc::ScalingMode::Delayed);
+  EXPECT_EQ(c.precision.amax_history_len, 16);
+  EXPECT_EQ(c.precision.margin, 1);
+  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E4M3);
+  EXPECT_EQ(c.precision.bf16_layers, (std::vector<int>{0, -1}));
+
+  // The resolved config reloads to the same precision section (presets expanded, every field explicit).
+  const json dumped = llmc::config_to_json(c);
+  EXPECT_EQ(dumped["precision"]["recipe"], "fp8_delayed");
+  EXPECT_EQ(dumped["precision"]["dy_format"], "e4m3");
+  EXPECT_EQ(dumped["precision"]["bf16_layers"], json::array({0, -1}));
+  json reload = dumped;
+  reload["data"]["train"] = "x";
+  EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(reload, {}))["precision"], dumped["precision"]);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Overrides
+
+TEST(Config, OverridesConvertTypes) {
+  RunConfig cfg = llmc::load_config_json(
+      base_config(), {"train.lr=3e-4", "train.steps=50", "data.shuffle=false", "data.train=other/*_train_*.bin",
+                      "checkpoint.dir=\"runs/quoted\"", "sample.temperature=1", "train.global_batch_tokens=2048",
+                      "model.norm_eps=1e-6", "log.jsonl=123"});
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 3e-4);
+  EXPECT_EQ(cfg.train.steps, 50);
+  EXPECT_FALSE(cfg.data.shuffle);
+  EXPECT_EQ(cfg.data.train, "other/*_train_*.bin");
+  EXPECT_EQ(cfg.checkpoint.dir, "runs/quoted");
+  EXPECT_DOUBLE_EQ(cfg.sample.temperature, 1.0);
+  EXPECT_EQ(cfg.train.global_batch_tokens, 2048);
+  EXPECT_FLOAT_EQ(cfg.model.norm_eps, 1e-6f);
+  EXPECT_EQ(cfg.log.jsonl, "123");  // string keys take the text as is
+}
+
+TEST(Config, OverridesWinOverTheFileAndApplyInOrder) {
+  json j = with("train", "lr", 1e-3);
+  RunConfig cfg = llmc::load_config_json(j, {"train.lr=2e-3", "train.lr=5e-4", "eval.batches=7"});
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 5e-4);
+  EXPECT_EQ(cfg.eval.batches, 7);  // a section absent from the file is created
+}
+
+TEST(Config, OverrideCanChangeThePreset) {
+  RunConfig cfg = llmc::load_config_json(base_config(), {"model.preset=gpt2-mini"});
+  EXPECT_EQ(cfg.model.n_layer, 6);
+  EXPECT_EQ(cfg.model.n_embd, 384);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Round trip
+
+TEST(Config, ToJsonRoundTrips) {
+  RunConfig cfg = llmc::load_config_json(
+      base_config(), {"train.lr=1.5e-4", "model.n_layer=3", "model.vocab_size=1000", "model.padded_vocab_multiple=64",
+                      "train.schedule=wsd", "data.shuffle=false", "model.norm_eps=1e-6",
+                      "checkpoint.resume=none", "train.global_batch_tokens=512"});
+  json j = llmc::config_to_json(cfg);
+  for (const auto& doc : llmc::config_key_docs()) {
+    size_t dot = doc.key.find('.');
+    EXPECT_TRUE(j[doc.key.substr(0, dot)].contains(doc.key.substr(dot + 1))) << doc.key;
+  }
+  RunConfig again = llmc::load_config_json(j, {});
+  EXPECT_EQ(llmc::config_to_json(again), j);
+  EXPECT_EQ(again.model.n_layer, 3);
+  EXPECT_EQ(again.model.padded_vocab_size, 1024);
+  EXPECT_FLOAT_EQ(again.model.norm_eps, 1e-6f);
+  EXPECT_EQ(again.grad_accum_steps, cfg.grad_accum_steps);
+  EXPECT_EQ(j["model"]["norm_eps"].dump(), "1e-06");  // floats print short
+}
+
+TEST(Config, ShippedConfigsRoundTrip) {
+  for (const auto& entry : std::filesystem::directory_iterator(kSourceDir + "/configs")) {
+    if (entry.path().extension() != ".json") continue;
+    RunConfig cfg = llmc::load_config(entry.path().string(), {});
+    json j = llmc::config_to_json(cfg);
+    EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(j, {})), j) << entry.path();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Every validation error names the key.
+
+TEST(ConfigErrors, UnknownSectionSuggestsNearest) {
+  json j = base_config();
+  j["trian"] = {{"lr", 1e-3}};
+  expect_error(load_error(j), {"unknown section 'trian'", "did you mean 'train'"});
+  json k = base_config();
+  k["lr"] = 1e-3;  // a key at the top level
+  expect_error(load_error(k), {"unknown section 'lr'", "train.lr"});
+  json l = base_config();
+  l["zzzzzzzz"] = json::object();
+  expect_error(load_error(l), {"unknown section 'zzzzzzzz'", "sections: model, data, train"});
+}
+
+TEST(ConfigErrors, UnknownKeySuggestsNearest) {
+  expect_error(load_error(with("train", "lrr", 1e-3)), {"unknown key 'train.lrr'", "did you mean 'train.lr'?"});
+  expect_error(load_error(with("train", "beta1", 0.9)), {"unknown key 'train.beta1'", "did you mean 'optimizer.beta1'?"});
+  expect_error(load_error(with("model", "n_layers", 2)), {"'model.n_layers'", "did you mean 'model.n_layer'?"});
+  expect_error(load_error(with("optimizer", "wd", 0.1)), {"'optimizer.wd'", "valid keys in 'optimizer'", "weight_decay"});
+  expect_error(load_error(base_config(), {"optimizer.lr=1"}), {"--set 'optimizer.lr=1'", "did you mean 'train.lr'?"});
+}
+
+TEST(ConfigErrors, WrongTypeSaysExpectedAndGot) {
+  expect_error(load_error(with("train", "lr", "abc")), {"train.lr", "expected a number", "got string \"abc\""});
+  expect_error(load_error(with("train", "steps", 1.5)), {"train.steps", "expected an integer", "got number 1.5"});
+  expect_error(load_error(with("train", "micro_batch", "8")), {"train.micro_batch", "expected an integer", "string"});
+  expect_error(load_error(with("data", "shuffle", 1)), {"data.shuffle", "expected a boolean", "got number"});
+  expect_error(load_error(with("data", "train", 5)), {"data.train", "expected a string", "got number"});
+  expect_error(load_error(with("model", "preset", nullptr)), {"model.preset", "expected a string", "got null"});
+  expect_error(load_error(with("train", "steps", 1e12)), {"train.steps", "out of range"});
+  expect_error(load_error(base_config(), {"train.steps=ten"}), {"--set 'train.steps=ten'", "train.steps",
+                                                                "expected an integer", "got string"});
+  json j = base_config();
+  j["train"] = 5;
+  expect_error(load_error(j), {"section 'train' must be a JSON object", "got number"});
+  expect_error(load_error(json::array()), {"top level must be a JSON object"});
+  expect_error(load_error(j, {"train.lr=1e-3"}), {"--set 'train.lr=1e-3'", "section 'train'", "JSON object"});
+}
+
+TEST(ConfigErrors, OutOfRange) {
+  struct Case {
+    const char* section;
+    const char* key;
+    json value;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"train", "micro_batch", 0, "train.micro_batch must be >= 1 (got 0)"},
+      {"train", "seq_len", -4, "train.seq_len must be >= 1"},
+      {"train", "steps", 0, "train.steps must be >= 1"},
+      {"train", "lr", 0.0, "train.lr must be > 0"},
+      {"train", "lr", -1e-3, "train.lr must be > 0"},
+      {"train", "warmup_steps", -1, "train.warmup_steps must be >= 0"},
+      {"train", "global_batch_tokens", -1024, "train.global_batch_tokens must be >= 0"},
+      {"train", "final_lr_frac", 1.5, "train.final_lr_frac must be in [0, 1]"},
+      {"train", "wsd_decay_frac", -0.1, "train.wsd_decay_frac must be in [0, 1]"},
+      {"train", "grad_clip", -1.0, "train.grad_clip must be >= 0"},
+      {"train", "recompute", 2, "train.recompute must be in [0, 1]"},
+      {"train", "schedule", "cosin", "train.schedule must be one of cosine, linear, constant, wsd (got 'cosin')"},
+      {"optimizer", "beta1", 1.0, "optimizer.beta1 must be in (0, 1)"},
+      {"optimizer", "beta1", 0.0, "optimizer.beta1 must be in (0, 1)"},
+      {"optimizer", "beta2", 1.5, "optimizer.beta2 must be in (0, 1)"},
+      {"optimizer", "eps", 0.0, "optimizer.eps must be > 0"},
+      {"optimizer", "weight_decay", -0.1, "optimizer.weight_decay must be >= 0"},
+      {"optimizer", "type", "sgd", "optimizer.type must be one of adamw"},
+      {"sample", "temperature", 0.0, "sample.temperature must be > 0"},
+      {"sample", "top_k", -1, "sample.top_k must be >= 0"},
+      {"sample", "tokens", -1, "sample.tokens must be >= 0"},
+      {"eval", "batches", 0, "eval.batches must be >= 1"},
+      {"eval", "every", -1, "eval.every must be >= 0"},
+      {"log", "every", 0, "log.every must be >= 1"},
+      {"parallel", "init", "slurm", "parallel.init must be one of auto, mpi, tcp, fs, none"},
+      {"parallel", "zero_stage", 2, "parallel.zero_stage must be in [0, 1]"},
+      {"parallel", "timeout_s", 0, "parallel.timeout_s must be >= 1"},
+      {"checkpoint", "every", -5, "checkpoint.every must be >= 0"},
+      {"checkpoint", "keep", -1, "checkpoint.keep must be >= 0"},
+      {"model", "n_layer", 0, "model.n_layer must be >= 1"},
+      {"model", "vocab_size", 0, "model.vocab_size must be >= 1"},
+      {"model", "padded_vocab_multiple", 0, "model.padded_vocab_multiple must be >= 1"},
+      {"model", "norm_eps", 0.0, "model.norm_eps must be > 0"},
+      {"model", "n_kv_head", 0, "model.n_kv_head must be >= 1"},
+      {"model", "rope_theta", 0.0, "model.rope_theta must be > 0"},
+      {"model", "rope_theta", -1.0, "model.rope_theta must be > 0"},
+      {"data", "seed", -1, "data.seed must be >= 0"},
+  };
+  for (const Case& c : cases) expect_error(load_error(with(c.section, c.key, c.value)), {c.expect});
+}
+
+TEST(ConfigErrors, PrecisionCombinations) {
+  auto recipe = [](const char* name) { return with("precision", "recipe", name); };
+  json j = recipe("fp8_blockwise");
+  j["precision"]["fast_accum"] = true;
+  expect_error(load_error(j), {"precision.fast_accum", "block scales", "split"});
+  j = recipe("fp8_blockwise");
+  j["precision"]["scaling"] = "delayed";
+  expect_error(load_error(j), {"precision.scaling", "delayed", "block"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["w_granularity"] = "128x128";
+  expect_error(load_error(j), {"cannot mix per-tensor and block scales"});
+  j = recipe("fp8_blockwise");
+  j["precision"]["x_granularity"] = "128x128";
+  expect_error(load_error(j), {"x and w are both 128x128"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["bf16_layers"] = json::array({0, 2});
+  expect_error(load_error(j), {"precision.bf16_layers", "layer 2 does not exist", "2 blocks"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["bf16_layers"] = json::array({0, "last"});
+  expect_error(load_error(j), {"precision.bf16_layers", "expected a list of integers"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["x_format"] = "e3m4";
+  expect_error(load_error(j), {"precision.x_format must be one of e4m3, e5m2", "e3m4"});
+  j = recipe("fp8_tensorwise");
+  j["precision"]["dy_granularity"] = "1x64";
+  expect_error(load_error(j), {"precision.dy_granularity must be one of tensor, 1x128, 128x128"});
+  // FP8 GEMMs: B*T and the widths must be multiples of 16 (128 with blocks).
+  j = recipe("fp8_blockwise");
+  j["train"] = {{"micro_batch", 1}, {"seq_len", 100}};
+  expect_error(load_error(j), {"micro_batch * train.seq_len", "multiple of 128"});
+  j = recipe("fp8_tensorwise");
+  j["model"] = {{"n_embd", 256}, {"n_head", 4}, {"ffn_hidden", 1000}};
+  expect_error(load_error(j), {"model.ffn_hidden (1000)", "multiples of 16"});
+}
+
+TEST(ConfigErrors, EnumerationsAndNames) {
+  expect_error(load_error(with("precision", "recipe", "fp8")),
+               {"precision.recipe", "unknown recipe 'fp8'", "known in this build: bf16, fp8_tensorwise"});
+  expect_error(load_error(with("model", "preset", "gpt2-xl")),
+               {"model.preset", "unknown preset 'gpt2-xl'", "gpt2-tiny", "gpt2-124m", "gpt2-1558m"});
+  expect_error(load_error(with("model", "arch", "bert")),
+               {"model.arch", "unknown architecture 'bert'", "supported: gpt2, llama"});
+  EXPECT_EQ(load_error(with("model", "arch", "llama")), "");
+  expect_error(load_error(with("checkpoint", "resume", "")), {"checkpoint.resume", "auto", "none"});
+}
+
+TEST(ConfigErrors, BatchMustDivide) {
+  json j = with("train", "global_batch_tokens", 1000);
+  expect_error(load_error(j), {"train.global_batch_tokens = 1000", "must be a multiple of micro_batch * seq_len * "
+                               "world_size = 2 * 64 * 1 = 128"});
+  json k = with("train", "global_batch_tokens", 2 * 64 * 4);  // divides for 1, 2 and 4 GPUs but not for 3
+  EXPECT_EQ(load_error(k, {}, 2), "");
+  expect_error(load_error(k, {}, 3), {"train.global_batch_tokens = 512", "2 * 64 * 3 = 384"});
+}
+
+TEST(ConfigErrors, CombinationsOfKeys) {
+  expect_error(load_error(with("train", "seq_len", 512)),
+               {"train.seq_len = 512 exceeds model.max_seq_len = 256"});
+  json j = base_config();
+  j["model"]["n_embd"] = 200;
+  j["model"]["n_head"] = 3;
+  expect_error(load_error(j), {"model.n_embd = 200 is not divisible by model.n_head = 3"});
+  j["model"]["n_head"] = 5;  // head size 40
+  expect_error(load_error(j), {"model.n_embd / model.n_head", "= 40 is not a supported head size", "64 and 128"});
+  j["model"]["n_embd"] = 256;
+  j["model"]["n_head"] = 2;  // head size 128 is supported
+  EXPECT_EQ(load_error(j), "");
+  j["model"]["n_head"] = 4;
+  j["model"]["n_kv_head"] = 3;
+  expect_error(load_error(j), {"model.n_head = 4 is not divisible by model.n_kv_head = 3"});
+  j["model"]["n_kv_head"] = 2;
+  expect_error(load_error(j), {"model.n_kv_head = 2", "gpt2", "must equal model.n_head = 4"});
+  j["model"]["arch"] = "llama";  // grouped-query attention is llama's
+  EXPECT_EQ(load_error(j), "");
+  j["model"]["ffn_hidden"] = 1000;
+  EXPECT_EQ(load_error(j), "");
+  j["model"]["ffn_hidden"] = 1001;
+  expect_error(load_error(j), {"model.ffn_hidden = 1001 must be a multiple of 8 for llama"});
+  j["model"]["ffn_hidden"] = 1024;
+  j["model"]["n_kv_head"] = 3;
+  expect_error(load_error(j), {"model.n_head = 4 is not divisible by model.n_kv_head = 3"});
+  j["model"]["n_kv_head"] = 1;
+  j["model"]["n_head"] = 8;  // head size 32
+  expect_error(load_error(j), {"= 32 is not a supported head size"});
+  expect_error(load_error(with("model", "tied_embeddings", false)),
+               {"model.tied_embeddings = false", "gpt2 always ties"});
+  json w = with("train", "warmup_steps", 11);
+  expect_error(load_error(w), {"train.warmup_steps = 11 exceeds train.steps = 10"});
+  expect_error(load_error(with("data", "train", "")), {"data.train is empty"});
+  json e = with("eval", "every", 5);
+  e["data"]["val"] = "";
+  expect_error(load_error(e), {"eval.every = 5", "data.val is empty"});
+  expect_error(load_error(with("sample", "top_k", 60000)), {"sample.top_k = 60000 exceeds model.vocab_size"});
+  expect_error(load_error(with("parallel", "init", "fs")), {"parallel.init", "parallel.fs_path is empty"});
+  expect_error(load_error(base_config(), {}, 0), {"world size must be >= 1"});
+}
+
+TEST(ConfigErrors, BadSetSyntax) {
+  expect_error(load_error(base_config(), {"train.lr"}), {"--set 'train.lr'", "expected section.key=value"});
+  expect_error(load_error(base_config(), {"lr=3e-4"}), {"--set 'lr=3e-4'", "must be section.key", "train.lr"});
+  expect_error(load_error(base_config(), {".lr=3e-4"}), {"--set '.lr=3e-4'", "must be section.key"});
+  expect_error(load_error(base_config(), {"train.=3"}), {"--set 'train.=3'", "must be section.key"});
+  expect_error(load_error(base_config(), {"trainn.lr=3e-4"}), {"--set 'trainn.lr=3e-4'", "unknown section 'trainn'",
+                                                               "did you mean 'train'"});
+  expect_error(load_error(base_config(), {"train.lrr=3e-4"}), {"--set 'train.lrr=3e-4'", "did you mean 'train.lr'"});
+}
+
+TEST(ConfigErrors, FilesNameThemselves) {
+  std::string missing = testing::TempDir() + "llm8_no_such_config.json";
+  try {
+    llmc::load_config(missing, {});
+    FAIL() << "a missing file loaded";
+  } catch (const llmc::Error& e) {
+    expect_error(e.what(), {"cannot open config file", missing});
+  }
+  std::string bad = testing::TempDir() + "llm8_bad_config.json";
+  std::ofstream(bad) << "{\n  \"train\": {\"lr\": 1e-3,}\n}\n";
+  try {
+    llmc::load_config(bad, {});
+    FAIL() << "malformed JSON loaded";
+  } catch (const llmc::Error& e) {
+    expect_error(e.what(), {bad, "invalid JSON", "line 2"});
+  }
+  std::string unknown = testing::TempDir() + "llm8_unknown_key.json";
+  std::ofstream(unknown) << R"({"data": {"train": "a_*.bin"}, "train": {"lrr": 1}})";
+  try {
+    llmc::load_config(unknown, {});
+    FAIL() << "an unknown key loaded";
+  } catch (const llmc::Error& e) {
+    expect_error(e.what(), {unknown + ": unknown key 'train.lrr'", "did you mean 'train.lr'"});
+  }
+  std::string invalid = testing::TempDir() + "llm8_invalid.json";
+  std::ofstream(invalid) << R"({"data": {"train": "a_*.bin"}, "train": {"seq_len": 4096}})";
+  try {
+    llmc::load_config(invalid, {});
+    FAIL() << "an invalid config loaded";
+  } catch (const llmc::Error& e) {
+    expect_error(e.what(), {invalid + ": train.seq_len = 4096 exceeds model.max_seq_len = 1024"});
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The shipped configs and their documentation
+
+TEST(ConfigFiles, EveryShippedConfigValidates) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(kSourceDir + "/configs")) {
+    if (entry.path().extension() != ".json") continue;
+    count++;
+    EXPECT_NO_THROW(llmc::load_config(entry.path().string(), {})) << entry.path();
+  }
+  EXPECT_GE(count, 6);
+}
+
+TEST(ConfigFiles, QuickStartAndLargeConfigs) {
+  RunConfig mini = llmc::load_config(kSourceDir + "/configs/gpt2_mini_bf16.json", {});
+  EXPECT_EQ(mini.model_preset, "gpt2-mini");
+  EXPECT_EQ(mini.train.micro_batch, 16);
+  EXPECT_EQ(mini.train.seq_len, 512);
+  EXPECT_EQ(mini.train.steps, 600);
+  EXPECT_EQ(mini.checkpoint.dir, "runs/gpt2_mini_bf16");
+  RunConfig big = llmc::load_config(kSourceDir + "/configs/gpt2_124m_bf16.json", {}, 8);
+  EXPECT_EQ(big.train.global_batch_tokens, 524288);
+  EXPECT_EQ(big.grad_accum_steps, 524288 / (big.train.micro_batch * 1024 * 8));
+  EXPECT_DOUBLE_EQ(big.train.lr, 6e-4);
+}
+
+TEST(ConfigFiles, ReadmeDocumentsEveryKey) {
+  std::string readme = read_text(kSourceDir + "/configs/README.md");
+  ASSERT_FALSE(readme.empty()) << "configs/README.md is missing";
+  for (const auto& doc : llmc::config_key_docs())
+    EXPECT_NE(readme.find("`" + doc.key + "`"), std::string::npos) << doc.key << " is not in configs/README.md";
+  for (const std::string& preset : llmc::model_preset_names())
+    EXPECT_NE(readme.find(preset), std::string::npos) << preset;
+}

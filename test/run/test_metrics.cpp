@@ -1,0 +1,210 @@
+// test/run/test_metrics: GPU peak lookup, MFU, duration formatting, the console line, the throughput average and
+// ETA, and JSONL records (each line parses; append mode keeps earlier lines; non-writer ranks write nothing).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/core/common.h"
+#include "llmc/run/metrics.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));  // throws if a line is not one JSON object
+  return out;
+}
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("llm8_metrics_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST(GpuPeaks, KnownDevices) {
+  struct Case {
+    const char* name;
+    double bf16, fp8;
+  } cases[] = {
+      {"NVIDIA H100 80GB HBM3", 989, 1979}, {"NVIDIA H100 PCIe", 756, 1513},   {"NVIDIA H200", 989, 1979},
+      {"NVIDIA A100-SXM4-80GB", 312, 0},    {"NVIDIA A100-PCIE-40GB", 312, 0}, {"NVIDIA B200", 2250, 4500},
+      {"NVIDIA GH200 480GB", 989, 1979},    {"nvidia h100 80gb hbm3", 989, 1979},
+  };
+  for (const Case& c : cases) {
+    llmc::GpuPeaks p{-1, -1};
+    ASSERT_TRUE(llmc::gpu_peaks(c.name, &p)) << c.name;
+    EXPECT_EQ(p.bf16_tflops, c.bf16) << c.name;
+    EXPECT_EQ(p.fp8_tflops, c.fp8) << c.name;
+  }
+}
+
+TEST(GpuPeaks, UnknownDevices) {
+  llmc::GpuPeaks p{-1, -1};
+  EXPECT_FALSE(llmc::gpu_peaks("Tesla V100-SXM2-16GB", &p));
+  EXPECT_FALSE(llmc::gpu_peaks("", &p));
+  EXPECT_EQ(p.bf16_tflops, -1);  // untouched
+}
+
+TEST(Mfu, PercentAndUnknown) {
+  // 1e12 FLOPs/token at 494.5 tok/s on one 989-TFLOPS GPU = 50%.
+  EXPECT_NEAR(*llmc::mfu_percent(1e12, 494.5, 989, 1), 50.0, 1e-9);
+  EXPECT_NEAR(*llmc::mfu_percent(1e12, 989.0, 989, 2), 50.0, 1e-9);
+  EXPECT_FALSE(llmc::mfu_percent(1e12, 100, 0, 1));   // unknown peak
+  EXPECT_FALSE(llmc::mfu_percent(1e12, 0, 989, 1));   // no throughput yet
+  EXPECT_FALSE(llmc::mfu_percent(0, 100, 989, 1));
+  EXPECT_FALSE(llmc::mfu_percent(1e12, std::numeric_limits<double>::infinity(), 989, 1));
+}
+
+TEST(FormatDuration, Examples) {
+  EXPECT_EQ(llmc::format_duration(0), "0s");
+  EXPECT_EQ(llmc::format_duration(42.4), "42s");
+  EXPECT_EQ(llmc::format_duration(185), "3m05s");
+  EXPECT_EQ(llmc::format_duration(3720), "1h02m");
+  EXPECT_EQ(llmc::format_duration(3599.6), "1h00m");
+  EXPECT_EQ(llmc::format_duration(2 * 86400 + 3 * 3600 + 59), "2d03h");
+  EXPECT_EQ(llmc::format_duration(-1), "n/a");
+  EXPECT_EQ(llmc::format_duration(std::nan("")), "n/a");
+  EXPECT_EQ(llmc::format_duration(std::numeric_limits<double>::infinity()), "n/a");
+}
+
+TEST_F(MetricsTest, ConsoleLineThroughputEtaAndJsonl) {
+  const std::string path = (dir_ / "sub" / "metrics.jsonl").string();  // parent dirs are created
+  llmc::MetricsOptions opt;
+  opt.jsonl_path = path;
+  opt.total_steps = 10;
+  opt.flops_per_token = 1e12;
+  opt.peak_tflops = 1000;
+  opt.console = nullptr;
+  {
+    llmc::MetricsLogger log(opt);
+    // Step 1 is slow (warm-up) and is left out of the average.
+    std::string line1 = log.log_train({1, 5.0, 1e-4, 2.0, 1000.0, 100.0, 12.34});
+    EXPECT_EQ(line1,
+              "step 1/10 | loss 5.0000 | lr 1.00e-04 | norm 2.000 | 1000.0 ms | 100 tok/s | MFU 10.0% | mem 12.3 GiB | "
+              "ETA 9s");
+    // Steps 2..3 at 1000 tok/s: the bias-corrected average is exactly 1000.
+    log.log_train({2, 4.0, 2e-4, 1.0, 100.0, 100.0, -1});
+    std::string line3 = log.log_train({3, 3.5, 3e-4, 0.5, 100.0, 100.0, -1});
+    EXPECT_NEAR(log.tokens_per_second(), 1000.0, 1e-9);
+    EXPECT_NEAR(log.eta_seconds(), 0.7, 1e-9);  // 7 steps x 100 tokens / 1000 tok/s
+    EXPECT_NE(line3.find("| 1000 tok/s | MFU 100.0% | mem n/a | ETA 1s"), std::string::npos) << line3;
+    // A step at 2000 tok/s: EMA over the samples 1000, 1000, 2000 with beta 0.95, divided by 1 - 0.95^3.
+    log.log_train({4, 3.0, 4e-4, 0.4, 50.0, 100.0, -1});
+    const double ema = 0.05 * (0.95 * 0.95 * 1000 + 0.95 * 1000 + 2000) / (1 - std::pow(0.95, 3));
+    EXPECT_NEAR(log.tokens_per_second(), ema, 1e-9);
+    log.log_eval(4, 3.25);
+    log.log_sample(4, std::string("Hello \xe2\x82") + " world");  // a cut multi-byte character
+    log.log_record({{"type", "telemetry"}, {"step", 4}, {"amax", 1.5}});
+    EXPECT_THROW(log.log_record({{"step", 4}}), llmc::Error);
+    log.log_train({5, std::nan(""), 5e-4, 0.3, 50.0, 100.0, -1});
+  }
+  std::vector<json> lines = read_jsonl(path);
+  ASSERT_EQ(lines.size(), 8u);
+  EXPECT_EQ(lines[0]["type"], "train");
+  EXPECT_EQ(lines[0]["step"], 1);
+  EXPECT_EQ(lines[0]["loss"], 5.0);
+  EXPECT_EQ(lines[0]["mem_gib"], 12.34);
+  EXPECT_TRUE(lines[1]["mem_gib"].is_null());
+  EXPECT_NEAR(lines[2]["tok_s"].get<double>(), 1000.0, 1e-9);
+  EXPECT_NEAR(lines[2]["mfu"].get<double>(), 100.0, 1e-9);
+  EXPECT_EQ(lines[4], (json{{"type", "eval"}, {"step", 4}, {"val_loss", 3.25}}));
+  EXPECT_EQ(lines[5]["type"], "sample");
+  EXPECT_EQ(lines[5]["text"], "Hello \xef\xbf\xbd world");  // replaced by U+FFFD
+  EXPECT_EQ(lines[6]["type"], "telemetry");
+  EXPECT_TRUE(lines[7]["loss"].is_null());  // NaN is written as null
+  // Records start with "type".
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  EXPECT_EQ(first.rfind("{\"type\":\"train\",\"step\":1,", 0), 0u) << first;
+
+  // Resume appends; a fresh run truncates.
+  opt.append = true;
+  { llmc::MetricsLogger(opt).log_eval(6, 3.0); }
+  EXPECT_EQ(read_jsonl(path).size(), 9u);
+  opt.append = false;
+  { llmc::MetricsLogger(opt).log_eval(1, 3.0); }
+  EXPECT_EQ(read_jsonl(path).size(), 1u);
+}
+
+TEST_F(MetricsTest, UnknownPeakPrintsNotAvailable) {
+  llmc::MetricsOptions opt;
+  opt.total_steps = 2;
+  opt.flops_per_token = 1e9;
+  opt.peak_tflops = 0;
+  opt.console = nullptr;
+  llmc::MetricsLogger log(opt);
+  std::string line = log.log_train({1, 1.0, 1e-3, 1.0, 10.0, 1000.0, -1});
+  EXPECT_NE(line.find("MFU n/a"), std::string::npos) << line;
+  EXPECT_EQ(line.find('-'), line.find("1.00e-03") + 5) << line;  // the only '-' is the lr exponent's
+}
+
+TEST_F(MetricsTest, ConsoleEveryAndLastStep) {
+  const std::string console_path = (dir_ / "console.txt").string();
+  fs::create_directories(dir_);
+  FILE* console = std::fopen(console_path.c_str(), "w");
+  ASSERT_NE(console, nullptr);
+  llmc::MetricsOptions opt;
+  opt.total_steps = 7;
+  opt.console_every = 3;
+  opt.console = console;
+  {
+    llmc::MetricsLogger log(opt);
+    for (int step = 1; step <= 7; step++) log.log_train({step, 1.0, 1e-3, 1.0, 10.0, 1000.0, -1});
+  }
+  std::fclose(console);
+  std::ifstream in(console_path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 3u);  // steps 3, 6 and the last one
+  EXPECT_EQ(lines[0].rfind("step 3/7 |", 0), 0u);
+  EXPECT_EQ(lines[1].rfind("step 6/7 |", 0), 0u);
+  EXPECT_EQ(lines[2].rfind("step 7/7 |", 0), 0u);
+}
+
+TEST_F(MetricsTest, NonWriterRankWritesNothing) {
+  const std::string path = (dir_ / "metrics.jsonl").string();
+  llmc::MetricsOptions opt;
+  opt.writer = false;
+  opt.jsonl_path = path;
+  opt.total_steps = 3;
+  opt.console = nullptr;
+  llmc::MetricsLogger log(opt);
+  log.log_train({1, 1.0, 1e-3, 1.0, 10.0, 1000.0, -1});
+  log.log_eval(1, 1.0);
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST_F(MetricsTest, UnwritableJsonlPathIsAnError) {
+  fs::create_directories(dir_);
+  std::ofstream(dir_ / "file") << "x";
+  llmc::MetricsOptions opt;
+  opt.jsonl_path = (dir_ / "file" / "metrics.jsonl").string();  // parent is a file
+  opt.console = nullptr;
+  try {
+    llmc::MetricsLogger log(opt);
+    FAIL();
+  } catch (const llmc::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("log.jsonl"), std::string::npos) << e.what();
+  }
+}
