@@ -5,6 +5,8 @@
 // the port, and peers that never arrive (timeouts with messages naming who is missing).
 #include <gtest/gtest.h>
 
+#include "test/support/temp_dir.h"
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -360,21 +362,13 @@ TEST(TcpRendezvous, BetweenProcesses) {
 // ------------------------------------------------------------------------------------------------------------------
 // Shared-directory rendezvous
 
-class FsRendezvous : public ::testing::Test {
+class FsRendezvous : public llmc_test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("llm8_fsrdv_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::function<std::string(const llmc::RendezvousSpec&, const std::string&)> fs_with(const std::string& job) {
     return [this, job](const llmc::RendezvousSpec& s, const std::string& status) {
       return llmc::fs_rendezvous(s, dir_, job, status, s.rank == 0 ? kPayload : "");
     };
   }
-  std::string dir_;
 };
 
 TEST_F(FsRendezvous, DeliversThePayloadAndCleansUp) {

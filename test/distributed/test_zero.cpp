@@ -5,6 +5,8 @@
 // continued across world sizes (no window skipped), and partial safetensors reads.
 #include <gtest/gtest.h>
 
+#include "test/support/temp_dir.h"
+
 #include <algorithm>
 #include <array>
 #include <functional>
@@ -52,17 +54,7 @@ std::string strformat_trace(bool shuffle, int w0, int b0, int w1, int b1) {
          std::to_string(w1) + "x" + std::to_string(b1);
 }
 
-class TempDir : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("llm8_zero_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string dir_;
+class TempDir : public llmc_test::TempDirTest {
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 // JSON) refused with a message naming the file while the previous checkpoint still verifies, and resume resolution.
 #include <gtest/gtest.h>
 
+#include "test/support/temp_dir.h"
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -18,15 +20,12 @@ using nlohmann::json;
 
 namespace {
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public llmc_test::TempDirTest {
  protected:
   void SetUp() override {
-    run_ = (fs::temp_directory_path() / ("llm8_ckpt_" + std::to_string(::getpid()) + "_" +
-                                          ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(run_);
+    TempDirTest::SetUp();
+    run_ = path("run");  // the run directory itself does not exist yet
   }
-  void TearDown() override { fs::remove_all(run_); }
 
   // A checkpoint like the trainer's: model.safetensors (weights filled with `fill`), two optimizer shards, a JSON file.
   std::string write_checkpoint(int64_t step, int keep = 0, float fill = 1.0f) {

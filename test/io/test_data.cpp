@@ -9,6 +9,8 @@
 // Every loop below runs a fixed number of iterations (a batch count known up front); nothing waits for a condition.
 #include <gtest/gtest.h>
 
+#include "test/support/temp_dir.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -155,18 +157,9 @@ std::vector<long long> epoch_ids(llmc::DataLoader& dl, const Corpus& c, int B) {
   return ids_of(read_batches(dl, c, B, dl.batches_per_epoch()));
 }
 
-class DataTest : public ::testing::Test {
+class DataTest : public llmc_test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("llm8_data_" + std::to_string(::getpid()) + "_" +
-                                          ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
 
   // Shards <prefix>_00000i.bin of the given sizes; token = base + i * kShardStride + position.
   Corpus make_corpus(const std::string& prefix, const std::vector<size_t>& sizes, int T, bool u32 = false) {
@@ -193,7 +186,6 @@ class DataTest : public ::testing::Test {
   // multiple of T tokens, so a count of n / T instead of (n - 1) / T windows would read past its end).
   Corpus standard(bool u32 = false) { return make_corpus("std", {41, 32, 57, 34}, 8, u32); }
 
-  std::string dir_;
 };
 
 }  // namespace

@@ -7,6 +7,8 @@
 // file and the tensor or key; the weights a run starts from (checkpoint, init_from, seed).
 #include <gtest/gtest.h>
 
+#include "test/support/temp_dir.h"
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -116,17 +118,8 @@ std::string error_of(F&& f) {
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
-class InteropTest : public ::testing::Test {
+class InteropTest : public llmc_test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("llm8_interop_" + std::to_string(::getpid()) + "_" +
-                                          ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
 
   // Rewrites dir/model.safetensors with the tensors edit() leaves in (name, dtype, shape, bytes) form.
   struct Tensor {
@@ -147,7 +140,6 @@ class InteropTest : public ::testing::Test {
     w.write(file);
   }
 
-  std::string dir_;
 };
 
 // ------------------------------------------------------------------------------------------------------------------

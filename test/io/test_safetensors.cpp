@@ -2,6 +2,8 @@
 // empty tensors, a multi-MB tensor), element conversions, and one hand-crafted corrupt file per validation rule.
 #include <gtest/gtest.h>
 
+#include "test/support/temp_dir.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -20,17 +22,8 @@ using llmc::SafetensorsWriter;
 
 namespace {
 
-class SafetensorsTest : public ::testing::Test {
+class SafetensorsTest : public llmc_test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("llm8_st_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // A file with the given header text (length-prefixed, unpadded) followed by `data_bytes` bytes of data.
   std::string write_raw(const std::string& name, const std::string& header, size_t data_bytes) {
@@ -55,7 +48,6 @@ class SafetensorsTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
 };
 
 template <class T>

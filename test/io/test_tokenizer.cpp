@@ -5,6 +5,8 @@
 // no <|endoftext|>, characters outside the byte map) refused with llmc::Error naming the file.
 #include <gtest/gtest.h>
 
+#include "test/support/temp_dir.h"
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -57,16 +59,8 @@ const llmc::GPT2Tokenizer& gpt2() {
   return tok;
 }
 
-class TokenizerFiles : public ::testing::Test {
+class TokenizerFiles : public llmc_test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("llm8_tokenizer_" + std::to_string(::getpid()) + "_" +
-                                          ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   std::string write(const std::string& name, const std::string& text) {
     const std::string path = dir_ + "/" + name;
@@ -74,7 +68,6 @@ class TokenizerFiles : public ::testing::Test {
     return path;
   }
 
-  std::string dir_;
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 // ETA, and JSONL records (each line parses; append mode keeps earlier lines; non-writer ranks write nothing).
 #include <gtest/gtest.h>
 
+#include "test/support/temp_dir.h"
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -28,15 +30,7 @@ std::vector<json> read_jsonl(const std::string& path) {
   return out;
 }
 
-class MetricsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("llm8_metrics_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+class MetricsTest : public llmc_test::TempDirTest {
 };
 
 }  // namespace
@@ -88,7 +82,7 @@ TEST(FormatDuration, Examples) {
 }
 
 TEST_F(MetricsTest, ConsoleLineThroughputEtaAndJsonl) {
-  const std::string path = (dir_ / "sub" / "metrics.jsonl").string();  // parent dirs are created
+  const std::string path = TempDirTest::path("sub/metrics.jsonl");  // parent dirs are created
   llmc::MetricsOptions opt;
   opt.jsonl_path = path;
   opt.total_steps = 10;
@@ -160,7 +154,7 @@ TEST_F(MetricsTest, UnknownPeakPrintsNotAvailable) {
 }
 
 TEST_F(MetricsTest, ConsoleEveryAndLastStep) {
-  const std::string console_path = (dir_ / "console.txt").string();
+  const std::string console_path = path("console.txt");
   fs::create_directories(dir_);
   FILE* console = std::fopen(console_path.c_str(), "w");
   ASSERT_NE(console, nullptr);
@@ -183,7 +177,7 @@ TEST_F(MetricsTest, ConsoleEveryAndLastStep) {
 }
 
 TEST_F(MetricsTest, NonWriterRankWritesNothing) {
-  const std::string path = (dir_ / "metrics.jsonl").string();
+  const std::string path = TempDirTest::path("metrics.jsonl");
   llmc::MetricsOptions opt;
   opt.writer = false;
   opt.jsonl_path = path;
@@ -197,9 +191,9 @@ TEST_F(MetricsTest, NonWriterRankWritesNothing) {
 
 TEST_F(MetricsTest, UnwritableJsonlPathIsAnError) {
   fs::create_directories(dir_);
-  std::ofstream(dir_ / "file") << "x";
+  std::ofstream(path("file")) << "x";
   llmc::MetricsOptions opt;
-  opt.jsonl_path = (dir_ / "file" / "metrics.jsonl").string();  // parent is a file
+  opt.jsonl_path = path("file/metrics.jsonl");  // parent is a file
   opt.console = nullptr;
   try {
     llmc::MetricsLogger log(opt);
