@@ -3,18 +3,21 @@
 
 Owns: reading text inputs (files, .gz files, directories), splitting them into documents, the deterministic
 train/val split by document, GPT-2 tokenisation with the bundled vocabulary (dev/data/gpt2), writing shards and
-replacing the output directory's shard set as a whole.
+their manifest, and replacing the output directory's shard set as a whole.
 
 Shard format (llm.c compatible): a header of 256 little-endian int32, h[0] = 20240520, h[1] = 1, h[2] = token count,
 then the tokens as uint16; or h[0] = 20240801, h[1] = 7 with uint32 tokens (--uint32, or --vocab-size > 65536).
 Every document starts with <|endoftext|> (50256). Output: <out>/<name>_{train,val}_NNNNNN.bin, --shard-tokens per
-shard (a document may continue in the next shard).
+shard (a document may continue in the next shard), and <out>/<name>_manifest.json: the inputs (path as given, size,
+sha256), the tokenizer (size and sha256 of encoder.json and vocab.bpe), the options, and every shard with its split,
+token count, size and sha256; dev/data/inspect_shards.py checks it. The manifest holds no timestamps, output path
+or worker count: the same inputs and options give the same bytes.
 
 All or nothing: the new output is built in a temporary directory beside <out> (.<out name>.prepare-XXXX, same
 filesystem) and swapped in whole at the end (an atomic exchange where Linux offers renameat2, else two renames), so
 a run that fails or is interrupted leaves the previous output untouched and no temporary files; a successful run
-never leaves shards of two runs mixed. Entries of <out> that are not this --name's shards (other names' shards,
-notes, subfolders) are carried into the new directory as hard links. The output location is checked (a directory
+never leaves shards of two runs mixed. Entries of <out> that are not this --name's shards or manifest (other names'
+shards, notes, subfolders) are carried into the new directory as hard links. The output location is checked (a directory
 or creatable, writable, the folder above it writable, one filesystem) before the inputs are read. OS errors end in
 one line "prepare.py: error: ..." naming the path, exit code 1; Ctrl-C or SIGTERM clean up and exit 130 / 143.
 
@@ -37,6 +40,7 @@ import ctypes
 import errno
 import gzip
 import hashlib
+import io
 import json
 import os
 import re
@@ -163,6 +167,20 @@ def load_gpt2_encoding(vocab_dir=DEFAULT_VOCAB_DIR):
     )
 
 
+def vocabulary_fingerprint(vocab_dir=DEFAULT_VOCAB_DIR):
+    """[{file, bytes, sha256}] of encoder.json and vocab.bpe: which vocabulary the shards were made with."""
+    files = []
+    for name in ("encoder.json", "vocab.bpe"):
+        path = os.path.join(vocab_dir, name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise PrepareError(f"cannot read '{path}': {os_error_text(e)}")
+        files.append({"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    return files
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Inputs and documents
 
@@ -210,13 +228,20 @@ def list_input_files(paths, extensions):
     return files
 
 
-def read_text(path, errors):
-    opener = gzip.open if path.endswith(".gz") else open
+def read_text(path, errors, digests=None):
+    """The text of a file (.gz decompressed). digests, if given, receives path -> (size, sha256) of the file's bytes
+    as stored; if it already holds the path (the first pass), a different file now is an error."""
     try:
-        with opener(path, "rb") as f:
-            data = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
+        data = gzip.GzipFile(fileobj=io.BytesIO(raw), mode="rb").read() if path.endswith(".gz") else raw
     except (OSError, EOFError, zlib.error) as e:
         raise PrepareError(f"cannot read '{path}': {os_error_text(e) if isinstance(e, OSError) else e}")
+    if digests is not None:
+        digest = (len(raw), hashlib.sha256(raw).hexdigest())
+        if digests.setdefault(path, digest) != digest:
+            raise PrepareError(f"input '{path}' changed while it was being prepared (hint: run again once the inputs "
+                               f"are stable)")
     try:
         return data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as e:
@@ -253,9 +278,9 @@ def split_documents(text, mode, source="<text>"):
     raise PrepareError(f"unknown --split-docs '{mode}' (choose from {', '.join(SPLIT_MODES)})")
 
 
-def iter_documents(files, mode, errors):
+def iter_documents(files, mode, errors, digests=None):
     for path in files:
-        for doc in split_documents(read_text(path, errors), mode, source=path):
+        for doc in split_documents(read_text(path, errors, digests), mode, source=path):
             yield doc
 
 
@@ -288,30 +313,38 @@ def shard_path(out_dir, name, split, index):
     return os.path.join(out_dir, shard_filename(name, split, index))
 
 
+def manifest_filename(name):
+    return f"{name}_manifest.json"
+
+
 def owned_entry_pattern(name):
-    """The directory entries a run for --name owns (replaces): its shards, and the <shard>.tmp<pid> files that
-    earlier versions of this script could leave behind."""
-    return re.compile(re.escape(name) + r"_(?:train|val)_\d{6,}\.bin(?:\.tmp\d+)?")
+    """The directory entries a run for --name owns (replaces): its shards and manifest, and the <shard>.tmp<pid>
+    files that earlier versions of this script could leave behind."""
+    return re.compile(re.escape(name) + r"_(?:(?:train|val)_\d{6,}\.bin(?:\.tmp\d+)?|manifest\.json)")
 
 
 def write_shard(path, tokens, use_uint32, shown_path=None):
-    """Writes one shard and fsyncs it. path is inside the temporary output directory; errors name shown_path (where
-    the shard is going) and say that the previous output is unchanged."""
+    """Writes one shard and fsyncs it; returns (size in bytes, sha256 hex). path is inside the temporary output
+    directory; errors name shown_path (where the shard is going) and say that the previous output is unchanged."""
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1] = (MAGIC_UINT32, VERSION_UINT32) if use_uint32 else (MAGIC_UINT16, VERSION_UINT16)
     header[2] = len(tokens)
     token_dtype = "<u4" if use_uint32 else "<u2"
     if not use_uint32 and len(tokens) and int(tokens.max()) >= 2**16:
         raise PrepareError(f"token {int(tokens.max())} does not fit uint16 shards (hint: pass --uint32)")
+    header_bytes, token_bytes = header.tobytes(), tokens.astype(token_dtype).tobytes()
     try:
         with open(path, "wb") as f:
-            f.write(header.tobytes())
-            f.write(tokens.astype(token_dtype).tobytes())
+            f.write(header_bytes)
+            f.write(token_bytes)
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
         raise PrepareError(f"cannot write '{shown_path or path}': {os_error_text(e)} "
                            f"(nothing was replaced: the previous output is unchanged)")
+    digest = hashlib.sha256(header_bytes)
+    digest.update(token_bytes)
+    return len(header_bytes) + len(token_bytes), digest.hexdigest()
 
 
 class ShardWriter:
@@ -325,6 +358,7 @@ class ShardWriter:
         self.buffer = np.empty(shard_tokens, dtype=np.uint32)  # (shard_tokens,)
         self.filled = 0
         self.paths = []
+        self.shards = []  # the manifest's entries: {file, split, tokens, bytes, sha256}
         self.total_tokens = 0
         self.documents = 0
 
@@ -342,8 +376,10 @@ class ShardWriter:
     def _flush(self):
         index = len(self.paths)
         shown = shard_path(self.shown_dir, self.name, self.split, index)
-        write_shard(shard_path(self.out_dir, self.name, self.split, index), self.buffer[:self.filled],
-                    self.use_uint32, shown_path=shown)
+        size, sha256 = write_shard(shard_path(self.out_dir, self.name, self.split, index), self.buffer[:self.filled],
+                                   self.use_uint32, shown_path=shown)
+        self.shards.append({"file": shard_filename(self.name, self.split, index), "split": self.split,
+                            "tokens": int(self.filled), "bytes": size, "sha256": sha256})
         self.log(f"wrote {shard_filename(self.name, self.split, index)} ({self.filled:,} tokens)")
         self.paths.append(shown)
         self.total_tokens += self.filled
@@ -353,6 +389,44 @@ class ShardWriter:
         if self.filled:
             self._flush()
         return self.paths
+
+
+MANIFEST_FORMAT, MANIFEST_VERSION = "llm8 token shards", 1
+
+
+def build_manifest(args, input_digests, files, vocab_files, writers):
+    """The manifest: what went in (inputs, tokenizer, options) and what came out (every shard). No timestamps, no
+    output path, no worker count: equal inputs and options give equal bytes."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "written_by": "dev/data/prepare.py",
+        "name": args.name,
+        "inputs": [{"path": path, "bytes": input_digests[path][0], "sha256": input_digests[path][1]}
+                   for path in files],
+        "tokenizer": {"name": "gpt2", "eot_token": EOT_TOKEN, "n_vocab": GPT2_VOCAB_SIZE, "files": vocab_files},
+        "options": {"split_docs": args.split_docs, "extensions": args.extensions,
+                    "encoding_errors": args.encoding_errors, "seed": args.seed, "val_fraction": args.val_fraction,
+                    "shard_tokens": args.shard_tokens, "vocab_size": args.vocab_size,
+                    "dtype": "uint32" if args.use_uint32 else "uint16"},
+        "splits": {split: {"documents": w.documents, "tokens": int(w.total_tokens), "shards": len(w.shards)}
+                   for split, w in writers.items()},
+        "shards": [entry for w in writers.values() for entry in w.shards],
+    }
+
+
+def write_manifest(directory, shown_dir, manifest):
+    name = manifest_filename(manifest["name"])
+    path, shown = os.path.join(directory, name), os.path.join(shown_dir, name)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(manifest, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise PrepareError(f"cannot write '{shown}': {os_error_text(e)} "
+                           f"(nothing was replaced: the previous output is unchanged)")
+    return shown
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -567,7 +641,7 @@ class StagedOutput:
                 self.log(f"warning: the new output is in place, but the previous one in '{old}' could not be removed: "
                          f"{os_error_text(failure)} (remove it by hand)")
         self.log(f"{'replaced' if old is not None else 'created'} {self.out}"
-                 + (f" ({old_owned} previous shard file(s) of {self.name} removed)" if old_owned else ""))
+                 + (f" ({old_owned} previous file(s) of {self.name} removed)" if old_owned else ""))
 
     def _lock_parent(self):
         """Serialises commits of concurrent prepare.py runs into the same folder (best effort: an flock on it)."""
@@ -688,6 +762,7 @@ def parse_args(argv):
 def prepare(args):
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"prepare: {msg}", file=sys.stderr, flush=True))
     encoding = load_gpt2_encoding(args.vocab_dir)
+    vocab_files = vocabulary_fingerprint(args.vocab_dir)
     files = list_input_files(args.inputs, args.extensions)
     log(f"{len(files)} input file(s), documents = {args.split_docs}, val fraction {args.val_fraction}, "
         f"{'uint32' if args.use_uint32 else 'uint16'} tokens")
@@ -697,8 +772,9 @@ def prepare(args):
         log(f"writing into {staged.tmp}, swapped in for {args.out} when complete")
 
         # Pass 1: the split of every document (hash of its text), so the split never depends on order or workers.
+        input_digests = {}  # path -> (size, sha256), for the manifest and to notice inputs changing under us
         hashes = [document_hash_fraction(doc, args.seed)
-                  for doc in iter_documents(files, args.split_docs, args.encoding_errors)]
+                  for doc in iter_documents(files, args.split_docs, args.encoding_errors, input_digests)]
         if not hashes:
             raise PrepareError(f"the inputs hold no non-empty documents: {args.inputs}")
         is_val = assign_splits(hashes, args.val_fraction)
@@ -715,7 +791,7 @@ def prepare(args):
         def tokenize(doc):
             return [EOT_TOKEN] + encoding.encode_ordinary(doc)
 
-        docs = iter_documents(files, args.split_docs, args.encoding_errors)
+        docs = iter_documents(files, args.split_docs, args.encoding_errors, input_digests)
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.workers) as pool:
             doc_index = 0
             while True:
@@ -737,6 +813,8 @@ def prepare(args):
         if doc_index != len(is_val):
             raise changed
         paths = {split: w.close() for split, w in writers.items()}
+        manifest = build_manifest(args, input_digests, files, vocab_files, writers)
+        log(f"wrote {os.path.basename(write_manifest(staged.tmp, args.out, manifest))}")
         staged.commit()
     elapsed = max(time.time() - start, 1e-9)
     for split, w in writers.items():

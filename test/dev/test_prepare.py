@@ -13,8 +13,10 @@ All or nothing (TestOutputSafety): a failure half-way (ENOSPC or SIGTERM injecte
 from RLIMIT_FSIZE, writer exceptions in-process, a failing swap) leaves the previous output and its parent folder
 byte-identical with no temporary files; a re-run (atomic exchange, and the two-rename fallback) replaces exactly
 this name's shards and keeps other entries; a symbolic link --out stays a link; OS errors (output under a file, a
-corrupt .gz, a FIFO, permissions when not root) are one "prepare.py: error:" line, the output checked before the
-inputs are read.
+corrupt .gz, a FIFO, permissions when not root, an input changed between the passes) are one "prepare.py: error:"
+line, the output checked before the inputs are read. The manifest (<name>_manifest.json) lists the inputs with their
+sizes and hashes, the vocabulary files' hashes, the options and every shard with its tokens, size and sha256, and
+is byte-identical across output folders and worker counts (inspect_shards.py's check of it: test_inspect_shards.py).
 
 Exit code 77 (skipped under CTest) when numpy, regex or tiktoken is not installed.
 """
@@ -379,10 +381,14 @@ class TestPrepareEndToEnd(unittest.TestCase):
         return os.path.join(self.tmp, name)
 
     def shards(self, out, name="t"):
-        """{split: [paths in index order]}; checks that nothing else is in the folder and indices are contiguous."""
+        """{split: [paths in index order]}; checks that nothing but the manifest else is in the folder and indices
+        are contiguous."""
         result = {"train": [], "val": []}
         pattern = re.compile(re.escape(name) + r"_(train|val)_(\d{6})\.bin$")
+        self.assertTrue(os.path.isfile(os.path.join(out, f"{name}_manifest.json")))
         for entry in sorted(os.listdir(out)):
+            if entry == f"{name}_manifest.json":
+                continue
             m = pattern.fullmatch(entry)
             self.assertIsNotNone(m, f"unexpected file {entry} in {out}")
             result[m.group(1)].append((int(m.group(2)), os.path.join(out, entry)))
@@ -459,7 +465,7 @@ class TestPrepareEndToEnd(unittest.TestCase):
             self.assertEqual(decoded, expect, split)  # in input order
             self.assertEqual(token_docs, [ref.encode(t) for t in expect], split)  # exactly GPT-2's tokens
 
-        # Identical bytes across runs and worker counts.
+        # Identical bytes (shards and manifest) across runs, output folders and worker counts.
         self.assertEqual(self.read_all_bytes(out1), self.read_all_bytes(out2))
 
         # Reversed input order: the same documents in each split (in the new order).
@@ -493,6 +499,51 @@ class TestPrepareEndToEnd(unittest.TestCase):
                               text=True, timeout=60)
         self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
         self.assertIn("INVALID", proc.stdout)
+
+    def test_manifest(self):
+        """<name>_manifest.json describes exactly what went in and what came out."""
+        out = self.out_dir("manifest")
+        args = ["--name", "t", "--val-fraction", "0.5", "--shard-tokens", str(SHARD_TOKENS), "--seed", "9", "--uint32",
+                "--ext", ".txt,md", "--split-docs", "blank-lines", "--encoding-errors", "replace"]
+        self.run_prepare(*args, "--out", out, *self.paths)
+        with open(os.path.join(out, "t_manifest.json"), "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+        self.assertEqual((manifest["format"], manifest["version"], manifest["name"]), ("llm8 token shards", 1, "t"))
+
+        inputs = []
+        for path in self.paths:
+            with open(path, "rb") as f:
+                raw = f.read()
+            inputs.append({"path": path, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()})
+        self.assertEqual(manifest["inputs"], inputs)  # in input order, hashes of the bytes as stored (.gz too)
+
+        vocab = []
+        for name in ("encoder.json", "vocab.bpe"):
+            with open(os.path.join(VOCAB_DIR, name), "rb") as f:
+                data = f.read()
+            vocab.append({"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        self.assertEqual(manifest["tokenizer"], {"name": "gpt2", "eot_token": EOT, "n_vocab": 50257, "files": vocab})
+        self.assertEqual(manifest["options"], {
+            "split_docs": "blank-lines", "extensions": [".txt", ".md"], "encoding_errors": "replace", "seed": 9,
+            "val_fraction": 0.5, "shard_tokens": SHARD_TOKENS, "vocab_size": 50257, "dtype": "uint32"})
+
+        shards = self.shards(out)
+        listed = []
+        for split in ("train", "val"):
+            tokens = self.split_tokens(shards[split], magic=20240801, version=7)
+            self.assertEqual(manifest["splits"][split], {"documents": tokens.count(EOT), "tokens": len(tokens),
+                                                         "shards": len(shards[split])})
+            for path in shards[split]:
+                with open(path, "rb") as f:
+                    data = f.read()
+                listed.append({"file": os.path.basename(path), "split": split, "tokens": (len(data) - 1024) // 4,
+                               "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        self.assertEqual(manifest["shards"], listed)
+
+        # Equal inputs and options give an equal manifest, whatever the output folder and worker count.
+        again = self.out_dir("manifest_again")
+        self.run_prepare(*args, "--workers", "3", "--out", again, *self.paths)
+        self.assertEqual(self.read_all_bytes(out), self.read_all_bytes(again))
 
     def test_uint32_and_directory_input(self):
         out16, out32 = self.out_dir("u16"), self.out_dir("u32")
@@ -754,6 +805,25 @@ class TestOutputSafety(unittest.TestCase):
                 self.assertIn("unchanged", stderr)
                 self.assertEqual(snapshot(self.parent), before)
 
+    def test_input_changed_between_passes(self):
+        """An input rewritten between the split pass and the tokenising pass is an error, not a wrong split."""
+        before = self.make_previous_output()
+        real_read_text, seen = prepare.read_text, []
+
+        def read_text(path, errors, *rest):
+            if path in seen and path == self.inputs[0]:  # a.txt, as pass 2 reads it again
+                with open(path, "a") as f:
+                    f.write("appended while prepare.py ran\n")
+            seen.append(path)
+            return real_read_text(path, errors, *rest)
+
+        with unittest.mock.patch.object(prepare, "read_text", read_text):
+            code, stderr = self.run_in_process(*self.COMMON, "--seed", "4", "--out", self.out, *self.inputs)
+        self.assertEqual(code, 1)
+        self.assertIn("changed while it was being prepared", stderr)
+        self.assertIn(self.inputs[0], stderr)
+        self.assertEqual(snapshot(self.parent), before)
+
     def test_rerun_replaces_the_whole_set(self):
         before = self.make_previous_output()
         fresh = os.path.join(self.tmp, "fresh")
@@ -772,7 +842,7 @@ class TestOutputSafety(unittest.TestCase):
             # Exactly the new set (byte-identical to a run into an empty folder), none of the old shards.
             ours = {k: v[1] for k, v in after.items() if k.startswith("out/t_")}
             self.assertEqual(ours, {"out/" + k: v[1] for k, v in expect.items()})
-            self.assertEqual(sorted(ours), ["out/t_train_000000.bin", "out/t_val_000000.bin"])
+            self.assertEqual(sorted(ours), ["out/t_manifest.json", "out/t_train_000000.bin", "out/t_val_000000.bin"])
             # Everything else as it was: the same files (hard links: the same inodes), link, folders and mode.
             others = {k: v for k, v in after.items() if not k.startswith("out/t_")}
             self.assertEqual(others, {k: v for k, v in before.items() if not k.startswith("out/t_")})
@@ -787,7 +857,7 @@ class TestOutputSafety(unittest.TestCase):
             self.assertEqual(proc.returncode, 0, proc.stderr)
             self.assertTrue(os.path.islink(self.out))
             self.assertEqual(os.readlink(self.out), real)
-        self.assertEqual(sorted(os.listdir(real)), ["t_train_000000.bin", "t_val_000000.bin"])
+        self.assertEqual(sorted(os.listdir(real)), ["t_manifest.json", "t_train_000000.bin", "t_val_000000.bin"])
         self.assertEqual(sorted(os.listdir(self.tmp)), sorted(["parent", "real_out", *ORDER]))
 
     def test_new_output_and_created_parents(self):
@@ -887,7 +957,7 @@ class TestOutputSafety(unittest.TestCase):
         os.mkfifo(os.path.join(folder, "pipe.txt"))
         proc = self.run_script("--quiet", *self.COMMON, "--out", self.out, folder, timeout=60)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertEqual(sorted(os.listdir(self.out)), ["t_train_000000.bin"])
+        self.assertEqual(sorted(os.listdir(self.out)), ["t_manifest.json", "t_train_000000.bin"])
 
 
 if __name__ == "__main__":
