@@ -323,6 +323,14 @@ def owned_entry_pattern(name):
     return re.compile(re.escape(name) + r"_(?:(?:train|val)_\d{6,}\.bin(?:\.tmp\d+)?|manifest\.json)")
 
 
+def write_error(shown_path, e):
+    """The PrepareError for a failed write of an output file (before the swap: nothing was replaced)."""
+    hint = (" (hint: the new output is built beside the previous one, so the disk must hold both until the swap; "
+            "free space, or remove the previous output first)") if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return PrepareError(f"cannot write '{shown_path}': {os_error_text(e)} (nothing was replaced: the previous output "
+                        f"is unchanged){hint}")
+
+
 def write_shard(path, tokens, use_uint32, shown_path=None):
     """Writes one shard and fsyncs it; returns (size in bytes, sha256 hex). path is inside the temporary output
     directory; errors name shown_path (where the shard is going) and say that the previous output is unchanged."""
@@ -340,8 +348,7 @@ def write_shard(path, tokens, use_uint32, shown_path=None):
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise PrepareError(f"cannot write '{shown_path or path}': {os_error_text(e)} "
-                           f"(nothing was replaced: the previous output is unchanged)")
+        raise write_error(shown_path or path, e)
     digest = hashlib.sha256(header_bytes)
     digest.update(token_bytes)
     return len(header_bytes) + len(token_bytes), digest.hexdigest()
@@ -424,8 +431,7 @@ def write_manifest(directory, shown_dir, manifest):
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise PrepareError(f"cannot write '{shown}': {os_error_text(e)} "
-                           f"(nothing was replaced: the previous output is unchanged)")
+        raise write_error(shown, e)
     return shown
 
 
@@ -490,6 +496,7 @@ class StagedOutput:
         self.out, self.name, self.log = out, name, log
         self.target = os.path.realpath(out)
         self.parent, self.base = os.path.split(self.target)
+        self.owned_pattern = owned_entry_pattern(name)
         self.tmp = None
         self.created_dirs = []  # parents of the target this run created, outermost first
         self.committed = False
@@ -577,7 +584,7 @@ class StagedOutput:
         return False
 
     def owned(self, entry):
-        return owned_entry_pattern(self.name).fullmatch(entry) is not None
+        return self.owned_pattern.fullmatch(entry) is not None
 
     def _carry(self, src, dst, top=True):
         """Hard links (files), re-creates (symbolic links) or mirrors (directories) what src holds into dst; at the

@@ -10,7 +10,8 @@ stale shards removed, --uint32 shards, directory inputs, inspect_shards.py on th
 non-zero with a message and no traceback. Document splitting (kjv-books, blank-lines) is tested in-process.
 
 All or nothing (TestOutputSafety): a failure half-way (ENOSPC or SIGTERM injected at a shard's fsync, a real EFBIG
-from RLIMIT_FSIZE, writer exceptions in-process, a failing swap) leaves the previous output and its parent folder
+from RLIMIT_FSIZE, a real ENOSPC on a small tmpfs mounted in a user namespace (skipped where unshare -rm cannot),
+writer exceptions in-process, a failing swap) leaves the previous output and its parent folder
 byte-identical with no temporary files; a re-run (atomic exchange, and the two-rename fallback) replaces exactly
 this name's shards and keeps other entries; a symbolic link --out stays a link; OS errors (output under a file, a
 corrupt .gz, a FIFO, permissions when not root, an input changed between the passes) are one "prepare.py: error:"
@@ -745,6 +746,45 @@ class TestOutputSafety(unittest.TestCase):
                                preexec_fn=limit_file_size)
         self.assert_one_line_error(proc, words=["error", os.strerror(errno.EFBIG), self.out])
         self.assertEqual(snapshot(self.parent), before)
+
+    def test_real_full_disk(self):
+        """A real ENOSPC: a 3 MiB tmpfs (in a private user and mount namespace, so no privileges are needed and
+        nothing outlives the test) holds the KJV shards once but not twice."""
+        disk = os.path.join(self.tmp, "disk")
+        os.makedirs(disk)
+        if shutil.which("unshare") is None or subprocess.run(
+                ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=3m tmpfs "$0"', disk],
+                capture_output=True, timeout=60).returncode != 0:
+            self.skipTest("cannot mount a tmpfs in a user namespace here (unshare -rm)")
+        script = r"""
+set -e
+mount -t tmpfs -o size=3m tmpfs "$1"
+"$2" "$3" --kjv --quiet --out "$1/kjv" --shard-tokens 300000
+cp -a "$1" "$4/before"
+set +e
+"$2" "$3" --kjv --quiet --out "$1/kjv" --shard-tokens 200000 --seed 5 2> "$4/stderr"
+echo $? > "$4/rc"
+cp -a "$1" "$4/after"
+"""
+        proc = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", disk, sys.executable, PREPARE_PY, self.tmp],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(self.tmp, "rc")) as f, open(os.path.join(self.tmp, "stderr")) as g:
+            rc, stderr = int(f.read()), g.read()
+        self.assertEqual(rc, 1, stderr)
+        self.assertNotIn("Traceback", stderr)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn(os.strerror(errno.ENOSPC), stderr)
+        self.assertIn(os.path.join(disk, "kjv", "kjv_train_"), stderr)
+
+        def contents(root):  # (path -> bytes) of the copied tmpfs: the previous output and nothing else
+            return {k: v[1] for k, v in snapshot(root).items()}
+
+        before, after = contents(os.path.join(self.tmp, "before")), contents(os.path.join(self.tmp, "after"))
+        self.assertEqual(after, before)
+        self.assertEqual(sorted(before), ["kjv", "kjv/kjv_manifest.json", "kjv/kjv_train_000000.bin",
+                                          "kjv/kjv_train_000001.bin", "kjv/kjv_train_000002.bin",
+                                          "kjv/kjv_train_000003.bin", "kjv/kjv_val_000000.bin"])
 
     def run_in_process(self, *args):
         """prepare.main in this process (so that its functions can be patched): (exit code, stderr)."""
