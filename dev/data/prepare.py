@@ -553,6 +553,15 @@ class StagedOutput:
             os.chmod(self.tmp, mode)  # mkdtemp makes it 0700; the output keeps its mode, or gets the usual one
         except OSError as e:
             raise PrepareError(f"cannot prepare the temporary directory '{self.tmp}': {os_error_text(e)}")
+        # A run killed outright (SIGKILL, power loss) cannot clean up; it may also still be running: only say so.
+        try:
+            others = sorted(e for e in os.listdir(self.parent) if e.startswith(f".{self.base}.prepare-")
+                            and os.path.join(self.parent, e) != self.tmp)
+        except OSError:
+            others = []
+        for entry in others:
+            self.log(f"warning: '{os.path.join(self.parent, entry)}' is left from a prepare.py run that was killed "
+                     f"(or is another run still going): remove it if no run is")
 
     def _make_parents(self):
         missing, path = [], self.parent

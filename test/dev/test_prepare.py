@@ -11,13 +11,14 @@ non-zero with a message and no traceback. Document splitting (kjv-books, blank-l
 
 All or nothing (TestOutputSafety): a failure half-way (ENOSPC or SIGTERM injected at a shard's fsync, a real EFBIG
 from RLIMIT_FSIZE, a real ENOSPC on a small tmpfs mounted in a user namespace (skipped where unshare -rm cannot),
-writer exceptions in-process, a failing swap) leaves the previous output and its parent folder
-byte-identical with no temporary files; a re-run (atomic exchange, and the two-rename fallback) replaces exactly
-this name's shards and keeps other entries; a symbolic link --out stays a link; OS errors (output under a file, a
-corrupt .gz, a FIFO, permissions when not root, an input changed between the passes) are one "prepare.py: error:"
-line, the output checked before the inputs are read. The manifest (<name>_manifest.json) lists the inputs with their
-sizes and hashes, the vocabulary files' hashes, the options and every shard with its tokens, size and sha256, and
-is byte-identical across output folders and worker counts (inspect_shards.py's check of it: test_inspect_shards.py).
+writer exceptions in-process, a failing swap) leaves the previous output and its parent folder byte-identical with
+no temporary files; after SIGKILL the output is intact and the next run names the one temporary directory left. A
+re-run (atomic exchange, and the two-rename fallback) replaces exactly this name's shards and keeps other entries;
+a symbolic link --out stays a link. OS errors (output under a file, a corrupt .gz, a FIFO, permissions when not
+root, an input changed between the passes) are one "prepare.py: error:" line, the output checked before the inputs
+are read. The manifest (<name>_manifest.json) lists the inputs with their sizes and hashes, the vocabulary files'
+hashes, the options and every shard with its tokens, size and sha256, and is byte-identical across output folders
+and worker counts (inspect_shards.py's check of it: test_inspect_shards.py).
 
 Exit code 77 (skipped under CTest) when numpy, regex or tiktoken is not installed.
 """
@@ -626,7 +627,7 @@ class TestPrepareEndToEnd(unittest.TestCase):
 
 
 # Runs prepare.py with a fault injected at the fsync of a shard file (the first `after` shards succeed):
-# "enospc" makes it fail with ENOSPC as a full disk would, "sigterm" sends the process SIGTERM.
+# "enospc" makes it fail with ENOSPC as a full disk would, "sigterm" / "sigkill" send the process that signal.
 FAULT_WRAPPER = r"""
 import errno, os, runpy, signal, stat, sys
 fault, after, script = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -637,7 +638,7 @@ def fsync(fd):
         if shards[0] > after:
             if fault == "enospc":
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGKILL if fault == "sigkill" else signal.SIGTERM)
     return real_fsync(fd)
 os.fsync = fsync
 sys.argv = [script] + sys.argv[4:]
@@ -733,6 +734,21 @@ class TestOutputSafety(unittest.TestCase):
                                wrapper=["sigterm", "1"])
         self.assert_one_line_error(proc, rc=128 + signal.SIGTERM, words=["interrupted", "SIGTERM"])
         self.assertEqual(snapshot(self.parent), before)
+
+    def test_sigkill_half_way_keeps_previous_output(self):
+        """SIGKILL allows no cleanup: the temporary directory stays, but the previous output is untouched, and the
+        next run names the leftover."""
+        before = self.make_previous_output()
+        proc = self.run_script("--quiet", "--seed", "8", *self.COMMON, "--out", self.out, *self.inputs,
+                               wrapper=["sigkill", "1"])
+        self.assertEqual(proc.returncode, -signal.SIGKILL)
+        after = snapshot(self.parent)
+        leftovers = sorted({k.split(os.sep)[0] for k in after if k.startswith(".out.prepare-")})
+        self.assertEqual(len(leftovers), 1, sorted(after))
+        self.assertEqual({k: v for k, v in after.items() if not k.startswith(".out.prepare-")}, before)
+        proc = self.run_script(*self.COMMON, "--out", self.out, *self.inputs)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn(f"warning: '{os.path.join(self.parent, leftovers[0])}' is left from a prepare.py run", proc.stderr)
 
     def test_file_size_limit_keeps_previous_output(self):
         """A real error from the kernel (EFBIG from RLIMIT_FSIZE, the closest to a full disk a test can get)."""
