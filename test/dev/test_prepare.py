@@ -9,6 +9,17 @@ the input texts, the deterministic split (identical bytes across runs and --work
 stale shards removed, --uint32 shards, directory inputs, inspect_shards.py on the output, and bad inputs that exit
 non-zero with a message and no traceback. Document splitting (kjv-books, blank-lines) is tested in-process.
 
+All or nothing (TestOutputSafety): a failure half-way (ENOSPC or SIGTERM injected at a shard's fsync, a real EFBIG
+from RLIMIT_FSIZE, a real ENOSPC on a small tmpfs mounted in a user namespace (skipped where unshare -rm cannot),
+writer exceptions in-process, a failing swap) leaves the previous output and its parent folder byte-identical with
+no temporary files; after SIGKILL the output is intact and the next run names the one temporary directory left. A
+re-run (atomic exchange, and the two-rename fallback) replaces exactly this name's shards and keeps other entries;
+a symbolic link --out stays a link. OS errors (output under a file, a corrupt .gz, a FIFO, permissions when not
+root, an input changed between the passes) are one "prepare.py: error:" line, the output checked before the inputs
+are read. The manifest (<name>_manifest.json) lists the inputs with their sizes and hashes, the vocabulary files'
+hashes, the options and every shard with its tokens, size and sha256, and is byte-identical across output folders
+and worker counts (inspect_shards.py's check of it: test_inspect_shards.py).
+
 Exit code 77 (skipped under CTest) when numpy, regex or tiktoken is not installed.
 """
 
@@ -22,17 +33,24 @@ except ImportError as e:
     print(f"test_prepare.py: skipped: {e} (pip install numpy regex tiktoken)")
     sys.exit(77)
 
+import contextlib
+import errno
 import gzip
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import random
 import re
+import resource
 import shutil
+import signal
+import stat
 import subprocess
 import tempfile
 import unittest
+import unittest.mock
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREPARE_PY = os.path.join(REPO_ROOT, "dev", "data", "prepare.py")
@@ -365,10 +383,14 @@ class TestPrepareEndToEnd(unittest.TestCase):
         return os.path.join(self.tmp, name)
 
     def shards(self, out, name="t"):
-        """{split: [paths in index order]}; checks that nothing else is in the folder and indices are contiguous."""
+        """{split: [paths in index order]}; checks that nothing but the manifest else is in the folder and indices
+        are contiguous."""
         result = {"train": [], "val": []}
         pattern = re.compile(re.escape(name) + r"_(train|val)_(\d{6})\.bin$")
+        self.assertTrue(os.path.isfile(os.path.join(out, f"{name}_manifest.json")))
         for entry in sorted(os.listdir(out)):
+            if entry == f"{name}_manifest.json":
+                continue
             m = pattern.fullmatch(entry)
             self.assertIsNotNone(m, f"unexpected file {entry} in {out}")
             result[m.group(1)].append((int(m.group(2)), os.path.join(out, entry)))
@@ -445,7 +467,7 @@ class TestPrepareEndToEnd(unittest.TestCase):
             self.assertEqual(decoded, expect, split)  # in input order
             self.assertEqual(token_docs, [ref.encode(t) for t in expect], split)  # exactly GPT-2's tokens
 
-        # Identical bytes across runs and worker counts.
+        # Identical bytes (shards and manifest) across runs, output folders and worker counts.
         self.assertEqual(self.read_all_bytes(out1), self.read_all_bytes(out2))
 
         # Reversed input order: the same documents in each split (in the new order).
@@ -479,6 +501,51 @@ class TestPrepareEndToEnd(unittest.TestCase):
                               text=True, timeout=60)
         self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
         self.assertIn("INVALID", proc.stdout)
+
+    def test_manifest(self):
+        """<name>_manifest.json describes exactly what went in and what came out."""
+        out = self.out_dir("manifest")
+        args = ["--name", "t", "--val-fraction", "0.5", "--shard-tokens", str(SHARD_TOKENS), "--seed", "9", "--uint32",
+                "--ext", ".txt,md", "--split-docs", "blank-lines", "--encoding-errors", "replace"]
+        self.run_prepare(*args, "--out", out, *self.paths)
+        with open(os.path.join(out, "t_manifest.json"), "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+        self.assertEqual((manifest["format"], manifest["version"], manifest["name"]), ("llm8 token shards", 1, "t"))
+
+        inputs = []
+        for path in self.paths:
+            with open(path, "rb") as f:
+                raw = f.read()
+            inputs.append({"path": path, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()})
+        self.assertEqual(manifest["inputs"], inputs)  # in input order, hashes of the bytes as stored (.gz too)
+
+        vocab = []
+        for name in ("encoder.json", "vocab.bpe"):
+            with open(os.path.join(VOCAB_DIR, name), "rb") as f:
+                data = f.read()
+            vocab.append({"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        self.assertEqual(manifest["tokenizer"], {"name": "gpt2", "eot_token": EOT, "n_vocab": 50257, "files": vocab})
+        self.assertEqual(manifest["options"], {
+            "split_docs": "blank-lines", "extensions": [".txt", ".md"], "encoding_errors": "replace", "seed": 9,
+            "val_fraction": 0.5, "shard_tokens": SHARD_TOKENS, "vocab_size": 50257, "dtype": "uint32"})
+
+        shards = self.shards(out)
+        listed = []
+        for split in ("train", "val"):
+            tokens = self.split_tokens(shards[split], magic=20240801, version=7)
+            self.assertEqual(manifest["splits"][split], {"documents": tokens.count(EOT), "tokens": len(tokens),
+                                                         "shards": len(shards[split])})
+            for path in shards[split]:
+                with open(path, "rb") as f:
+                    data = f.read()
+                listed.append({"file": os.path.basename(path), "split": split, "tokens": (len(data) - 1024) // 4,
+                               "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        self.assertEqual(manifest["shards"], listed)
+
+        # Equal inputs and options give an equal manifest, whatever the output folder and worker count.
+        again = self.out_dir("manifest_again")
+        self.run_prepare(*args, "--workers", "3", "--out", again, *self.paths)
+        self.assertEqual(self.read_all_bytes(out), self.read_all_bytes(again))
 
     def test_uint32_and_directory_input(self):
         out16, out32 = self.out_dir("u16"), self.out_dir("u32")
@@ -553,6 +620,400 @@ class TestPrepareEndToEnd(unittest.TestCase):
                 for word in words:
                     self.assertIn(word, proc.stderr)
         self.assertFalse(os.path.exists(out) and os.listdir(out), "a failed run left shards behind")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# All or nothing: failures leave the previous output and no debris; OS errors are one line
+
+
+# Runs prepare.py with a fault injected at the fsync of a shard file (the first `after` shards succeed):
+# "enospc" makes it fail with ENOSPC as a full disk would, "sigterm" / "sigkill" send the process that signal.
+FAULT_WRAPPER = r"""
+import errno, os, runpy, signal, stat, sys
+fault, after, script = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+real_fsync, shards = os.fsync, [0]
+def fsync(fd):
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        shards[0] += 1
+        if shards[0] > after:
+            if fault == "enospc":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.kill(os.getpid(), signal.SIGKILL if fault == "sigkill" else signal.SIGTERM)
+    return real_fsync(fd)
+os.fsync = fsync
+sys.argv = [script] + sys.argv[4:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def snapshot(root):
+    """Everything under root: relative path -> ("file", bytes, inode) / ("link", target) / ("dir", mode)."""
+    result = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            st = os.lstat(path)
+            if os.path.islink(path):
+                result[rel] = ("link", os.readlink(path))
+            elif os.path.isdir(path):
+                result[rel] = ("dir", st.st_mode)
+            else:
+                with open(path, "rb") as f:
+                    result[rel] = ("file", f.read(), st.st_ino)
+    return result
+
+
+class TestOutputSafety(unittest.TestCase):
+    COMMON = ["--name", "t", "--val-fraction", "0.5", "--shard-tokens", str(SHARD_TOKENS)]
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix=f"llm8_prepare_safety_{os.getpid()}_")
+        self.parent = os.path.join(self.tmp, "parent")  # holds only the output: any debris shows here
+        os.makedirs(self.parent)
+        self.out = os.path.join(self.parent, "out")
+        self.inputs = []
+        for name in ORDER:
+            path = os.path.join(self.tmp, name)
+            data = DOCS[name].encode("utf-8")
+            with open(path, "wb") as f:
+                f.write(gzip.compress(data, mtime=0) if name.endswith(".gz") else data)
+            self.inputs.append(path)
+
+    def tearDown(self):
+        for dirpath, dirs, _ in os.walk(self.tmp):  # tests may leave read-only folders
+            for d in dirs:
+                os.chmod(os.path.join(dirpath, d), 0o755)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def run_script(self, *args, wrapper=None, timeout=120, preexec_fn=None):
+        cmd = [sys.executable, PREPARE_PY, *args]
+        if wrapper is not None:
+            cmd = [sys.executable, "-c", FAULT_WRAPPER, *wrapper, PREPARE_PY, *args]
+        return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=preexec_fn)
+
+    def make_previous_output(self):
+        """A previous run's output with several shards, plus entries that are not this run's: another name's shard,
+        a note, a subfolder and a symbolic link. Returns the snapshot of the parent folder."""
+        proc = self.run_script("--quiet", *self.COMMON, "--out", self.out, *self.inputs)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertGreaterEqual(len([e for e in os.listdir(self.out) if e.startswith("t_train_")]), 3)
+        with open(os.path.join(self.out, "u_train_000000.bin"), "wb") as f:
+            f.write(b"another dataset's shard")
+        with open(os.path.join(self.out, "README.txt"), "w") as f:
+            f.write("notes kept beside the shards\n")
+        os.makedirs(os.path.join(self.out, "sub", "deeper"))
+        with open(os.path.join(self.out, "sub", "deeper", "x.txt"), "w") as f:
+            f.write("x")
+        os.symlink("README.txt", os.path.join(self.out, "link_to_readme"))
+        os.chmod(self.out, 0o750)
+        return snapshot(self.parent)
+
+    def assert_one_line_error(self, proc, rc=1, words=()):
+        self.assertEqual(proc.returncode, rc, proc.stdout + proc.stderr)
+        self.assertNotIn("Traceback", proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertTrue(lines[0].startswith("prepare.py: "), proc.stderr)
+        for word in words:
+            self.assertIn(word, proc.stderr)
+
+    def test_full_disk_half_way_keeps_previous_output(self):
+        before = self.make_previous_output()
+        # A different shard size: every new shard differs from the old one of the same name.
+        args = ["--quiet", *self.COMMON[:-1], "40", "--out", self.out, *self.inputs]
+        proc = self.run_script(*args, wrapper=["enospc", "2"])
+        self.assert_one_line_error(proc, words=["error", os.strerror(errno.ENOSPC), "unchanged",
+                                                os.path.join(self.out, "t_")])
+        self.assertEqual(snapshot(self.parent), before)  # byte-identical, no temporary files anywhere
+
+    def test_sigterm_half_way_keeps_previous_output(self):
+        before = self.make_previous_output()
+        proc = self.run_script("--quiet", "--seed", "7", *self.COMMON, "--out", self.out, *self.inputs,
+                               wrapper=["sigterm", "1"])
+        self.assert_one_line_error(proc, rc=128 + signal.SIGTERM, words=["interrupted", "SIGTERM"])
+        self.assertEqual(snapshot(self.parent), before)
+
+    def test_sigkill_half_way_keeps_previous_output(self):
+        """SIGKILL allows no cleanup: the temporary directory stays, but the previous output is untouched, and the
+        next run names the leftover."""
+        before = self.make_previous_output()
+        proc = self.run_script("--quiet", "--seed", "8", *self.COMMON, "--out", self.out, *self.inputs,
+                               wrapper=["sigkill", "1"])
+        self.assertEqual(proc.returncode, -signal.SIGKILL)
+        after = snapshot(self.parent)
+        leftovers = sorted({k.split(os.sep)[0] for k in after if k.startswith(".out.prepare-")})
+        self.assertEqual(len(leftovers), 1, sorted(after))
+        self.assertEqual({k: v for k, v in after.items() if not k.startswith(".out.prepare-")}, before)
+        proc = self.run_script(*self.COMMON, "--out", self.out, *self.inputs)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn(f"warning: '{os.path.join(self.parent, leftovers[0])}' is left from a prepare.py run", proc.stderr)
+
+    def test_file_size_limit_keeps_previous_output(self):
+        """A real error from the kernel (EFBIG from RLIMIT_FSIZE, the closest to a full disk a test can get)."""
+        before = self.make_previous_output()
+
+        def limit_file_size():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, no signal
+            resource.setrlimit(resource.RLIMIT_FSIZE, (HEADER_BYTES + 10, HEADER_BYTES + 10))
+
+        proc = self.run_script("--quiet", *self.COMMON, "--seed", "3", "--out", self.out, *self.inputs,
+                               preexec_fn=limit_file_size)
+        self.assert_one_line_error(proc, words=["error", os.strerror(errno.EFBIG), self.out])
+        self.assertEqual(snapshot(self.parent), before)
+
+    def test_real_full_disk(self):
+        """A real ENOSPC: a 3 MiB tmpfs (in a private user and mount namespace, so no privileges are needed and
+        nothing outlives the test) holds the KJV shards once but not twice."""
+        disk = os.path.join(self.tmp, "disk")
+        os.makedirs(disk)
+        if shutil.which("unshare") is None or subprocess.run(
+                ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=3m tmpfs "$0"', disk],
+                capture_output=True, timeout=60).returncode != 0:
+            self.skipTest("cannot mount a tmpfs in a user namespace here (unshare -rm)")
+        script = r"""
+set -e
+mount -t tmpfs -o size=3m tmpfs "$1"
+"$2" "$3" --kjv --quiet --out "$1/kjv" --shard-tokens 300000
+cp -a "$1" "$4/before"
+set +e
+"$2" "$3" --kjv --quiet --out "$1/kjv" --shard-tokens 200000 --seed 5 2> "$4/stderr"
+echo $? > "$4/rc"
+cp -a "$1" "$4/after"
+"""
+        proc = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", disk, sys.executable, PREPARE_PY, self.tmp],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(self.tmp, "rc")) as f, open(os.path.join(self.tmp, "stderr")) as g:
+            rc, stderr = int(f.read()), g.read()
+        self.assertEqual(rc, 1, stderr)
+        self.assertNotIn("Traceback", stderr)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn(os.strerror(errno.ENOSPC), stderr)
+        self.assertIn(os.path.join(disk, "kjv", "kjv_train_"), stderr)
+
+        def contents(root):  # (path -> bytes) of the copied tmpfs: the previous output and nothing else
+            return {k: v[1] for k, v in snapshot(root).items()}
+
+        before, after = contents(os.path.join(self.tmp, "before")), contents(os.path.join(self.tmp, "after"))
+        self.assertEqual(after, before)
+        self.assertEqual(sorted(before), ["kjv", "kjv/kjv_manifest.json", "kjv/kjv_train_000000.bin",
+                                          "kjv/kjv_train_000001.bin", "kjv/kjv_train_000002.bin",
+                                          "kjv/kjv_train_000003.bin", "kjv/kjv_val_000000.bin"])
+
+    def run_in_process(self, *args):
+        """prepare.main in this process (so that its functions can be patched): (exit code, stderr)."""
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = prepare.main(["--quiet", *args])
+        return rc, err.getvalue()
+
+    def test_writer_failure_after_first_shard_in_process(self):
+        before = self.make_previous_output()
+        real_write_shard = prepare.write_shard
+        for exception, rc in ((OSError(errno.EIO, "injected I/O error"), 1), (KeyboardInterrupt(), 130),
+                              (prepare.PrepareError("injected"), 1)):
+            calls = []
+
+            def failing_write_shard(path, *a, **kw):
+                calls.append(path)
+                if len(calls) > 1:
+                    raise exception
+                return real_write_shard(path, *a, **kw)
+
+            with self.subTest(exception=exception), \
+                    unittest.mock.patch.object(prepare, "write_shard", failing_write_shard):
+                code, stderr = self.run_in_process(*self.COMMON, "--seed", "11", "--out", self.out, *self.inputs)
+                self.assertEqual(code, rc, stderr)
+                self.assertEqual(len(calls), 2)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertEqual(snapshot(self.parent), before)
+
+    def test_failed_swap_keeps_previous_output(self):
+        """The last step itself fails: the atomic exchange, or either rename of the fallback."""
+        before = self.make_previous_output()
+        args = [*self.COMMON, "--seed", "5", "--out", self.out, *self.inputs]
+
+        def exchange_fails(a, b):
+            raise OSError(errno.EIO, "injected", a)
+
+        code, stderr = None, None
+        with unittest.mock.patch.object(prepare, "exchange_paths", exchange_fails):
+            code, stderr = self.run_in_process(*args)
+        self.assertEqual(code, 1)
+        self.assertIn("unchanged", stderr)
+        self.assertEqual(snapshot(self.parent), before)
+
+        real_rename = os.rename
+        for failing in ("aside", "new"):
+            def rename(src, dst):
+                moving_new = os.path.basename(src).startswith(".out.prepare-") and "-old-" not in src
+                if (failing == "aside" and src == os.path.realpath(self.out)) or (failing == "new" and moving_new):
+                    raise OSError(errno.EIO, "injected", src)
+                return real_rename(src, dst)
+
+            with self.subTest(failing=failing), \
+                    unittest.mock.patch.object(prepare, "exchange_paths", lambda a, b: False), \
+                    unittest.mock.patch.object(prepare.os, "rename", rename):
+                code, stderr = self.run_in_process(*args)
+                self.assertEqual(code, 1)
+                self.assertIn("unchanged", stderr)
+                self.assertEqual(snapshot(self.parent), before)
+
+    def test_input_changed_between_passes(self):
+        """An input rewritten between the split pass and the tokenising pass is an error, not a wrong split."""
+        before = self.make_previous_output()
+        real_read_text, seen = prepare.read_text, []
+
+        def read_text(path, errors, *rest):
+            if path in seen and path == self.inputs[0]:  # a.txt, as pass 2 reads it again
+                with open(path, "a") as f:
+                    f.write("appended while prepare.py ran\n")
+            seen.append(path)
+            return real_read_text(path, errors, *rest)
+
+        with unittest.mock.patch.object(prepare, "read_text", read_text):
+            code, stderr = self.run_in_process(*self.COMMON, "--seed", "4", "--out", self.out, *self.inputs)
+        self.assertEqual(code, 1)
+        self.assertIn("changed while it was being prepared", stderr)
+        self.assertIn(self.inputs[0], stderr)
+        self.assertEqual(snapshot(self.parent), before)
+
+    def test_rerun_replaces_the_whole_set(self):
+        before = self.make_previous_output()
+        fresh = os.path.join(self.tmp, "fresh")
+        for exchange in (True, False):  # renameat2's exchange, and the two renames where it is missing
+            args = [*self.COMMON[:-1], "100000", "--seed", "1" if exchange else "2", *self.inputs]
+            if exchange:
+                proc = self.run_script("--quiet", *args, "--out", self.out)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+            else:
+                with unittest.mock.patch.object(prepare, "exchange_paths", lambda a, b: False):
+                    self.assertEqual(self.run_in_process(*args, "--out", self.out), (0, ""))
+            proc = self.run_script("--quiet", *args, "--out", fresh)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            after, expect = snapshot(self.parent), snapshot(fresh)
+            shutil.rmtree(fresh)
+            # Exactly the new set (byte-identical to a run into an empty folder), none of the old shards.
+            ours = {k: v[1] for k, v in after.items() if k.startswith("out/t_")}
+            self.assertEqual(ours, {"out/" + k: v[1] for k, v in expect.items()})
+            self.assertEqual(sorted(ours), ["out/t_manifest.json", "out/t_train_000000.bin", "out/t_val_000000.bin"])
+            # Everything else as it was: the same files (hard links: the same inodes), link, folders and mode.
+            others = {k: v for k, v in after.items() if not k.startswith("out/t_")}
+            self.assertEqual(others, {k: v for k, v in before.items() if not k.startswith("out/t_")})
+            self.assertEqual(stat.S_IMODE(os.stat(self.out).st_mode), 0o750)
+
+    def test_output_through_a_symbolic_link(self):
+        real = os.path.join(self.tmp, "real_out")
+        os.makedirs(real)
+        os.symlink(real, self.out)
+        for shard_tokens in (str(SHARD_TOKENS), "100000"):
+            proc = self.run_script("--quiet", *self.COMMON[:-1], shard_tokens, "--out", self.out, *self.inputs)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertTrue(os.path.islink(self.out))
+            self.assertEqual(os.readlink(self.out), real)
+        self.assertEqual(sorted(os.listdir(real)), ["t_manifest.json", "t_train_000000.bin", "t_val_000000.bin"])
+        self.assertEqual(sorted(os.listdir(self.tmp)), sorted(["parent", "real_out", *ORDER]))
+
+    def test_new_output_and_created_parents(self):
+        nested = os.path.join(self.parent, "a", "b", "out")
+        not_utf8 = os.path.join(self.tmp, "latin1.txt")
+        with open(not_utf8, "wb") as f:
+            f.write("caf\xe9\n".encode("latin-1"))
+        proc = self.run_script("--quiet", *self.COMMON, "--out", nested, not_utf8)  # fails after making a/b
+        self.assert_one_line_error(proc, words=["UTF-8"])
+        self.assertEqual(os.listdir(self.parent), [])  # the folders it created for the output are gone again
+
+        def chmod_fails(path, mode, **kw):
+            raise OSError(errno.EPERM, "injected", path)
+
+        with unittest.mock.patch.object(prepare.os, "chmod", chmod_fails):  # fails inside the output set-up
+            code, stderr = self.run_in_process(*self.COMMON, "--out", nested, *self.inputs)
+        self.assertEqual(code, 1)
+        self.assertIn("temporary directory", stderr)
+        self.assertEqual(os.listdir(self.parent), [])
+        proc = self.run_script("--quiet", *self.COMMON, "--out", nested, *self.inputs)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(sorted(os.listdir(os.path.join(self.parent, "a", "b"))), ["out"])
+        umask = os.umask(0)
+        os.umask(umask)
+        self.assertEqual(stat.S_IMODE(os.stat(nested).st_mode), 0o777 & ~umask)  # not mkdtemp's 0700
+
+    def test_os_errors_are_one_line(self):
+        a_file = os.path.join(self.tmp, "a_file")
+        with open(a_file, "w") as f:
+            f.write("x")
+        not_utf8 = os.path.join(self.tmp, "latin1.txt")
+        with open(not_utf8, "wb") as f:
+            f.write("caf\xe9\n".encode("latin-1"))
+        corrupt_gz = os.path.join(self.tmp, "corrupt.txt.gz")
+        data = gzip.compress(b"hello world " * 1000, mtime=0)
+        with open(corrupt_gz, "wb") as f:
+            f.write(data[:20] + bytes(200) + data[220:])  # a valid header, then a broken deflate stream
+        fifo = os.path.join(self.tmp, "fifo.txt")
+        os.mkfifo(fifo)
+        cases = [  # (args, words the one error line must hold)
+            (["--out", a_file, self.inputs[0]], ["output directory", a_file, "not a directory"]),
+            (["--out", os.path.join(a_file, "sub"), self.inputs[0]], ["cannot create the output directory", a_file]),
+            # The output is checked before the inputs are read: the bad output is reported, not the bad input.
+            (["--out", os.path.join(a_file, "sub"), not_utf8], ["output directory", a_file]),
+            (["--out", self.out, corrupt_gz], ["cannot read", corrupt_gz]),
+            (["--out", self.out, fifo], ["not a regular file", fifo]),
+            (["--out", "/", self.inputs[0]], ["'/'"]),
+        ]
+        self.check_error_cases(cases)
+
+    def check_error_cases(self, cases):
+        for args, words in cases:
+            with self.subTest(args=args):
+                proc = self.run_script("--quiet", "--name", "t", *args, timeout=60)
+                self.assert_one_line_error(proc, words=["prepare.py: error: ", *words])
+                self.assertEqual(os.listdir(self.parent), [])
+        self.assertEqual([e for e in os.listdir(self.tmp) if e.startswith(".")], [])  # no temporary directories
+        for dirpath, dirs, files in os.walk(self.tmp):
+            self.assertEqual([e for e in dirs + files if ".prepare-" in e or ".tmp" in e], [], dirpath)
+
+    def test_permission_errors_are_one_line(self):
+        if os.geteuid() == 0:
+            self.skipTest("root reads and writes regardless of permissions (run as another user to cover this)")
+        not_utf8 = os.path.join(self.tmp, "latin1.txt")
+        with open(not_utf8, "wb") as f:
+            f.write("caf\xe9\n".encode("latin-1"))
+        locked_dir = os.path.join(self.tmp, "locked_dir")
+        os.makedirs(os.path.join(locked_dir, "inner"))
+        with open(os.path.join(locked_dir, "inner", "doc.txt"), "w") as f:
+            f.write("unreachable document\n")
+        os.chmod(os.path.join(locked_dir, "inner"), 0)
+        unreadable = os.path.join(self.tmp, "unreadable.txt")
+        with open(unreadable, "w") as f:
+            f.write("secret\n")
+        os.chmod(unreadable, 0)
+        read_only_out = os.path.join(self.tmp, "ro_out")
+        os.makedirs(read_only_out)
+        os.chmod(read_only_out, 0o555)
+        read_only_parent = os.path.join(self.tmp, "ro_parent")
+        os.makedirs(os.path.join(read_only_parent, "out"))
+        os.chmod(read_only_parent, 0o555)
+        denied = os.strerror(errno.EACCES)
+        cases = [
+            (["--out", self.out, locked_dir], ["cannot list", os.path.join(locked_dir, "inner"), denied]),
+            (["--out", self.out, unreadable], ["cannot read", unreadable, denied]),
+            (["--out", read_only_out, not_utf8], ["cannot write to the output directory", read_only_out]),
+            (["--out", os.path.join(read_only_parent, "out"), not_utf8], [read_only_parent, denied]),
+            (["--out", os.path.join(read_only_parent, "new"), not_utf8], [read_only_parent, denied]),
+        ]
+        self.check_error_cases(cases)
+
+    def test_directory_with_a_fifo(self):
+        """A FIFO inside an input directory is skipped (reading it would block), not read."""
+        folder = os.path.join(self.tmp, "folder")
+        os.makedirs(folder)
+        shutil.copy(self.inputs[0], folder)
+        os.mkfifo(os.path.join(folder, "pipe.txt"))
+        proc = self.run_script("--quiet", *self.COMMON, "--out", self.out, folder, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(sorted(os.listdir(self.out)), ["t_manifest.json", "t_train_000000.bin"])
 
 
 if __name__ == "__main__":
