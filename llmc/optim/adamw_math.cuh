@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "llmc/core/common.h"
+#include "llmc/core/float_rn.cuh"
 
 namespace llmc {
 
@@ -28,24 +29,9 @@ inline AdamWStep make_adamw_step(float lr, float beta1, float beta2, float eps, 
           static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t))};
 }
 
-// Multiply and add without fused multiply-add on the device, so that the GPU rounds exactly like the host reference
-// (division and sqrtf are IEEE round-to-nearest on both unless built with fast math).
-__host__ __device__ inline float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-__host__ __device__ inline float add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-// One parameter: the documented update in FP32, in the same operation order on host and device.
+// One parameter: the documented update in FP32, in the same operation order on host and device (products and sums
+// through llmc/core/float_rn.cuh, so the device rounds exactly like the host reference; division and sqrtf are IEEE
+// round-to-nearest on both unless built with fast math).
 __host__ __device__ inline void adamw_element(float& master, float& m, float& v, float grad, float grad_scale,
                                               const AdamWStep& s) {
   const float g = mul_rn(grad, grad_scale);

@@ -27,6 +27,7 @@
 
 #include "llmc/core/cuda_utils.cuh"
 #include "llmc/core/dtypes.h"
+#include "llmc/core/float_rn.cuh"
 #include "llmc/precision/quant.h"
 
 #if defined(__CUDACC__) && defined(__USE_FAST_MATH__)
@@ -37,31 +38,6 @@ namespace llmc {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Scalar helpers shared by the host references and the kernels.
-__host__ __device__ inline uint32_t float_to_bits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof(u));
-  return u;
-}
-__host__ __device__ inline float bits_to_float(uint32_t u) {
-  float x;
-  memcpy(&x, &u, sizeof(x));
-  return x;
-}
-// Correctly rounded FP32 division and product on both sides (the device intrinsics are never contracted into FMAs).
-__host__ __device__ inline float div_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-__host__ __device__ inline float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
 __host__ __device__ inline float fp8_max_of(Fp8Format f) { return f == Fp8Format::E5M2 ? 57344.0f : 448.0f; }
 
 // quant.h's formula: fp8_max / (amax * 2^margin) in FP32, clamped to [2^-126, FLT_MAX], optionally floored to a power
