@@ -1,7 +1,8 @@
-// dev/cuda/bench_kernels: times every kernel of llmc/kernels/ (but attention) at GPT-2 124M shapes (B=16, T=1024,
-// C=768, V=50257, Vp=50304): warm-up, then the median of repeated cudaEvent timings; prints ms and the achieved GB/s
-// with bytes = every input read once + every output written once (the ideal traffic of a memory-bound kernel).
-// Correctness is the job of test/kernels/test_kernels; the inputs here are random but valid.
+// dev/cuda/bench_kernels: times every kernel of llmc/kernels/ (but attention) and the AdamW update (FP32 and BF16
+// moments) at GPT-2 124M shapes (B=16, T=1024, C=768, V=50257, Vp=50304): warm-up, then the median of repeated
+// cudaEvent timings; prints ms and the achieved GB/s with bytes = every input read once + every output written once
+// (the ideal traffic of a memory-bound kernel). Correctness is the job of test/kernels/test_kernels and
+// test/optim/test_adamw; the inputs here are random but valid.
 // Usage: bench_kernels [repeats]   (default 20)
 #include <algorithm>
 #include <cstdio>
@@ -205,6 +206,12 @@ int main(int argc, char** argv) {
            llmc::adamw_update(master, params, grads, m, v, P, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, grad_scale, 0);
          }),
          P * (4 * kF32 + 3 * kF32 + kBf16));  // read master, grads, m, v; write master, m, v, params
+  bf16* m16 = device_random<bf16>(P, rng, -0.01f, 0.01f);
+  bf16* v16 = device_random<bf16>(P, rng, 0.0f, 1e-4f);
+  report("adamw_update, bf16 moments (124M params)", time_ms([&] {
+           llmc::adamw_update(master, params, grads, m16, v16, P, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, grad_scale, 0);
+         }),
+         P * (2 * kF32 + 2 * kBf16 + kF32 + 2 * kBf16 + kBf16));  // read master, grads, m, v; write master, m, v, params
   report("convert_float_to_bf16 (124M)", time_ms([&] { llmc::convert_float_to_bf16(params, master, P, 0); }),
          P * (kF32 + kBf16));
 

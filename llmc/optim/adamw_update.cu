@@ -1,69 +1,104 @@
-// llmc/optim/adamw_update.cu: the AdamW update kernel on FP32 master weights with FP32 moments, writing the bf16
-// working weights (round to nearest even), and the clipping scale from the global norm (llmc/optim/adamw_update.h).
+// llmc/optim/adamw_update.cu: the AdamW update kernel, one body templated on the moment storage
+// (llmc/optim/moment_storage.cuh), on FP32 master weights, writing the bf16 working weights (round to nearest even),
+// and the clipping scale from the global norm (llmc/optim/adamw_update.h).
 #include <cmath>
 
+#include "llmc/core/common.h"
 #include "llmc/core/cuda_utils.cuh"
 #include "llmc/optim/adamw_math.cuh"
 #include "llmc/optim/adamw_update.h"
+#include "llmc/optim/moment_storage.cuh"
 
 namespace llmc {
 
-// W consecutive elements per thread: W = 4 uses 128-bit loads of master / grads / m / v and a 64-bit store of the
-// four bf16 params; W = 1 handles unaligned tensors and the tail.
-template <int W>
-struct alignas(sizeof(float) * W) FloatVec {
-  float v[W];
-};
-template <int W>
-struct alignas(sizeof(bf16) * W) Bf16Vec {
-  bf16 v[W];
+// W consecutive elements per thread: W = 4 uses 128-bit loads of master / grads (and of FP32 moments, 64-bit of
+// BF16 ones) and a 64-bit store of the four bf16 params; W = 1 handles unaligned tensors and the tail.
+template <typename T, int W>
+struct alignas(sizeof(T) * W) Vec {
+  T v[W];
 };
 
-template <int W>
-__global__ void adamw_kernel(float* master, bf16* params, const float* grads, float* m, float* v, size_t num_vecs,
-                             AdamWStep step, const float* grad_scale) {
+template <class Storage, int W>
+__global__ void adamw_kernel(float* master, bf16* params, const float* grads, typename Storage::Code* m,
+                             typename Storage::Code* v, size_t num_vecs, AdamWStep step, const float* grad_scale) {
+  using Code = typename Storage::Code;
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= num_vecs) return;
   const float scale = *grad_scale;
   if (!isfinite(scale)) return;  // skipped step (non-finite gradient norm): master, m, v, params unchanged
-  FloatVec<W> w = reinterpret_cast<const FloatVec<W>*>(master)[i];
-  FloatVec<W> mv = reinterpret_cast<const FloatVec<W>*>(m)[i];
-  FloatVec<W> vv = reinterpret_cast<const FloatVec<W>*>(v)[i];
-  const FloatVec<W> g = reinterpret_cast<const FloatVec<W>*>(grads)[i];
-  Bf16Vec<W> p;
+  Vec<float, W> w = reinterpret_cast<const Vec<float, W>*>(master)[i];
+  Vec<Code, W> mv = reinterpret_cast<const Vec<Code, W>*>(m)[i];
+  Vec<Code, W> vv = reinterpret_cast<const Vec<Code, W>*>(v)[i];
+  const Vec<float, W> g = reinterpret_cast<const Vec<float, W>*>(grads)[i];
+  Vec<bf16, W> p;
 #pragma unroll
   for (int k = 0; k < W; k++) {
-    adamw_element(w.v[k], mv.v[k], vv.v[k], g.v[k], scale, step);
+    float mk = Storage::decode(mv.v[k]), vk = Storage::decode(vv.v[k]);
+    adamw_element(w.v[k], mk, vk, g.v[k], scale, step);
+    mv.v[k] = Storage::encode(mk);
+    vv.v[k] = Storage::encode(vk);
     p.v[k] = __float2bfloat16_rn(w.v[k]);
   }
-  reinterpret_cast<FloatVec<W>*>(master)[i] = w;
-  reinterpret_cast<FloatVec<W>*>(m)[i] = mv;
-  reinterpret_cast<FloatVec<W>*>(v)[i] = vv;
-  reinterpret_cast<Bf16Vec<W>*>(params)[i] = p;
+  reinterpret_cast<Vec<float, W>*>(master)[i] = w;
+  reinterpret_cast<Vec<Code, W>*>(m)[i] = mv;
+  reinterpret_cast<Vec<Code, W>*>(v)[i] = vv;
+  reinterpret_cast<Vec<bf16, W>*>(params)[i] = p;
 }
 
-void adamw_update(float* master, bf16* params, const float* grads, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t, const float* grad_scale,
-                  cudaStream_t stream) {
+template <class Storage>
+void launch_adamw(float* master, bf16* params, const float* grads, typename Storage::Code* m,
+                  typename Storage::Code* v, size_t n, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int t, const float* grad_scale, cudaStream_t stream) {
+  using Code = typename Storage::Code;
   const AdamWStep step = make_adamw_step(lr, beta1, beta2, eps, weight_decay, t);
   if (n == 0) return;
   const int block = 256;
-  const bool vectorisable = is_aligned(master, 16) && is_aligned(grads, 16) && is_aligned(m, 16) &&
-                            is_aligned(v, 16) && is_aligned(params, 8);
+  const bool vectorisable = is_aligned(master, 16) && is_aligned(grads, 16) && is_aligned(m, 4 * sizeof(Code)) &&
+                            is_aligned(v, 4 * sizeof(Code)) && is_aligned(params, 8);
   size_t done = 0;
   if (vectorisable && n >= 4) {
     const size_t num_vecs = n / 4;
-    adamw_kernel<4><<<ceil_div(num_vecs, block), block, 0, stream>>>(master, params, grads, m, v, num_vecs, step,
-                                                                     grad_scale);
+    adamw_kernel<Storage, 4><<<ceil_div(num_vecs, block), block, 0, stream>>>(master, params, grads, m, v, num_vecs,
+                                                                              step, grad_scale);
     CUDA_CHECK_LAUNCH();
     done = 4 * num_vecs;
   }
   if (done < n) {
     const size_t rest = n - done;
-    adamw_kernel<1><<<ceil_div(rest, block), block, 0, stream>>>(master + done, params + done, grads + done, m + done,
-                                                                 v + done, rest, step, grad_scale);
+    adamw_kernel<Storage, 1><<<ceil_div(rest, block), block, 0, stream>>>(
+        master + done, params + done, grads + done, m + done, v + done, rest, step, grad_scale);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+void adamw_update(float* master, bf16* params, const float* grads, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t, const float* grad_scale,
+                  cudaStream_t stream) {
+  launch_adamw<Fp32Moments>(master, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
+                            stream);
+}
+
+void adamw_update(float* master, bf16* params, const float* grads, bf16* m, bf16* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t, const float* grad_scale,
+                  cudaStream_t stream) {
+  launch_adamw<Bf16Moments>(master, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
+                            stream);
+}
+
+void adamw_update(const StateFormat& format, float* master, bf16* params, const float* grads, void* m, void* v,
+                  size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t,
+                  const float* grad_scale, cudaStream_t stream) {
+  switch (format.id) {
+    case Fp32Moments::kFormat:
+      launch_adamw<Fp32Moments>(master, params, grads, static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1,
+                                beta2, eps, weight_decay, t, grad_scale, stream);
+      return;
+    case Bf16Moments::kFormat:
+      launch_adamw<Bf16Moments>(master, params, grads, static_cast<bf16*>(m), static_cast<bf16*>(v), n, lr, beta1,
+                                beta2, eps, weight_decay, t, grad_scale, stream);
+      return;
+  }
+  throw_error("internal error: adamw_update has no kernel for optimizer state format '%s'", format.name);
 }
 
 // grad_scale[0] = (clip > 0 && norm > clip) ? clip / norm : 1, on the device (no host sync). A non-finite norm (an

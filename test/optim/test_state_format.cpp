@@ -1,0 +1,106 @@
+// test/optim/test_state_format: the optimizer-state format description (llmc/optim/state_format.h): the formats of this
+// build, their sizes and checkpoint dtypes, the alignment they need, the host codecs (bf16: round to nearest even),
+// and the errors naming optimizer.state_format.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "llmc/core/common.h"
+#include "llmc/core/dtypes.h"
+#include "llmc/optim/state_format.h"
+
+using llmc::StateFormat;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const llmc::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(StateFormat, TheFormatsOfThisBuild) {
+  EXPECT_EQ(llmc::state_format_names(), (std::vector<std::string>{"fp32", "bf16"}));
+  EXPECT_TRUE(llmc::state_formats().front() == StateFormat::fp32());  // the default first
+  EXPECT_TRUE(StateFormat::fp32() != StateFormat::bf16());
+  for (const StateFormat& f : llmc::state_formats()) {
+    SCOPED_TRACE(f.name);
+    EXPECT_TRUE(llmc::parse_state_format(f.name) == f);
+    EXPECT_EQ(llmc::find_state_format(f.name), &f);
+    EXPECT_EQ(f.m.group_size, 1u);  // element-wise: no metadata, any cut
+    EXPECT_EQ(f.v.group_size, 1u);
+    EXPECT_EQ(f.m.scales_per_group, 0);
+    EXPECT_EQ(f.shard_alignment(), 1u);
+  }
+}
+
+TEST(StateFormat, SizesAndCheckpointDtypes) {
+  const StateFormat& fp32 = StateFormat::fp32();
+  const StateFormat& bf16 = StateFormat::bf16();
+  EXPECT_EQ(fp32.m.code_bytes(), 4u);
+  EXPECT_EQ(fp32.v.code_bytes(), 4u);
+  EXPECT_EQ(bf16.m.code_bytes(), 2u);
+  EXPECT_EQ(bf16.v.code_bytes(), 2u);
+  EXPECT_EQ(fp32.m.bytes(1000), 4000u);
+  EXPECT_EQ(bf16.v.bytes(1000), 2000u);
+  EXPECT_STREQ(fp32.m.safetensors_dtype(), "F32");
+  EXPECT_STREQ(bf16.v.safetensors_dtype(), "BF16");
+}
+
+// The alignment of a grouped format is the least common multiple of its moments' groups.
+TEST(StateFormat, AGroupedFormatNeedsGroupAlignedCuts) {
+  StateFormat grouped = StateFormat::fp32();
+  grouped.m.group_size = 128;
+  grouped.v.group_size = 32;
+  EXPECT_EQ(grouped.shard_alignment(), 128u);
+  grouped.v.group_size = 48;
+  EXPECT_EQ(grouped.shard_alignment(), 384u);
+}
+
+TEST(StateFormat, UnknownNamesAreErrorsNamingTheKey) {
+  EXPECT_EQ(llmc::find_state_format("fp8"), nullptr);
+  const std::string msg = error_of([] { llmc::parse_state_format("fp8"); });
+  EXPECT_NE(msg.find("optimizer.state_format = 'fp8'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fp32, bf16"), std::string::npos) << msg;
+  EXPECT_NE(error_of([] { llmc::parse_state_format("FP32"); }).find("optimizer.state_format"), std::string::npos);
+}
+
+// encode / decode: fp32 is the identity bit for bit; bf16 rounds to nearest even (ties to the even mantissa) and
+// decodes exactly.
+TEST(StateFormat, HostCodecs) {
+  const std::vector<float> x = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -(1.0f + 0x1p-8f),
+                                0.0f,          -0.0f,               1e-30f,                      3.3e38f,
+                                0.1f};
+  const size_t n = x.size();
+  std::vector<uint8_t> codes(StateFormat::fp32().m.bytes(n));
+  std::vector<float> back(n);
+  llmc::encode_moment(StateFormat::fp32().m, x.data(), n, codes.data());
+  EXPECT_EQ(std::memcmp(codes.data(), x.data(), codes.size()), 0);
+  llmc::decode_moment(StateFormat::fp32().m, codes.data(), n, back.data());
+  EXPECT_EQ(std::memcmp(back.data(), x.data(), n * sizeof(float)), 0);
+
+  const llmc::MomentStorage& b = StateFormat::bf16().m;
+  codes.assign(b.bytes(n), 0);
+  llmc::encode_moment(b, x.data(), n, codes.data());
+  llmc::decode_moment(b, codes.data(), n, back.data());
+  EXPECT_EQ(back[0], 1.0f);                  // tie: down to even
+  EXPECT_EQ(back[1], 1.0f + 0x1p-6f);        // tie: up to even
+  EXPECT_EQ(back[2], 1.0f + 0x1p-7f);        // above the tie: up
+  EXPECT_EQ(back[3], -1.0f);
+  EXPECT_FALSE(std::signbit(back[4]));
+  EXPECT_TRUE(std::signbit(back[5]));
+  for (size_t i = 0; i < n; i++) EXPECT_EQ(back[i], llmc::bf16_decode(llmc::bf16_encode(x[i]))) << i;
+  // little-endian bf16 codes: the upper half of the float's bits
+  uint16_t first;
+  std::memcpy(&first, codes.data(), 2);
+  EXPECT_EQ(first, 0x3f80);
+}
