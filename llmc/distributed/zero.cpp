@@ -8,7 +8,6 @@
 
 #include "llmc/core/common.h"
 #include "llmc/kernels/reduce.h"
-#include "llmc/optim/adamw_update.h"
 
 using json = nlohmann::json;
 
@@ -96,48 +95,40 @@ ShardLayout make_shard_layout(const ParamTable& table, int world_size) {
 // ------------------------------------------------------------------------------------------------------------------
 // The optimizer
 
+namespace {
+
+// The state ranges of `rank`: the whole buffer (ZeRO-0 and one rank), or its pieces of the layout (ZeRO-1), the
+// replicated tail adding to the norm on rank 0 only.
+std::vector<StateRange> state_ranges(const ShardLayout& layout, int rank, int stage) {
+  if (stage == 0) return {{{0, layout.total}, true}};
+  std::vector<StateRange> out;
+  for (const ElementRange& piece : layout.owned(rank))
+    out.push_back({piece, piece.first != layout.replicated_begin || rank == 0});
+  return out;
+}
+
+}  // namespace
+
 ZeroAdamW::ZeroAdamW(Comm& comm, const ParamTable& table, bf16* params, float* grads, const OptimizerConfig& opt,
                      int zero_stage)
-    : comm_(comm), table_(table), params_(params), grads_(grads), opt_(opt) {
+    : comm_(comm), table_(table), params_(params), grads_(grads) {
   if (zero_stage != 0 && zero_stage != 1)
     throw_error("parallel.zero_stage = %d: this build has ZeRO stages 0 (replicated optimizer) and 1 (sharded)",
                 zero_stage);
   stage_ = comm.distributed() ? zero_stage : 0;
   layout_ = make_shard_layout(table, comm.world_size());
+  if (stage_ == 1 && ShardLayout::kAlign % opt.state_format.shard_alignment() != 0)
+    throw_error("optimizer.state_format = %s needs shard boundaries aligned to %zu elements, the ZeRO-1 layout aligns "
+                "them to %zu: use parallel.zero_stage = 0 or another state format", opt.state_format.name,
+                opt.state_format.shard_alignment(), ShardLayout::kAlign);
   int blocks = 0;
   for (const ParamInfo& p : table.params) blocks = std::max(blocks, p.layer + 1);
   layer_done_.assign(static_cast<size_t>(blocks), false);
   launched_.assign(layout_.ranges.size(), false);
 
-  if (stage_ == 0) {
-    full_ = std::make_unique<AdamW>(table, opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
-  } else {
-    if (!(opt.beta1 >= 0.0 && opt.beta1 < 1.0) || !(opt.beta2 >= 0.0 && opt.beta2 < 1.0))
-      throw_error("AdamW: optimizer.beta1=%g and optimizer.beta2=%g must lie in [0, 1)", opt.beta1, opt.beta2);
-    if (!(opt.eps > 0.0)) throw_error("AdamW: optimizer.eps=%g must be > 0", opt.eps);
-    owned_ = layout_.owned(comm.rank());
-    for (const ElementRange& piece : owned_) {
-      for (const ParamInfo& p : table.params) {
-        const size_t b = std::max(piece.first, p.offset), e = std::min(piece.second, p.offset + p.numel);
-        if (b < e) segments_.push_back({b, n_local_ + (b - piece.first), e - b, p.weight_decay});
-      }
-      n_local_ += piece.second - piece.first;
-    }
-    const size_t bytes = n_local_ * sizeof(float);
-    CUDA_CHECK(cudaMalloc(&master_, bytes));
-    CUDA_CHECK(cudaMalloc(&m_, bytes));
-    CUDA_CHECK(cudaMalloc(&v_, bytes));
-    CUDA_CHECK(cudaMemset(master_, 0, bytes));
-    CUDA_CHECK(cudaMemset(m_, 0, bytes));
-    CUDA_CHECK(cudaMemset(v_, 0, bytes));
-    const size_t partials = owned_.size() * static_cast<size_t>(global_norm_partials_per_tensor());
-    CUDA_CHECK(cudaMalloc(&partials_, partials * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&all_partials_, partials * comm.world_size() * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&norm_, sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&clip_scale_, sizeof(float)));
-    CUDA_CHECK(cudaMemset(norm_, 0, sizeof(float)));
-    CUDA_CHECK(cudaMallocHost(&host_norm_, sizeof(float)));
-  }
+  state_ = std::make_unique<AdamW>(table, opt, state_ranges(layout_, comm.rank(), stage_));
+  if (stage_ == 1)
+    CUDA_CHECK(cudaMalloc(&all_partials_, state_->num_norm_partials() * comm.world_size() * sizeof(float)));
   if (comm.distributed()) {
     range_start_.resize(layout_.ranges.size() + 1);
     range_end_.resize(layout_.ranges.size() + 1);
@@ -156,9 +147,7 @@ ZeroAdamW::~ZeroAdamW() {
   for (cudaEvent_t e : range_end_) cudaEventDestroy(e);
   for (cudaEvent_t e : {backward_end_, reduce_done_, step_done_})
     if (e) cudaEventDestroy(e);
-  if (host_norm_) cudaFreeHost(host_norm_);
-  for (float* p : {master_, m_, v_, partials_, all_partials_, norm_, clip_scale_})
-    if (p) cudaFree(p);
+  if (all_partials_) cudaFree(all_partials_);
 }
 
 void ZeroAdamW::begin_micro_step(bool last) {
@@ -228,7 +217,7 @@ void ZeroAdamW::backward_done(cudaStream_t s) {
 
 void ZeroAdamW::step(float lr, int t, float grad_clip, cudaStream_t s) {
   if (!comm_.distributed()) {
-    full_->step(params_, grads_, lr, t, grad_clip, s);
+    state_->step(params_, grads_, lr, t, grad_clip, s);
     return;
   }
   if (!reduced_)
@@ -236,26 +225,11 @@ void ZeroAdamW::step(float lr, int t, float grad_clip, cudaStream_t s) {
                 "before the last micro-step and backward_done after its backward)");
   cudaStream_t cs = comm_.stream();
   if (stage_ == 0) {
-    full_->step(params_, grads_, lr, t, grad_clip, cs);
+    state_->step(params_, grads_, lr, t, grad_clip, cs);
   } else {
-    const int P = global_norm_partials_per_tensor();
-    const size_t tail = layout_.ranges.size();  // index of the replicated tail among owned_ (when present)
-    for (size_t i = 0; i < owned_.size(); i++) {
-      float* out = partials_ + i * static_cast<size_t>(P);
-      if (i == tail && comm_.rank() != 0)  // the replicated tail counts once, on rank 0
-        CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(P) * sizeof(float), cs));
-      else
-        global_norm_squared(out, grads_ + owned_[i].first, owned_[i].second - owned_[i].first, cs);
-    }
-    const size_t count = owned_.size() * static_cast<size_t>(P);
-    comm_.all_gather(partials_, all_partials_, count, DType::F32);
-    global_norm_finish(norm_, all_partials_, static_cast<int>(count * comm_.world_size()), cs);
-    clip_scale_from_norm(clip_scale_, norm_, grad_clip, cs);
-    const float wd = static_cast<float>(opt_.weight_decay);
-    for (const Segment& seg : segments_)
-      adamw_update(master_ + seg.local, params_ + seg.global, grads_ + seg.global, m_ + seg.local, v_ + seg.local,
-                   seg.numel, lr, static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
-                   static_cast<float>(opt_.eps), seg.weight_decay ? wd : 0.0f, t, clip_scale_, cs);
+    const size_t count = state_->num_norm_partials();
+    comm_.all_gather(state_->norm_partials(grads_, cs), all_partials_, count, DType::F32);
+    state_->clipped_update(params_, grads_, all_partials_, count * comm_.world_size(), lr, t, grad_clip, cs);
     for (size_t k = 0; k < layout_.ranges.size(); k++)
       comm_.all_gather(params_ + layout_.ranges[k].begin, layout_.chunk(k), DType::BF16);
   }
@@ -273,13 +247,10 @@ void ZeroAdamW::skip_step(cudaStream_t s) {
 }
 
 float ZeroAdamW::last_grad_norm(cudaStream_t s) {
-  if (!comm_.distributed()) return full_->last_grad_norm(s);
+  if (!comm_.distributed()) return state_->last_grad_norm(s);
   cudaStream_t cs = comm_.stream();
   comm_.wait(cs, "the optimizer step (gradient reduction, AdamW, weight all-gather)");
-  if (stage_ == 0) return full_->last_grad_norm(cs);
-  CUDA_CHECK(cudaMemcpyAsync(host_norm_, norm_, sizeof(float), cudaMemcpyDeviceToHost, cs));
-  comm_.wait(cs, "the gradient norm");
-  return *host_norm_;
+  return state_->last_grad_norm(cs);  // the stream is idle: the copy cannot wait for a peer
 }
 
 CommTimes ZeroAdamW::last_comm_times() {
@@ -315,38 +286,13 @@ void ZeroAdamW::upload_params_from(const float* host_full, cudaStream_t s) {
 }
 
 void ZeroAdamW::set_master(const float* host_full, cudaStream_t s) {
-  if (full_) {
-    full_->set_master(host_full, params_, s);
-    return;
-  }
-  upload_params_from(host_full, s);
-  std::vector<float> local(n_local_);
-  size_t lo = 0;
-  for (const ElementRange& r : owned_) {
-    std::copy(host_full + r.first, host_full + r.second, local.begin() + static_cast<long>(lo));
-    lo += r.second - r.first;
-  }
-  CUDA_CHECK(cudaMemcpy(master_, local.data(), n_local_ * sizeof(float), cudaMemcpyHostToDevice));
+  if (stage_ == 1) upload_params_from(host_full, s);  // the weights of the pieces other ranks own
+  state_->set_master(host_full, params_, s);
 }
 
-std::vector<ElementRange> ZeroAdamW::owned_ranges() const {
-  if (full_) return {{0, table_.total_elements}};
-  return owned_;
-}
-
-void ZeroAdamW::restore(const float* master_full, const std::vector<float>& m, const std::vector<float>& v,
-                        cudaStream_t s) {
-  const size_t n = full_ ? table_.total_elements : n_local_;
-  if (m.size() != n || v.size() != n)
-    throw_error("internal error: ZeroAdamW::restore got %zu / %zu moment elements for %zu owned elements", m.size(),
-                v.size(), n);
-  if (full_) {
-    full_->upload(master_full, m.data(), v.data(), params_, s);
-    return;
-  }
-  set_master(master_full, s);
-  CUDA_CHECK(cudaMemcpy(m_, m.data(), n_local_ * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(v_, v.data(), n_local_ * sizeof(float), cudaMemcpyHostToDevice));
+void ZeroAdamW::restore(const float* master_full, const StoredMoments& moments, cudaStream_t s) {
+  if (stage_ == 1) upload_params_from(master_full, s);
+  state_->restore(master_full, moments, params_, s);
 }
 
 OptimizerSnapshot ZeroAdamW::snapshot(cudaStream_t s) {
@@ -357,25 +303,17 @@ OptimizerSnapshot ZeroAdamW::snapshot(cudaStream_t s) {
   snap.zero_stage = stage_;
   const size_t total = table_.total_elements;
   if (comm_.distributed()) comm_.wait(comm_.stream(), "the last optimizer step before the checkpoint");
-  if (full_) {
-    snap.format = "full";
-    if (comm_.rank() == 0) {
-      snap.master_full.resize(total);
-      snap.m.resize(total);
-      snap.v.resize(total);
-      full_->download(snap.master_full.data(), snap.m.data(), snap.v.data());
-    }
+  snap.moments.format = state_->state_format();
+  if (stage_ == 0) {
+    snap.kind = "full";
+    if (comm_.rank() == 0) state_->download(&snap.master_full, &snap.moments);  // the state is the whole buffer
     return snap;
   }
-  snap.format = "sharded";
-  snap.owned = owned_;
+  snap.kind = "sharded";
+  snap.owned = state_->ranges();
   snap.layout = layout_.to_json();
-  snap.master.resize(n_local_);
-  snap.m.resize(n_local_);
-  snap.v.resize(n_local_);
-  CUDA_CHECK(cudaMemcpy(snap.master.data(), master_, n_local_ * sizeof(float), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(snap.m.data(), m_, n_local_ * sizeof(float), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(snap.v.data(), v_, n_local_ * sizeof(float), cudaMemcpyDeviceToHost));
+  state_->download(&snap.master, &snap.moments);
+  const float* master = state_->master();
 
   // Rank 0 gathers every rank's master pieces (point to point, in bounded pieces) for model.safetensors.
   const int world = comm_.world_size(), rank = comm_.rank();
@@ -400,11 +338,11 @@ OptimizerSnapshot ZeroAdamW::snapshot(cudaStream_t s) {
         if (rank == 0) {
           for (int r = 1; r < world; r++) comm_.recv(dev + static_cast<size_t>(r) * len, len, DType::F32, r);
         } else {
-          comm_.send(master_ + lo + o, len, DType::F32, 0);
+          comm_.send(master + lo + o, len, DType::F32, 0);
         }
         comm_.group_end();
         if (rank == 0) {
-          CUDA_CHECK(cudaMemcpyAsync(dev, master_ + lo + o, len * sizeof(float), cudaMemcpyDeviceToDevice, cs));
+          CUDA_CHECK(cudaMemcpyAsync(dev, master + lo + o, len * sizeof(float), cudaMemcpyDeviceToDevice, cs));
           CUDA_CHECK(cudaMemcpyAsync(host, dev, len * world * sizeof(float), cudaMemcpyDeviceToHost, cs));
         }
         comm_.wait(cs, "gathering the master weights for the checkpoint");

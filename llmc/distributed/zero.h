@@ -1,18 +1,19 @@
-// llmc/distributed/zero.h: AdamW under data parallelism, and the optimizer state on disk. This module owns
+// llmc/distributed/zero.h: AdamW under data parallelism. This module owns what is distributed about the optimizer:
 //   - the shard layout: how the flat FP32 gradient buffer (the ParamTable layout) is cut into reduction ranges and
 //     which piece of each range every rank owns (make_shard_layout; a pure function, CPU-tested);
 //   - the gradient reduction, started from the model's grad-ready hook during the last micro-step's backward on the
 //     communication stream (events order it after the gradients it reads), so that it overlaps with the rest of
 //     the backward pass;
-//   - the optimizer step: ZeRO-1 (parallel.zero_stage = 1: each rank keeps the FP32 master weights and AdamW moments
-//     of its pieces only, updates them, and the bf16 weights are all-gathered into every rank's params()) or
-//     ZeRO-0 (zero_stage = 0: gradients all-reduced, every rank runs the full AdamW of llmc/optim/adamw);
-//   - checkpoints of the optimizer state: model.safetensors (full FP32 master weights by parameter name, written by
-//     rank 0, loadable by train.init_from), optimizer_m/v.safetensors (full moments by name: one rank, or ZeRO-0) or
-//     optimizer_rank%05d.safetensors (ZeRO-1: this rank's master, m, v with the layout in the metadata), and reading
-//     any of them back into any world size / stage (re-sharding by global element offset).
-// World size 1 is exactly llmc/optim/adamw's AdamW on the compute stream: no communication, the same kernels, the same
-// bits (the single-GPU trainer's losses are unchanged by this module).
+//   - around the optimizer step: ZeRO-1 (parallel.zero_stage = 1: each rank's llmc/optim AdamW keeps the master
+//     weights and moments of its pieces only; the norm partials of all ranks are all-gathered before the update, and
+//     the bf16 weights after it into every rank's params()) or ZeRO-0 (zero_stage = 0: gradients all-reduced, every
+//     rank runs the AdamW of the whole buffer);
+//   - the communication timings, and the gather of the master weights for a checkpoint (snapshot; the files are
+//     llmc/io/optimizer_files).
+// The optimizer state itself (allocation in the run's optimizer.state_format, segments, norm, update, set / restore /
+// download) is llmc/optim/adamw's AdamW over the ranges this rank owns. World size 1 is that AdamW over [0, total) on
+// the compute stream: no communication, the same kernels, the same bits (the single-GPU trainer's losses are
+// unchanged by this module).
 //
 // Layout. M = world_size * kAlign elements (kAlign = 32: 128 bytes of FP32). The buffer [0, total) is split into
 // ranges whose ends are multiples of M, cut near the start of every run of same-block tensors (rounded so that the
@@ -22,7 +23,8 @@
 // gradient buffer, and the all-gather of the bf16 weights is in place too. The tail is all-reduced and updated by
 // every rank (it holds at most M - 1 elements of the last tensors). A range is reduced as soon as every block whose
 // gradients it holds has reported final (Model::set_grad_ready_hook), in descending memory order; the embeddings and
-// the ranges they share are reduced at the end of backward.
+// the ranges they share are reduced at the end of backward. Pieces are multiples of kAlign elements, which every
+// state format's StateFormat::shard_alignment() must divide (the constructor checks).
 //
 // Gradient averaging: the trainer pre-scales the loss gradient by 1 / (B * T * accum * world_size) (grad_scale of
 // Model::forward), so the FP32 NCCL sum over ranks is already the mean; no division afterwards.
@@ -97,6 +99,7 @@ struct CommTimes {
 class ZeroAdamW {
  public:
   // params / grads: the model's flat buffers (table.total_elements each); they must stay where they are.
+  // opt.state_format is the storage of this rank's moments.
   ZeroAdamW(Comm& comm, const ParamTable& table, bf16* params, float* grads, const OptimizerConfig& opt,
             int zero_stage);
   ~ZeroAdamW();
@@ -105,6 +108,7 @@ class ZeroAdamW {
 
   int zero_stage() const { return stage_; }  // as run: 0 when world size is 1
   const ShardLayout& layout() const { return layout_; }
+  const StateFormat& state_format() const { return state_->state_format(); }
 
   // Gradient reduction, per micro-step: begin_micro_step(last) before the forward; the model's grad-ready hook calls
   // grads_ready(layer, s) during backward; backward_done(s) after it reduces whatever the hook has not (everything
@@ -128,18 +132,15 @@ class ZeroAdamW {
   void set_master(const float* host_full, cudaStream_t s);
   // The global element ranges this rank keeps optimizer state for, in its local storage order (the whole buffer for
   // world size 1 and ZeRO-0).
-  std::vector<ElementRange> owned_ranges() const;
+  std::vector<ElementRange> owned_ranges() const { return state_->ranges(); }
   // Resume: the full FP32 master weights (host, the whole table) and this rank's moments for owned_ranges(),
-  // concatenated (llmc/io/optimizer_files reads them from any checkpoint). Local, no communication.
-  void restore(const float* master_full, const std::vector<float>& m, const std::vector<float>& v, cudaStream_t s);
+  // concatenated, in state_format() (llmc/io/optimizer_files reads and converts them from any checkpoint). Local, no
+  // communication.
+  void restore(const float* master_full, const StoredMoments& moments, cudaStream_t s);
   // Copies the state to the host; collective (rank 0 gathers the master weights of every rank under ZeRO-1).
   OptimizerSnapshot snapshot(cudaStream_t s);
 
  private:
-  struct Segment {  // a contiguous piece of one tensor inside an owned piece
-    size_t global, local, numel;
-    bool weight_decay;
-  };
   void launch_reductions(cudaStream_t s, bool all);
   void upload_params_from(const float* host_full, cudaStream_t s);
 
@@ -148,9 +149,8 @@ class ZeroAdamW {
   bf16* params_;
   float* grads_;
   int stage_ = 0;
-  OptimizerConfig opt_;
   ShardLayout layout_;
-  std::unique_ptr<AdamW> full_;  // world size 1 and ZeRO-0: the whole-buffer AdamW of llmc/optim/adamw
+  std::unique_ptr<AdamW> state_;  // the master weights and moments of owned_ranges(), and the update
 
   // reduction bookkeeping
   bool armed_ = false, reduced_ = false;
@@ -159,18 +159,7 @@ class ZeroAdamW {
   std::vector<bool> layer_done_;  // per block
   bool end_done_ = false;         // hook(-1) seen
 
-  // ZeRO-1 state
-  std::vector<ElementRange> owned_;
-  std::vector<Segment> segments_;
-  size_t n_local_ = 0;
-  float* master_ = nullptr;
-  float* m_ = nullptr;
-  float* v_ = nullptr;
-  float* partials_ = nullptr;      // (pieces * kNormBlocks) this rank's squared-norm partials
-  float* all_partials_ = nullptr;  // (world * pieces * kNormBlocks)
-  float* norm_ = nullptr;
-  float* clip_scale_ = nullptr;
-  float* host_norm_ = nullptr;     // pinned
+  float* all_partials_ = nullptr;  // ZeRO-1: (world * state_->num_norm_partials()) every rank's norm partials
 
   // timing (world size > 1)
   std::vector<cudaEvent_t> range_start_, range_end_;

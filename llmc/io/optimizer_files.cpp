@@ -26,29 +26,35 @@ std::string param_table_fingerprint(const ParamTable& table) {
 
 std::string optimizer_shard_file(int rank) { return strformat("optimizer_rank%05d.safetensors", rank); }
 
-void write_param_tensors(const std::string& path, const ParamTable& table, const float* values,
-                         const std::string& content) {
+namespace {
+
+// One tensor per ParamTable entry with its shape, cut from the flat buffer `codes` (element i at byte i * code
+// bytes of `dtype`).
+void write_named_tensors(const std::string& path, const ParamTable& table, const void* codes, const char* dtype,
+                         const std::string& content, const StateFormat* state_format) {
+  const size_t code_bytes = dtype_size(dtype);
   SafetensorsWriter writer;
   for (const ParamInfo& p : table.params)
-    writer.add(p.name, "F32", p.shape, values + p.offset, p.numel * sizeof(float));
+    writer.add(p.name, dtype, p.shape, static_cast<const uint8_t*>(codes) + p.offset * code_bytes,
+               p.numel * code_bytes);
   writer.set_metadata("format", "llm8");
   writer.set_metadata("content", content);
+  if (state_format && *state_format != StateFormat::fp32()) writer.set_metadata(kStateFormatKey, state_format->name);
   writer.write(path);
 }
 
-void read_param_tensors(const std::string& path, const ParamTable& table, float* values) {
-  SafetensorsReader reader(path);
+// Reads every tensor of the table by name, which must be of `dtype`, into the flat buffer `codes`.
+void read_named_tensors(const SafetensorsReader& reader, const ParamTable& table, const char* dtype, void* codes) {
+  const size_t code_bytes = dtype_size(dtype);
   for (const ParamInfo& p : table.params) {
     const TensorEntry& e = reader.entry(p.name);
-    if (e.dtype != "F32" || e.shape != p.shape)
-      throw_error("%s: tensor '%s' is %s with %zu dims; the model needs F32 of the shape in its parameter table "
+    if (e.dtype != dtype || e.shape != p.shape)
+      throw_error("%s: tensor '%s' is %s with %zu dims; the model needs %s of the shape in its parameter table "
                   "(is this checkpoint from another model config?)",
-                  path.c_str(), p.name.c_str(), e.dtype.c_str(), e.shape.size());
-    reader.read_into(p.name, values + p.offset, p.numel * sizeof(float));
+                  reader.path().c_str(), p.name.c_str(), e.dtype.c_str(), e.shape.size(), dtype);
+    reader.read_into(p.name, static_cast<uint8_t*>(codes) + p.offset * code_bytes, p.numel * code_bytes);
   }
 }
-
-namespace {
 
 json parse_metadata_json(const SafetensorsReader& reader, const char* key) {
   auto it = reader.metadata().find(key);
@@ -59,38 +65,73 @@ json parse_metadata_json(const SafetensorsReader& reader, const char* key) {
   return j;
 }
 
-}  // namespace
-
-void read_optimizer_moments(const std::string& step_dir, const TrainerState& state, const ParamTable& table,
-                            const std::vector<ElementRange>& want, std::vector<float>* m, std::vector<float>* v) {
-  size_t n = 0;
-  std::vector<size_t> dst(want.size());
-  for (size_t i = 0; i < want.size(); i++) {
-    if (want[i].first > want[i].second || want[i].second > table.total_elements)
-      throw_error("internal error: optimizer range [%zu, %zu) outside the %zu parameters", want[i].first,
-                  want[i].second, table.total_elements);
-    dst[i] = n;
-    n += want[i].second - want[i].first;
+// The state format of the moments in a file: its "state_format" metadata, fp32 without it.
+const StateFormat& file_state_format(const SafetensorsReader& reader) {
+  auto it = reader.metadata().find(kStateFormatKey);
+  if (it == reader.metadata().end()) return StateFormat::fp32();
+  const StateFormat* f = find_state_format(it->second);
+  if (!f) {
+    std::string valid;
+    for (const std::string& name : state_format_names()) valid += (valid.empty() ? "" : ", ") + name;
+    throw_error("%s: metadata '%s' = '%s' is not a state format this build reads (%s): was it written by a newer "
+                "llm8?", reader.path().c_str(), kStateFormatKey, it->second.c_str(), valid.c_str());
   }
-  m->assign(n, 0.0f);
-  v->assign(n, 0.0f);
+  return *f;
+}
 
-  // Full moments by parameter name (one rank, or ZeRO-0).
-  const std::string full_m = (fs::path(step_dir) / kMomentFiles[0]).string();
-  if (fs::exists(full_m)) {
-    std::vector<float> fm(table.total_elements, 0.0f), fv(table.total_elements, 0.0f);
-    read_param_tensors(full_m, table, fm.data());
-    read_param_tensors((fs::path(step_dir) / kMomentFiles[1]).string(), table, fv.data());
-    for (size_t i = 0; i < want.size(); i++) {
-      std::copy(fm.begin() + want[i].first, fm.begin() + want[i].second, m->begin() + dst[i]);
-      std::copy(fv.begin() + want[i].first, fv.begin() + want[i].second, v->begin() + dst[i]);
-    }
-    return;
+// The tensor `name` of a moment must have the dtype of its storage and hold `elements` codes.
+void check_moment_tensor(const SafetensorsReader& reader, const char* name, const MomentStorage& storage,
+                         size_t elements, const StateFormat& format) {
+  const TensorEntry& e = reader.entry(name);
+  if (e.dtype != storage.safetensors_dtype() || e.nbytes != storage.bytes(elements))
+    throw_error("%s: tensor '%s' is %s of %zu bytes; its pieces in state format %s need %s of %zu bytes (corrupt "
+                "shard?)", reader.path().c_str(), name, e.dtype.c_str(), e.nbytes, format.name,
+                storage.safetensors_dtype(), storage.bytes(elements));
+}
+
+// The moments in `to`: decoded to FP32 and encoded again (n elements).
+StoredMoments convert_moments(const StoredMoments& from, const StateFormat& to, size_t n) {
+  StoredMoments out{to, std::vector<uint8_t>(to.m.bytes(n)), std::vector<uint8_t>(to.v.bytes(n))};
+  std::vector<float> values(n);
+  decode_moment(from.format.m, from.m.data(), n, values.data());
+  encode_moment(to.m, values.data(), n, out.m.data());
+  decode_moment(from.format.v, from.v.data(), n, values.data());
+  encode_moment(to.v, values.data(), n, out.v.data());
+  return out;
+}
+
+// The moments of `want` in the format of the files, from optimizer_m/v.safetensors (by name).
+StoredMoments read_named_moments(const std::string& step_dir, const ParamTable& table,
+                                 const std::vector<ElementRange>& want, const std::vector<size_t>& dst, size_t n) {
+  const SafetensorsReader readers[2] = {SafetensorsReader((fs::path(step_dir) / kMomentFiles[0]).string()),
+                                        SafetensorsReader((fs::path(step_dir) / kMomentFiles[1]).string())};
+  const StateFormat& format = file_state_format(readers[0]);
+  if (file_state_format(readers[1]) != format)
+    throw_error("%s holds %s moments but %s holds %s: the checkpoint is inconsistent", readers[0].path().c_str(),
+                format.name, readers[1].path().c_str(), file_state_format(readers[1]).name);
+  StoredMoments out = StoredMoments::zeros(format, n);
+  const MomentStorage* storage[2] = {&format.m, &format.v};
+  std::vector<uint8_t>* moment[2] = {&out.m, &out.v};
+  for (int k = 0; k < 2; k++) {
+    const MomentStorage& st = *storage[k];
+    std::vector<uint8_t> full(st.bytes(table.total_elements), 0);
+    read_named_tensors(readers[k], table, st.safetensors_dtype(), full.data());
+    for (size_t i = 0; i < want.size(); i++)
+      std::copy(full.begin() + static_cast<long>(st.bytes(want[i].first)),
+                full.begin() + static_cast<long>(st.bytes(want[i].second)),
+                moment[k]->begin() + static_cast<long>(st.bytes(dst[i])));
   }
+  return out;
+}
 
-  // ZeRO-1 shards: one file per saved rank; read each only where it overlaps what this rank needs.
+// The moments of `want` in the format of the shards, from optimizer_rank*.safetensors, each read only where it
+// overlaps `want`.
+StoredMoments read_sharded_moments(const std::string& step_dir, const TrainerState& state, const ParamTable& table,
+                                   const std::vector<ElementRange>& want, const std::vector<size_t>& dst, size_t n) {
   const std::string fingerprint = param_table_fingerprint(table);
   std::vector<bool> covered(n, false);
+  StoredMoments out;
+  std::string first_path;
   for (int r = 0; r < state.world_size; r++) {
     const std::string path = (fs::path(step_dir) / optimizer_shard_file(r)).string();
     if (!fs::exists(path))
@@ -101,6 +142,14 @@ void read_optimizer_moments(const std::string& step_dir, const TrainerState& sta
     if (fp != fingerprint)
       throw_error("%s was written for another parameter layout (fingerprint %s, this model %s): resume with the same "
                   "model config", path.c_str(), fp.dump().c_str(), fingerprint.c_str());
+    const StateFormat& format = file_state_format(reader);
+    if (r == 0) {
+      out = StoredMoments::zeros(format, n);
+      first_path = path;
+    } else if (format != out.format) {
+      throw_error("%s holds %s moments but %s holds %s: the checkpoint is inconsistent", path.c_str(), format.name,
+                  first_path.c_str(), out.format.name);
+    }
     const json pieces = parse_metadata_json(reader, "pieces");
     size_t local = 0;
     std::vector<std::pair<ElementRange, size_t>> file_pieces;  // (global piece, local offset)
@@ -114,19 +163,15 @@ void read_optimizer_moments(const std::string& step_dir, const TrainerState& sta
       file_pieces.push_back({g, local});
       local += g.second - g.first;
     }
-    for (const char* name : {"m", "v"}) {
-      const TensorEntry& e = reader.entry(name);
-      if (e.dtype != "F32" || e.nbytes != local * sizeof(float))
-        throw_error("%s: tensor '%s' is %s of %zu bytes; its pieces need F32 of %zu bytes (corrupt shard?)",
-                    path.c_str(), name, e.dtype.c_str(), e.nbytes, local * sizeof(float));
-    }
+    check_moment_tensor(reader, "m", format.m, local, format);
+    check_moment_tensor(reader, "v", format.v, local, format);
     for (const auto& [g, lo] : file_pieces)
       for (size_t i = 0; i < want.size(); i++) {
         const size_t b = std::max(g.first, want[i].first), e = std::min(g.second, want[i].second);
         if (b >= e) continue;
-        const size_t src = (lo + (b - g.first)) * sizeof(float), to = dst[i] + (b - want[i].first);
-        reader.read_range("m", src, m->data() + to, (e - b) * sizeof(float));
-        reader.read_range("v", src, v->data() + to, (e - b) * sizeof(float));
+        const size_t src = lo + (b - g.first), to = dst[i] + (b - want[i].first);
+        reader.read_range("m", format.m.bytes(src), out.m.data() + format.m.bytes(to), format.m.bytes(e - b));
+        reader.read_range("v", format.v.bytes(src), out.v.data() + format.v.bytes(to), format.v.bytes(e - b));
         std::fill(covered.begin() + static_cast<long>(to), covered.begin() + static_cast<long>(to + (e - b)), true);
       }
   }
@@ -138,43 +183,80 @@ void read_optimizer_moments(const std::string& step_dir, const TrainerState& sta
     throw_error("the optimizer shards of %s do not cover parameter element %zu: a shard is missing or was written for "
                 "another layout", step_dir.c_str(), g);
   }
+  return out;
+}
+
+}  // namespace
+
+void write_param_tensors(const std::string& path, const ParamTable& table, const float* values,
+                         const std::string& content) {
+  write_named_tensors(path, table, values, "F32", content, nullptr);
+}
+
+void read_param_tensors(const std::string& path, const ParamTable& table, float* values) {
+  read_named_tensors(SafetensorsReader(path), table, "F32", values);
+}
+
+StoredMoments read_optimizer_moments(const std::string& step_dir, const TrainerState& state, const ParamTable& table,
+                                     const std::vector<ElementRange>& want, const StateFormat& format,
+                                     std::string* note) {
+  size_t n = 0;
+  std::vector<size_t> dst(want.size());
+  for (size_t i = 0; i < want.size(); i++) {
+    if (want[i].first > want[i].second || want[i].second > table.total_elements)
+      throw_error("internal error: optimizer range [%zu, %zu) outside the %zu parameters", want[i].first,
+                  want[i].second, table.total_elements);
+    dst[i] = n;
+    n += want[i].second - want[i].first;
+  }
+  // Full moments by parameter name (one rank, or ZeRO-0), else ZeRO-1 shards.
+  StoredMoments saved = fs::exists(fs::path(step_dir) / kMomentFiles[0])
+                            ? read_named_moments(step_dir, table, want, dst, n)
+                            : read_sharded_moments(step_dir, state, table, want, dst, n);
+  note->clear();
+  if (saved.format == format) return saved;
+  *note = strformat("optimizer state: checkpoint has %s moments, this run %s: converted", saved.format.name,
+                    format.name);
+  return convert_moments(saved, format, n);
 }
 
 OptimizerStateFiles read_optimizer_state(const std::string& step_dir, const TrainerState& state,
-                                         const ParamTable& table, const std::vector<ElementRange>& owned) {
+                                         const ParamTable& table, const std::vector<ElementRange>& owned,
+                                         const StateFormat& format) {
   OptimizerStateFiles out;
   out.master_full.assign(table.total_elements, 0.0f);
   read_param_tensors((fs::path(step_dir) / kModelFile).string(), table, out.master_full.data());
-  read_optimizer_moments(step_dir, state, table, owned, &out.m, &out.v);
+  out.moments = read_optimizer_moments(step_dir, state, table, owned, format, &out.note);
   return out;
 }
 
 void write_optimizer_snapshot(const OptimizerSnapshot& snap, const std::string& dir) {
   const ParamTable* table = snap.table;
   const int rank = snap.rank;
-  const std::string& format = snap.format;
-  const std::vector<float>& master_full = snap.master_full;
-  const std::vector<float>& master = snap.master;
-  const std::vector<float>& m = snap.m;
-  const std::vector<float>& v = snap.v;
+  const StoredMoments& moments = snap.moments;
+  const StateFormat& format = moments.format;
   const auto path = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
-  if (rank == 0) write_param_tensors(path(kModelFile), *table, master_full.data(), "fp32 master weights");
-  if (format == "full") {
+  if (rank == 0) write_param_tensors(path(kModelFile), *table, snap.master_full.data(), "fp32 master weights");
+  if (snap.kind == "full") {
     if (rank != 0) return;
-    write_param_tensors(path(kMomentFiles[0]), *table, m.data(), "adamw first moment, fp32");
-    write_param_tensors(path(kMomentFiles[1]), *table, v.data(), "adamw second moment, fp32");
+    write_named_tensors(path(kMomentFiles[0]), *table, moments.m.data(), format.m.safetensors_dtype(),
+                        std::string("adamw first moment, ") + format.name, &format);
+    write_named_tensors(path(kMomentFiles[1]), *table, moments.v.data(), format.v.safetensors_dtype(),
+                        std::string("adamw second moment, ") + format.name, &format);
     return;
   }
   SafetensorsWriter w;
-  const int64_t n = static_cast<int64_t>(m.size());
+  const std::vector<float>& master = snap.master;
+  const int64_t n = static_cast<int64_t>(master.size());
   w.add("master", "F32", {n}, master.data(), master.size() * sizeof(float));
-  w.add("m", "F32", {n}, m.data(), m.size() * sizeof(float));
-  w.add("v", "F32", {n}, v.data(), v.size() * sizeof(float));
+  w.add("m", format.m.safetensors_dtype(), {n}, moments.m.data(), moments.m.size());
+  w.add("v", format.v.safetensors_dtype(), {n}, moments.v.data(), moments.v.size());
   json pieces = json::array();
   for (const ElementRange& r : snap.owned) pieces.push_back({r.first, r.second});
   w.set_metadata("format", "llm8");
   w.set_metadata("content", "adamw state of one rank (ZeRO-1): fp32 master weights, first and second moment of the "
                             "flat-buffer pieces listed in 'pieces', concatenated in that order");
+  if (format != StateFormat::fp32()) w.set_metadata(kStateFormatKey, format.name);
   w.set_metadata("rank", std::to_string(rank));
   w.set_metadata("world_size", std::to_string(snap.world_size));
   w.set_metadata("zero_stage", std::to_string(snap.zero_stage));
@@ -186,17 +268,16 @@ void write_optimizer_snapshot(const OptimizerSnapshot& snap, const std::string& 
 }
 
 json describe_optimizer_snapshot(const OptimizerSnapshot& snap) {
-  const std::string& format = snap.format;
-  const int world_size = snap.world_size;
   json files = json::array();
-  if (format == "full") {
+  if (snap.kind == "full") {
     files = {kMomentFiles[0], kMomentFiles[1]};
   } else {
-    for (int r = 0; r < world_size; r++) files.push_back(optimizer_shard_file(r));
+    for (int r = 0; r < snap.world_size; r++) files.push_back(optimizer_shard_file(r));
   }
-  json d = {{"format", format}, {"world_size", world_size}, {"zero_stage", snap.zero_stage}, {"files", files},
-            {"table_fingerprint", param_table_fingerprint(*snap.table)}};
-  if (format == "sharded") d["layout"] = snap.layout;
+  json d = {{"format", snap.kind},        {"state_format", snap.moments.format.name},
+            {"world_size", snap.world_size}, {"zero_stage", snap.zero_stage},
+            {"files", files},             {"table_fingerprint", param_table_fingerprint(*snap.table)}};
+  if (snap.kind == "sharded") d["layout"] = snap.layout;
   return d;
 }
 

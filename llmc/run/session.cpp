@@ -123,9 +123,12 @@ void TrainingSession::restore(const std::string& step_dir) {
   const ParamTable& table = model_->table();
   TrainerState state = load_trainer_state(step_dir);
   check_same_model(state, cfg_, step_dir);
-  {  // master weights by name, moments from whatever optimizer files it has (re-sharded)
-    const OptimizerStateFiles saved = read_optimizer_state(step_dir, state, table, optimizer_->owned_ranges());
-    optimizer_->restore(saved.master_full.data(), saved.m, saved.v, stream_);
+  {  // master weights by name, moments from whatever optimizer files it has (re-sharded, converted to this run's
+     // optimizer.state_format)
+    const OptimizerStateFiles saved =
+        read_optimizer_state(step_dir, state, table, optimizer_->owned_ranges(), optimizer_->state_format());
+    if (!saved.note.empty()) std::printf("%s\n", saved.note.c_str());
+    optimizer_->restore(saved.master_full.data(), saved.moments, stream_);
   }
   model_->weights_changed();
   const nlohmann::json& positions = state.data.at("train");

@@ -5,10 +5,10 @@
 //
 // Checks: the collectives (all-reduce sum / max, in-place reduce-scatter and all-gather, text gathers, averages), the
 // check point (one rank's error reaches every rank, naming it), the amax reducer ordered on a compute stream, and the
-// optimizer: ZeroAdamW with ZeRO-1 and ZeRO-0 against llmc/optim/adamw's single-GPU AdamW on the summed gradients
-// (bit-identical bf16 weights with 2 ranks and clipping off; the same gradient norm), the reduction schedule driven
-// by grad-ready hooks, the communication timings, and checkpoint snapshots written by every rank and loaded back into
-// either stage.
+// optimizer, for every optimizer state format: ZeroAdamW with ZeRO-1 and ZeRO-0 against llmc/optim/adamw's
+// whole-buffer AdamW on the summed gradients (bit-identical bf16 weights with 2 ranks and clipping off; the same
+// gradient norm), the reduction schedule driven by grad-ready hooks, the communication timings, and checkpoint
+// snapshots written by every rank and loaded back into either stage and every state format.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
       return "";
     });
 
-    // ---- the optimizer against the single-GPU AdamW on the summed gradients
+    // ---- the optimizer against the single-GPU AdamW on the summed gradients, for every optimizer state format
     ModelSpec spec;
     model_preset("gpt2-tiny", &spec);
     const ParamTable table = build_param_table(spec);
@@ -235,121 +235,139 @@ int main(int argc, char** argv) {
     const size_t n = table.total_elements;
     std::vector<float> init(n, 0.0f);
     init_parameters(table, 42, init.data());
-    OptimizerConfig oc;
     const float lr = 1e-3f;
-    // Reference: AdamW of llmc/optim/adamw on sum over ranks (in rank order) of every rank's gradients.
-    Buffers ref(n);
-    AdamW ref_opt(table, oc.beta1, oc.beta2, oc.eps, oc.weight_decay);
-    ref_opt.set_master(init.data(), ref.params, s);
-    std::vector<float> ref_norms;
-    const float clips[3] = {0.0f, 0.0f, 1e-3f};  // the last step clips (its norm is far above 1e-3)
-    std::vector<std::vector<bf16>> ref_params;
-    for (int t = 1; t <= 3; t++) {
-      std::vector<float> sum(n, 0.0f);
-      for (int r = 0; r < N; r++) {
-        const std::vector<float> g = rank_grads(table, r, t);
-        for (size_t i = 0; i < n; i++) sum[i] += g[i];
-      }
-      CUDA_CHECK(cudaMemcpy(ref.grads, sum.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-      ref_opt.step(ref.params, ref.grads, lr, t, clips[t - 1], s);
-      ref_norms.push_back(ref_opt.last_grad_norm(s));
-      ref_params.push_back(download(ref.params, n));
-    }
-    std::vector<float> ref_master(n), ref_m(n), ref_v(n);
-    ref_opt.download(ref_master.data(), ref_m.data(), ref_v.data());
-
     const std::string ckpt_root = comm.broadcast_text(
         rank == 0 ? (fs::temp_directory_path() / ("llm8_zero_nccl_" + std::to_string(::getpid()))).string() : "",
         "the checkpoint directory");
-    for (int stage : {1, 0}) {
-      Buffers buf(n);
-      ZeroAdamW opt(comm, table, buf.params, buf.grads, oc, stage);
-      opt.set_master(init.data(), s);
-      std::vector<float> norms;
-      std::vector<std::vector<bf16>> params;
-      CommTimes times;
-      check(comm, strformat("ZeRO-%d: 3 steps against the single-GPU AdamW on the summed gradients", stage),
-            [&]() -> std::string {
-              for (int t = 1; t <= 3; t++) {
-                norms.push_back(zero_step(opt, buf, rank_grads(table, rank, t), blocks, lr, t, clips[t - 1], s));
-                params.push_back(download(buf.params, n));
-                if (t == 1) times = opt.last_comm_times();
-              }
-              for (int t = 0; t < 3; t++)
-                if (std::fabs(norms[t] - ref_norms[t]) > 1e-5f * ref_norms[t])
-                  return strformat("step %d: gradient norm %.9g, reference %.9g", t + 1, norms[t], ref_norms[t]);
-              // Clipping off: the same bits with 2 ranks (a + b is the same sum however NCCL orders it).
-              for (int t = 0; t < 2; t++) {
-                size_t at = 0;
-                if (N == 2 && !same_bits(params[t], ref_params[t], &at))
-                  return strformat("step %d: bf16 weight %zu is %g, reference %g", t + 1, at,
-                                   __bfloat162float(params[t][at]), __bfloat162float(ref_params[t][at]));
-              }
-              // Clipping on: the norms differ in the last bits (summation order), so the weights may differ by a
-              // rounding here and there; no more than 0.1% of them, by at most 1%.
-              size_t differ = 0;
-              for (size_t i = 0; i < n; i++) {
-                const float a = __bfloat162float(params[2][i]), b = __bfloat162float(ref_params[2][i]);
-                if (a != b) {
-                  differ++;
-                  if (std::fabs(a - b) > 0.01f * std::max(std::fabs(a), std::fabs(b)) + 1e-6f)
-                    return strformat("step 3: weight %zu is %g, reference %g", i, a, b);
+    for (const StateFormat& format : state_formats()) {
+      OptimizerConfig oc;
+      oc.state_format = format;
+      // Reference: the whole-buffer AdamW of llmc/optim/adamw on sum over ranks (in rank order) of every rank's
+      // gradients.
+      Buffers ref(n);
+      AdamW ref_opt(table, oc, {{{0, n}, true}});
+      ref_opt.set_master(init.data(), ref.params, s);
+      std::vector<float> ref_norms;
+      const float clips[3] = {0.0f, 0.0f, 1e-3f};  // the last step clips (its norm is far above 1e-3)
+      std::vector<std::vector<bf16>> ref_params;
+      for (int t = 1; t <= 3; t++) {
+        std::vector<float> sum(n, 0.0f);
+        for (int r = 0; r < N; r++) {
+          const std::vector<float> g = rank_grads(table, r, t);
+          for (size_t i = 0; i < n; i++) sum[i] += g[i];
+        }
+        CUDA_CHECK(cudaMemcpy(ref.grads, sum.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        ref_opt.step(ref.params, ref.grads, lr, t, clips[t - 1], s);
+        ref_norms.push_back(ref_opt.last_grad_norm(s));
+        ref_params.push_back(download(ref.params, n));
+      }
+      std::vector<float> ref_master;
+      StoredMoments ref_moments;
+      ref_opt.download(&ref_master, &ref_moments);
+
+      for (int stage : {1, 0}) {
+        const std::string what = strformat("ZeRO-%d, %s moments", stage, format.name);
+        Buffers buf(n);
+        ZeroAdamW opt(comm, table, buf.params, buf.grads, oc, stage);
+        opt.set_master(init.data(), s);
+        std::vector<float> norms;
+        std::vector<std::vector<bf16>> params;
+        CommTimes times;
+        check(comm, what + ": 3 steps against the single-GPU AdamW on the summed gradients", [&]() -> std::string {
+          for (int t = 1; t <= 3; t++) {
+            norms.push_back(zero_step(opt, buf, rank_grads(table, rank, t), blocks, lr, t, clips[t - 1], s));
+            params.push_back(download(buf.params, n));
+            if (t == 1) times = opt.last_comm_times();
+          }
+          for (int t = 0; t < 3; t++)
+            if (std::fabs(norms[t] - ref_norms[t]) > 1e-5f * ref_norms[t])
+              return strformat("step %d: gradient norm %.9g, reference %.9g", t + 1, norms[t], ref_norms[t]);
+          // Clipping off: the same bits with 2 ranks (a + b is the same sum however NCCL orders it).
+          for (int t = 0; t < 2; t++) {
+            size_t at = 0;
+            if (N == 2 && !same_bits(params[t], ref_params[t], &at))
+              return strformat("step %d: bf16 weight %zu is %g, reference %g", t + 1, at,
+                               __bfloat162float(params[t][at]), __bfloat162float(ref_params[t][at]));
+          }
+          // Clipping on: the norms differ in the last bits (summation order), so the weights may differ by a
+          // rounding here and there; no more than 0.1% of them, by at most 1%.
+          size_t differ = 0;
+          for (size_t i = 0; i < n; i++) {
+            const float a = __bfloat162float(params[2][i]), b = __bfloat162float(ref_params[2][i]);
+            if (a != b) {
+              differ++;
+              if (std::fabs(a - b) > 0.01f * std::max(std::fabs(a), std::fabs(b)) + 1e-6f)
+                return strformat("step 3: weight %zu is %g, reference %g", i, a, b);
+            }
+          }
+          if (differ > n / 1000) return strformat("step 3: %zu of %zu weights differ", differ, n);
+          return "";
+        });
+        check(comm, what + ": communication timings recorded", [&]() -> std::string {
+          if (!times.valid || !(times.reduce_ms > 0) || times.exposed_reduce_ms < 0 || !(times.optimizer_ms > 0))
+            return strformat("valid %d reduce %g exposed %g optimizer %g", times.valid, times.reduce_ms,
+                             times.exposed_reduce_ms, times.optimizer_ms);
+          return "";
+        });
+        // Checkpoint: every rank writes its files, then both stages load them back, in this format and in the other
+        // ones (converted on load).
+        const std::string dir = ckpt_root + "/" + format.name + "_stage" + std::to_string(stage);
+        OptimizerSnapshot snap;
+        check(comm, what + ": snapshot matches the reference state and loads back into both stages and every format",
+              [&]() -> std::string {
+                if (rank == 0) fs::create_directories(dir);
+                comm.barrier("creating the checkpoint directory");
+                snap = opt.snapshot(s);
+                write_optimizer_snapshot(snap, dir);
+                comm.barrier("writing the checkpoint");
+                if (rank == 0) {
+                  for (size_t i = 0; i < n; i++)
+                    if (snap.master_full[i] != ref_master[i] && std::fabs(snap.master_full[i] - ref_master[i]) >
+                                                                    1e-5f * std::fabs(ref_master[i]) + 1e-7f)
+                      return strformat("master weight %zu: %g, reference %g", i, snap.master_full[i], ref_master[i]);
                 }
-              }
-              if (differ > n / 1000) return strformat("step 3: %zu of %zu weights differ", differ, n);
-              return "";
-            });
-      check(comm, strformat("ZeRO-%d: communication timings recorded", stage), [&]() -> std::string {
-        if (!times.valid || !(times.reduce_ms > 0) || times.exposed_reduce_ms < 0 || !(times.optimizer_ms > 0))
-          return strformat("valid %d reduce %g exposed %g optimizer %g", times.valid, times.reduce_ms,
-                           times.exposed_reduce_ms, times.optimizer_ms);
-        return "";
-      });
-      // Checkpoint: every rank writes its files, then both stages load them back.
-      const std::string dir = ckpt_root + "/stage" + std::to_string(stage);
-      OptimizerSnapshot snap;
-      check(comm, strformat("ZeRO-%d: snapshot matches the reference state and loads back into both stages", stage),
-            [&]() -> std::string {
-              if (rank == 0) fs::create_directories(dir);
-              comm.barrier("creating the checkpoint directory");
-              snap = opt.snapshot(s);
-              write_optimizer_snapshot(snap, dir);
-              comm.barrier("writing the checkpoint");
-              if (rank == 0) {
-                for (size_t i = 0; i < n; i++)
-                  if (snap.master_full[i] != ref_master[i] && std::fabs(snap.master_full[i] - ref_master[i]) >
-                                                                  1e-5f * std::fabs(ref_master[i]) + 1e-7f)
-                    return strformat("master weight %zu: %g, reference %g", i, snap.master_full[i], ref_master[i]);
-              }
-              TrainerState state;
-              state.world_size = N;
-              for (int into : {0, 1}) {
-                Buffers b2(n);
-                ZeroAdamW again(comm, table, b2.params, b2.grads, oc, into);
-                const OptimizerStateFiles saved = read_optimizer_state(dir, state, table, again.owned_ranges());
-                again.restore(saved.master_full.data(), saved.m, saved.v, s);
-                const OptimizerSnapshot back = again.snapshot(s);
-                if (rank == 0 && back.master_full != snap.master_full)
-                  return strformat("loaded into ZeRO-%d: the master weights differ", into);
-                size_t at = 0;
-                if (!same_bits(download(b2.params, n), download(buf.params, n), &at))
-                  return strformat("loaded into ZeRO-%d: the bf16 weights differ", into);
-                // moments: compare this rank's pieces (stage 1) or the whole (stage 0, rank 0)
+                TrainerState state;
+                state.world_size = N;
+                // this rank's pieces of a moment, in the snapshot's format: the sharded snapshot holds them; the
+                // full one (rank 0) holds the whole buffer
                 const std::vector<ElementRange> pieces = opt.layout().owned(rank);
-                auto piece_values = [&](const OptimizerSnapshot& x, const std::vector<float>& vals) {
-                  if (x.format == "sharded") return vals;
-                  std::vector<float> out;
-                  for (const ElementRange& p : pieces) out.insert(out.end(), vals.begin() + p.first, vals.begin() + p.second);
+                auto piece_bytes = [&](const OptimizerSnapshot& x, const std::vector<uint8_t>& codes) {
+                  if (x.kind == "sharded") return codes;
+                  const size_t b = x.moments.format.m.code_bytes();
+                  std::vector<uint8_t> out;
+                  for (const ElementRange& p : pieces)
+                    out.insert(out.end(), codes.begin() + static_cast<long>(p.first * b),
+                               codes.begin() + static_cast<long>(p.second * b));
                   return out;
                 };
-                if ((snap.format == "sharded" || rank == 0) && (back.format == "sharded" || rank == 0)) {
-                  if (piece_values(snap, snap.m) != piece_values(back, back.m) ||
-                      piece_values(snap, snap.v) != piece_values(back, back.v))
-                    return strformat("loaded into ZeRO-%d: the moments differ", into);
-                }
-              }
-              return "";
-            });
+                for (const StateFormat& into_format : state_formats())
+                  for (int into : {0, 1}) {
+                    const std::string where = strformat("loaded into ZeRO-%d, %s moments", into, into_format.name);
+                    OptimizerConfig into_oc = oc;
+                    into_oc.state_format = into_format;
+                    Buffers b2(n);
+                    ZeroAdamW again(comm, table, b2.params, b2.grads, into_oc, into);
+                    const OptimizerStateFiles saved =
+                        read_optimizer_state(dir, state, table, again.owned_ranges(), again.state_format());
+                    if (saved.note.empty() != (into_format == format))
+                      return where + ": conversion note '" + saved.note + "'";
+                    again.restore(saved.master_full.data(), saved.moments, s);
+                    const OptimizerSnapshot back = again.snapshot(s);
+                    if (rank == 0 && back.master_full != snap.master_full)
+                      return where + ": the master weights differ";
+                    size_t at = 0;
+                    if (!same_bits(download(b2.params, n), download(buf.params, n), &at))
+                      return where + ": the bf16 weights differ";
+                    if (into_format != format) continue;  // converted moments: llmc/io's tests check the values
+                    if ((snap.kind == "sharded" || rank == 0) && (back.kind == "sharded" || rank == 0)) {
+                      if (piece_bytes(snap, snap.moments.m) != piece_bytes(back, back.moments.m) ||
+                          piece_bytes(snap, snap.moments.v) != piece_bytes(back, back.moments.v))
+                        return where + ": the moments differ";
+                    }
+                  }
+                return "";
+              });
+      }
     }
     comm.barrier("the end");
     if (rank == 0) fs::remove_all(ckpt_root);

@@ -1,8 +1,8 @@
 // test/distributed/test_zero: the CPU half of data parallelism's state handling: the ZeRO shard layout (ranges tile the
-// buffer, every element has exactly one owner, reductions are only started once the blocks they hold are final, most
-// of every block is reduced during backward), the optimizer state files written by N ranks and read back into any
-// other world size (re-sharding, the full by-name format, missing or foreign shards refused), the data position
-// continued across world sizes (no window skipped), and partial safetensors reads.
+// buffer, every element has exactly one owner, pieces aligned for every optimizer state format, reductions are only
+// started once the blocks they hold are final, most of every block is reduced during backward), the data position
+// continued across world sizes (no window skipped), and partial safetensors reads. The optimizer state files written
+// by N ranks and read back into any other world size are test/io/test_optimizer_files.
 #include <gtest/gtest.h>
 
 #include "test/support/temp_dir.h"
@@ -18,10 +18,8 @@
 
 #include <unistd.h>
 
-#include "llmc/io/checkpoint.h"
 #include "llmc/core/common.h"
 #include "llmc/io/data.h"
-#include "llmc/io/interop.h"
 #include "llmc/model/model_spec.h"
 #include "llmc/io/safetensors.h"
 #include "llmc/distributed/zero.h"
@@ -124,6 +122,9 @@ TEST(ShardLayout, TilesTheBufferAndEveryElementHasOneOwner) {
     }
   EXPECT_NE(error_of([] { llmc::make_shard_layout(table_of("gpt2-tiny"), 0); }).find("world size 0"),
             std::string::npos);
+  // every state format of this build can be cut where the layout cuts
+  for (const llmc::StateFormat& f : llmc::state_formats())
+    EXPECT_EQ(ShardLayout::kAlign % f.shard_alignment(), 0u) << f.name;
 }
 
 // The schedule the optimizer runs: blocks report final from the last to the first, then -1 (the end of backward).
@@ -175,154 +176,6 @@ TEST(ShardLayout, ReductionsFollowBackwardAndOverlapIt) {
 TEST(ShardLayout, FingerprintNamesTheLayout) {
   EXPECT_EQ(llmc::param_table_fingerprint(table_of("gpt2-tiny")), llmc::param_table_fingerprint(table_of("gpt2-tiny")));
   EXPECT_NE(llmc::param_table_fingerprint(table_of("gpt2-tiny")), llmc::param_table_fingerprint(table_of("gpt2-mini")));
-}
-
-// ------------------------------------------------------------------------------------------------------------------
-// Optimizer state files
-
-namespace {
-
-// A synthetic optimizer state of the whole table: distinct values everywhere (gaps included, to see they are not
-// confused with tensor elements).
-struct FullState {
-  std::vector<float> master, m, v;
-  explicit FullState(size_t n) : master(n), m(n), v(n) {
-    for (size_t i = 0; i < n; i++) {
-      master[i] = 0.5f + static_cast<float>(i);
-      m[i] = -static_cast<float>(i) * 0.25f;
-      v[i] = static_cast<float>(i % 1009) * 1e-3f;
-    }
-  }
-};
-
-// Writes a checkpoint's optimizer files as `world` ranks at `stage` would.
-llmc::TrainerState write_state(const std::string& dir, const ParamTable& table, const FullState& full, int world,
-                               int stage) {
-  const ShardLayout L = llmc::make_shard_layout(table, world);
-  for (int r = 0; r < world; r++) {
-    llmc::OptimizerSnapshot s;
-    s.table = &table;
-    s.rank = r;
-    s.world_size = world;
-    s.zero_stage = stage;
-    s.layout = L.to_json();
-    if (r == 0) s.master_full = full.master;
-    if (stage == 0 || world == 1) {
-      s.format = "full";
-      if (r == 0) {
-        s.m = full.m;
-        s.v = full.v;
-      }
-    } else {
-      s.format = "sharded";
-      s.owned = L.owned(r);
-      for (const ElementRange& p : L.owned(r))
-        for (size_t i = p.first; i < p.second; i++) {
-          s.master.push_back(full.master[i]);
-          s.m.push_back(full.m[i]);
-          s.v.push_back(full.v[i]);
-        }
-    }
-    llmc::write_optimizer_snapshot(s, dir);
-  }
-  llmc::TrainerState st;
-  st.world_size = world;
-  return st;
-}
-
-// Is element i inside a tensor (not an alignment gap)?
-std::vector<bool> tensor_mask(const ParamTable& table) {
-  std::vector<bool> in(table.total_elements, false);
-  for (const auto& p : table.params) std::fill(in.begin() + p.offset, in.begin() + p.offset + p.numel, true);
-  return in;
-}
-
-}  // namespace
-
-TEST_F(TempDir, OptimizerStateReshardsToAnyWorldSize) {
-  const ParamTable table = table_of("gpt2-tiny");
-  const FullState full(table.total_elements);
-  const std::vector<bool> in_tensor = tensor_mask(table);
-  for (auto [saved_world, saved_stage] : std::vector<std::pair<int, int>>{{2, 1}, {3, 1}, {1, 0}, {2, 0}}) {
-    SCOPED_TRACE("saved by " + std::to_string(saved_world) + " rank(s), stage " + std::to_string(saved_stage));
-    const std::string dir = dir_ + "/saved_" + std::to_string(saved_world) + "_" + std::to_string(saved_stage);
-    fs::create_directories(dir);
-    const llmc::TrainerState st = write_state(dir, table, full, saved_world, saved_stage);
-    EXPECT_EQ(fs::exists(dir + "/optimizer_rank00000.safetensors"), saved_stage == 1);
-    EXPECT_EQ(fs::exists(dir + "/optimizer_m.safetensors"), saved_stage == 0);
-    // model.safetensors: the full master weights by name, as train.init_from reads them
-    std::vector<float> master(table.total_elements, 0.0f);
-    llmc::read_param_tensors(dir + "/" + llmc::kModelFile, table, master.data());
-    for (size_t i = 0; i < master.size(); i++)
-      if (in_tensor[i]) ASSERT_EQ(master[i], full.master[i]) << i;
-    // every rank of every new world size gets exactly the moments of its pieces
-    for (int world : {1, 2, 4, 5}) {
-      const ShardLayout L = llmc::make_shard_layout(table, world);
-      for (int r = 0; r < world; r++) {
-        const std::vector<ElementRange> want = world == 1 ? std::vector<ElementRange>{{0, table.total_elements}}
-                                                          : L.owned(r);
-        std::vector<float> m, v;
-        llmc::read_optimizer_moments(dir, st, table, want, &m, &v);
-        size_t at = 0;
-        for (const ElementRange& p : want)
-          for (size_t i = p.first; i < p.second; i++, at++) {
-            // the by-name format holds tensors only (gaps read as 0); shards hold gaps too
-            const bool known = in_tensor[i] || saved_stage == 1;
-            ASSERT_EQ(m[at], known ? full.m[i] : 0.0f) << "world " << world << " rank " << r << " element " << i;
-            ASSERT_EQ(v[at], known ? full.v[i] : 0.0f) << "world " << world << " rank " << r << " element " << i;
-          }
-        ASSERT_EQ(at, m.size());
-      }
-    }
-  }
-}
-
-// A whole checkpoint written as 2 ZeRO-1 ranks would (rank 0's CheckpointWriter, every rank's files in its tmp dir,
-// one commit) verifies, and its model.safetensors is what train.init_from and the Hugging Face / llm.c exports read
-// (llmc/io/interop's load_weights).
-TEST_F(TempDir, CheckpointOfTwoRanksLoadsForInitAndExport) {
-  llmc::ModelSpec spec;
-  ASSERT_TRUE(llmc::model_preset("gpt2-tiny", &spec));
-  const ParamTable table = llmc::build_param_table(spec);
-  const FullState full(table.total_elements);
-  llmc::CheckpointWriter writer(dir_ + "/run", 5);
-  llmc::TrainerState st = write_state(writer.tmp_dir(), table, full, 2, 1);
-  st.step = 5;
-  const std::string step_dir = writer.commit(st, 0);
-  const llmc::TrainerState verified = llmc::verify_checkpoint(step_dir);
-  EXPECT_EQ(verified.world_size, 2);
-  EXPECT_EQ(verified.files.size(), 3u);  // model.safetensors and one optimizer shard per rank
-  std::vector<float> values(table.total_elements, 0.0f);
-  const std::string what = llmc::load_weights(step_dir, spec, values.data());
-  EXPECT_NE(what.find("model.safetensors"), std::string::npos) << what;
-  const std::vector<bool> in_tensor = tensor_mask(table);
-  for (size_t i = 0; i < values.size(); i++)
-    if (in_tensor[i]) ASSERT_EQ(values[i], full.master[i]) << i;
-}
-
-TEST_F(TempDir, OptimizerStateErrorsNameTheFile) {
-  const ParamTable table = table_of("gpt2-tiny");
-  const FullState full(table.total_elements);
-  llmc::TrainerState st = write_state(dir_, table, full, 2, 1);
-  std::vector<float> m, v;
-  const std::vector<ElementRange> all = {{0, table.total_elements}};
-  // a shard missing
-  fs::rename(dir_ + "/optimizer_rank00001.safetensors", dir_ + "/moved.safetensors");
-  std::string msg = error_of([&] { llmc::read_optimizer_moments(dir_, st, table, all, &m, &v); });
-  EXPECT_NE(msg.find("optimizer_rank00001.safetensors (it was written by 2 rank(s))"), std::string::npos) << msg;
-  fs::rename(dir_ + "/moved.safetensors", dir_ + "/optimizer_rank00001.safetensors");
-  // shards of another model
-  msg = error_of([&] { llmc::read_optimizer_moments(dir_, st, table_of("gpt2-mini"), {{0, 1000}}, &m, &v); });
-  EXPECT_NE(msg.find("optimizer_rank00000.safetensors was written for another parameter layout"), std::string::npos)
-      << msg;
-  // the trainer state claims more ranks than wrote shards
-  st.world_size = 3;
-  msg = error_of([&] { llmc::read_optimizer_moments(dir_, st, table, all, &m, &v); });
-  EXPECT_NE(msg.find("optimizer_rank00002.safetensors"), std::string::npos) << msg;
-  // fewer: the pieces of rank 1 are missing from the coverage
-  st.world_size = 1;
-  msg = error_of([&] { llmc::read_optimizer_moments(dir_, st, table, all, &m, &v); });
-  EXPECT_NE(msg.find("do not cover parameter element"), std::string::npos) << msg;
 }
 
 // ------------------------------------------------------------------------------------------------------------------

@@ -1,18 +1,22 @@
 // test/optim/test_adamw: the AdamW update kernel (llmc/optim/adamw_update.h) against its CPU reference
-// (test/reference/optim_ref.h) for every moment storage (fp32, bf16), the skipped step, the clip scale, and the one
-// dispatch from a run-time StateFormat to its kernel. Each run draws a fresh seed (printed; set LLM8_TEST_SEED to
-// replay).
+// (test/reference/optim_ref.h) for every moment storage (fp32, bf16), the skipped step, the clip scale, the one
+// dispatch from a run-time StateFormat to its kernel, and the optimizer over owned ranges (llmc/optim/adamw.h): a
+// full-range step against the reference per tensor, a state split into pieces (as ZeRO-1 ranks hold it) against the
+// full-range state, and download / restore. Each run draws a fresh seed (printed; set LLM8_TEST_SEED to replay).
 //
 // The kernel does the reference's FP32 operations in the same order without FMA contraction, IEEE division and sqrt,
 // and the same round-to-nearest-even encodings, so master, m, v and params are expected to match bit for bit.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "llmc/core/common.h"
+#include "llmc/core/param_table.h"
+#include "llmc/optim/adamw.h"
 #include "llmc/optim/adamw_update.h"
 #include "llmc/optim/moment_storage.cuh"
 #include "test/reference/optim_ref.h"
@@ -185,6 +189,207 @@ TEST(ClipScale, FollowsTheDocumentedRule) {
       llmc::clip_scale_from_norm(d_scale.ptr, d_norm.ptr, clip, 0);
       EXPECT_TRUE(std::isnan(d_scale.download()[0])) << "norm " << norm << " clip " << clip;
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The optimizer over owned ranges
+
+// Three tensors with alignment gaps between them (as a ParamTable lays them out), the middle one without decay.
+llmc::ParamTable small_table() {
+  llmc::ParamTable t;
+  auto add = [&](const char* name, size_t offset, size_t numel, bool decay) {
+    llmc::ParamInfo p;
+    p.name = name;
+    p.shape = {static_cast<int64_t>(numel)};
+    p.offset = offset;
+    p.numel = numel;
+    p.weight_decay = decay;
+    t.params.push_back(p);
+    t.num_parameters += numel;
+  };
+  add("a.weight", 0, 5000, true);
+  add("a.bias", 5120, 77, false);
+  add("b.weight", 5248, 3001, true);
+  t.total_elements = 8320;
+  return t;
+}
+
+llmc::OptimizerConfig config_for(const llmc::StateFormat& format) {
+  llmc::OptimizerConfig c;
+  c.weight_decay = 0.1;
+  c.state_format = format;
+  return c;
+}
+
+// Gradients inside the tensors, zeros in the gaps (as backward leaves them).
+std::vector<float> table_grads(const llmc::ParamTable& table, std::mt19937_64& rng) {
+  std::vector<float> g(table.total_elements, 0.0f);
+  for (const llmc::ParamInfo& p : table.params) {
+    const std::vector<float> x = random_floats(p.numel, rng, -0.05f, 0.05f);
+    std::copy(x.begin(), x.end(), g.begin() + static_cast<long>(p.offset));
+  }
+  return g;
+}
+
+// Per test: the storage's format, the small table and initial master weights.
+template <class Storage>
+class AdamWState : public ::testing::Test {
+ protected:
+  const llmc::StateFormat& format = format_of<Storage>();
+  std::mt19937_64 rng = rng_for_test();
+  const llmc::ParamTable table = small_table();
+  const size_t N = table.total_elements;
+  const std::vector<float> init = random_floats(N, rng, -1, 1);
+};
+TYPED_TEST_SUITE(AdamWState, Storages);
+
+// Two steps of the full-range optimizer (no clipping) against the reference run tensor by tensor with its weight
+// decay; the gaps are never touched; the norm is the gradient norm.
+TYPED_TEST(AdamWState, FullRangeStepsMatchTheReferencePerTensor) {
+  using Storage = TypeParam;
+  using Code = typename Storage::Code;
+  llmc::AdamW opt(this->table, config_for(this->format), {{{0, this->N}, true}});
+  EXPECT_EQ(opt.num_elements(), this->N);
+  DeviceBuffer<bf16> params(this->N);
+  params.poison();
+  opt.set_master(this->init.data(), params.ptr, 0);
+
+  std::vector<float> ref_master = this->init, ref_params(this->N);
+  std::vector<Code> ref_m(this->N, Storage::encode(0.0f)), ref_v(this->N, Storage::encode(0.0f));
+  for (size_t i = 0; i < this->N; i++) ref_params[i] = round_bf16(this->init[i]);
+  const float lr = 1e-2f;
+  for (int t = 1; t <= 2; t++) {
+    const std::vector<float> g = table_grads(this->table, this->rng);
+    DeviceBuffer<float> grads(g);
+    opt.step(params.ptr, grads.ptr, lr, t, /*grad_clip=*/0.0f, 0);
+    double sum_sq = 0;
+    for (float x : g) sum_sq += static_cast<double>(x) * x;
+    EXPECT_NEAR(opt.last_grad_norm(0), std::sqrt(sum_sq), 1e-5 * std::sqrt(sum_sq)) << "t " << t;
+    for (const llmc::ParamInfo& p : this->table.params)
+      llmc::adamw_update_cpu<Storage>(ref_master.data() + p.offset, ref_params.data() + p.offset, g.data() + p.offset,
+                                      ref_m.data() + p.offset, ref_v.data() + p.offset, p.numel, lr, 0.9f, 0.95f,
+                                      1e-8f, p.weight_decay ? 0.1f : 0.0f, t, 1.0f);
+  }
+  std::vector<float> master;
+  llmc::StoredMoments moments;
+  opt.download(&master, &moments);
+  EXPECT_TRUE(moments.format == this->format);
+  ASSERT_EQ(moments.m.size(), this->N * sizeof(Code));
+  std::vector<Code> m(this->N), v(this->N);
+  std::memcpy(m.data(), moments.m.data(), moments.m.size());
+  std::memcpy(v.data(), moments.v.data(), moments.v.size());
+  EXPECT_TRUE(bitwise_equal("master", master, ref_master));
+  EXPECT_TRUE(bitwise_equal("m", m, ref_m));
+  EXPECT_TRUE(bitwise_equal("v", v, ref_v));
+  EXPECT_TRUE(bitwise_equal("params", to_float(params.download()), ref_params));
+}
+
+// The state split into pieces as two ZeRO-1 ranks hold it (rank 0: [0, 2048) and [6144, 8192); rank 1: [2048, 6144)
+// and the replicated tail [8192, 8320), which rank 0 also holds but only rank 1 adds to the norm here), every rank's
+// norm partials concatenated in rank order as the all-gather does: both ranks get the same norm bit for bit, close to
+// the full-range norm, and (without clipping) the pieces' state equals the full-range state bit for bit.
+TYPED_TEST(AdamWState, PiecesEqualTheFullRange) {
+  const std::vector<std::vector<llmc::StateRange>> ranks = {
+      {{{0, 2048}, true}, {{6144, 8192}, true}, {{8192, this->N}, false}},
+      {{{2048, 6144}, true}, {{8192, this->N}, true}}};
+  llmc::AdamW full(this->table, config_for(this->format), {{{0, this->N}, true}});
+  DeviceBuffer<bf16> full_params(this->N);
+  full.set_master(this->init.data(), full_params.ptr, 0);
+  std::vector<std::unique_ptr<llmc::AdamW>> pieces;
+  std::vector<std::unique_ptr<DeviceBuffer<bf16>>> piece_params;
+  size_t all_count = 0;
+  for (const auto& ranges : ranks) {
+    pieces.push_back(std::make_unique<llmc::AdamW>(this->table, config_for(this->format), ranges));
+    piece_params.push_back(std::make_unique<DeviceBuffer<bf16>>(this->N));
+    piece_params.back()->poison();
+    pieces.back()->set_master(this->init.data(), piece_params.back()->ptr, 0);
+    all_count += pieces.back()->num_norm_partials();
+  }
+  DeviceBuffer<float> all_partials(all_count);
+  for (int t = 1; t <= 3; t++) {
+    const float clip = t == 3 ? 1e-3f : 0.0f;  // the last step clips
+    DeviceBuffer<float> grads(table_grads(this->table, this->rng));
+    full.step(full_params.ptr, grads.ptr, 1e-2f, t, clip, 0);
+    size_t at = 0;
+    for (auto& p : pieces) {
+      const float* partials = p->norm_partials(grads.ptr, 0);
+      CUDA_CHECK(cudaMemcpy(all_partials.ptr + at, partials, p->num_norm_partials() * sizeof(float),
+                            cudaMemcpyDeviceToDevice));
+      at += p->num_norm_partials();
+    }
+    float norms[2];
+    for (size_t r = 0; r < pieces.size(); r++) {
+      pieces[r]->clipped_update(piece_params[r]->ptr, grads.ptr, all_partials.ptr, all_count, 1e-2f, t, clip, 0);
+      norms[r] = pieces[r]->last_grad_norm(0);
+    }
+    const float full_norm = full.last_grad_norm(0);
+    EXPECT_EQ(std::memcmp(&norms[0], &norms[1], sizeof(float)), 0) << "t " << t;
+    EXPECT_NEAR(norms[0], full_norm, 1e-5f * full_norm) << "t " << t;
+    if (t == 2) {  // no clipping so far: the same bits everywhere
+      std::vector<float> full_master;
+      llmc::StoredMoments full_moments;
+      full.download(&full_master, &full_moments);
+      const std::vector<float> full_p = to_float(full_params.download());
+      for (size_t r = 0; r < pieces.size(); r++) {
+        std::vector<float> master;
+        llmc::StoredMoments moments;
+        pieces[r]->download(&master, &moments);
+        const std::vector<float> params = to_float(piece_params[r]->download());
+        size_t local = 0;
+        for (const llmc::ElementRange& e : pieces[r]->ranges()) {
+          SCOPED_TRACE(llmc::strformat("rank %zu piece [%zu, %zu)", r, e.first, e.second));
+          const size_t len = e.second - e.first;
+          EXPECT_EQ(std::memcmp(master.data() + local, full_master.data() + e.first, len * sizeof(float)), 0);
+          const llmc::MomentStorage &ms = this->format.m, &vs = this->format.v;
+          EXPECT_EQ(std::memcmp(moments.m.data() + ms.bytes(local), full_moments.m.data() + ms.bytes(e.first),
+                                ms.bytes(len)), 0);
+          EXPECT_EQ(std::memcmp(moments.v.data() + vs.bytes(local), full_moments.v.data() + vs.bytes(e.first),
+                                vs.bytes(len)), 0);
+          EXPECT_EQ(std::memcmp(params.data() + e.first, full_p.data() + e.first, len * sizeof(float)), 0);
+          local += len;
+        }
+        EXPECT_EQ(local, pieces[r]->num_elements());
+      }
+    }
+  }
+}
+
+// download -> restore into a fresh optimizer of the same ranges (not in ascending order) gives back the same state and
+// params = bf16(master) on the ranges.
+TYPED_TEST(AdamWState, DownloadRestoreRoundTrip) {
+  const std::vector<llmc::StateRange> ranges = {{{6144, this->N}, true}, {{0, 2048}, true}};
+  llmc::AdamW a(this->table, config_for(this->format), ranges);
+  DeviceBuffer<bf16> pa(this->N);
+  a.set_master(this->init.data(), pa.ptr, 0);
+  DeviceBuffer<float> grads(table_grads(this->table, this->rng));
+  a.step(pa.ptr, grads.ptr, 1e-2f, 1, 1.0f, 0);
+  std::vector<float> master;
+  llmc::StoredMoments moments;
+  a.download(&master, &moments);
+  EXPECT_EQ(master.size(), this->N - 6144 + 2048);
+  std::vector<float> master_full(this->N, 0.0f);
+  size_t local = 0;
+  for (const llmc::ElementRange& e : a.ranges()) {
+    std::copy(master.begin() + static_cast<long>(local), master.begin() + static_cast<long>(local + e.second - e.first),
+              master_full.begin() + static_cast<long>(e.first));
+    local += e.second - e.first;
+  }
+  llmc::AdamW b(this->table, config_for(this->format), ranges);
+  DeviceBuffer<bf16> pb(this->N);
+  pb.poison();
+  b.restore(master_full.data(), moments, pb.ptr, 0);
+  std::vector<float> master_b;
+  llmc::StoredMoments moments_b;
+  b.download(&master_b, &moments_b);
+  EXPECT_TRUE(bitwise_equal("master", master_b, master));
+  EXPECT_TRUE(moments_b.m == moments.m && moments_b.v == moments.v);
+  const std::vector<float> got_a = to_float(pa.download()), got_b = to_float(pb.download());
+  for (const llmc::ElementRange& e : a.ranges())
+    for (size_t i = e.first; i < e.second; i++) ASSERT_EQ(got_b[i], got_a[i]) << i;
+  // moments of another format are refused (the files convert them)
+  llmc::StoredMoments other = llmc::StoredMoments::zeros(
+      this->format == llmc::StateFormat::fp32() ? llmc::StateFormat::bf16() : llmc::StateFormat::fp32(), master.size());
+  EXPECT_THROW(b.restore(master_full.data(), other, pb.ptr, 0), llmc::Error);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // test/optim/test_state_format: the optimizer-state format description (llmc/optim/state_format.h): the formats of this
 // build, their sizes and checkpoint dtypes, the alignment they need, the host codecs (bf16: round to nearest even),
-// and the errors naming optimizer.state_format.
+// the errors naming optimizer.state_format, and the AdamW argument checks that run before anything touches a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,8 @@
 
 #include "llmc/core/common.h"
 #include "llmc/core/dtypes.h"
+#include "llmc/model/model_spec.h"
+#include "llmc/optim/adamw.h"
 #include "llmc/optim/state_format.h"
 
 using llmc::StateFormat;
@@ -31,6 +33,7 @@ std::string error_of(const std::function<void()>& f) {
 TEST(StateFormat, TheFormatsOfThisBuild) {
   EXPECT_EQ(llmc::state_format_names(), (std::vector<std::string>{"fp32", "bf16"}));
   EXPECT_TRUE(llmc::state_formats().front() == StateFormat::fp32());  // the default first
+  EXPECT_TRUE(llmc::OptimizerConfig().state_format == StateFormat::fp32());
   EXPECT_TRUE(StateFormat::fp32() != StateFormat::bf16());
   for (const StateFormat& f : llmc::state_formats()) {
     SCOPED_TRACE(f.name);
@@ -54,6 +57,9 @@ TEST(StateFormat, SizesAndCheckpointDtypes) {
   EXPECT_EQ(bf16.v.bytes(1000), 2000u);
   EXPECT_STREQ(fp32.m.safetensors_dtype(), "F32");
   EXPECT_STREQ(bf16.v.safetensors_dtype(), "BF16");
+  const llmc::StoredMoments z = llmc::StoredMoments::zeros(bf16, 7);
+  EXPECT_EQ(z.m.size(), 14u);
+  EXPECT_EQ(z.v.size(), 14u);
 }
 
 // The alignment of a grouped format is the least common multiple of its moments' groups.
@@ -103,4 +109,30 @@ TEST(StateFormat, HostCodecs) {
   uint16_t first;
   std::memcpy(&first, codes.data(), 2);
   EXPECT_EQ(first, 0x3f80);
+}
+
+// The optimizer checks its arguments before it allocates anything: these run without a GPU.
+TEST(AdamWArguments, AreCheckedBeforeTheGpu) {
+  llmc::ModelSpec spec;
+  ASSERT_TRUE(llmc::model_preset("gpt2-tiny", &spec));
+  const llmc::ParamTable table = llmc::build_param_table(spec);
+  const size_t n = table.total_elements;
+  llmc::OptimizerConfig c;
+  c.beta1 = 1.0;
+  std::string msg = error_of([&] { llmc::AdamW opt(table, c, {{{0, n}, true}}); });
+  EXPECT_NE(msg.find("optimizer.beta1=1"), std::string::npos) << msg;
+  c = llmc::OptimizerConfig();
+  c.eps = 0.0;
+  msg = error_of([&] { llmc::AdamW opt(table, c, {{{0, n}, true}}); });
+  EXPECT_NE(msg.find("optimizer.eps=0"), std::string::npos) << msg;
+  c = llmc::OptimizerConfig();
+  msg = error_of([&] { llmc::AdamW opt(table, c, {{{0, n + 1}, true}}); });
+  EXPECT_NE(msg.find("outside the"), std::string::npos) << msg;
+  msg = error_of([&] { llmc::AdamW opt(table, c, {{{64, 64}, true}}); });
+  EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
+  // a grouped format cannot own a range that cuts a group
+  c.state_format.m.group_size = 128;
+  msg = error_of([&] { llmc::AdamW opt(table, c, {{{64, n}, true}}); });
+  EXPECT_NE(msg.find("groups of 128 elements"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[64, "), std::string::npos) << msg;
 }
