@@ -186,6 +186,14 @@ const std::vector<KeySchema>& schema() {
       above(row("optimizer", "eps", T::Float, "AdamW epsilon", LLMC_ACCESS(optimizer.eps)), 0),
       at_least(row("optimizer", "weight_decay", T::Float, "decoupled weight decay, applied to 2-D tensors only",
                    LLMC_ACCESS(optimizer.weight_decay)), 0),
+      one_of(row("optimizer", "state_format", T::String,
+                 "storage of the AdamW moments m and v (bf16: rounded to nearest even after every update; the update "
+                 "and the master weights stay FP32); a checkpoint of another format is converted on resume",
+                 [](const RunConfig& c) { return json(c.optimizer.state_format.name); },
+                 [](RunConfig& c, const json& v) {
+                   c.optimizer.state_format = parse_state_format(v.get<std::string>());
+                 }),
+             state_format_names()),
 
       // precision: the preset named in precision.recipe fills every key below; explicit keys override it.
       row("precision", "recipe", T::String,

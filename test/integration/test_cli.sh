@@ -47,7 +47,7 @@ for key in model.preset model.padded_vocab_multiple data.train train.global_batc
            precision.recipe parallel.zero_stage checkpoint.resume eval.batches sample.top_k log.jsonl; do
   grep -qE "^$key " <<<"$keys" || fail "--list-keys lacks $key"
 done
-[ "$(wc -l <<<"$keys")" -eq 74 ] || fail "--list-keys: expected 73 keys + header, got $(wc -l <<<"$keys") lines"
+[ "$(wc -l <<<"$keys")" -eq 75 ] || fail "--list-keys: expected 74 keys + header, got $(wc -l <<<"$keys") lines"
 
 # Dry runs need no GPU and report the size.
 expect_ok "dry-run 124m" "124,475,904" --config configs/gpt2_124m_bf16.json --dry-run

@@ -1,6 +1,7 @@
 // test/optim/test_state_format: the optimizer-state format description (llmc/optim/state_format.h): the formats of this
 // build, their sizes and checkpoint dtypes, the alignment they need, the host codecs (bf16: round to nearest even),
-// the errors naming optimizer.state_format, and the AdamW argument checks that run before anything touches a GPU.
+// the key optimizer.state_format (default, --set, errors naming it, the resolved-config round trip), and the AdamW
+// argument checks that run before anything touches a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "llmc/model/model_spec.h"
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/state_format.h"
+#include "llmc/run/config.h"
 
 using llmc::StateFormat;
 
@@ -26,6 +28,14 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+nlohmann::json base_config() {
+  return nlohmann::json::parse(R"({
+    "model": {"preset": "gpt2-tiny"},
+    "data": {"train": "data/x/x_train_*.bin"},
+    "train": {"micro_batch": 2, "seq_len": 64, "steps": 10}
+  })");
 }
 
 }  // namespace
@@ -78,6 +88,35 @@ TEST(StateFormat, UnknownNamesAreErrorsNamingTheKey) {
   EXPECT_NE(msg.find("optimizer.state_format = 'fp8'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("fp32, bf16"), std::string::npos) << msg;
   EXPECT_NE(error_of([] { llmc::parse_state_format("FP32"); }).find("optimizer.state_format"), std::string::npos);
+}
+
+TEST(StateFormat, ConfigKey) {
+  const llmc::RunConfig defaults = llmc::load_config_json(base_config(), {});
+  EXPECT_TRUE(defaults.optimizer.state_format == StateFormat::fp32());
+  EXPECT_EQ(llmc::config_to_json(defaults)["optimizer"]["state_format"], "fp32");
+
+  const llmc::RunConfig set = llmc::load_config_json(base_config(), {"optimizer.state_format=bf16"});
+  EXPECT_TRUE(set.optimizer.state_format == StateFormat::bf16());
+  const nlohmann::json resolved = llmc::config_to_json(set);
+  EXPECT_EQ(resolved["optimizer"]["state_format"], "bf16");
+  EXPECT_TRUE(llmc::load_config_json(resolved, {}).optimizer.state_format == StateFormat::bf16());
+
+  nlohmann::json in_file = base_config();
+  in_file["optimizer"]["state_format"] = "bf16";
+  EXPECT_TRUE(llmc::load_config_json(in_file, {}).optimizer.state_format == StateFormat::bf16());
+
+  for (const char* bad : {"optimizer.state_format=fp8", "optimizer.state_format=3"}) {
+    const std::string msg = error_of([&] { llmc::load_config_json(base_config(), {bad}); });
+    EXPECT_NE(msg.find("optimizer.state_format"), std::string::npos) << bad << ": " << msg;
+  }
+  bool documented = false;
+  for (const llmc::ConfigKeyDoc& d : llmc::config_key_docs())
+    if (d.key == "optimizer.state_format") {
+      documented = true;
+      EXPECT_EQ(d.type, "string");
+      EXPECT_NE(d.help.find("fp32 | bf16"), std::string::npos) << d.help;
+    }
+  EXPECT_TRUE(documented);
 }
 
 // encode / decode: fp32 is the identity bit for bit; bf16 rounds to nearest even (ties to the even mantissa) and
