@@ -1004,7 +1004,8 @@ bool tcp_join_once(const RendezvousSpec& spec, int fd, const std::string& rank0,
         *payload = take_verdict(v, rank0);
         return true;
       }
-      why = vf.problem().empty() ? std::string("a verdict that does not verify") : "a malformed verdict: " + vf.problem();
+      why = vf.problem().empty() ? std::string("a verdict that does not verify")
+                                 : "a malformed verdict: " + vf.problem();
     } else if (why.empty()) {
       why = "a message that is not part of the rendezvous";
     }

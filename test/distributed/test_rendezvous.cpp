@@ -400,7 +400,8 @@ TEST(TcpRendezvousAuth, MalformedMessagesAreIgnored) {
     h.erase(key);
     return h.dump();
   };
-  const std::string deep = R"({"magic": "llm8-rendezvous", "x": )" + std::string(3000, '[') + std::string(3000, ']') + "}";
+  const std::string deep =
+      R"({"magic": "llm8-rendezvous", "x": )" + std::string(3000, '[') + std::string(3000, ']') + "}";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"hello world", "not JSON"},
       {"", "not JSON"},
