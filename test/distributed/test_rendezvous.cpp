@@ -3,8 +3,8 @@
 // replayed hello, wrongly typed / malformed / truncated / oversize messages, slow senders, a flood of idle connections
 // (with and without file descriptors to spare, rank 0's CPU time measured), stale and forged files in the shared
 // directory; and what the job itself must get right: the protocol as documented (a hand-made rank with the secret
-// gets in), a rank that reconnects, the missing-secret error of a multi-host TCP job, secret settings that differ
-// between ranks, and the secret never appearing in a log or an error.
+// gets in), a rank that reconnects, rank 0 reachable only at the job's address, the missing-secret error of a
+// multi-host TCP job, secret settings that differ between ranks, and the secret never appearing in a log or an error.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -18,6 +18,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -583,6 +584,36 @@ TEST(TcpRendezvousAuth, MultiHostJobWithoutSecretIsRefused) {
                                                                     kPayload); });
   EXPECT_NE(out.find("rank 0 cannot listen on MASTER_ADDR=192.0.2.1 MASTER_PORT=" + std::to_string(port)),
             std::string::npos) << out;
+}
+
+TEST(TcpRendezvousAuth, ListensOnlyOnTheAddressOfTheJob) {
+  // A loopback MASTER_ADDR: the port is closed on this host's other addresses.
+  std::string other;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i && other.empty(); i = i->ifa_next)
+      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET) {
+        const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+        if ((ntohl(a->sin_addr.s_addr) >> 24) != 127) {
+          char text[INET_ADDRSTRLEN] = {0};
+          ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
+          other = text;
+        }
+      }
+    ::freeifaddrs(ifs);
+  }
+  if (other.empty()) GTEST_SKIP() << "this host has no IPv4 address besides loopback";
+  const int port = free_port();
+  RootThread root(spec(0, 2, 20, kSecret), port);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, other.c_str(), &addr.sin_addr);
+  EXPECT_NE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << "rank 0 answers on " << other;
+  ::close(fd);
+  EXPECT_EQ(outcome([&] { return tcp(spec(1, 2, 20, kSecret), port); }), "payload:" + kPayload);
+  EXPECT_EQ(root.join(), "payload:" + kPayload);
 }
 
 TEST(TcpRendezvousAuth, LoopbackWithoutSecretIsUnauthenticatedAndSaysSo) {
