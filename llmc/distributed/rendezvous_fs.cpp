@@ -143,8 +143,8 @@ std::string read_session(const std::string& path, const RendezvousSpec& spec, co
 class FsRoot {
  public:
   FsRoot(const RendezvousSpec& spec, const std::string& dir, const std::string& job_id, const std::string& status)
-      : spec_(spec), dir_(dir), job_(job_id), prefix_(fs_prefix(dir, job_id)), log_(spec), st_(spec.world_size, status),
-        seen_(spec.world_size) {}
+      : spec_(spec), dir_(dir), job_(job_id), prefix_(fs_prefix(dir, job_id)), log_(spec),
+        st_(spec.world_size, status) {}
 
   std::string run(const std::string& payload) {
     const Deadline deadline(spec_.timeout_s);
@@ -156,7 +156,8 @@ class FsRoot {
     s["mac"] = mac_of(spec_.secret, {"session", job_, session_});
     write_file_atomically(prefix_ + ".session", text_of(s));
     while (!st_.complete() && st_.fatal.empty()) {
-      for (int r = 1; r < spec_.world_size && st_.fatal.empty(); r++) look_at(r);
+      for (int r = 1; r < spec_.world_size && st_.fatal.empty(); r++)
+        if (!st_.arrived[r]) look_at(r);
       if (st_.fatal.empty()) look_for_strays();
       if (st_.complete() || !st_.fatal.empty()) break;
       if (deadline.passed()) {
@@ -227,14 +228,13 @@ class FsRoot {
     const std::string path = hello_path(r);
     Hello h;
     std::string text;
-    if (!read_hello(path, &h, &text) || text == seen_[r]) return;
-    seen_[r] = text;
+    if (!read_hello(path, &h, &text)) return;
+    nonces_[r] = h.nonce;  // it hears the verdict, registered or refused
     if (h.rank != r) {
       st_.fatal = strformat("%s claims rank %d (check RANK)", path.c_str(), h.rank);
       return;
     }
-    // It hears the verdict (a second claim of a rank does not displace the first).
-    if (st_.admit(h, path) != Admission::kFatal || !nonces_.count(r)) nonces_[r] = h.nonce;
+    st_.admit(h, path);
   }
 
   // A hello of this session for a rank beyond the world is a disagreement too.
@@ -277,8 +277,7 @@ class FsRoot {
   RendezvousLogger log_;
   RootState st_;
   std::string session_;
-  std::vector<std::string> seen_;     // the last hello file of each rank taken into account
-  std::map<int, std::string> nonces_;  // authenticated hellos: they hear the verdict
+  std::map<int, std::string> nonces_;  // the ranks of authenticated hellos: they hear the verdict
   std::set<std::string> logged_;
 };
 
