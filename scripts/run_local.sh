@@ -5,9 +5,9 @@
 #   scripts/run_local.sh N -- COMMAND [args...]          any command, started N times the same way (tests, tools)
 #
 # Every process gets torchrun-style variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
-# (default 127.0.0.1) and MASTER_PORT (default: a free port), and the NCCL environment below; train_gpt picks GPU
-# LOCAL_RANK and exchanges the NCCL id over TCP with rank 0. Rank 0 prints; the others print only errors
-# ("[rank R] error: ...").
+# (default 127.0.0.1) and MASTER_PORT (default: a free port), LLM8_RDV_SECRET (a random secret of this launch that
+# authenticates the rendezvous) and the NCCL environment below; train_gpt picks GPU LOCAL_RANK and exchanges the NCCL
+# id over TCP with rank 0. Rank 0 prints; the others print only errors ("[rank R] error: ...").
 #
 # Exit codes are collected: when a rank fails, the others get LLM8_KILL_GRACE_S seconds (default 10) to stop on their
 # own (they normally do at once, printing why: train_gpt's check points and timeouts), then SIGTERM, then SIGKILL.
@@ -46,6 +46,13 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])' 2>/dev/null ||
     echo $((20000 + RANDOM % 20000))
 }
+# The rendezvous secret (llmc/distributed/rendezvous.h): one random value per launch from /dev/urandom, exported to
+# every rank and never put on a command line or in a log. An LLM8_RDV_SECRET already set is kept (ranks started
+# elsewhere can then join).
+LLM8_RDV_SECRET=${LLM8_RDV_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
+[ ${#LLM8_RDV_SECRET} -ge 32 ] ||
+  { echo "$0: LLM8_RDV_SECRET must have at least 32 characters (is /dev/urandom readable?)" >&2; exit 2; }
+export LLM8_RDV_SECRET
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 export MASTER_PORT=${MASTER_PORT:-$(free_port)}
 export WORLD_SIZE=$N LOCAL_WORLD_SIZE=$N

@@ -7,8 +7,10 @@
 #
 # train_gpt reads its rank, world size and local rank from Open MPI (OMPI_COMM_WORLD_*) and, when built with MPI
 # (LLM8_MPI=ON), broadcasts the NCCL id over MPI (parallel.init = auto picks mpi). Without MPI in the build the same
-# launch works through TCP: MASTER_ADDR (default: this host) and MASTER_PORT (default: a free port) are exported to
-# every rank. mpirun itself stops the job when a rank exits with an error.
+# launch works through TCP: MASTER_ADDR (default: this host), MASTER_PORT (default: a free port) and LLM8_RDV_SECRET
+# (a random secret of this launch that authenticates the rendezvous) are passed to every rank with mpirun -x, which
+# names the variables: the secret's value is on no command line. mpirun itself stops the job when a rank exits with
+# an error.
 set -u
 usage() {
   echo "usage: $0 N CONFIG [train_gpt args...] | $0 N -- COMMAND [args...]" >&2
@@ -39,6 +41,13 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])' 2>/dev/null ||
     echo $((20000 + RANDOM % 20000))
 }
+# The rendezvous secret (llmc/distributed/rendezvous.h): one random value per launch from /dev/urandom, exported to
+# every rank and never put on a command line or in a log. An LLM8_RDV_SECRET already set is kept (ranks started
+# elsewhere can then join).
+LLM8_RDV_SECRET=${LLM8_RDV_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
+[ ${#LLM8_RDV_SECRET} -ge 32 ] ||
+  { echo "$0: LLM8_RDV_SECRET must have at least 32 characters (is /dev/urandom readable?)" >&2; exit 2; }
+export LLM8_RDV_SECRET
 export MASTER_ADDR=${MASTER_ADDR:-$(hostname)}
 export MASTER_PORT=${MASTER_PORT:-$(free_port)}
 # torchrun-style variables left in the environment would contradict mpirun's (train_gpt refuses that).

@@ -100,6 +100,12 @@ std::string host_name() {
 
 }  // namespace
 
+std::string rendezvous_secret_hint() {
+  return strformat("scripts/run_local.sh, scripts/run_mpi.sh and the Slurm scripts generate one per launch; by hand: "
+                   "export %s=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n') once, then start every rank from that "
+                   "environment", kRendezvousSecretVar);
+}
+
 LaunchInfo detect_launch(const EnvLookup& env) {
   LaunchInfo info;
   info.hostname = host_name();
@@ -171,6 +177,13 @@ LaunchInfo detect_launch(const EnvLookup& env) {
   if (const char* p = env_value(env, "MASTER_PORT")) {
     info.master_port = parse_env_int("MASTER_PORT", p, 1);
     if (info.master_port > 65535) throw_error("environment variable MASTER_PORT='%s' is not a TCP port (1-65535)", p);
+  }
+  if (const char* secret = env_value(env, kRendezvousSecretVar)) {
+    info.rendezvous_secret = secret;
+    if (info.rendezvous_secret.size() < kRendezvousSecretMinChars)
+      throw_error("%s is set but has only %zu characters: it must be a random value of at least %zu characters, the "
+                  "same on every rank of the job; %s", kRendezvousSecretVar, info.rendezvous_secret.size(),
+                  kRendezvousSecretMinChars, rendezvous_secret_hint().c_str());
   }
   if (const char* j = env_value(env, "LLM8_JOB_ID")) {
     info.job_id = j;

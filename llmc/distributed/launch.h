@@ -36,7 +36,14 @@ struct LaunchInfo {
   int master_port = 0;            // MASTER_PORT (0 when unset)
   std::string job_id;             // LLM8_JOB_ID, else SLURM_JOB_ID[.SLURM_STEP_ID] ("" when neither is set)
   std::string hostname;
+  std::string rendezvous_secret;  // LLM8_RDV_SECRET ("" when unset): the key that authenticates the tcp / fs
+                                  // rendezvous (llmc/distributed/rendezvous.h); never printed
 };
+
+// The environment variable of the rendezvous secret, its minimum length, and how to set it (for error messages).
+constexpr const char* kRendezvousSecretVar = "LLM8_RDV_SECRET";
+constexpr size_t kRendezvousSecretMinChars = 32;
+std::string rendezvous_secret_hint();
 
 // Looks up an environment variable (nullptr when unset); tests pass their own map.
 using EnvLookup = std::function<const char*(const char*)>;
@@ -48,7 +55,8 @@ const char* process_env(const char* name);
 // not a non-negative integer, the rank is out of range, the local rank is missing, a world size is set without its
 // rank (WORLD_SIZE=2 but no RANK), or the MPI / PMI / torchrun variables that are set disagree with each other
 // (Slurm's variables describe the allocation, which mpirun or torchrun may subdivide, so they are compared only when
-// nothing else is set).
+// nothing else is set). LLM8_RDV_SECRET, when set, must have at least kRendezvousSecretMinChars characters (the error
+// gives its length, never its value).
 LaunchInfo detect_launch(const EnvLookup& env = process_env);
 
 // The CUDA device of a process: its local rank, or 0 when the launcher made exactly one GPU visible to each process

@@ -2,10 +2,12 @@
 // inconsistency it must refuse, the GPU choice per local rank, the init-method choice, the lenient bootstrap config,
 // and the startup rendezvous over TCP and over a shared directory between threads and between forked processes:
 // payload delivery, a rank's startup error reaching every rank, disagreeing world sizes, duplicate ranks, strangers on
-// the port, and peers that never arrive (timeouts with messages naming who is missing).
+// the port, and peers that never arrive (timeouts with messages naming who is missing). The rendezvous under attack
+// (impostors, forgers, replays, malformed messages, floods, stale files) is test_rendezvous.cpp.
 #include <gtest/gtest.h>
 
 #include "test/support/temp_dir.h"
+#include "test/distributed/rendezvous_test_util.h"
 
 #include <chrono>
 #include <filesystem>
@@ -28,6 +30,10 @@
 
 namespace fs = std::filesystem;
 using llmc::LaunchInfo;
+using llmc_test::free_port;
+using llmc_test::kPayload;
+using llmc_test::run_ranks;
+using llmc_test::specs_for;
 
 namespace {
 
@@ -55,49 +61,6 @@ std::string error_of(const std::function<void()>& f) {
     EXPECT_NE(msg_.find(needle), std::string::npos) << "message: " << msg_;     \
   } while (0)
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// Runs one rendezvous per spec in its own thread; returns per-rank "payload:<bytes>" or "error:<message>"
-// ("group:" for GroupError).
-std::vector<std::string> run_ranks(const std::vector<llmc::RendezvousSpec>& specs,
-                                   const std::vector<std::string>& statuses,
-                                   const std::function<std::string(const llmc::RendezvousSpec&, const std::string&)>& f) {
-  std::vector<std::string> out(specs.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < specs.size(); i++)
-    threads.emplace_back([&, i]() {
-      try {
-        out[i] = "payload:" + f(specs[i], statuses[i]);
-      } catch (const llmc::GroupError& e) {
-        out[i] = std::string("group:") + e.what();
-      } catch (const llmc::Error& e) {
-        out[i] = std::string("error:") + e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return out;
-}
-
-std::vector<llmc::RendezvousSpec> specs_for(int world, double timeout, std::vector<int> ranks = {}) {
-  if (ranks.empty())
-    for (int r = 0; r < world; r++) ranks.push_back(r);
-  std::vector<llmc::RendezvousSpec> specs;
-  for (int r : ranks) specs.push_back({r, world, timeout});
-  return specs;
-}
-
-const std::string kPayload = std::string("nccl\0id\xff", 8);
 
 }  // namespace
 
@@ -182,6 +145,17 @@ TEST(DetectLaunch, IncompleteOrInvalid) {
   EXPECT_ERROR_HAS(detect({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
                    "local rank out of range: LOCAL_RANK=2 but LOCAL_WORLD_SIZE=2");
   EXPECT_ERROR_HAS(detect({{"MASTER_PORT", "70000"}}), "MASTER_PORT='70000' is not a TCP port");
+}
+
+TEST(DetectLaunch, RendezvousSecret) {
+  const std::string secret(64, 'a');
+  EXPECT_EQ(detect({{"LLM8_RDV_SECRET", secret}}).rendezvous_secret, secret);
+  EXPECT_EQ(detect({}).rendezvous_secret, "");
+  // Too short to be a secret: the error names the variable and its length, never the value.
+  const std::string msg = error_of([] { detect({{"LLM8_RDV_SECRET", "hunter2hunter2"}}); });
+  EXPECT_NE(msg.find("LLM8_RDV_SECRET is set but has only 14 characters"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/dev/urandom"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("hunter2"), std::string::npos) << msg;
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -290,6 +264,9 @@ TEST(TcpRendezvous, WorldSizesDisagree) {
 
 TEST(TcpRendezvous, DuplicateRank) {
   auto out = run_ranks(specs_for(3, 20, {0, 1, 1}), {"", "", ""}, tcp_with(free_port()));
+  EXPECT_NE(out[0].find("two processes claim rank 1"), std::string::npos) << out[0];
+  // Both claims authenticated with the job's secret: still the misconfiguration it is, not a stranger.
+  out = run_ranks(specs_for(3, 20, {0, 1, 1}, std::string(64, 's')), {"", "", ""}, tcp_with(free_port()));
   EXPECT_NE(out[0].find("two processes claim rank 1"), std::string::npos) << out[0];
 }
 
