@@ -87,13 +87,13 @@ int sample_token(const std::vector<float>& logits, double temperature, int top_k
 }
 
 // Generates cfg.sample.tokens tokens after <|endoftext|> with the training forward (the same kernels, precision and
-// quantisers), re-running it over the context (at most seq_len tokens) for each new token. FP8 GEMMs need the rows
-// to be a multiple of 16 / 128, so an FP8 model runs the training batch shape (B, T) with the context in row 0
-// followed by <|endoftext|> padding, which causal attention keeps from influencing the positions before it.
+// quantisers), re-running it over the context (at most seq_len tokens) for each new token. Quantised GEMMs need the
+// rows to be a multiple of 16 / 128, so a quantised model runs the training batch shape (B, T) with the context in
+// row 0 followed by <|endoftext|> padding, which causal attention keeps from influencing the positions before it.
 std::string generate_sample(Model& model, const RunConfig& cfg, const GPT2Tokenizer& tokenizer, SampleRng& rng,
                             cudaStream_t stream) {
   const int V = cfg.model.vocab_size, Vp = cfg.model.padded_vocab_size;
-  const bool full_batch = cfg.precision.fp8;
+  const bool full_batch = quantizes_linears(cfg.precision);
   std::vector<int> context{tokenizer.eot_token()}, generated, batch;
   std::vector<bf16> row(V);
   std::vector<float> logits(V);
@@ -335,8 +335,8 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
   std::printf("precision: %s\n", describe_recipe(cfg.precision).c_str());
   const PrecisionState* fp8_state = model.precision_state();
   std::printf("memory: activations %.1f MiB for %d x %d tokens%s\n", model.activation_bytes() / 1048576.0, B, T,
-              fp8_state && cfg.precision.fp8
-                  ? strformat(", FP8 weight copies, saved inputs and scratch %.1f MiB",
+              fp8_state && quantizes_linears(cfg.precision)
+                  ? strformat(", quantised weight copies, saved inputs and scratch %.1f MiB",
                               fp8_state->device_bytes() / 1048576.0).c_str()
                   : "");
   std::printf("batch: %d x %d tokens x %d GPU%s, %d accumulation steps, %s tokens per step\n", B, T, world_size,
@@ -448,7 +448,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
   if (options.stop_at_step > 0) stop_at = std::min(stop_at, options.stop_at_step);
   if (start_step == 0 && cfg.eval.every > 0) run_eval(0);
   PrecisionState* precision = model.precision_state();
-  const bool telemetry = cfg.log.numerics_every > 0 && precision != nullptr && cfg.precision.fp8;
+  const bool telemetry = cfg.log.numerics_every > 0 && precision != nullptr && quantizes_linears(cfg.precision);
   int consecutive_skips = 0;
   for (int step = start_step; step < stop_at; step++) {
     const double t0 = now_seconds();
