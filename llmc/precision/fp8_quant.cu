@@ -593,9 +593,27 @@ struct StatsArgs {
   BlockShape block;
 };
 
+// The max of two bit patterns (amax_bits) over a block of kThreads threads, exact and order independent; the results
+// are valid in thread 0.
+template <int kThreads>
+__device__ inline void block_max_bits_in_thread0(unsigned& a, unsigned& b) {
+  __shared__ unsigned warp_max_s[2][kThreads / kWarpSize];
+  a = warp_max_bits(a);
+  b = warp_max_bits(b);
+  if (threadIdx.x % kWarpSize == 0) {
+    warp_max_s[0][threadIdx.x / kWarpSize] = a;
+    warp_max_s[1][threadIdx.x / kWarpSize] = b;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kThreads / kWarpSize; w++) {
+      a = max(a, warp_max_s[0][w]);
+      b = max(b, warp_max_s[1][w]);
+    }
+}
+
 template <ElementFormat F>
 __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* partials, const StatsArgs a) {
-  __shared__ unsigned warp_max_s[2][kStatsThreads / kWarpSize];
   constexpr uint8_t kMaxCode = F == ElementFormat::E4M3 ? 0x7E : 0x7B;
   const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -633,18 +651,8 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* 
   const double s_sat = block_sum(static_cast<double>(saturated));
   const double s_under = block_sum(static_cast<double>(underflow));
   const double s_nonzero = block_sum(static_cast<double>(nonzero));
-  amax = warp_max_bits(amax);
-  max_si = warp_max_bits(max_si);
-  if (threadIdx.x % kWarpSize == 0) {
-    warp_max_s[0][threadIdx.x / kWarpSize] = amax;
-    warp_max_s[1][threadIdx.x / kWarpSize] = max_si;
-  }
-  __syncthreads();
+  block_max_bits_in_thread0<kStatsThreads>(amax, max_si);
   if (threadIdx.x == 0) {
-    for (int w = 0; w < kStatsThreads / kWarpSize; w++) {
-      amax = max(amax, warp_max_s[0][w]);
-      max_si = max(max_si, warp_max_s[1][w]);
-    }
     double* p = partials + static_cast<size_t>(blockIdx.x) * kQuantStatsSlots;
     p[0] = amax;
     p[1] = max_si;
@@ -659,24 +667,13 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* 
 
 __global__ void __launch_bounds__(kStatsBlocks) fp8_quant_stats_finish_kernel(double* out, const double* partials,
                                                                               double elements) {
-  __shared__ unsigned warp_max_s[2][kStatsBlocks / kWarpSize];
   const double* p = partials + static_cast<size_t>(threadIdx.x) * kQuantStatsSlots;  // one block's partials
   unsigned amax = static_cast<unsigned>(p[0]), max_si = static_cast<unsigned>(p[1]);
   double sums[5];
 #pragma unroll
   for (int k = 0; k < 5; k++) sums[k] = block_sum(p[2 + k]);
-  amax = warp_max_bits(amax);
-  max_si = warp_max_bits(max_si);
-  if (threadIdx.x % kWarpSize == 0) {
-    warp_max_s[0][threadIdx.x / kWarpSize] = amax;
-    warp_max_s[1][threadIdx.x / kWarpSize] = max_si;
-  }
-  __syncthreads();
+  block_max_bits_in_thread0<kStatsBlocks>(amax, max_si);
   if (threadIdx.x == 0) {
-    for (int w = 0; w < kStatsBlocks / kWarpSize; w++) {
-      amax = max(amax, warp_max_s[0][w]);
-      max_si = max(max_si, warp_max_s[1][w]);
-    }
     out[0] = bits_to_float(amax);
     out[1] = 1.0 / static_cast<double>(bits_to_float(max_si));
     for (int k = 0; k < 5; k++) out[2 + k] = sums[k];
@@ -690,14 +687,7 @@ void fp8_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStr
   if (!stats_out) throw_error("%s: stats_out is null", kernel);
   if (!q.data) throw_error("%s: q.data is null (the stats read the row-major codes)", kernel);
   if (!q.scale_inv) throw_error("%s: q.scale_inv is null", kernel);
-  StatsArgs a{};
-  a.x = x;
-  a.data = q.data;
-  a.scale_inv = q.scale_inv;
-  a.rows = q.rows;
-  a.cols = q.cols;
-  a.block = q.encoding.block;
-  a.ld = scale_inv_ld(q.encoding, q.rows, q.cols);
+  StatsArgs a{x, q.data, q.scale_inv, q.rows, q.cols, scale_inv_ld(q.encoding, q.rows, q.cols), 0, 0, q.encoding.block};
   valid_scale_shape(q.encoding, q.rows, q.cols, &a.scale_rows, &a.scale_cols);
   double* partials = nullptr;
   CUDA_CHECK(cudaMallocAsync(&partials, sizeof(double) * kStatsBlocks * kQuantStatsSlots, stream));

@@ -358,19 +358,7 @@ void run_gemm(const GemmKey& key, cublasOperation_t trans_a, cublasOperation_t t
               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, void* D, int64_t ldd, cudaDataType_t d_type,
               const void* bias, const void* aux, int64_t aux_ld, cudaStream_t stream, const void* C = nullptr) {
   if (g_gemm.handle == nullptr) gemm_init();
-  PlanSpec spec;
-  spec.trans_a = trans_a;
-  spec.trans_b = trans_b;
-  spec.m = m;
-  spec.n = n;
-  spec.k = k;
-  spec.lda = lda;
-  spec.ldb = ldb;
-  spec.ldc = ldd;
-  spec.c_type = d_type;
-  spec.bias = bias;
-  spec.aux = aux;
-  spec.aux_ld = aux_ld;
+  const PlanSpec spec{trans_a, trans_b, m, n, k, lda, ldb, ldd, CUDA_R_16BF, CUDA_R_16BF, d_type, bias, aux, aux_ld};
   GemmPlan& plan = const_cast<GemmPlan&>(get_plan(key, spec));
   if (bias != nullptr) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -546,26 +534,30 @@ void quant_key_and_spec(const void* D, bool d_fp32, const QuantOperand& A, const
   key->fast_accum = opt.fast_accum;
   key->align_bias = pointer_alignment(opt.bias);
 
-  spec->trans_a = CUBLAS_OP_T;  // B (N,K) row-major = column-major (K×N), ld K; op T → (N×K)
-  spec->trans_b = CUBLAS_OP_N;  // A (M,K) row-major = column-major (K×M), ld K
-  spec->m = N;
-  spec->n = M;
-  spec->k = K;
-  spec->lda = K;
-  spec->ldb = K;
-  spec->ldc = N;  // Dᵀ (N×M) column-major = D (M,N) row-major
-  spec->a_type = static_cast<cudaDataType_t>(key->a_type);
-  spec->b_type = static_cast<cudaDataType_t>(key->b_type);
-  spec->c_type = static_cast<cudaDataType_t>(key->d_type);
-  spec->bias = opt.bias;        // (N): per row of Dᵀ = per column of D
-  spec->aux = opt.pre_gelu;     // (M,N) row-major = (N×M) column-major, ld N
-  spec->aux_ld = N;
-  spec->set_aux_type = false;   // FP8 kernels: the aux type defaults to D's (bf16); setting it is reserved for FP8 D
-  spec->a_scale = B.scale_inv;
-  spec->b_scale = A.scale_inv;
-  spec->a_scale_mode = key->a_scale_mode;
-  spec->b_scale_mode = key->b_scale_mode;
-  spec->fast_accum = opt.fast_accum;
+  // cuBLASLt's A is our B (N,K) row-major = column-major (K×N), ld K, op T → (N×K); its B is our A (M,K) row-major =
+  // column-major (K×M), ld K; Dᵀ (N×M) column-major, ld N = D (M,N) row-major. The bias (N) is per row of Dᵀ = per
+  // column of D; the aux pre_gelu (M,N) row-major = (N×M) column-major, ld N, its type left to cuBLASLt (= D's,
+  // bf16: setting it is reserved for FP8 D).
+  *spec = PlanSpec{CUBLAS_OP_T,
+                   CUBLAS_OP_N,
+                   /*m=*/N,
+                   /*n=*/M,
+                   /*k=*/K,
+                   /*lda=*/K,
+                   /*ldb=*/K,
+                   /*ldc=*/N,
+                   static_cast<cudaDataType_t>(key->a_type),
+                   static_cast<cudaDataType_t>(key->b_type),
+                   static_cast<cudaDataType_t>(key->d_type),
+                   opt.bias,
+                   opt.pre_gelu,
+                   /*aux_ld=*/N,
+                   /*set_aux_type=*/false,
+                   /*a_scale=*/B.scale_inv,
+                   /*b_scale=*/A.scale_inv,
+                   key->a_scale_mode,
+                   key->b_scale_mode,
+                   opt.fast_accum};
 }
 
 // The cached plan of a quantised GEMM, or null (with cuBLASLt's reason in *why) where cuBLASLt does not run it; both
