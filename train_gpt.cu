@@ -103,8 +103,8 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
     const PrecisionState* precision = model.precision_state();
     std::printf("memory: activations %.1f MiB for %d x %d tokens%s\n", model.activation_bytes() / 1048576.0,
                 cfg.train.micro_batch, cfg.train.seq_len,
-                precision && cfg.precision.fp8
-                    ? strformat(", FP8 weight copies, saved inputs and scratch %.1f MiB",
+                precision && quantizes_linears(cfg.precision)
+                    ? strformat(", quantised weight copies, saved inputs and scratch %.1f MiB",
                                 precision->device_bytes() / 1048576.0).c_str()
                     : "");
     std::printf("batch: %d x %d tokens x %d GPU%s, %d accumulation steps, %s tokens per step\n",
@@ -141,7 +141,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
 
     double peak_mem_gib = device_memory_in_use_gib();
     const int stop_at = options.stop_at_step > 0 ? std::min(cfg.train.steps, options.stop_at_step) : cfg.train.steps;
-    const bool telemetry = cfg.log.numerics_every > 0 && cfg.precision.fp8;
+    const bool telemetry = cfg.log.numerics_every > 0 && quantizes_linears(cfg.precision);
     if (start_step == 0 && cfg.eval.every > 0) run_eval(0);
     for (int step = start_step; step < stop_at; step++) {
       const double lr = learning_rate(cfg.train.schedule, step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,

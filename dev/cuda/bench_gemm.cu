@@ -34,7 +34,9 @@
 #include <cuda_fp8.h>
 
 #include "llmc/core/common.h"
+#include "llmc/precision/encoding.h"
 #include "llmc/precision/gemm.h"
+#include "llmc/precision/scale_math.cuh"
 
 using namespace llmc;
 
@@ -91,8 +93,8 @@ struct CodePattern {
   }
 };
 
-double decode_fp8(uint8_t code, Fp8Format f) {
-  return (double)__half2float(__half(__nv_cvt_fp8_to_halfraw(code, f == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2)));
+double decode_fp8(uint8_t code, ElementFormat f) {
+  return (double)__half2float(__half(__nv_cvt_fp8_to_halfraw(code, f == ElementFormat::E4M3 ? __NV_E4M3 : __NV_E5M2)));
 }
 
 // Spot check: 32 sampled output elements of the BF16 forward product against an FP64 dot product.
@@ -204,20 +206,16 @@ struct BenchOperand {
   const CodePattern* pattern = nullptr;
   const uint8_t* d_codes = nullptr;  // not owned
   int rows = 0, k = 0;
-  Fp8Format format = Fp8Format::E4M3;
-  ScaleGranularity granularity = ScaleGranularity::Tensor;
+  Encoding encoding;
   std::vector<float> scales;
   float* d_scales = nullptr;
 
-  BenchOperand(const CodePattern& pat, const uint8_t* codes, int rows_, int k_, Fp8Format f, ScaleGranularity g,
+  BenchOperand(const CodePattern& pat, const uint8_t* codes, int rows_, int k_, ElementFormat f, BlockShape g,
                float tensor_scale)
-      : pattern(&pat), d_codes(codes), rows(rows_), k(k_), format(f), granularity(g) {
-    const size_t L = ceil_div((size_t)k, 128);
-    size_t count = 1;
-    if (g == ScaleGranularity::Block1x128) count = L * round_up((size_t)rows, 4);
-    if (g == ScaleGranularity::Block128x128) count = ceil_div((size_t)rows, 128) * round_up(L, 4);
+      : pattern(&pat), d_codes(codes), rows(rows_), k(k_), encoding{f, g} {
+    const size_t count = scale_inv_count(encoding, rows, k);
     scales.resize(count);
-    if (g == ScaleGranularity::Tensor) {
+    if (encoding.per_tensor()) {
       scales[0] = tensor_scale;
     } else {
       for (size_t i = 0; i < count; i++) scales[i] = std::ldexp(1.0f, (int)((i * 7) % 9) - 4) * (i % 3 ? 1.0f : 0.75f);
@@ -229,22 +227,17 @@ struct BenchOperand {
   BenchOperand(const BenchOperand&) = delete;
   BenchOperand& operator=(const BenchOperand&) = delete;
 
-  Fp8Operand op() const {
-    Fp8Operand o;
+  QuantOperand op() const {
+    QuantOperand o;
     o.data = d_codes;
-    o.format = format;
-    o.granularity = granularity;
+    o.encoding = encoding;
     o.scale_inv = d_scales;
     return o;
   }
   // dequantised element (r, c), the scale read from the layout of llmc/precision/tensor.h
   double value(int r, int c) const {
-    double s = scales[0];
-    if (granularity == ScaleGranularity::Block1x128) s = scales[(size_t)(c / 128) * round_up((size_t)rows, 4) + r];
-    if (granularity == ScaleGranularity::Block128x128) {
-      s = scales[(size_t)(r / 128) * round_up(ceil_div((size_t)k, 128), 4) + c / 128];
-    }
-    return decode_fp8(pattern->at((size_t)r * k + c), format) * s;
+    const double s = scales[scale_index(encoding.block, r, c, scale_inv_ld(encoding, rows, k))];
+    return decode_fp8(pattern->at((size_t)r * k + c), encoding.element) * s;
   }
 };
 
@@ -337,23 +330,23 @@ Fp8Row bench_product(const char* model, const char* layer, Product p, int M, int
   uint8_t* codes_a = code_a.upload((size_t)m * k);  // (m, k)
   uint8_t* codes_b = code_b.upload((size_t)n * k);  // (n, k)
   for (int mode = kTensor; mode < kModes; mode++) {
-    Fp8Format af = Fp8Format::E4M3, bf = Fp8Format::E4M3;
-    ScaleGranularity ag = ScaleGranularity::Tensor, bg = ScaleGranularity::Tensor;
+    ElementFormat af = ElementFormat::E4M3, bf = ElementFormat::E4M3;
+    BlockShape ag = kWholeTensor, bg = kWholeTensor;
     if (mode == kTensor || mode == kTensorFast) {
-      if (p != kFprop) af = Fp8Format::E5M2;  // the gradient
+      if (p != kFprop) af = ElementFormat::E5M2;  // the gradient
     } else {
-      ag = ScaleGranularity::Block1x128;
-      bg = mode == kBlock1x128x128 ? ScaleGranularity::Block128x128 : ScaleGranularity::Block1x128;
+      ag = kBlock1x128;
+      bg = mode == kBlock1x128x128 ? kBlock128x128 : kBlock1x128;
     }
     BenchOperand A(code_a, codes_a, m, k, af, ag, 0.375f), B(code_b, codes_b, n, k, bf, bg, 1.5f);
-    Fp8GemmOptions opt;
+    QuantGemmOptions opt;
     opt.fast_accum = mode == kTensorFast;
-    if (!matmul_fp8_supported(d_fp32, A.op(), B.op(), m, n, k, opt)) continue;  // tflops stays 0: n/a
+    if (!matmul_quant_supported(d_fp32, A.op(), B.op(), m, n, k, opt)) continue;  // tflops stays 0: n/a
     // spot check an overwriting call, then time (wgrad accumulates, as in training)
     if (d_fp32) {
-      matmul_fp8((float*)d_out, A.op(), B.op(), m, n, k, opt, 0);
+      matmul_quant((float*)d_out, A.op(), B.op(), m, n, k, opt, 0);
     } else {
-      matmul_fp8((bf16*)d_out, A.op(), B.op(), m, n, k, opt, 0);
+      matmul_quant((bf16*)d_out, A.op(), B.op(), m, n, k, opt, 0);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
     const bool ok = spot_check_fp8(d_out, d_fp32, A, B, m, n, k, opt.fast_accum);
@@ -363,9 +356,9 @@ Fp8Row bench_product(const char* model, const char* layer, Product p, int M, int
     const double t = time_ms(
         [&] {
           if (d_fp32) {
-            matmul_fp8((float*)d_out, A.op(), B.op(), m, n, k, opt, 0);
+            matmul_quant((float*)d_out, A.op(), B.op(), m, n, k, opt, 0);
           } else {
-            matmul_fp8((bf16*)d_out, A.op(), B.op(), m, n, k, opt, 0);
+            matmul_quant((bf16*)d_out, A.op(), B.op(), m, n, k, opt, 0);
           }
         },
         iters);

@@ -1,9 +1,9 @@
-// dev/cuda/bench_quant: times the FP8 quantisation kernels of llmc/precision/quant.h on (16384, 768) and (16384, 3072) bf16
-// tensors (GPT-2 124M activations: the attention / MLP inputs at B*T = 16K): warm-up, then the median of repeated
-// cudaEvent timings; prints ms and the achieved GB/s with bytes = x read once + every output written once (the ideal
-// traffic of a memory-bound kernel; scales included), and the fraction of the device's theoretical DRAM bandwidth.
-// Before timing, each cast's first 256 rows are checked against the host reference (codes and scales); the full
-// check is test/precision/test_quant.
+// dev/cuda/bench_quant: times the FP8 quantisation kernels of llmc/precision/fp8_quant.h on (16384, 768) and (16384,
+// 3072) bf16 tensors (GPT-2 124M activations: the attention / MLP inputs at B*T = 16K): warm-up, then the median of
+// repeated cudaEvent timings; prints ms and the achieved GB/s with bytes = x read once + every output written once (the
+// ideal traffic of a memory-bound kernel; scales included), and the fraction of the device's theoretical DRAM
+// bandwidth. Before timing, each cast's first 256 rows are checked against the host reference (codes and scales); the
+// full check is test/precision/test_quant.
 // Usage: bench_quant [repeats]   (default 20)
 #include <algorithm>
 #include <cstdio>
@@ -15,12 +15,15 @@
 
 #include "llmc/core/common.h"
 #include "llmc/core/dtypes.h"
-#include "llmc/precision/quant.h"
+#include "llmc/precision/encoding.h"
+#include "llmc/precision/fp8_quant.h"
+#include "llmc/precision/quantize.h"
+#include "test/reference/precision_ref.h"
 
 using llmc::bf16;
-using llmc::Fp8Format;
+using llmc::ElementFormat;
+using llmc::Encoding;
 using llmc::QTensor;
-using llmc::ScaleGranularity;
 
 namespace {
 
@@ -65,17 +68,17 @@ void report(const std::string& name, double ms, double bytes) {
 
 // First `check_rows` rows of data (and their 1x128 / per-tensor scales) against the host reference. Only the
 // row-major copy: data_t and the 128x1 / 128x128 blocks need all rows of a block; test_quant checks them.
-bool check_rows(const QTensor& q, const std::vector<float>& x_host, int check_rows, bool pow2, float scale) {
+bool check_rows(const QTensor& q, const std::vector<float>& x_host, int check_rows, float scale) {
   const int rows = std::min(q.rows, check_rows), cols = q.cols;
   std::vector<uint8_t> got(static_cast<size_t>(rows) * cols), want(got.size());
   CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaMemcpy(got.data(), q.data, got.size(), cudaMemcpyDeviceToHost));
-  if (q.granularity == ScaleGranularity::Tensor) {
-    llmc::fp8_quantize_tensorwise_cpu(want.data(), nullptr, nullptr, x_host.data(), rows, cols, scale, q.format);
-  } else if (q.granularity == ScaleGranularity::Block1x128) {
-    std::vector<float> si(llmc::scale_inv_floats(q.granularity, rows, cols));
-    llmc::fp8_quantize_blockwise_cpu(want.data(), si.data(), nullptr, nullptr, x_host.data(), rows, cols,
-                                     q.granularity, q.format, pow2);
+  if (q.encoding.per_tensor()) {
+    llmc::fp8_quantize_tensorwise_cpu(want.data(), nullptr, nullptr, x_host.data(), rows, cols, scale,
+                                      q.encoding.element);
+  } else if (q.encoding.block == llmc::kBlock1x128) {
+    std::vector<float> si(llmc::scale_inv_count(q.encoding, rows, cols));
+    llmc::fp8_quantize_blockwise_cpu(want.data(), si.data(), nullptr, nullptr, x_host.data(), rows, cols, q.encoding);
   } else {
     return true;  // 128x128 tiles need the whole tile: covered by test_quant
   }
@@ -100,7 +103,8 @@ void bench_shape(int rows, int cols, std::mt19937& rng) {
   float* scale = device_alloc<float>(1);
   float* scale_inv = device_alloc<float>(1);
   const float amax_host = llmc::amax_bf16_cpu(x_host.data(), n);
-  const float scale_host = llmc::fp8_scale_from_amax_cpu(amax_host, 1.0f, Fp8Format::E4M3, 0, false);
+  const Encoding tensor{ElementFormat::E4M3, llmc::kWholeTensor};
+  const float scale_host = llmc::fp8_scale_from_amax_cpu(amax_host, 1.0f, tensor, 0);
   const float scale_inv_host = 1.0f / scale_host;
   CUDA_CHECK(cudaMemcpy(scale, &scale_host, sizeof(float), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(scale_inv, &scale_inv_host, sizeof(float), cudaMemcpyHostToDevice));
@@ -113,10 +117,10 @@ void bench_shape(int rows, int cols, std::mt19937& rng) {
          bx);
 
   QTensor q;
-  q.rows = rows, q.cols = cols, q.format = Fp8Format::E4M3, q.scale = scale, q.scale_inv = scale_inv;
+  q.rows = rows, q.cols = cols, q.encoding = tensor, q.scale = scale, q.scale_inv = scale_inv;
   q.data = data;
   llmc::fp8_quantize_tensorwise(q, x, nullptr, 0);
-  const bool ok_t = check_rows(q, x_host, 256, false, scale_host);
+  const bool ok_t = check_rows(q, x_host, 256, scale_host);
   report(std::string("tensorwise cast") + (ok_t ? "" : " [MISMATCH]"),
          time_ms([&] { llmc::fp8_quantize_tensorwise(q, x, nullptr, 0); }), bx + b8);
   q.data_t = data_t;
@@ -125,18 +129,19 @@ void bench_shape(int rows, int cols, std::mt19937& rng) {
   report("tensorwise cast + transpose + amax", time_ms([&] { llmc::fp8_quantize_tensorwise(q, x, amax, 0); }),
          bx + 2 * b8);
 
-  for (ScaleGranularity g : {ScaleGranularity::Block1x128, ScaleGranularity::Block128x128}) {
-    const size_t ns = llmc::scale_inv_floats(g, rows, cols), ns_t = llmc::scale_inv_floats(g, cols, rows);
+  for (llmc::BlockShape g : {llmc::kBlock1x128, llmc::kBlock128x128}) {
+    const Encoding e{ElementFormat::E4M3, g, llmc::ScaleFormat::Pow2FP32};
+    const size_t ns = llmc::scale_inv_count(e, rows, cols), ns_t = llmc::scale_inv_count(e, cols, rows);
     QTensor b;
-    b.rows = rows, b.cols = cols, b.format = Fp8Format::E4M3, b.granularity = g;
+    b.rows = rows, b.cols = cols, b.encoding = e;
     b.data = data, b.scale_inv = device_alloc<float>(ns), b.amax = amax;
-    llmc::fp8_quantize_blockwise(b, x, true, 0);
-    const bool ok = check_rows(b, x_host, 256, true, 0.0f);
-    const std::string name = std::string("blockwise ") + llmc::scale_granularity_name(g);
-    report(name + " data" + (ok ? "" : " [MISMATCH]"), time_ms([&] { llmc::fp8_quantize_blockwise(b, x, true, 0); }),
+    llmc::fp8_quantize_blockwise(b, x, 0);
+    const bool ok = check_rows(b, x_host, 256, 0.0f);
+    const std::string name = std::string("blockwise ") + llmc::block_shape_name(g);
+    report(name + " data" + (ok ? "" : " [MISMATCH]"), time_ms([&] { llmc::fp8_quantize_blockwise(b, x, 0); }),
            bx + b8 + 4.0 * ns);
     b.data_t = data_t, b.scale_inv_t = device_alloc<float>(ns_t);
-    report(name + " data + data_t", time_ms([&] { llmc::fp8_quantize_blockwise(b, x, true, 0); }),
+    report(name + " data + data_t", time_ms([&] { llmc::fp8_quantize_blockwise(b, x, 0); }),
            bx + 2 * b8 + 4.0 * (ns + ns_t));
   }
 
@@ -181,8 +186,8 @@ int main(int argc, char** argv) {
   int step = 0;
   std::printf("\n");
   report("fp8_delayed_scaling_update (576 x 1024)", time_ms([&] {
-           llmc::fp8_delayed_scaling_update(history, amax, scale, scale_inv, d_formats, count, len, step++ % len,
-                                            true, 0, false, 0);
+           llmc::fp8_delayed_scaling_update(history, amax, scale, scale_inv, d_formats, count, len, step++ % len, true,
+                                            0, llmc::ScaleFormat::FP32, 0);
          }),
          4.0 * count * len + 16.0 * count);
   for (void* p : g_allocations) cudaFree(p);

@@ -1,5 +1,6 @@
-// llmc/core/dtypes.cpp: host reference encode / decode of BF16, FP8 E4M3 (OCP e4m3fn) and FP8 E5M2, written from the bit-level
-// definitions of the formats (never through the CUDA conversion, which the tests use as an independent cross-check).
+// llmc/core/dtypes.cpp: the element-format table, and host reference encode / decode of BF16, FP8 E4M3 (OCP e4m3fn)
+// and FP8 E5M2, written from the bit-level definitions of the formats (never through the CUDA conversion, which the
+// tests use as an independent cross-check).
 //
 // FP8 encoding, for a format with M mantissa bits, exponent bias B and smallest normal exponent emin = 1 - B:
 //   |x| = s * 2^(E - 23) with s the 24-bit FP32 significand (implicit 1) and E its unbiased exponent. The quantum of
@@ -20,26 +21,37 @@
 
 namespace llmc {
 
-const char* fp8_format_name(Fp8Format f) {
+namespace {
+
+struct ElementFormatInfo {
+  const char* name;
+  int bits;
+  float max;
+};
+
+ElementFormatInfo element_format_info(ElementFormat f) {
   switch (f) {
-    case Fp8Format::E4M3: return "e4m3";
-    case Fp8Format::E5M2: return "e5m2";
+    case ElementFormat::E4M3: return {"e4m3", 8, kE4M3Max};
+    case ElementFormat::E5M2: return {"e5m2", 8, kE5M2Max};
+    case ElementFormat::E2M1: return {"e2m1", 4, kE2M1Max};
   }
-  return "unknown";
+  throw_error("unknown ElementFormat %d", static_cast<int>(f));
 }
 
-bool parse_fp8_format(const std::string& s, Fp8Format* out) {
-  if (s == "e4m3") {
-    *out = Fp8Format::E4M3;
-    return true;
-  }
-  if (s == "e5m2") {
-    *out = Fp8Format::E5M2;
-    return true;
-  }
+}  // namespace
+
+const char* element_format_name(ElementFormat f) { return element_format_info(f).name; }
+int element_format_bits(ElementFormat f) { return element_format_info(f).bits; }
+float element_format_max(ElementFormat f) { return element_format_info(f).max; }
+
+bool parse_element_format(const std::string& s, ElementFormat* out) {
+  for (ElementFormat f : kElementFormats)
+    if (s == element_format_name(f)) {
+      *out = f;
+      return true;
+    }
   return false;
 }
-
 
 namespace {
 
@@ -60,17 +72,18 @@ struct Fp8Params {
   uint32_t max_code;    // largest finite magnitude code: 0x7E (448) / 0x7B (57344)
 };
 
-Fp8Params fp8_params(Fp8Format f) {
+Fp8Params fp8_params(ElementFormat f) {
   switch (f) {
-    case Fp8Format::E4M3: return {3, 7, 0x7Eu};
-    case Fp8Format::E5M2: return {2, 15, 0x7Bu};
+    case ElementFormat::E4M3: return {3, 7, 0x7Eu};
+    case ElementFormat::E5M2: return {2, 15, 0x7Bu};
+    case ElementFormat::E2M1: break;
   }
-  throw_error("fp8: unknown Fp8Format %d", static_cast<int>(f));
+  throw_error("fp8_encode / fp8_decode: element format %d is not an FP8 format", static_cast<int>(f));
 }
 
 }  // namespace
 
-uint8_t fp8_encode(float x, Fp8Format f) {
+uint8_t fp8_encode(float x, ElementFormat f) {
   const Fp8Params p = fp8_params(f);
   const uint32_t bits = float_bits(x);
   const uint32_t sign = (bits >> 24) & 0x80u;
@@ -95,16 +108,16 @@ uint8_t fp8_encode(float x, Fp8Format f) {
   return static_cast<uint8_t>(sign | code);
 }
 
-float fp8_decode(uint8_t code, Fp8Format f) {
+float fp8_decode(uint8_t code, ElementFormat f) {
   const Fp8Params p = fp8_params(f);
   const bool negative = (code & 0x80u) != 0;
   const int magnitude = code & 0x7f;
   const int exponent_field = magnitude >> p.mantissa_bits;
   const int mantissa = magnitude & ((1 << p.mantissa_bits) - 1);
   float value;
-  if (f == Fp8Format::E4M3 && magnitude == 0x7f) {
+  if (f == ElementFormat::E4M3 && magnitude == 0x7f) {
     value = std::numeric_limits<float>::quiet_NaN();  // e4m3fn: S.1111.111 is the only NaN, no infinities
-  } else if (f == Fp8Format::E5M2 && exponent_field == 31) {
+  } else if (f == ElementFormat::E5M2 && exponent_field == 31) {
     value = mantissa == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
   } else if (exponent_field == 0) {
     value = std::ldexp(static_cast<float>(mantissa), 1 - p.bias - p.mantissa_bits);  // subnormal

@@ -1,9 +1,10 @@
-// llmc/precision/gemm.cu: the cuBLASLt wrapper behind llmc/precision/gemm.h. One handle and one workspace per process (current device),
-// BF16 A/B with FP32 accumulation (CUBLAS_COMPUTE_32F), bf16 or FP32 C/D, bias / GELU_AUX / DGELU epilogues, the FP8
-// products (E4M3 / E5M2 operands with per-tensor or 1x128 / 128x128 block scales), and a cache of (matmul
-// descriptor, layouts, heuristic algorithm) per problem so that the algorithm of a given GEMM never changes within a
-// run (cuBLASLt is bitwise deterministic for a fixed algorithm; split-K schemes that reduce in place through atomics
-// are excluded). Also the FP64 CPU references.
+// llmc/precision/gemm.cu: the cuBLASLt wrapper behind llmc/precision/gemm.h. One handle and one workspace per process
+// (current device), BF16 A/B with FP32 accumulation (CUBLAS_COMPUTE_32F), bf16 or FP32 C/D, bias / GELU_AUX / DGELU
+// epilogues, the quantised products with the GEMM mapping of the operands' encodings (the table kScaleModes: E4M3 /
+// E5M2 operands with per-tensor or 1x128 / 128x128 block scales), and a cache of (matmul descriptor, layouts,
+// heuristic algorithm) per problem so that the algorithm of a given GEMM never changes within a run (cuBLASLt is
+// bitwise deterministic for a fixed algorithm; split-K schemes that reduce in place through atomics are excluded).
+// The FP64 CPU references are test/reference/gemm_ref.cpp.
 //
 // Row-major ↔ column-major mapping. cuBLASLt is column-major; a row-major (R, S) matrix with leading dimension S is
 // the same memory as a column-major (S, R) matrix with ld S, i.e. its transpose. So each row-major product
@@ -27,7 +28,8 @@
 //                   (i.e. contiguous along the operand's rows; tensor.h pads that stride to a multiple of 4, which
 //                   is the stride itself here since M, N are multiples of 16)
 //   BLK128x128_32F  (round_up(L, 4) × ceil(rows / 128)), K-major → scale_inv[rb * round_up(L, 4) + kb]
-// These are exactly the GEMM-ready layouts of llmc/precision/tensor.h (Block1x128 and Block128x128 of a (rows, K) operand).
+// These are exactly the GEMM-ready layouts of llmc/precision/tensor.h (1x128 and 128x128 blocks of a (rows, K)
+// operand).
 // D = A·Bᵀ scaled: per-tensor D = sA·sB·Σ qA·qB (SCALAR_32F, the scale pointers are the scale_inv); with blocks
 // every 128-long K slice of a row of A and of B has its own factor. cuBLASLt accepts 1x128·1x128, 1x128·128x128,
 // 128x128·1x128, never 128x128·128x128, and (on Hopper) only split accumulation with block scales. FP32 D with
@@ -41,13 +43,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <cublasLt.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include "llmc/core/common.h"
 
@@ -55,7 +55,7 @@ namespace llmc {
 
 namespace {
 
-enum class GemmOp : int { Forward = 0, Dgrad = 1, Wgrad = 2, Fp8 = 3 };
+enum class GemmOp : int { Forward = 0, Dgrad = 1, Wgrad = 2, Quantized = 3 };
 
 struct GemmKey {
   int M, N, K;
@@ -358,19 +358,7 @@ void run_gemm(const GemmKey& key, cublasOperation_t trans_a, cublasOperation_t t
               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, void* D, int64_t ldd, cudaDataType_t d_type,
               const void* bias, const void* aux, int64_t aux_ld, cudaStream_t stream, const void* C = nullptr) {
   if (g_gemm.handle == nullptr) gemm_init();
-  PlanSpec spec;
-  spec.trans_a = trans_a;
-  spec.trans_b = trans_b;
-  spec.m = m;
-  spec.n = n;
-  spec.k = k;
-  spec.lda = lda;
-  spec.ldb = ldb;
-  spec.ldc = ldd;
-  spec.c_type = d_type;
-  spec.bias = bias;
-  spec.aux = aux;
-  spec.aux_ld = aux_ld;
+  const PlanSpec spec{trans_a, trans_b, m, n, k, lda, ldb, ldd, CUDA_R_16BF, CUDA_R_16BF, d_type, bias, aux, aux_ld};
   GemmPlan& plan = const_cast<GemmPlan&>(get_plan(key, spec));
   if (bias != nullptr) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -398,30 +386,42 @@ void run_gemm(const GemmKey& key, cublasOperation_t trans_a, cublasOperation_t t
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// FP8 helpers. Names are local (not tensor.h's fp8_format_name & co.) so that this module stands on its own.
+// The GEMM mapping of the encodings: how cuBLASLt reads a quantised operand. An operand is an FP8 element type with
+// FP32 scales (pow2 scales are FP32 values) whose blocks are one of the rows below; anything else has no cuBLASLt
+// product. The pairing rules of two operands are in quant_gemm_operands_error.
+struct ScaleModeRow {
+  BlockShape block;
+  int mode;                // CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE; -1: left at cuBLASLt's default, SCALAR_32F
+  const char* mode_name;
+  int min_cc;              // the compute capability of cuBLASLt's kernels for it
+  const char* needs;       // what that capability brings, for errors
+};
+const ScaleModeRow kScaleModes[] = {
+    {kWholeTensor, -1, "SCALAR_32F", 89, "FP8 tensor cores"},
+    // cuBLASLt documents the block-scaled modes for 9.0; its heuristic decides on newer GPUs.
+    {kBlock1x128, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, "VEC128_32F", 90, "block-scaled FP8 GEMMs, Hopper"},
+    {kBlock128x128, CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, "BLK128x128_32F", 90,
+     "block-scaled FP8 GEMMs, Hopper"},
+};
 
-const char* format_str(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m3" : "e5m2"; }
-const char* granularity_str(ScaleGranularity g) {
-  switch (g) {
-    case ScaleGranularity::Tensor: return "tensor";
-    case ScaleGranularity::Block1x128: return "1x128";
-    case ScaleGranularity::Block128x128: return "128x128";
-  }
-  return "?";
+// The row of an operand's encoding, or null where cuBLASLt has no product for it.
+const ScaleModeRow* scale_mode_row(const Encoding& e) {
+  if (!is_fp8(e.element) || e.tensor_scale || (e.scale != ScaleFormat::FP32 && e.scale != ScaleFormat::Pow2FP32))
+    return nullptr;
+  for (const ScaleModeRow& row : kScaleModes)
+    if (row.block == e.block) return &row;
+  return nullptr;
 }
-cudaDataType_t fp8_cuda_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
-bool is_block(ScaleGranularity g) { return g != ScaleGranularity::Tensor; }
-// -1 leaves cuBLASLt's default (SCALAR_32F: one float, the scale_inv).
-int scale_mode(ScaleGranularity g) {
-  switch (g) {
-    case ScaleGranularity::Tensor: return -1;
-    case ScaleGranularity::Block1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    case ScaleGranularity::Block128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-  }
-  return -1;
+const ScaleModeRow& scale_mode_of(const Encoding& e) {
+  const ScaleModeRow* row = scale_mode_row(e);
+  if (!row) throw_error("gemm: no cuBLASLt scale mode for %s", encoding_name(e).c_str());
+  return *row;
+}
+cudaDataType_t element_cuda_type(ElementFormat f) {
+  return f == ElementFormat::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;  // scale_mode_row admits only the FP8 formats
 }
 
-cublasLtEpilogue_t fp8_epilogue(const Fp8GemmOptions& opt) {
+cublasLtEpilogue_t quant_epilogue(const QuantGemmOptions& opt) {
   if (opt.pre_gelu != nullptr) return opt.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   return opt.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -435,44 +435,38 @@ const char* epilogue_str(cublasLtEpilogue_t e) {
   }
 }
 
-// "D (1024x768 bf16) = A (1024x2304 e5m2, 1x128) · B (768x2304 e4m3, 128x128)ᵀ, epilogue none, fast_accum 0,
+// "D (1024x768 bf16) = A (1024x2304 e5m2 1x128) * B (768x2304 e4m3 128x128)^T, epilogue none, fast_accum 0,
 // accumulate 0": the combination, for error messages and the test's support report.
-std::string describe_fp8(bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
-                         const Fp8GemmOptions& opt) {
-  return strformat("D (%dx%d %s) = A (%dx%d %s, %s) * B (%dx%d %s, %s)^T, epilogue %s, fast_accum %d, accumulate %d",
-                   M, N, d_fp32 ? "fp32" : "bf16", M, K, format_str(A.format), granularity_str(A.granularity), N, K,
-                   format_str(B.format), granularity_str(B.granularity), epilogue_str(fp8_epilogue(opt)),
-                   opt.fast_accum ? 1 : 0, opt.accumulate ? 1 : 0);
+std::string describe_quant(bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                           const QuantGemmOptions& opt) {
+  return strformat("D (%dx%d %s) = A (%dx%d %s) * B (%dx%d %s)^T, epilogue %s, fast_accum %d, accumulate %d", M, N,
+                   d_fp32 ? "fp32" : "bf16", M, K, encoding_name(A.encoding).c_str(), N, K,
+                   encoding_name(B.encoding).c_str(), epilogue_str(quant_epilogue(opt)), opt.fast_accum ? 1 : 0,
+                   opt.accumulate ? 1 : 0);
 }
 
 // Empty when the arguments describe a product cuBLASLt can be asked for; otherwise why not, naming the argument.
-// require_pointers: matmul_fp8 needs every pointer; matmul_fp8_supported checks only the alignment of those given.
-std::string fp8_argument_error(const void* D, bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N,
-                               int K, const Fp8GemmOptions& opt, bool require_pointers) {
+// require_pointers: matmul_quant needs every pointer; matmul_quant_supported checks only the alignment of those given.
+std::string quant_argument_error(const void* D, bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M,
+                                 int N, int K, const QuantGemmOptions& opt, bool require_pointers) {
   if (M <= 0 || N <= 0 || K <= 0) return strformat("invalid GEMM shape M=%d N=%d K=%d (all must be > 0)", M, N, K);
-  if (K % 16 != 0) {
-    return strformat("K=%d must be a multiple of 16 (the FP8 rows are 16-byte aligned leading dimensions)", K);
+  if (K % kQuantGemmAlign != 0) {
+    return strformat("K=%d must be a multiple of %d (the FP8 rows are 16-byte aligned leading dimensions)", K,
+                     kQuantGemmAlign);
   }
-  if (M % 16 != 0 || N % 16 != 0) return strformat("M=%d and N=%d must be multiples of 16", M, N);
-  const bool a_block = is_block(A.granularity), b_block = is_block(B.granularity);
-  if (a_block != b_block) {
-    return strformat("A is scaled per %s and B per %s: use per-tensor scales on both operands or block scales on "
-                     "both (cuBLASLt does not mix SCALAR_32F with VEC128_32F / BLK128x128_32F)",
-                     granularity_str(A.granularity), granularity_str(B.granularity));
+  if (M % kQuantGemmAlign != 0 || N % kQuantGemmAlign != 0)
+    return strformat("M=%d and N=%d must be multiples of %d", M, N, kQuantGemmAlign);
+  const std::string pair = quant_gemm_operands_error(A.encoding, "A", B.encoding, "B");
+  if (!pair.empty()) return pair;
+  const bool blocks = !A.encoding.per_tensor();
+  const int k_multiple = quant_gemm_dim_multiple(A.encoding);
+  if (K % k_multiple != 0) {
+    return strformat("K=%d must be a multiple of %d with %s block scales (one scale per %d elements along K)", K,
+                     k_multiple, block_shape_name(A.encoding.block).c_str(), A.encoding.block.cols);
   }
-  if (A.granularity == ScaleGranularity::Block128x128 && B.granularity == ScaleGranularity::Block128x128) {
-    return "A and B are both 128x128 block-scaled; cuBLASLt supports 1x128*1x128, 1x128*128x128 and 128x128*1x128, "
-           "never 128x128*128x128 (quantise one operand with 1x128 blocks)";
-  }
-  if (a_block && K % 128 != 0) {
-    return strformat("K=%d must be a multiple of 128 with block scales (one scale per 128 elements along K)", K);
-  }
-  if (opt.fast_accum && a_block) {
+  if (opt.fast_accum && blocks) {
     return "fast_accum with block scales: cuBLASLt's block-scaled FP8 kernels always promote partial sums to FP32 "
            "(split accumulation); fast accumulation is for per-tensor scales only";
-  }
-  if (A.format == Fp8Format::E5M2 && B.format == Fp8Format::E5M2) {
-    return "A and B are both e5m2; cuBLASLt has no e5m2*e5m2 kernel (use e4m3 for one operand)";
   }
   if (d_fp32 && (opt.bias != nullptr || opt.pre_gelu != nullptr)) {
     return "bias / pre_gelu (the BIAS and GELU_AUX epilogues) are for a bf16 D (the forward product), not FP32 D";
@@ -515,59 +509,60 @@ int current_compute_capability() {
   return cache[dev] = major * 10 + minor;
 }
 
-// Empty when the device has what the combination needs: FP8 tensor cores (8.9+), and for block scales the Hopper
-// kernels (9.0+; cuBLASLt documents VEC128_32F / BLK128x128_32F for 9.0, its heuristic decides on newer GPUs).
-std::string fp8_device_error(bool block) {
+// Empty when the device has what the product of A and B needs (the capability of both operands' scale modes).
+std::string quant_device_error(const QuantOperand& A, const QuantOperand& B) {
   const int cc = current_compute_capability();
-  if (cc < 89) {
-    return strformat("FP8 GEMMs need FP8 tensor cores (compute capability 8.9 or newer); this device is %d.%d",
-                     cc / 10, cc % 10);
-  }
-  if (block && cc < 90) {
-    return strformat("block-scaled FP8 GEMMs (VEC128_32F / BLK128x128_32F) need compute capability 9.0 (Hopper); "
-                     "this device is %d.%d", cc / 10, cc % 10);
+  for (const ScaleModeRow* row : {&scale_mode_of(A.encoding), &scale_mode_of(B.encoding)}) {
+    if (cc < row->min_cc) {
+      return strformat("%s scales need compute capability %d.%d or newer (%s); this device is %d.%d", row->mode_name,
+                       row->min_cc / 10, row->min_cc % 10, row->needs, cc / 10, cc % 10);
+    }
   }
   return "";
 }
 
 // The cache key and the cuBLASLt description of D (M,N) = A (M,K) · B (N,K)ᵀ (see the mapping at the top).
-void fp8_key_and_spec(const void* D, bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
-                      const Fp8GemmOptions& opt, GemmKey* key, PlanSpec* spec) {
-  *key = GemmKey{M, N, K, GemmOp::Fp8, fp8_epilogue(opt), opt.accumulate, pointer_alignment(B.data),
+void quant_key_and_spec(const void* D, bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                        const QuantGemmOptions& opt, GemmKey* key, PlanSpec* spec) {
+  *key = GemmKey{M, N, K, GemmOp::Quantized, quant_epilogue(opt), opt.accumulate, pointer_alignment(B.data),
                  pointer_alignment(A.data), pointer_alignment(D), pointer_alignment(opt.pre_gelu)};
-  key->a_type = fp8_cuda_type(B.format);
-  key->b_type = fp8_cuda_type(A.format);
+  key->a_type = element_cuda_type(B.encoding.element);
+  key->b_type = element_cuda_type(A.encoding.element);
   key->d_type = d_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-  key->a_scale_mode = scale_mode(B.granularity);
-  key->b_scale_mode = scale_mode(A.granularity);
+  key->a_scale_mode = scale_mode_of(B.encoding).mode;
+  key->b_scale_mode = scale_mode_of(A.encoding).mode;
   key->fast_accum = opt.fast_accum;
   key->align_bias = pointer_alignment(opt.bias);
 
-  spec->trans_a = CUBLAS_OP_T;  // B (N,K) row-major = column-major (K×N), ld K; op T → (N×K)
-  spec->trans_b = CUBLAS_OP_N;  // A (M,K) row-major = column-major (K×M), ld K
-  spec->m = N;
-  spec->n = M;
-  spec->k = K;
-  spec->lda = K;
-  spec->ldb = K;
-  spec->ldc = N;  // Dᵀ (N×M) column-major = D (M,N) row-major
-  spec->a_type = static_cast<cudaDataType_t>(key->a_type);
-  spec->b_type = static_cast<cudaDataType_t>(key->b_type);
-  spec->c_type = static_cast<cudaDataType_t>(key->d_type);
-  spec->bias = opt.bias;        // (N): per row of Dᵀ = per column of D
-  spec->aux = opt.pre_gelu;     // (M,N) row-major = (N×M) column-major, ld N
-  spec->aux_ld = N;
-  spec->set_aux_type = false;   // FP8 kernels: the aux type defaults to D's (bf16); setting it is reserved for FP8 D
-  spec->a_scale = B.scale_inv;
-  spec->b_scale = A.scale_inv;
-  spec->a_scale_mode = key->a_scale_mode;
-  spec->b_scale_mode = key->b_scale_mode;
-  spec->fast_accum = opt.fast_accum;
+  // cuBLASLt's A is our B (N,K) row-major = column-major (K×N), ld K, op T → (N×K); its B is our A (M,K) row-major =
+  // column-major (K×M), ld K; Dᵀ (N×M) column-major, ld N = D (M,N) row-major. The bias (N) is per row of Dᵀ = per
+  // column of D; the aux pre_gelu (M,N) row-major = (N×M) column-major, ld N, its type left to cuBLASLt (= D's,
+  // bf16: setting it is reserved for FP8 D).
+  *spec = PlanSpec{CUBLAS_OP_T,
+                   CUBLAS_OP_N,
+                   /*m=*/N,
+                   /*n=*/M,
+                   /*k=*/K,
+                   /*lda=*/K,
+                   /*ldb=*/K,
+                   /*ldc=*/N,
+                   static_cast<cudaDataType_t>(key->a_type),
+                   static_cast<cudaDataType_t>(key->b_type),
+                   static_cast<cudaDataType_t>(key->d_type),
+                   opt.bias,
+                   opt.pre_gelu,
+                   /*aux_ld=*/N,
+                   /*set_aux_type=*/false,
+                   /*a_scale=*/B.scale_inv,
+                   /*b_scale=*/A.scale_inv,
+                   key->a_scale_mode,
+                   key->b_scale_mode,
+                   opt.fast_accum};
 }
 
-// The cached plan of an FP8 GEMM, or null (with cuBLASLt's reason in *why) where cuBLASLt does not run it; both
+// The cached plan of a quantised GEMM, or null (with cuBLASLt's reason in *why) where cuBLASLt does not run it; both
 // answers are cached.
-const GemmPlan* find_fp8_plan(const GemmKey& key, const PlanSpec& spec, std::string* why) {
+const GemmPlan* find_quant_plan(const GemmKey& key, const PlanSpec& spec, std::string* why) {
   auto it = g_gemm.plans.find(key);
   if (it != g_gemm.plans.end()) return &it->second;
   auto bad = g_gemm.unsupported.find(key);
@@ -585,26 +580,27 @@ const GemmPlan* find_fp8_plan(const GemmKey& key, const PlanSpec& spec, std::str
   return &g_gemm.plans.emplace(key, plan).first->second;
 }
 
-void matmul_fp8_impl(void* D, bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
-                     const Fp8GemmOptions& opt, cudaStream_t stream) {
-  const std::string arg_error = fp8_argument_error(D, d_fp32, A, B, M, N, K, opt, true);
+void matmul_quant_impl(void* D, bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                       const QuantGemmOptions& opt, cudaStream_t stream) {
+  const std::string arg_error = quant_argument_error(D, d_fp32, A, B, M, N, K, opt, true);
   if (!arg_error.empty()) {
-    throw_error("matmul_fp8: %s [%s]", arg_error.c_str(), describe_fp8(d_fp32, A, B, M, N, K, opt).c_str());
+    throw_error("matmul_quant: %s [%s]", arg_error.c_str(), describe_quant(d_fp32, A, B, M, N, K, opt).c_str());
   }
-  const std::string device_error = fp8_device_error(is_block(A.granularity));
+  const std::string device_error = quant_device_error(A, B);
   if (!device_error.empty()) {
-    throw_error("matmul_fp8: %s [%s]", device_error.c_str(), describe_fp8(d_fp32, A, B, M, N, K, opt).c_str());
+    throw_error("matmul_quant: %s [%s]", device_error.c_str(), describe_quant(d_fp32, A, B, M, N, K, opt).c_str());
   }
   if (g_gemm.handle == nullptr) gemm_init();
   GemmKey key{};
   PlanSpec spec;
-  fp8_key_and_spec(D, d_fp32, A, B, M, N, K, opt, &key, &spec);
+  quant_key_and_spec(D, d_fp32, A, B, M, N, K, opt, &key, &spec);
   std::string why;
-  const GemmPlan* plan = find_fp8_plan(key, spec, &why);
+  const GemmPlan* plan = find_quant_plan(key, spec, &why);
   if (plan == nullptr) {
-    throw_error("matmul_fp8: cuBLASLt does not run %s on this device (compute capability %d, alignments A/B/D %d/%d/%d "
-                "bytes): %s; check matmul_fp8_supported() first and fall back (e.g. bias / GELU in separate kernels)",
-                describe_fp8(d_fp32, A, B, M, N, K, opt).c_str(), current_compute_capability(), key.align_b,
+    throw_error("matmul_quant: cuBLASLt does not run %s on this device (compute capability %d, alignments A/B/D "
+                "%d/%d/%d bytes): %s; check matmul_quant_supported() first and fall back (e.g. bias / GELU in "
+                "separate kernels)",
+                describe_quant(d_fp32, A, B, M, N, K, opt).c_str(), current_compute_capability(), key.align_b,
                 key.align_a, key.align_c, why.c_str());
   }
   // The per-call pointers (the plan was built with those of its first call).
@@ -620,69 +616,9 @@ void matmul_fp8_impl(void* D, bool d_fp32, const Fp8Operand& A, const Fp8Operand
                                            D, plan->c, D, plan->c, &plan->algo, g_gemm.workspace,
                                            g_gemm.workspace_bytes, stream);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    throw_error("matmul_fp8: cublasLtMatmul returned %s for %s", status_name(st),
-                describe_fp8(d_fp32, A, B, M, N, K, opt).c_str());
+    throw_error("matmul_quant: cublasLtMatmul returned %s for %s", status_name(st),
+                describe_quant(d_fp32, A, B, M, N, K, opt).c_str());
   }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Host side of the FP8 reference.
-
-// The exact value of every FP8 code: CUDA's host conversion to half holds every E4M3 / E5M2 value (NaN stays NaN).
-const float* fp8_values(Fp8Format f) {
-  static const std::array<std::array<float, 256>, 2> tables = [] {
-    std::array<std::array<float, 256>, 2> t{};
-    for (int c = 0; c < 256; c++) {
-      const __nv_fp8_storage_t code = static_cast<__nv_fp8_storage_t>(c);
-      t[0][c] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
-      t[1][c] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E5M2)));
-    }
-    return t;
-  }();
-  return tables[f == Fp8Format::E4M3 ? 0 : 1].data();
-}
-
-// scale_inv of element (r, k) of a (rows, K) operand, GEMM-ready layouts of llmc/precision/tensor.h (see the top of the file).
-double scale_inv_at(const float* s, ScaleGranularity g, int r, int k, int rows, int K) {
-  switch (g) {
-    case ScaleGranularity::Tensor: return s[0];
-    case ScaleGranularity::Block1x128: {
-      const size_t ld = round_up((size_t)rows, 4);
-      return s[(size_t)(k / kScaleBlock) * ld + r];
-    }
-    case ScaleGranularity::Block128x128: {
-      const size_t ld = round_up(ceil_div((size_t)K, kScaleBlock), 4);
-      return s[(size_t)(r / kScaleBlock) * ld + k / kScaleBlock];
-    }
-  }
-  return NAN;
-}
-
-// out (rows, K) = the dequantised operand in FP64.
-std::vector<double> dequantize_operand(const uint8_t* codes, const float* scale_inv, ScaleGranularity g, Fp8Format f,
-                                       int rows, int K) {
-  const float* values = fp8_values(f);
-  std::vector<double> out((size_t)rows * K);
-  for (int r = 0; r < rows; r++) {
-    for (int k = 0; k < K; k++) {
-      const size_t i = (size_t)r * K + k;
-      out[i] = (double)values[codes[i]] * scale_inv_at(scale_inv, g, r, k, rows, K);
-    }
-  }
-  return out;
-}
-
-// fn(row_begin, row_end) over [0, rows) on the machine's cores (the FP64 references run at GPT-2 sizes).
-template <typename F>
-void parallel_rows(int rows, F&& fn) {
-  const int threads = std::max(1, std::min<int>({(int)std::thread::hardware_concurrency(), 64, rows}));
-  std::vector<std::thread> pool;
-  const int chunk = (rows + threads - 1) / threads;
-  for (int t = 0; t < threads; t++) {
-    const int begin = t * chunk, end = std::min(rows, begin + chunk);
-    if (begin < end) pool.emplace_back([&fn, begin, end] { fn(begin, end); });
-  }
-  for (auto& th : pool) th.join();
 }
 
 }  // namespace
@@ -771,120 +707,83 @@ void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int 
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// FP8 products
+// Quantised products
 
-Fp8Operand fp8_operand(const QTensor& q, bool transposed) {
-  Fp8Operand op;
-  op.format = q.format;
-  op.granularity = q.granularity;
-  if (!transposed) {
-    op.data = q.data;
-    op.scale_inv = q.scale_inv;
-  } else {
-    op.data = q.data_t;
-    // per-tensor: the transposed copy shares the tensor's scale; blocks: the copy has its own GEMM-ready scales
-    op.scale_inv = (q.granularity == ScaleGranularity::Tensor) ? q.scale_inv : q.scale_inv_t;
+std::string quant_gemm_operands_error(const Encoding& a, const char* a_name, const Encoding& b, const char* b_name) {
+  for (auto [e, name] : {std::pair<const Encoding&, const char*>{a, a_name}, {b, b_name}}) {
+    if (!scale_mode_row(e)) {
+      return strformat("%s is %s: cuBLASLt multiplies e4m3 / e5m2 codes with fp32 (or pow2) scales per tensor, per "
+                       "1x128 or per 128x128 block",
+                       name, encoding_name(e).c_str());
+    }
   }
+  if (a.per_tensor() != b.per_tensor()) {
+    return strformat("%s is scaled per %s and %s per %s: cuBLASLt cannot mix per-tensor and block scales in one GEMM "
+                     "(SCALAR_32F with VEC128_32F / BLK128x128_32F); use per-tensor scales on both operands or block "
+                     "scales on both",
+                     a_name, block_shape_name(a.block).c_str(), b_name, block_shape_name(b.block).c_str());
+  }
+  if (a.block == kBlock128x128 && b.block == kBlock128x128) {
+    return strformat("%s and %s are both 128x128 block-scaled; cuBLASLt supports 1x128*1x128, 1x128*128x128 and "
+                     "128x128*1x128, never 128x128*128x128 (quantise one operand with 1x128 blocks)",
+                     a_name, b_name);
+  }
+  if (a.element == ElementFormat::E5M2 && b.element == ElementFormat::E5M2)
+    return strformat("%s and %s are both e5m2; cuBLASLt has no e5m2*e5m2 kernel (use e4m3 for one operand)", a_name,
+                     b_name);
+  return "";
+}
+
+int quant_gemm_min_compute_capability(const Encoding& a, const Encoding& b) {
+  return std::max(scale_mode_of(a).min_cc, scale_mode_of(b).min_cc);
+}
+
+int quant_gemm_dim_multiple(const Encoding& e) {
+  scale_mode_of(e);  // an encoding with a product
+  return std::max(kQuantGemmAlign, e.block.cols);
+}
+
+QuantOperand quant_operand(const QTensor& q, bool transposed) {
+  QuantOperand op;
+  op.encoding = q.encoding;
+  // a whole-tensor scale is shared by the transposed copy; block scales: the copy has its own GEMM-ready scales
+  const bool own_scales_t = transposed && !q.encoding.per_tensor();
+  op.data = transposed ? q.data_t : q.data;
+  op.scale_inv = own_scales_t ? q.scale_inv_t : q.scale_inv;
   if (op.data == nullptr) {
-    throw_error("fp8_operand: the QTensor (%d x %d, %s, %s) has no %s copy (its %s is null); quantise it with that "
-                "copy kept", q.rows, q.cols, format_str(q.format), granularity_str(q.granularity),
+    throw_error("quant_operand: the QTensor (%d x %d, %s) has no %s copy (its %s is null); quantise it with that "
+                "copy kept", q.rows, q.cols, encoding_name(q.encoding).c_str(),
                 transposed ? "transposed" : "row-major", transposed ? "data_t" : "data");
   }
   if (op.scale_inv == nullptr) {
-    throw_error("fp8_operand: the QTensor (%d x %d, %s, %s) has no %s", q.rows, q.cols, format_str(q.format),
-                granularity_str(q.granularity),
-                (transposed && q.granularity != ScaleGranularity::Tensor) ? "scale_inv_t" : "scale_inv");
+    throw_error("quant_operand: the QTensor (%d x %d, %s) has no %s", q.rows, q.cols,
+                encoding_name(q.encoding).c_str(), own_scales_t ? "scale_inv_t" : "scale_inv");
   }
   return op;
 }
 
-void matmul_fp8(bf16* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
-                cudaStream_t stream) {
-  matmul_fp8_impl(D, false, A, B, M, N, K, opt, stream);
+void matmul_quant(bf16* D, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                  const QuantGemmOptions& opt, cudaStream_t stream) {
+  matmul_quant_impl(D, false, A, B, M, N, K, opt, stream);
 }
 
-void matmul_fp8(float* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
-                cudaStream_t stream) {
-  matmul_fp8_impl(D, true, A, B, M, N, K, opt, stream);
+void matmul_quant(float* D, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                  const QuantGemmOptions& opt, cudaStream_t stream) {
+  matmul_quant_impl(D, true, A, B, M, N, K, opt, stream);
 }
 
-bool matmul_fp8_supported(bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
-                          const Fp8GemmOptions& opt) {
-  if (!fp8_argument_error(nullptr, d_fp32, A, B, M, N, K, opt, false).empty()) return false;
+bool matmul_quant_supported(bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                            const QuantGemmOptions& opt) {
+  if (!quant_argument_error(nullptr, d_fp32, A, B, M, N, K, opt, false).empty()) return false;
   if (cuda_device_count() == 0) return false;
-  if (!fp8_device_error(is_block(A.granularity)).empty()) return false;
+  if (!quant_device_error(A, B).empty()) return false;
   if (g_gemm.handle == nullptr) gemm_init();
   GemmKey key{};
   PlanSpec spec;
   // D is not known here: asked for a 256-byte aligned D (what cudaMalloc returns); a call with a less aligned D asks
   // the heuristic again.
-  fp8_key_and_spec(nullptr, d_fp32, A, B, M, N, K, opt, &key, &spec);
-  return find_fp8_plan(key, spec, nullptr) != nullptr;
-}
-
-void matmul_fp8_cpu(double* D, const uint8_t* A, const float* a_scale_inv, ScaleGranularity ag, Fp8Format af,
-                    const uint8_t* B, const float* b_scale_inv, ScaleGranularity bg, Fp8Format bf, int M, int N, int K,
-                    const float* bias) {
-  if (D == nullptr || A == nullptr || B == nullptr || a_scale_inv == nullptr || b_scale_inv == nullptr) {
-    throw_error("matmul_fp8_cpu: D, A, B, a_scale_inv and b_scale_inv must all be non-null");
-  }
-  if (M <= 0 || N <= 0 || K <= 0) throw_error("matmul_fp8_cpu: invalid shape M=%d N=%d K=%d", M, N, K);
-  const std::vector<double> a = dequantize_operand(A, a_scale_inv, ag, af, M, K);  // (M, K)
-  const std::vector<double> b = dequantize_operand(B, b_scale_inv, bg, bf, N, K);  // (N, K)
-  parallel_rows(M, [&](int begin, int end) {
-    for (int i = begin; i < end; i++) {
-      const double* x = a.data() + (size_t)i * K;  // (K)
-      for (int j = 0; j < N; j++) {
-        const double* w = b.data() + (size_t)j * K;  // (K)
-        double acc = bias ? (double)bias[j] : 0.0;
-        for (int k = 0; k < K; k++) acc += x[k] * w[k];
-        D[(size_t)i * N + j] = acc;
-      }
-    }
-  });
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// CPU references (FP64 accumulation), row-major as in the header.
-
-void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K) {
-  for (int i = 0; i < M; i++) {
-    const float* x = inp + (size_t)i * K;  // (K)
-    for (int j = 0; j < N; j++) {
-      const float* w = weight + (size_t)j * K;  // (K)
-      double acc = bias ? (double)bias[j] : 0.0;
-      for (int k = 0; k < K; k++) acc += (double)x[k] * (double)w[k];
-      out[(size_t)i * N + j] = (float)acc;
-    }
-  }
-}
-
-void matmul_dgrad_cpu(float* dinp, const float* dout, const float* weight, int M, int N, int K) {
-  std::vector<double> row(K);
-  for (int i = 0; i < M; i++) {
-    std::fill(row.begin(), row.end(), 0.0);
-    const float* dy = dout + (size_t)i * N;  // (N)
-    for (int j = 0; j < N; j++) {
-      const double g = dy[j];
-      const float* w = weight + (size_t)j * K;  // (K)
-      for (int k = 0; k < K; k++) row[k] += g * (double)w[k];
-    }
-    for (int k = 0; k < K; k++) dinp[(size_t)i * K + k] = (float)row[k];
-  }
-}
-
-void matmul_wgrad_cpu(float* dweight, const float* dout, const float* inp, int M, int N, int K) {
-  std::vector<double> acc((size_t)N * K, 0.0);  // (N, K)
-  for (int i = 0; i < M; i++) {
-    const float* dy = dout + (size_t)i * N;  // (N)
-    const float* x = inp + (size_t)i * K;    // (K)
-    for (int j = 0; j < N; j++) {
-      const double g = dy[j];
-      double* a = acc.data() + (size_t)j * K;
-      for (int k = 0; k < K; k++) a[k] += g * (double)x[k];
-    }
-  }
-  for (size_t idx = 0; idx < acc.size(); idx++) dweight[idx] = (float)acc[idx];
+  quant_key_and_spec(nullptr, d_fp32, A, B, M, N, K, opt, &key, &spec);
+  return find_quant_plan(key, spec, nullptr) != nullptr;
 }
 
 }  // namespace llmc

@@ -1,6 +1,7 @@
-// llmc/precision/gemm.h: the cuBLASLt wrapper for every linear layer. BF16 inputs, FP32 accumulation, bias and GELU epilogues,
-// one workspace, algorithm selection cached per (shape, layout, epilogue); and the FP8 products of the FP8 recipes
-// (per-tensor scales, 1x128 / 128x128 block scales) in the TN form Hopper's FP8 tensor cores require.
+// llmc/precision/gemm.h: the cuBLASLt wrapper for every linear layer. BF16 inputs, FP32 accumulation, bias and GELU
+// epilogues, one workspace, algorithm selection cached per (shape, layout, epilogue); and the quantised products,
+// chosen from the operands' encodings (today FP8 with per-tensor, 1x128 or 128x128 block scales) in the TN form
+// Hopper's FP8 tensor cores require. CPU references: test/reference/precision_ref.h.
 //
 // All matrices are row-major as the model stores them:
 //   inp (M, K) activations, weight (N, K) in nn.Linear layout, out (M, N).
@@ -11,6 +12,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -49,57 +52,62 @@ void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int 
                   cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------------------
-// FP8. Hopper's FP8 tensor cores take both operands K-contiguous ("TN"), so every product is written as
-//   D (M, N) = A (M, K) · B (N, K)ᵀ        A, B row-major FP8 codes, FP32 accumulation
+// Quantised products, chosen from the operands' encodings (llmc/precision/encoding.h). Today's mapping: E4M3 / E5M2
+// codes with FP32 (or power-of-two) scales per tensor (SCALAR_32F) or per 1x128 / 128x128 block (VEC128_32F /
+// BLK128x128_32F) on FP8 tensor cores. Hopper's FP8 tensor cores take both operands K-contiguous ("TN"), so every
+// product is written as
+//   D (M, N) = A (M, K) · B (N, K)ᵀ        A, B row-major codes, FP32 accumulation
 // and the three products of a linear layer use the transposed copies of llmc/precision/tensor.h:
 //   fprop  Y  (M, N) = Xq  (M, K) · Wq  (N, K)ᵀ
 //   dgrad  dX (M, K) = dYq (M, N) · Wᵀq (K, N)ᵀ          (Wᵀq = the weight's data_t)
 //   wgrad  dW (N, K) = dYᵀq (N, M) · Xᵀq (K, M)ᵀ         (data_t of dY and of X)
-// Scales: per-tensor scale_inv pointers (SCALAR_32F), or block scales in the GEMM-ready layouts of llmc/precision/tensor.h
-// (1x128 = VEC128_32F, 128x128 = BLK128x128_32F; at most one operand 128x128). K must be a multiple of 16 (of 128
-// with block scales); M, N multiples of 16.
+// Scales: per-tensor scale_inv pointers, or block scales in the GEMM-ready layouts of llmc/precision/tensor.h (at
+// most one operand 128x128). Every dimension a multiple of quant_gemm_dim_multiple (16; 128 with block scales).
 // Formats: e4m3 * e4m3, e5m2 * e4m3 and e4m3 * e5m2 (cuBLASLt has no e5m2 * e5m2). Per-tensor scales on both
 // operands or block scales on both. Fast accumulation only with per-tensor scales. Data, D, bias, pre_gelu and block
 // scales 16-byte aligned. Anything else is an llmc::Error naming the argument, thrown before cuBLASLt is asked; a
 // combination cuBLASLt does not run on this GPU (no FP8 tensor cores, block scales below compute capability 9.0, an
 // epilogue its heuristic has no kernel for) is an llmc::Error naming the combination and cuBLASLt's status.
-// Not offered: FP8 outputs, and the amax of D (cuBLASLt computes AMAX_D only for FP8 outputs).
-struct Fp8Operand {
-  const uint8_t* data = nullptr;     // (rows, K) row-major FP8 codes
-  Fp8Format format = Fp8Format::E4M3;
-  ScaleGranularity granularity = ScaleGranularity::Tensor;
+// Not offered: quantised outputs, and the amax of D (cuBLASLt computes AMAX_D only for FP8 outputs).
+struct QuantOperand {
+  const uint8_t* data = nullptr;     // (rows, K) row-major codes
+  Encoding encoding;                 // how they are encoded (element format, scale blocks, scale format)
   const float* scale_inv = nullptr;  // device: 1 float, or the GEMM-ready block scales of (rows, K)
 };
-// The operands of a QTensor: its data with scale_inv, or (transposed) its data_t with scale_inv_t (per-tensor:
-// scale_inv).
-Fp8Operand fp8_operand(const QTensor& q, bool transposed);
+// The operands of a QTensor: its data with scale_inv, or (transposed) its data_t with scale_inv_t (whole-tensor
+// scale: scale_inv).
+QuantOperand quant_operand(const QTensor& q, bool transposed);
 
-struct Fp8GemmOptions {
+struct QuantGemmOptions {
   const bf16* bias = nullptr;  // (N) added to every row of D (bf16 D only)
   bf16* pre_gelu = nullptr;    // GELU_AUX: pre_gelu (M, N) = A·Bᵀ + bias, D = gelu_tanh(pre_gelu) (bf16 D only)
   bool accumulate = false;     // D += A·Bᵀ (FP32 D only)
   bool fast_accum = false;     // CUBLASLT_MATMUL_DESC_FAST_ACCUM: per-tensor scales only (fprop)
 };
 // D (M, N) bf16 = A·Bᵀ (+ bias, GELU_AUX).
-void matmul_fp8(bf16* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
-                cudaStream_t stream);
+void matmul_quant(bf16* D, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                  const QuantGemmOptions& opt, cudaStream_t stream);
 // D (M, N) FP32 = A·Bᵀ, or D += A·Bᵀ with opt.accumulate (weight gradients).
-void matmul_fp8(float* D, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K, const Fp8GemmOptions& opt,
-                cudaStream_t stream);
-// Whether cuBLASLt on this device runs this combination (FP8 tensor cores present, scale modes and epilogue
-// supported); cached. The linear layer falls back (e.g. GELU in a separate kernel) where it does not. False also for
-// arguments matmul_fp8 would reject. The epilogue is read from opt (bias / pre_gelu non-null); null data or scale
-// pointers are allowed here, D is taken as 256-byte aligned (as cudaMalloc returns it).
-bool matmul_fp8_supported(bool d_fp32, const Fp8Operand& A, const Fp8Operand& B, int M, int N, int K,
-                          const Fp8GemmOptions& opt);
-// Host reference: D (M, N) = sum_k dequant(A)[m,k] * dequant(B)[n,k] in FP64 (+ bias), from the codes and scales.
-void matmul_fp8_cpu(double* D, const uint8_t* A, const float* a_scale_inv, ScaleGranularity ag, Fp8Format af,
-                    const uint8_t* B, const float* b_scale_inv, ScaleGranularity bg, Fp8Format bf, int M, int N, int K,
-                    const float* bias);
+void matmul_quant(float* D, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                  const QuantGemmOptions& opt, cudaStream_t stream);
+// Whether cuBLASLt on this device runs this combination (tensor cores present, scale modes and epilogue supported);
+// cached. The linear layer falls back (e.g. GELU in a separate kernel) where it does not. False also for arguments
+// matmul_quant would reject. The epilogue is read from opt (bias / pre_gelu non-null); null data or scale pointers
+// are allowed here, D is taken as 256-byte aligned (as cudaMalloc returns it).
+bool matmul_quant_supported(bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
+                            const QuantGemmOptions& opt);
 
-// CPU references (FP64 accumulation) used by the GEMM tests.
-void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K);
-void matmul_dgrad_cpu(float* dinp, const float* dout, const float* weight, int M, int N, int K);
-void matmul_wgrad_cpu(float* dweight, const float* dout, const float* inp, int M, int N, int K);
+// The GEMM mapping as the recipes ask it (host only, no device needed):
+// Empty when a product of operands encoded a and b exists, else why not, naming them a_name and b_name (e.g. "x",
+// "w"): an encoding with no cuBLASLt mapping, per-tensor with block scales, 128x128 on both sides, e5m2 on both.
+std::string quant_gemm_operands_error(const Encoding& a, const char* a_name, const Encoding& b, const char* b_name);
+// The compute capability that product needs (89: FP8 tensor cores; 90: block-scaled FP8); a and b as above.
+int quant_gemm_min_compute_capability(const Encoding& a, const Encoding& b);
+// The multiple every dimension (M, N, K) of a product with an operand encoded e must be: 16-byte rows of FP8 codes,
+// and whole blocks along K.
+constexpr int kQuantGemmAlign = 16;
+int quant_gemm_dim_multiple(const Encoding& e);
+// The compute capability of the BF16 products (BF16 tensor cores).
+constexpr int kBf16GemmMinComputeCapability = 80;
 
 }  // namespace llmc

@@ -1,11 +1,11 @@
-// llmc/precision/linear.cu: Linear (one layer's fprop / dgrad / wgrad under its plan) and PrecisionState (the model-wide FP8
-// scaling slots, amax histories, shared FP8 scratch and telemetry). See llmc/precision/linear.h.
+// llmc/precision/linear.cu: Linear, one layer's fprop / dgrad / wgrad under its plan (llmc/precision/linear.h); the
+// model-wide scaling slots and scratch it uses are llmc/precision/precision_state's.
 //
-// FP8 data flow of one linear (N = out_features, K = in_features, M = rows = B*T):
+// Quantised data flow of one linear (N = out_features, K = in_features, M = rows = B*T):
 //   forward   w (N, K) --quantise once per optimizer step--> Wq (N, K) + Wᵀq (K, N)            [cached]
 //             (cache_weight_transpose false: only Wq is cached; backward transposes it into scratch 3, which gives
 //             the same codes, since Wq and Wᵀq share their per-tensor or 128x128 scales)
-//             x (M, K) --quantise--> Xq (M, K) [scratch 0]  (+ Xᵀq (K, M) kept for wgrad when save_fp8_input)
+//             x (M, K) --quantise--> Xq (M, K) [scratch 0]  (+ Xᵀq (K, M) kept for wgrad when save_quantized_input)
 //             out (M, N) = Xq · Wqᵀ (+ bias) (GELU: into pre_gelu, then gelu kernel or the GELU_AUX epilogue)
 //   backward  dy (M, N) --quantise--> dYq (M, N) [scratch 0] + dYᵀq (N, M) [scratch 1]
 //             dx (M, K) = dYq · (Wᵀq)ᵀ       (DGELU: then the gelu backward kernel on dx)
@@ -13,7 +13,8 @@
 // Per-tensor scales: current scaling reads the amax the producer kernel reported (or measures it), turns it into a
 // scale on the device and casts; delayed scaling casts with the scale from the amax history and records this
 // tensor's amax for the next update (in the first step, before any history exists, it scales from the current amax).
-// Block scales come from each block's own amax inside fp8_quantize_blockwise.
+// Block scales come from each block's own amax inside the block quantiser. Every quantisation goes through the one
+// dispatch point, llmc/precision/quantize.h.
 #include "llmc/precision/linear.h"
 
 #include <algorithm>
@@ -22,16 +23,15 @@
 #include <set>
 
 #include "llmc/core/common.h"
-#include "llmc/precision/gemm.h"
 #include "llmc/kernels/gelu.h"
 #include "llmc/kernels/reduce.h"
+#include "llmc/precision/fp8_quant.h"
+#include "llmc/precision/gemm.h"
+#include "llmc/precision/quantize.h"
 
 namespace llmc {
 
 namespace {
-
-
-bool is_block(ScaleGranularity g) { return g != ScaleGranularity::Tensor; }
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -44,36 +44,32 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
                const LinearPlan& plan, int max_rows)
     : state_(state), name_(std::move(name)), kind_(kind), layer_(layer), N_(out_features), K_(in_features),
       max_rows_(max_rows), plan_(plan) {
-  if (!plan_.fp8) return;
-  if (N_ % 16 != 0 || K_ % 16 != 0)
-    throw_error("%s: FP8 GEMMs need in/out features that are multiples of 16 (got %d x %d); keep this layer in BF16 "
-                "(precision.bf16_layers) or change the model shape", name_.c_str(), N_, K_);
-  if (plan_.x.granularity == ScaleGranularity::Tensor) {
-    x_slot_ = state_.new_slot(name_ + ".x", plan_.x.format);
-    w_slot_ = state_.new_slot(name_ + ".w", plan_.w.format);
-    dy_slot_ = state_.new_slot(name_ + ".dy", plan_.dy.format);
+  if (!plan_.quantized) return;
+  if (N_ % kQuantGemmAlign != 0 || K_ % kQuantGemmAlign != 0)
+    throw_error("%s: quantised GEMMs need in/out features that are multiples of %d (got %d x %d); keep this layer in "
+                "BF16 (precision.bf16_layers) or change the model shape", name_.c_str(), kQuantGemmAlign, N_, K_);
+  if (plan_.x.per_tensor()) {
+    x_slot_ = state_.new_slot(name_ + ".x", plan_.x.element);
+    w_slot_ = state_.new_slot(name_ + ".w", plan_.w.element);
+    dy_slot_ = state_.new_slot(name_ + ".dy", plan_.dy.element);
   }
   // One allocation: the weight codes (N, K) + transposed (K, N), their block scales, and the saved input's
   // transposed codes (K, M_max) + block scales.
+  const Encoding& xe = plan_.x;
+  const Encoding& we = plan_.w;
+  const Encoding& dye = plan_.dy;
   wq_.rows = N_;
   wq_.cols = K_;
-  wq_.format = plan_.w.format;
-  wq_.granularity = plan_.w.granularity;
+  wq_.encoding = we;
   x_saved_.rows = max_rows_;
   x_saved_.cols = K_;
-  x_saved_.format = plan_.x.format;
-  x_saved_.granularity = plan_.x.granularity;
-  const size_t w_bytes = align256((size_t)N_ * K_);
-  const size_t w_scales = is_block(plan_.w.granularity)
-                              ? align256(scale_inv_floats(plan_.w.granularity, N_, K_) * sizeof(float)) +
-                                    align256(scale_inv_floats(plan_.w.granularity, K_, N_) * sizeof(float))
-                              : 0;
-  const bool save = plan_.save_fp8_input;
-  const size_t x_bytes = save ? align256((size_t)K_ * max_rows_) : 0;
-  const size_t x_scales =
-      save && is_block(plan_.x.granularity)
-          ? align256(scale_inv_floats(plan_.x.granularity, K_, max_rows_) * sizeof(float))
-          : 0;
+  x_saved_.encoding = xe;
+  const size_t w_bytes = align256(code_bytes(we, N_, K_));
+  const size_t w_scales =
+      !we.per_tensor() ? align256(scale_inv_bytes(we, N_, K_)) + align256(scale_inv_bytes(we, K_, N_)) : 0;
+  const bool save = plan_.save_quantized_input;
+  const size_t x_bytes = save ? align256(code_bytes(xe, K_, max_rows_)) : 0;
+  const size_t x_scales = save && !xe.per_tensor() ? align256(scale_inv_bytes(xe, K_, max_rows_)) : 0;
   const bool cache_t = plan_.cache_weight_transpose;
   const size_t total = (cache_t ? 2 : 1) * w_bytes + w_scales + x_bytes + x_scales;
   CUDA_CHECK(cudaMalloc(&memory_, total));
@@ -85,77 +81,75 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
     wq_.data_t = reinterpret_cast<uint8_t*>(p);
     p += w_bytes;
   }
-  if (is_block(plan_.w.granularity)) {
+  if (!we.per_tensor()) {
     wq_.scale_inv = reinterpret_cast<float*>(p);
-    p += align256(scale_inv_floats(plan_.w.granularity, N_, K_) * sizeof(float));
+    p += align256(scale_inv_bytes(we, N_, K_));
     wq_.scale_inv_t = reinterpret_cast<float*>(p);
-    p += align256(scale_inv_floats(plan_.w.granularity, K_, N_) * sizeof(float));
+    p += align256(scale_inv_bytes(we, K_, N_));
   }
   if (save) {
     x_saved_.data_t = reinterpret_cast<uint8_t*>(p);
     p += x_bytes;
-    if (is_block(plan_.x.granularity)) x_saved_.scale_inv_t = reinterpret_cast<float*>(p);
+    if (!xe.per_tensor()) x_saved_.scale_inv_t = reinterpret_cast<float*>(p);
   }
-  // Shared scratch this layer needs at its largest M.
-  const size_t M = max_rows_;
-  state_.reserve(kScratchRows, std::max(M * K_, M * N_), is_block(plan_.x.granularity)
-                                                              ? std::max(scale_inv_floats(plan_.x.granularity, M, K_),
-                                                                         scale_inv_floats(plan_.dy.granularity, M, N_))
-                                                              : 0);
-  state_.reserve(kScratchRowsT, M * N_,
-                 is_block(plan_.dy.granularity) ? scale_inv_floats(plan_.dy.granularity, N_, M) : 0);
-  if (!cache_t) state_.reserve(kScratchWeightT, (size_t)N_ * K_, 0);
-  if (!save)
-    state_.reserve(kScratchInputT, M * K_,
-                   is_block(plan_.x.granularity) ? scale_inv_floats(plan_.x.granularity, K_, M) : 0);
+  // Shared scratch this layer needs at its largest M (codes in bytes, scales in entries).
+  const int M = max_rows_;
+  state_.reserve(kScratchRows, std::max(code_bytes(xe, M, K_), code_bytes(dye, M, N_)),
+                 !xe.per_tensor() ? std::max(scale_inv_count(xe, M, K_), scale_inv_count(dye, M, N_)) : 0);
+  state_.reserve(kScratchRowsT, code_bytes(dye, N_, M), !dye.per_tensor() ? scale_inv_count(dye, N_, M) : 0);
+  if (!cache_t) state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), 0);
+  if (!save) state_.reserve(kScratchInputT, code_bytes(xe, K_, M), !xe.per_tensor() ? scale_inv_count(xe, K_, M) : 0);
   state_.add(this);
 }
 
 Linear::~Linear() { cudaFree(memory_); }
 
 float* Linear::x_amax_slot() const {
-  if (!plan_.fp8 || x_slot_ < 0 || plan_.scaling != ScalingMode::Current) return nullptr;
+  if (!plan_.quantized || x_slot_ < 0 || plan_.scaling != ScalingMode::Current) return nullptr;
   return state_.amax_ptr(x_slot_);
 }
 
 float* Linear::dy_amax_slot() const {
-  if (!plan_.fp8 || dy_slot_ < 0 || plan_.scaling != ScalingMode::Current) return nullptr;
+  if (!plan_.quantized || dy_slot_ < 0 || plan_.scaling != ScalingMode::Current) return nullptr;
   return state_.amax_ptr(dy_slot_);
 }
 
 // Quantises a BF16 tensor src (rows, cols) into q (whose data / data_t / scales are set by the caller) with the
 // per-tensor slot `slot` or with block scales. amax_ready: the producer already wrote the amax into the slot.
-void Linear::quantize(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, cudaStream_t s) {
-  if (is_block(q.granularity)) {
-    fp8_quantize_blockwise(q, src, plan_.pow2_scales, s);
-    return;
-  }
-  float* scale = state_.scale_ptr(slot);
-  float* scale_inv = state_.scale_inv_ptr(slot);
-  float* amax = state_.amax_ptr(slot);
-  q.scale = scale;
-  q.scale_inv = scale_inv;
-  const size_t n = (size_t)q.rows * q.cols;
-  if (plan_.scaling == ScalingMode::Current) {
-    // Current scaling: the scale from this tensor's amax (measured here unless its producer did), computed inside
-    // the cast's launch.
-    if (!amax_ready) {
-      CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
-      amax_bf16(amax, src, n, s);
+void Linear::quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training,
+                              cudaStream_t s) {
+  QuantizeArgs args;
+  args.margin = plan_.margin;
+  if (q.encoding.per_tensor()) {
+    float* amax = state_.amax_ptr(slot);
+    q.scale = state_.scale_ptr(slot);
+    q.scale_inv = state_.scale_inv_ptr(slot);
+    const size_t n = (size_t)q.rows * q.cols;
+    if (plan_.scaling == ScalingMode::Current) {
+      // Current scaling: the scale from this tensor's amax (measured here unless its producer did), computed inside
+      // the cast's launch.
+      if (!amax_ready) {
+        CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
+        amax_bf16(amax, src, n, s);
+      }
+      args.source = ScaleSource::Amax;
+      args.amax = amax;
+    } else if (!state_.history_started()) {
+      // The first step of delayed scaling has no history yet: scale from this tensor's amax, measured into a
+      // temporary (the slot accumulates the step's amax for the history).
+      float* current = state_.temp_amax();
+      CUDA_CHECK(cudaMemsetAsync(current, 0, sizeof(float), s));
+      amax_bf16(current, src, n, s);
+      if (training) amax_bf16(amax, src, n, s);  // record for the history
+      args.source = ScaleSource::Amax;
+      args.amax = current;
+    } else {
+      // Delayed: the scale was set from the history; record this tensor's amax (training only) while casting.
+      args.source = ScaleSource::Stored;
+      args.amax_out = training ? amax : nullptr;
     }
-    fp8_quantize_tensorwise_from_amax(q, src, amax, plan_.margin, plan_.pow2_scales, s);
-  } else if (!state_.history_started()) {
-    // The first step of delayed scaling has no history yet: scale from this tensor's amax, measured into a temporary
-    // (the slot accumulates the step's amax for the history).
-    float* current = state_.temp_amax();
-    CUDA_CHECK(cudaMemsetAsync(current, 0, sizeof(float), s));
-    amax_bf16(current, src, n, s);
-    if (training) amax_bf16(amax, src, n, s);  // record for the history
-    fp8_quantize_tensorwise_from_amax(q, src, current, plan_.margin, plan_.pow2_scales, s);
-  } else {
-    // Delayed: the scale was set from the history; record this tensor's amax (training only) while casting.
-    fp8_quantize_tensorwise(q, src, training ? amax : nullptr, s);
   }
+  quantize(q, src, args, s);
 }
 
 void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s,
@@ -164,46 +158,45 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   if (opt.residual != nullptr && !adds_residual())
     throw_error("%s: this precision plan cannot add a residual in its product (check adds_residual() first)",
                 name_.c_str());
-  if (!plan_.fp8) {
+  if (!plan_.quantized) {
     matmul_forward(out, x, w, bias, M, N_, K_, s, opt.pre_gelu, opt.residual);
     if (opt.out_amax) amax_bf16(opt.out_amax, out, (size_t)M * N_, s);
     return;
   }
-  const int need = is_block(plan_.x.granularity) ? 128 : 16;
+  const int need = quant_gemm_dim_multiple(plan_.x);
   if (M % need != 0)
-    throw_error("%s: FP8 GEMMs need the rows (B*T = %d) to be a multiple of %d", name_.c_str(), M, need);
+    throw_error("%s: quantised GEMMs need the rows (B*T = %d) to be a multiple of %d", name_.c_str(), M, need);
   state_.ensure_allocated();
 
   // The weight: once per optimizer step (codes + transposed codes; for 128x128 tiles both share the tile scales).
   // Delayed scaling records the weight's amax while casting, so a cache an evaluation forward built (which records
   // nothing) is rebuilt by the first training forward: same codes, and the step's amax recorded as in a run without
   // that evaluation (resumed runs then match uninterrupted ones bit for bit).
-  const bool unrecorded = training && !weight_cache_recorded_ && plan_.scaling == ScalingMode::Delayed &&
-                          plan_.w.granularity == ScaleGranularity::Tensor;
+  const bool unrecorded =
+      training && !weight_cache_recorded_ && plan_.scaling == ScalingMode::Delayed && plan_.w.per_tensor();
   if (!weight_cache_valid_ || unrecorded) {
     // Without a cached transpose the cast still writes one (into scratch, discarded): that also fills the 128x128
     // transposed scales, which are kept.
     if (!plan_.cache_weight_transpose) wq_.data_t = state_.scratch(kScratchWeightT);
-    quantize(wq_, w_slot_, w, /*amax_ready=*/false, training, s);
+    quantize_operand(wq_, w_slot_, w, /*amax_ready=*/false, training, s);
     if (!plan_.cache_weight_transpose) wq_.data_t = nullptr;
     weight_cache_valid_ = true;
     weight_cache_recorded_ = training;
     if (state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s);
   }
-  // The input: row codes for fprop; the transposed copy for wgrad when it is saved as FP8.
+  // The input: row codes for fprop; the transposed copy for wgrad when it is saved quantised.
   QTensor xq;
   xq.rows = M;
   xq.cols = K_;
-  xq.format = plan_.x.format;
-  xq.granularity = plan_.x.granularity;
+  xq.encoding = plan_.x;
   xq.data = state_.scratch(kScratchRows);
-  if (is_block(xq.granularity)) xq.scale_inv = state_.scratch_scales(kScratchRows);
-  const bool save = training && plan_.save_fp8_input;
+  if (!xq.encoding.per_tensor()) xq.scale_inv = state_.scratch_scales(kScratchRows);
+  const bool save = training && plan_.save_quantized_input;
   if (save) {
     xq.data_t = x_saved_.data_t;
     xq.scale_inv_t = x_saved_.scale_inv_t;
   }
-  quantize(xq, x_slot_, x, opt.x_amax_ready, training, s);
+  quantize_operand(xq, x_slot_, x, opt.x_amax_ready, training, s);
   if (save) {
     x_saved_.rows = M;
     x_saved_.scale = xq.scale;
@@ -216,21 +209,21 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
 
   // The GEMM with as much of the bias / GELU as the epilogue supports for this combination (block scales support
   // neither; then the bias is added and the GELU applied by our kernels, which also report the output amax).
-  const Fp8Operand A = fp8_operand(xq, false), B = fp8_operand(wq_, false);
-  Fp8GemmOptions g;
+  const QuantOperand A = quant_operand(xq, false), B = quant_operand(wq_, false);
+  QuantGemmOptions g;
   g.fast_accum = plan_.fast_accum_fprop;
   g.bias = bias;
   g.pre_gelu = opt.pre_gelu;
-  if (opt.pre_gelu != nullptr && matmul_fp8_supported(false, A, B, M, N_, K_, g)) {
-    matmul_fp8(out, A, B, M, N_, K_, g, s);  // out = gelu(pre_gelu), pre_gelu = x·wᵀ + bias
+  if (opt.pre_gelu != nullptr && matmul_quant_supported(false, A, B, M, N_, K_, g)) {
+    matmul_quant(out, A, B, M, N_, K_, g, s);  // out = gelu(pre_gelu), pre_gelu = x·wᵀ + bias
     if (opt.out_amax) amax_bf16(opt.out_amax, out, (size_t)M * N_, s);
     return;
   }
   g.pre_gelu = nullptr;
-  const bool fused_bias = bias != nullptr && matmul_fp8_supported(false, A, B, M, N_, K_, g);
+  const bool fused_bias = bias != nullptr && matmul_quant_supported(false, A, B, M, N_, K_, g);
   if (!fused_bias) g.bias = nullptr;
   bf16* gemm_out = opt.pre_gelu != nullptr ? opt.pre_gelu : out;
-  matmul_fp8(gemm_out, A, B, M, N_, K_, g, s);
+  matmul_quant(gemm_out, A, B, M, N_, K_, g, s);
   float* gemm_out_amax = opt.pre_gelu != nullptr ? nullptr : opt.out_amax;
   if (bias != nullptr && !fused_bias) {
     add_bias(gemm_out, bias, M, N_, s, gemm_out_amax);
@@ -245,7 +238,7 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
   if (M > max_rows_) throw_error("%s: %d rows, planned for at most %d", name_.c_str(), M, max_rows_);
   if (opt.x_pre_gelu != nullptr && opt.accumulate_dx)
     throw_error("%s: the GELU backward cannot accumulate into dx", name_.c_str());
-  if (!plan_.fp8) {
+  if (!plan_.quantized) {
     if (dx != nullptr) {
       matmul_dgrad(dx, dy, w, M, N_, K_, opt.accumulate_dx, s, opt.x_pre_gelu);
       if (opt.dx_amax) amax_bf16(opt.dx_amax, dx, (size_t)M * K_, s);
@@ -255,22 +248,22 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
     return;
   }
   if (opt.accumulate_dx)
-    throw_error("%s: FP8 dgrad overwrites dx (accumulate_dx is not supported with an FP8 plan)", name_.c_str());
+    throw_error("%s: quantised dgrad overwrites dx (accumulate_dx is not supported with a quantised plan)",
+                name_.c_str());
   if (!weight_cache_valid_) throw_error("%s: backward before forward (no quantised weight)", name_.c_str());
 
   // dy: row codes (dgrad) and transposed codes (wgrad) in one pass.
   QTensor dyq;
   dyq.rows = M;
   dyq.cols = N_;
-  dyq.format = plan_.dy.format;
-  dyq.granularity = plan_.dy.granularity;
+  dyq.encoding = plan_.dy;
   dyq.data = dx != nullptr ? state_.scratch(kScratchRows) : nullptr;
   dyq.data_t = state_.scratch(kScratchRowsT);
-  if (is_block(dyq.granularity)) {
+  if (!dyq.encoding.per_tensor()) {
     dyq.scale_inv = state_.scratch_scales(kScratchRows);
     dyq.scale_inv_t = state_.scratch_scales(kScratchRowsT);
   }
-  quantize(dyq, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, s);
+  quantize_operand(dyq, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, s);
   if (state_.numerics_requested() && dyq.data != nullptr) state_.record_numerics(name_ + ".dy", dyq, dy, s);
 
   // dgrad: dx (M, K) = dYq (M, N) · Wᵀq (K, N)ᵀ
@@ -280,8 +273,8 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
       wt.data_t = state_.scratch(kScratchWeightT);
       fp8_transpose_codes(wt.data_t, wq_.data, N_, K_, s);
     }
-    Fp8GemmOptions g;
-    matmul_fp8(dx, fp8_operand(dyq, false), fp8_operand(wt, true), M, K_, N_, g, s);
+    QuantGemmOptions g;
+    matmul_quant(dx, quant_operand(dyq, false), quant_operand(wt, true), M, K_, N_, g, s);
     if (opt.x_pre_gelu != nullptr)
       gelu_backward_inplace(dx, opt.x_pre_gelu, (size_t)M * K_, s, opt.dx_amax);
     else if (opt.dx_amax)
@@ -294,26 +287,26 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
     xt = x_saved_;
   } else {
     if (x == nullptr)
-      throw_error("%s: the input was not saved as FP8 by a training forward of %d rows and no BF16 input was given",
-                  name_.c_str(), M);
+      throw_error("%s: the input was not saved quantised by a training forward of %d rows and no BF16 input was "
+                  "given", name_.c_str(), M);
     xt.rows = M;
     xt.cols = K_;
-    xt.format = plan_.x.format;
-    xt.granularity = plan_.x.granularity;
+    xt.encoding = plan_.x;
     xt.data_t = state_.scratch(kScratchInputT);
-    if (is_block(xt.granularity)) {
+    QuantizeArgs args;
+    if (!xt.encoding.per_tensor()) {
       xt.scale_inv_t = state_.scratch_scales(kScratchInputT);
-      fp8_quantize_blockwise(xt, x, plan_.pow2_scales, s);
     } else {
       // the forward's per-tensor x scale (same micro-step) without measuring the amax again
       xt.scale = state_.scale_ptr(x_slot_);
       xt.scale_inv = state_.scale_inv_ptr(x_slot_);
-      fp8_quantize_tensorwise(xt, x, nullptr, s);
+      args.source = ScaleSource::Stored;
     }
+    quantize(xt, x, args, s);
   }
-  Fp8GemmOptions g;
+  QuantGemmOptions g;
   g.accumulate = true;
-  matmul_fp8(dw, fp8_operand(dyq, true), fp8_operand(xt, true), N_, K_, M, g, s);
+  matmul_quant(dw, quant_operand(dyq, true), quant_operand(xt, true), N_, K_, M, g, s);
 }
 
 }  // namespace llmc

@@ -2,11 +2,13 @@
 // (llmc/precision/recipe.h), with the model-wide precision state it shares (llmc/precision/precision_state.h). Every
 // model family runs every linear through this class, so a recipe applies to all of them the same way.
 //
-//   BF16 plan: cuBLASLt BF16 GEMMs with FP32 accumulation (llmc/precision/gemm), bias / GELU_AUX / DGELU epilogues.
-//   FP8 plan:  x, w, dy quantised per the plan (llmc/precision/quant) and multiplied with the TN FP8 GEMMs of llmc/precision/gemm:
-//              fprop Y = Xq·Wqᵀ, dgrad dX = dYq·(Wᵀq)ᵀ, wgrad dW += dYᵀq·(Xᵀq)ᵀ. The weight is quantised once per
-//              optimizer step (with its transposed copy) and reused by every micro-step; the input is saved for
-//              wgrad as its transposed FP8 copy when the plan says so (the model then keeps no BF16 copy of it).
+//   BF16 plan:      cuBLASLt BF16 GEMMs with FP32 accumulation (llmc/precision/gemm), bias / GELU_AUX / DGELU
+//                   epilogues.
+//   quantised plan: x, w, dy quantised with the plan's encodings (llmc/precision/quantize) and multiplied with the TN
+//                   quantised GEMMs of llmc/precision/gemm: fprop Y = Xq·Wqᵀ, dgrad dX = dYq·(Wᵀq)ᵀ, wgrad
+//                   dW += dYᵀq·(Xᵀq)ᵀ. The weight is quantised once per optimizer step (with its transposed copy) and
+//                   reused by every micro-step; the input is saved for wgrad as its transposed quantised copy when
+//                   the plan says so (the model then keeps no BF16 copy of it).
 #pragma once
 
 #include <functional>
@@ -19,7 +21,6 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/precision/precision_state.h"
-#include "llmc/precision/quant.h"
 #include "llmc/precision/recipe.h"
 #include "llmc/precision/tensor.h"
 
@@ -41,11 +42,11 @@ class Linear {
 
   const std::string& name() const { return name_; }
   const LinearPlan& plan() const { return plan_; }
-  bool fp8() const { return plan_.fp8; }
-  // True when backward needs no BF16 copy of the input (it was saved as FP8 in forward).
-  bool saves_fp8_input() const { return plan_.fp8 && plan_.save_fp8_input; }
+  bool quantized() const { return plan_.quantized; }
+  // True when backward needs no BF16 copy of the input (it was saved quantised in forward).
+  bool saves_quantized_input() const { return plan_.quantized && plan_.save_quantized_input; }
   // Device slots that the kernel producing x (forward) or dy (backward) fills with max |value| (current per-tensor
-  // FP8 scaling only; null otherwise: the producer then skips it). Zeroed by PrecisionState::begin_forward /
+  // scaling only; null otherwise: the producer then skips it). Zeroed by PrecisionState::begin_forward /
   // begin_backward.
   float* x_amax_slot() const;
   float* dy_amax_slot() const;
@@ -60,16 +61,16 @@ class Linear {
     // must be distinct buffers. Not with pre_gelu.
     const bf16* residual = nullptr;
   };
-  // Whether forward can add a residual inside its product (BF16 plans: the GEMM's C operand). FP8 plans cannot (the
-  // caller adds it, e.g. in the LayerNorm kernel that follows).
-  bool adds_residual() const { return !plan_.fp8; }
+  // Whether forward can add a residual inside its product (BF16 plans: the GEMM's C operand). Quantised plans cannot
+  // (the caller adds it, e.g. in the LayerNorm kernel that follows).
+  bool adds_residual() const { return !plan_.quantized; }
   void forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s,
                const ForwardOptions& opt);
   void forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s) {
     forward(out, x, w, bias, M, training, s, ForwardOptions());
   }
   // dx (M, K) = dy (M, N) · w (overwritten, or added to dx with accumulate_dx); dw (N, K) FP32 += dyᵀ · x.
-  // x: the BF16 input of the forward (may be null when saves_fp8_input()). dx may be null (not wanted).
+  // x: the BF16 input of the forward (may be null when saves_quantized_input()). dx may be null (not wanted).
   struct BackwardOptions {
     bool accumulate_dx = false;
     const bf16* x_pre_gelu = nullptr;  // x = gelu(x_pre_gelu): dx is the gradient w.r.t. x_pre_gelu instead
@@ -92,11 +93,11 @@ class Linear {
   int layer_, N_, K_, max_rows_;
   LinearPlan plan_;
   // Quantises src (q.rows, q.cols) into q: block scales, or the per-tensor slot's scale (current / delayed).
-  void quantize(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, cudaStream_t s);
-  // FP8 operands. Per-tensor slots index into the PrecisionState arrays (-1 = none).
+  void quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, cudaStream_t s);
+  // Quantised operands. Per-tensor slots index into the PrecisionState arrays (-1 = none).
   int x_slot_ = -1, w_slot_ = -1, dy_slot_ = -1;
   QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step
-  QTensor x_saved_;    // (M_max, K) input: only data_t (K, M) kept for wgrad when save_fp8_input
+  QTensor x_saved_;    // (M_max, K) input: only data_t (K, M) kept for wgrad when save_quantized_input
   bool weight_cache_valid_ = false;
   bool weight_cache_recorded_ = false;  // the cache was built by a training forward (its amax recorded)
   bool have_saved_input_ = false;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "llmc/core/common.h"
+#include "llmc/precision/fp8_quant.h"
 #include "llmc/precision/linear.h"
 
 namespace llmc {
@@ -19,7 +20,7 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
 
 PrecisionState::PrecisionState(const PrecisionRecipe& recipe) : recipe_(recipe) {
-  history_len_ = recipe_.fp8 && recipe_.scaling == ScalingMode::Delayed ? recipe_.amax_history_len : 1;
+  history_len_ = keeps_amax_history(recipe_) ? recipe_.amax_history_len : 1;
   scratch_bytes_.assign(kScratchCount, 0);
   scratch_floats_.assign(kScratchCount, 0);
 }
@@ -34,7 +35,7 @@ void PrecisionState::add(Linear* linear) {
   linears_.push_back(linear);
 }
 
-int PrecisionState::new_slot(const std::string& name, Fp8Format f) {
+int PrecisionState::new_slot(const std::string& name, ElementFormat f) {
   if (allocated_) throw_error("PrecisionState: slot %s registered after the first forward", name.c_str());
   slot_names_.push_back(name);
   slot_formats_.push_back(static_cast<uint8_t>(f));
@@ -80,7 +81,7 @@ void PrecisionState::ensure_allocated() {
   }
   // Initial state: scale 1, amax 0, empty histories; the inert entries between slots carry their slot's format.
   std::vector<float> ones(np, 1.0f);
-  std::vector<uint8_t> formats(np, static_cast<uint8_t>(Fp8Format::E4M3));
+  std::vector<uint8_t> formats(np, static_cast<uint8_t>(ElementFormat::E4M3));
   for (size_t i = 0; i < n; i++)
     for (int j = 0; j < kSlotStride; j++) formats[kSlotStride * i + j] = slot_formats_[i];
   CUDA_CHECK(cudaMemcpy(scale_, ones.data(), np * sizeof(float), cudaMemcpyHostToDevice));
@@ -108,7 +109,7 @@ float* PrecisionState::scratch_scales(int which) {
 }
 
 void PrecisionState::begin_forward(cudaStream_t s) {
-  if (!recipe_.fp8 || slot_names_.empty()) return;
+  if (slot_names_.empty()) return;  // no per-tensor scales
   ensure_allocated();
   if (recipe_.scaling == ScalingMode::Current) CUDA_CHECK(cudaMemsetAsync(amax_, 0, padded_slots() * sizeof(float), s));
 }
@@ -117,18 +118,18 @@ void PrecisionState::begin_backward(cudaStream_t s) { begin_forward(s); }
 
 void PrecisionState::end_step(cudaStream_t s) {
   for (Linear* l : linears_) l->weights_changed();
-  if (!recipe_.fp8 || slot_names_.empty() || recipe_.scaling != ScalingMode::Delayed) return;
+  if (slot_names_.empty() || !keeps_amax_history(recipe_)) return;
   ensure_allocated();
   const int n = static_cast<int>(kSlotStride * slot_names_.size());  // the inert entries update to themselves
   if (amax_reducer_) amax_reducer_(amax_, n, s);
   fp8_delayed_scaling_update(history_, amax_, scale_, scale_inv_, formats_, n, history_len_, history_pos_,
-                             recipe_.amax_compute != "most_recent", recipe_.margin, recipe_.pow2_scales, s);
+                             recipe_.amax_compute != "most_recent", recipe_.margin, recipe_.x.scale, s);
   history_pos_ = (history_pos_ + 1) % history_len_;
   steps_recorded_++;
 }
 
 void PrecisionState::discard_step(cudaStream_t s) {
-  if (!recipe_.fp8 || slot_names_.empty() || !allocated_) return;
+  if (slot_names_.empty() || !allocated_) return;
   CUDA_CHECK(cudaMemsetAsync(amax_, 0, padded_slots() * sizeof(float), s));
 }
 
@@ -144,7 +145,7 @@ void PrecisionState::record_numerics(const std::string& name, const QTensor& q, 
     CUDA_CHECK(cudaMalloc(&numerics_, (size_t)numerics_capacity_ * kQuantStatsSlots * sizeof(double)));
   }
   if ((int)numerics_names_.size() >= numerics_capacity_) return;
-  fp8_quant_stats(numerics_ + numerics_names_.size() * kQuantStatsSlots, q, x, s);
+  quant_stats(numerics_ + numerics_names_.size() * kQuantStatsSlots, q, x, s);
   numerics_names_.push_back(name);
 }
 
@@ -197,7 +198,7 @@ void PrecisionState::upload(const nlohmann::json& description, const std::vector
   const std::vector<std::string> names = description.at("slots").get<std::vector<std::string>>();
   if (names != slot_names_ || description.at("history_len").get<int>() != history_len_ ||
       scales.size() != 2 * n || history.size() != n * L)
-    throw_error("precision state: the checkpoint's FP8 scaling state (%zu tensors, history %d) does not match this "
+    throw_error("precision state: the checkpoint's scaling state (%zu tensors, history %d) does not match this "
                 "run's recipe (%zu tensors, history %d): resume with the same precision section",
                 names.size(), description.at("history_len").get<int>(), n, history_len_);
   ensure_allocated();

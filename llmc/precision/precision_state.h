@@ -12,7 +12,7 @@
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
-#include "llmc/precision/quant.h"
+#include "llmc/precision/quantize.h"
 #include "llmc/precision/recipe.h"
 #include "llmc/precision/tensor.h"
 
@@ -26,7 +26,7 @@ class Linear;
 enum ScratchId : int {
   kScratchRows = 0,      // Xq (M, K) in forward; dYq (M, N) in backward
   kScratchRowsT = 1,     // dYᵀq (N, M)
-  kScratchInputT = 2,    // Xᵀq (K, M) quantised in backward when the input was not saved as FP8
+  kScratchInputT = 2,    // Xᵀq (K, M) quantised in backward when the input was not saved quantised
   kScratchWeightT = 3,   // Wᵀq (K, N) when the plan does not cache it (made by the weight cast, then in backward)
   kScratchCount = 4,
 };
@@ -69,8 +69,8 @@ class PrecisionState {
   // download gives scales = [scale (n) | scale_inv (n)] and history (n, history_len); upload checks the description
   // against this run (a different recipe or model is a clear error).
   int num_slots() const { return static_cast<int>(slot_names_.size()); }
-  // Device memory of the FP8 machinery: every linear's cached FP8 weight and saved FP8 input, the shared scratch and
-  // the scaling arrays (planned sizes; allocated at the first forward).
+  // Device memory of the quantisation machinery: every linear's cached quantised weight and saved quantised input,
+  // the shared scratch and the scaling arrays (planned sizes; allocated at the first forward).
   size_t device_bytes() const;
   nlohmann::json describe() const;
   void download(std::vector<float>* scales, std::vector<float>* history) const;
@@ -78,7 +78,7 @@ class PrecisionState {
 
  private:
   friend class Linear;
-  int new_slot(const std::string& name, Fp8Format f);
+  int new_slot(const std::string& name, ElementFormat f);
   void reserve(int which, size_t bytes, size_t scale_floats);  // scratch a linear needs at its largest M
   void ensure_allocated();  // on first use, once every linear is registered
   uint8_t* scratch(int which);
@@ -103,7 +103,7 @@ class PrecisionState {
   float* scale_ = nullptr;         // (padded_slots) quantisation multipliers
   float* scale_inv_ = nullptr;     // (padded_slots)
   float* amax_ = nullptr;          // (padded_slots) amax slots (+ the spare)
-  uint8_t* formats_ = nullptr;     // (padded_slots) Fp8Format of each slot
+  uint8_t* formats_ = nullptr;     // (padded_slots) ElementFormat of each slot
   float* history_ = nullptr;       // (padded_slots, history_len) delayed scaling ring buffers
   int history_len_ = 1;
   int history_pos_ = 0;

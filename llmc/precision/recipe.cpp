@@ -1,4 +1,5 @@
-// llmc/precision/recipe.cpp: the recipe presets, their validation, and the per-linear plan (llmc/precision/recipe.h). Host code only.
+// llmc/precision/recipe.cpp: the recipe presets (one table), their validation, the per-linear plan and the recipe
+// queries of llmc/precision/recipe.h. Host code only.
 //
 // Presets (facts: shared/reference/fp8_recipes.md):
 //   bf16            every GEMM in BF16.
@@ -11,15 +12,75 @@
 //                   measured here (GPT-2 124M, 1000 steps, dev/bench/NOTES.md) E4M3 dy with power-of-two scales ended
 //                   2.2% above BF16's validation loss (0.5% of the gradients underflowed to zero), E5M2 dy +0.01%,
 //                   E4M3 dy without power-of-two scales -0.8%. precision.dy_format = "e4m3" gives DeepSeek's choice.
-// All FP8 presets keep the lm_head and the embeddings in BF16 and save the linear inputs for backward as FP8.
+// All quantising presets keep the lm_head and the embeddings in BF16 and save the linear inputs for backward
+// quantised. A preset starts from PrecisionRecipe's defaults (x, w E4M3 and dy E5M2 per tensor, FP32 scales).
 #include "llmc/precision/recipe.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "llmc/core/common.h"
+#include "llmc/precision/gemm.h"
+#include "llmc/precision/quantize.h"
 
 namespace llmc {
+
+namespace {
+
+struct RecipePreset {
+  const char* name;
+  const char* summary;  // one line for the help of precision.recipe
+  void (*fill)(PrecisionRecipe& r);
+};
+
+const RecipePreset kPresets[] = {
+    {"bf16", "every GEMM in BF16", [](PrecisionRecipe&) {}},
+    {"fp8_tensorwise", "current per-tensor scaling",
+     [](PrecisionRecipe& r) {
+       r.quantize_linears = true;
+       r.scaling = ScalingMode::Current;
+       r.fast_accum = true;
+     }},
+    {"fp8_delayed", "amax history",
+     [](PrecisionRecipe& r) {
+       r.quantize_linears = true;
+       r.scaling = ScalingMode::Delayed;
+       r.amax_history_len = 1024;
+       r.amax_compute = "max";
+       r.margin = 0;
+       r.fast_accum = true;
+     }},
+    {"fp8_blockwise", "1x128 / 128x128 blocks",
+     [](PrecisionRecipe& r) {
+       r.quantize_linears = true;
+       r.x = {ElementFormat::E4M3, kBlock1x128};
+       r.w = {ElementFormat::E4M3, kBlock128x128};
+       r.dy = {ElementFormat::E5M2, kBlock1x128};  // not DeepSeek's E4M3: see the note at the top
+       r.set_pow2_scales(true);
+       r.scaling = ScalingMode::Current;
+       r.fast_accum = false;
+     }},
+};
+
+const RecipePreset* find_preset(const std::string& name) {
+  for (const RecipePreset& p : kPresets)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+// The GEMMs of a quantised linear and their operands, with the names validation errors use.
+struct GemmRoles {
+  const char* gemm;
+  const Encoding& a;
+  const char* a_name;
+  const Encoding& b;
+  const char* b_name;
+};
+std::vector<GemmRoles> linear_gemms(const PrecisionRecipe& r) {
+  // fprop multiplies x with w, dgrad dy with w, wgrad dy with x.
+  return {{"fprop", r.x, "x", r.w, "w"}, {"dgrad", r.dy, "dy", r.w, "w"}, {"wgrad", r.dy, "dy", r.x, "x"}};
+}
+
+}  // namespace
 
 const char* scaling_mode_name(ScalingMode m) { return m == ScalingMode::Current ? "current" : "delayed"; }
 
@@ -34,39 +95,44 @@ const char* linear_kind_name(LinearKind k) {
   return "?";
 }
 
+void PrecisionRecipe::set_pow2_scales(bool on) {
+  for (Encoding* e : {&x, &w, &dy})
+    if (e->scale == ScaleFormat::FP32 || e->scale == ScaleFormat::Pow2FP32)
+      e->scale = on ? ScaleFormat::Pow2FP32 : ScaleFormat::FP32;
+}
+
 std::vector<std::string> precision_recipe_names() {
-  return {"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"};
+  std::vector<std::string> names;
+  for (const RecipePreset& p : kPresets) names.push_back(p.name);
+  return names;
+}
+
+std::string precision_recipe_summaries() {
+  std::string s;
+  for (const RecipePreset& p : kPresets) {
+    PrecisionRecipe r;
+    p.fill(r);
+    const int cc = recipe_min_compute_capability(r);
+    s += strformat("%s%s (%s; sm_%d)", s.empty() ? "" : " | ", p.name, p.summary, cc);
+  }
+  return s;
 }
 
 bool precision_recipe_preset(const std::string& name, PrecisionRecipe* out) {
-  PrecisionRecipe r;  // defaults: bf16 fields, per-tensor HYBRID formats for when fp8 is switched on
+  const RecipePreset* p = find_preset(name);
+  if (!p) return false;
+  PrecisionRecipe r;
   r.recipe = name;
-  if (name == "bf16") {
-    r.fp8 = false;
-  } else if (name == "fp8_tensorwise") {
-    r.fp8 = true;
-    r.scaling = ScalingMode::Current;
-    r.fast_accum = true;
-  } else if (name == "fp8_delayed") {
-    r.fp8 = true;
-    r.scaling = ScalingMode::Delayed;
-    r.amax_history_len = 1024;
-    r.amax_compute = "max";
-    r.margin = 0;
-    r.fast_accum = true;
-  } else if (name == "fp8_blockwise") {
-    r.fp8 = true;
-    r.x = {Fp8Format::E4M3, ScaleGranularity::Block1x128};
-    r.w = {Fp8Format::E4M3, ScaleGranularity::Block128x128};
-    r.dy = {Fp8Format::E5M2, ScaleGranularity::Block1x128};  // not DeepSeek's E4M3: see the note at the top
-    r.scaling = ScalingMode::Current;
-    r.pow2_scales = true;
-    r.fast_accum = false;
-  } else {
-    return false;
-  }
+  p->fill(r);
   if (out) *out = r;
   return true;
+}
+
+void fill_precision_recipe(const std::string& name, PrecisionRecipe* out) {
+  if (precision_recipe_preset(name, out)) return;
+  std::string known;
+  for (const RecipePreset& p : kPresets) known += std::string(known.empty() ? "" : ", ") + p.name;
+  throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", name.c_str(), known.c_str());
 }
 
 bool layer_stays_bf16(const PrecisionRecipe& r, int layer, int n_layer) {
@@ -76,41 +142,39 @@ bool layer_stays_bf16(const PrecisionRecipe& r, int layer, int n_layer) {
 }
 
 void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
-  if (!precision_recipe_preset(r.recipe, nullptr))
-    throw_error("precision.recipe: unknown recipe '%s' (known: bf16, fp8_tensorwise, fp8_delayed, fp8_blockwise)",
-                r.recipe.c_str());
+  fill_precision_recipe(r.recipe, nullptr);  // a known preset
   for (int l : r.bf16_layers)
     if (l >= n_layer || l < -n_layer)
       throw_error("precision.bf16_layers: layer %d does not exist (the model has %d blocks: use 0..%d, or -1..-%d "
                   "from the end)", l, n_layer, n_layer - 1, n_layer);
-  if (!r.fp8) return;
-  const RoleSpec* roles[3] = {&r.x, &r.w, &r.dy};
-  const char* role_names[3] = {"x", "w", "dy"};
-  for (int i = 0; i < 3; i++) {
-    const bool block = roles[i]->granularity != ScaleGranularity::Tensor;
-    if (block && r.scaling == ScalingMode::Delayed)
+  if (!r.quantize_linears) return;
+  struct Role {
+    const char* name;
+    const Encoding& e;
+  };
+  const Role roles[3] = {{"x", r.x}, {"w", r.w}, {"dy", r.dy}};
+  for (const Role& role : roles) {
+    const std::string why = quantizer_error(role.e);
+    if (!why.empty())
+      throw_error("precision.%s_format / precision.%s_granularity / precision.pow2_scales give %s: %s", role.name,
+                  role.name, encoding_name(role.e).c_str(), why.c_str());
+    if (!role.e.per_tensor() && r.scaling == ScalingMode::Delayed)
       throw_error("precision.scaling = \"delayed\" applies to per-tensor scales only, but precision.%s_granularity = "
                   "\"%s\": block scales always come from the block's own amax (use scaling \"current\", or "
-                  "granularity \"tensor\")", role_names[i], scale_granularity_name(roles[i]->granularity));
+                  "granularity \"tensor\")", role.name, block_shape_name(role.e.block).c_str());
   }
-  const bool any_block = r.x.granularity != ScaleGranularity::Tensor || r.w.granularity != ScaleGranularity::Tensor ||
-                         r.dy.granularity != ScaleGranularity::Tensor;
-  const bool all_block = r.x.granularity != ScaleGranularity::Tensor && r.w.granularity != ScaleGranularity::Tensor &&
-                         r.dy.granularity != ScaleGranularity::Tensor;
-  if (any_block && !all_block)
-    throw_error("precision: x, w and dy granularities are %s / %s / %s: cuBLASLt cannot mix per-tensor and block "
-                "scales in one GEMM, so either all three are \"tensor\" or all are block-wise",
-                scale_granularity_name(r.x.granularity), scale_granularity_name(r.w.granularity),
-                scale_granularity_name(r.dy.granularity));
-  // cuBLASLt block scaling: 1x128 x 1x128, 1x128 x 128x128 or 128x128 x 1x128, never 128x128 on both sides.
-  // fprop multiplies x with w, dgrad dy with w, wgrad dy with x.
-  auto is2d = [](const RoleSpec& s) { return s.granularity == ScaleGranularity::Block128x128; };
-  if (is2d(r.x) && is2d(r.w))
-    throw_error("precision: x and w are both 128x128: the fprop GEMM x·wᵀ would have 2-D block scales on both "
-                "operands, which cuBLASLt does not support (use x_granularity \"1x128\")");
-  if (is2d(r.dy) && (is2d(r.w) || is2d(r.x)))
-    throw_error("precision: dy_granularity \"128x128\" with a 128x128 %s: the %s GEMM would have 2-D block scales on "
-                "both operands (use dy_granularity \"1x128\")", is2d(r.w) ? "w" : "x", is2d(r.w) ? "dgrad" : "wgrad");
+  if (r.x.scale != r.w.scale || r.x.scale != r.dy.scale)
+    throw_error("precision.pow2_scales: the x, w and dy scale formats differ (%s, %s, %s); one scale format serves "
+                "all three roles", scale_format_name(r.x.scale), scale_format_name(r.w.scale),
+                scale_format_name(r.dy.scale));
+  for (const GemmRoles& g : linear_gemms(r)) {
+    const std::string why = quant_gemm_operands_error(g.a, g.a_name, g.b, g.b_name);
+    if (!why.empty())
+      throw_error("precision: the %s GEMM of every quantised linear multiplies %s (%s) with %s (%s): %s (see "
+                  "precision.*_format and precision.*_granularity)", g.gemm, g.a_name, encoding_name(g.a).c_str(),
+                  g.b_name, encoding_name(g.b).c_str(), why.c_str());
+  }
+  const bool any_block = !r.x.per_tensor() || !r.w.per_tensor() || !r.dy.per_tensor();
   if (any_block && r.fast_accum)
     throw_error("precision.fast_accum = true with block scales: block-scaled FP8 GEMMs need split (promoted) "
                 "accumulation; set precision.fast_accum to false");
@@ -125,48 +189,59 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
 
 LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearKind kind) {
   LinearPlan p;
-  const bool fp8 = r.fp8 && (kind == LinearKind::LmHead ? r.lm_head_fp8 : !layer_stays_bf16(r, layer, n_layer));
-  if (!fp8) return p;  // BF16
-  p.fp8 = true;
+  const bool quantized =
+      r.quantize_linears && (kind == LinearKind::LmHead ? r.quantize_lm_head : !layer_stays_bf16(r, layer, n_layer));
+  if (!quantized) return p;  // BF16
+  p.quantized = true;
   p.x = r.x;
   p.w = r.w;
   p.dy = r.dy;
-  p.scaling = r.x.granularity == ScaleGranularity::Tensor ? r.scaling : ScalingMode::Current;
+  p.scaling = r.x.per_tensor() ? r.scaling : ScalingMode::Current;
   p.amax_history_len = p.scaling == ScalingMode::Delayed ? r.amax_history_len : 1;
   p.amax_use_max = r.amax_compute != "most_recent";
   p.margin = r.margin;
-  p.pow2_scales = r.pow2_scales;
-  p.fast_accum_fprop = r.fast_accum && r.x.granularity == ScaleGranularity::Tensor;
+  p.fast_accum_fprop = r.fast_accum && r.x.per_tensor();
   // The attention output is kept in BF16 by every model anyway (the attention backward reads it), so its
-  // projection saves no FP8 copy: its wgrad quantises the BF16 tensor again, and the copy's memory is saved.
-  p.save_fp8_input = r.fp8_activations && kind != LinearKind::AttnOut;
+  // projection saves no quantised copy: its wgrad quantises the BF16 tensor again, and the copy's memory is saved.
+  p.save_quantized_input = r.save_quantized_inputs && kind != LinearKind::AttnOut;
   p.cache_weight_transpose = r.cache_weight_transpose;
   return p;
 }
 
+bool quantizes_linears(const PrecisionRecipe& r) { return r.quantize_linears; }
+
+bool keeps_amax_history(const PrecisionRecipe& r) {
+  return r.quantize_linears && r.scaling == ScalingMode::Delayed;
+}
+
+int quantized_dim_multiple(const PrecisionRecipe& r) {
+  if (!r.quantize_linears) return 1;
+  return std::max({quant_gemm_dim_multiple(r.x), quant_gemm_dim_multiple(r.w), quant_gemm_dim_multiple(r.dy)});
+}
+
 int recipe_min_compute_capability(const PrecisionRecipe& r) {
-  if (!r.fp8) return 80;
-  return r.x.granularity == ScaleGranularity::Tensor ? 89 : 90;
+  if (!r.quantize_linears) return kBf16GemmMinComputeCapability;
+  int cc = 0;
+  for (const GemmRoles& g : linear_gemms(r)) cc = std::max(cc, quant_gemm_min_compute_capability(g.a, g.b));
+  return cc;
 }
 
 std::string describe_recipe(const PrecisionRecipe& r) {
-  if (!r.fp8) return r.recipe + " (all GEMMs in BF16)";
-  std::string s = r.recipe + " (x " + fp8_format_name(r.x.format) + " " + scale_granularity_name(r.x.granularity) +
-                  ", w " + fp8_format_name(r.w.format) + " " + scale_granularity_name(r.w.granularity) + ", dy " +
-                  fp8_format_name(r.dy.format) + " " + scale_granularity_name(r.dy.granularity);
-  if (r.x.granularity == ScaleGranularity::Tensor) {
+  if (!r.quantize_linears) return r.recipe + " (all GEMMs in BF16)";
+  std::string s = r.recipe + " (x " + encoding_name(r.x) + ", w " + encoding_name(r.w) + ", dy " + encoding_name(r.dy);
+  if (r.x.per_tensor()) {
     s += std::string("; ") + scaling_mode_name(r.scaling) + " scaling";
     if (r.scaling == ScalingMode::Delayed)
       s += strformat(" (history %d, %s, margin %d)", r.amax_history_len, r.amax_compute.c_str(), r.margin);
   }
-  if (r.pow2_scales) s += "; power-of-two scales";
   s += r.fast_accum ? "; fast accumulation in fprop" : "; split accumulation";
   if (!r.bf16_layers.empty()) {
     s += "; bf16 layers:";
     for (int l : r.bf16_layers) s += " " + std::to_string(l);
   }
-  s += r.lm_head_fp8 ? "; lm_head FP8" : "; lm_head and embeddings BF16";
-  s += r.fp8_activations ? "; linear inputs saved as FP8" : "; linear inputs saved as BF16";
+  s += r.quantize_lm_head ? "; lm_head quantised" : "; lm_head and embeddings BF16";
+  s += r.save_quantized_inputs ? std::string("; linear inputs saved as ") + element_format_name(r.x.element)
+                               : std::string("; linear inputs saved as BF16");
   if (!r.cache_weight_transpose) s += "; transposed weight codes made in every backward";
   return s + ")";
 }

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "llmc/core/common.h"
+#include "llmc/precision/quantize.h"
 
 namespace llmc {
 
@@ -80,13 +81,25 @@ json float_to_json(float v) {
 #define LLMC_ACCESS(member)                                                     \
   [](const RunConfig& c) { return json(c.member); },                            \
   [](RunConfig& c, const json& v) { c.member = v.get<decltype(c.member)>(); }
-// Enum fields stored as their names (the choices of the row are the valid names).
-#define FORMAT_ACCESS(member)                                                   \
-  [](const RunConfig& c) { return json(fp8_format_name(c.member)); },          \
-  [](RunConfig& c, const json& v) { parse_fp8_format(v.get<std::string>(), &c.member); }
-#define GRANULARITY_ACCESS(member)                                              \
-  [](const RunConfig& c) { return json(scale_granularity_name(c.member)); },   \
-  [](RunConfig& c, const json& v) { parse_scale_granularity(v.get<std::string>(), &c.member); }
+// The element format and the block shape of a role's encoding (llmc/precision/encoding.h), stored as their names (the
+// choices of the row are the names this build can quantise).
+#define ELEMENT_ACCESS(encoding)                                                       \
+  [](const RunConfig& c) { return json(element_format_name(c.encoding.element)); },   \
+  [](RunConfig& c, const json& v) { parse_element_format(v.get<std::string>(), &c.encoding.element); }
+#define BLOCK_ACCESS(encoding)                                                         \
+  [](const RunConfig& c) { return json(block_shape_name(c.encoding.block)); },        \
+  [](RunConfig& c, const json& v) { parse_block_shape(v.get<std::string>(), &c.encoding.block); }
+
+std::vector<std::string> quantizable_element_names() {
+  std::vector<std::string> names;
+  for (ElementFormat f : quantizable_element_formats()) names.push_back(element_format_name(f));
+  return names;
+}
+std::vector<std::string> quantizable_block_names() {
+  std::vector<std::string> names;
+  for (BlockShape b : quantizable_block_shapes()) names.push_back(block_shape_name(b));
+  return names;
+}
 
 KeySchema row(const char* section, const char* key, KeyType type, const char* help,
               std::function<json(const RunConfig&)> get, std::function<void(RunConfig&, const json&)> set) {
@@ -108,6 +121,9 @@ KeySchema derived_default(KeySchema k, const char* doc) { k.doc_default = doc; r
 
 const std::vector<KeySchema>& schema() {
   using T = KeyType;
+  static const std::string recipe_help =
+      "precision recipe preset: " + precision_recipe_summaries() + "; the keys below override its fields";
+  static const std::vector<std::string> formats = quantizable_element_names(), blocks = quantizable_block_names();
   static const std::vector<KeySchema> table = {
       // model: a preset fills every key; explicit keys override it. Without a preset the defaults are gpt2-124m's.
       row("model", "preset", T::String, "model preset (gpt2-tiny, gpt2-mini, gpt2-124m, gpt2-350m, gpt2-774m, "
@@ -196,21 +212,18 @@ const std::vector<KeySchema>& schema() {
              state_format_names()),
 
       // precision: the preset named in precision.recipe fills every key below; explicit keys override it.
-      row("precision", "recipe", T::String,
-          "precision recipe preset: bf16 | fp8_tensorwise (current per-tensor scaling) | fp8_delayed (amax history) | "
-          "fp8_blockwise (1x128 / 128x128 blocks); the keys below override its fields", LLMC_ACCESS(precision.recipe)),
-      one_of(row("precision", "x_format", T::String, "FP8 format of linear inputs",
-                 FORMAT_ACCESS(precision.x.format)), {"e4m3", "e5m2"}),
-      one_of(row("precision", "w_format", T::String, "FP8 format of weights", FORMAT_ACCESS(precision.w.format)),
-             {"e4m3", "e5m2"}),
-      one_of(row("precision", "dy_format", T::String, "FP8 format of output gradients",
-                 FORMAT_ACCESS(precision.dy.format)), {"e4m3", "e5m2"}),
+      row("precision", "recipe", T::String, recipe_help.c_str(), LLMC_ACCESS(precision.recipe)),
+      one_of(row("precision", "x_format", T::String, "FP8 format of linear inputs", ELEMENT_ACCESS(precision.x)),
+             formats),
+      one_of(row("precision", "w_format", T::String, "FP8 format of weights", ELEMENT_ACCESS(precision.w)), formats),
+      one_of(row("precision", "dy_format", T::String, "FP8 format of output gradients", ELEMENT_ACCESS(precision.dy)),
+             formats),
       one_of(row("precision", "x_granularity", T::String, "scaling granularity of linear inputs",
-                 GRANULARITY_ACCESS(precision.x.granularity)), {"tensor", "1x128", "128x128"}),
-      one_of(row("precision", "w_granularity", T::String, "scaling granularity of weights",
-                 GRANULARITY_ACCESS(precision.w.granularity)), {"tensor", "1x128", "128x128"}),
+                 BLOCK_ACCESS(precision.x)), blocks),
+      one_of(row("precision", "w_granularity", T::String, "scaling granularity of weights", BLOCK_ACCESS(precision.w)),
+             blocks),
       one_of(row("precision", "dy_granularity", T::String, "scaling granularity of output gradients",
-                 GRANULARITY_ACCESS(precision.dy.granularity)), {"tensor", "1x128", "128x128"}),
+                 BLOCK_ACCESS(precision.dy)), blocks),
       one_of(row("precision", "scaling", T::String,
                  "per-tensor scales from the current amax or delayed from an amax history",
                  [](const RunConfig& c) { return json(scaling_mode_name(c.precision.scaling)); },
@@ -223,17 +236,19 @@ const std::vector<KeySchema>& schema() {
                  "most recent amax", LLMC_ACCESS(precision.amax_compute)), {"max", "most_recent"}),
       between(row("precision", "margin", T::Int, "scale = fp8_max / amax / 2^margin", LLMC_ACCESS(precision.margin)),
               0, 16),
-      row("precision", "pow2_scales", T::Bool, "round scales down to powers of two", LLMC_ACCESS(precision.pow2_scales)),
+      row("precision", "pow2_scales", T::Bool, "round scales down to powers of two",
+          [](const RunConfig& c) { return json(c.precision.pow2_scales()); },
+          [](RunConfig& c, const json& v) { c.precision.set_pow2_scales(v.get<bool>()); }),
       row("precision", "fast_accum", T::Bool,
           "fast FP8 accumulation in the forward GEMM (per-tensor scales only; dgrad and wgrad never use it)",
           LLMC_ACCESS(precision.fast_accum)),
       row("precision", "bf16_layers", T::IntList, "blocks that stay in BF16, e.g. [0, -1] (negative = from the end)",
           LLMC_ACCESS(precision.bf16_layers)),
       row("precision", "lm_head_fp8", T::Bool, "run the lm_head GEMMs in FP8 too (embeddings always stay BF16)",
-          LLMC_ACCESS(precision.lm_head_fp8)),
+          LLMC_ACCESS(precision.quantize_lm_head)),
       row("precision", "fp8_activations", T::Bool,
           "save linear inputs for backward as FP8 (their transposed copies) instead of BF16",
-          LLMC_ACCESS(precision.fp8_activations)),
+          LLMC_ACCESS(precision.save_quantized_inputs)),
       row("precision", "cache_weight_transpose", T::Bool,
           "keep each FP8 weight's transposed codes for the optimizer step (false: transpose them in every backward, "
           "1 byte less per FP8 parameter, one more pass over the weights per micro-step)",
@@ -538,9 +553,7 @@ RunConfig resolve_config(const json& input, const std::vector<std::string>& over
     if (precision.contains("recipe")) {
       const KeySchema& rk = *find_key("precision", "recipe");
       set_value(rk, cfg, precision["recipe"]);
-      if (!precision_recipe_preset(cfg.precision.recipe, &cfg.precision))
-        throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
-                    join(recipe_names(), ", ").c_str());
+      fill_precision_recipe(cfg.precision.recipe, &cfg.precision);
     }
     // 2. Explicit keys win over the presets and the defaults.
     for (const KeySchema& k : schema()) {
@@ -570,11 +583,7 @@ void validate_config(RunConfig& cfg, int world_size) {
     // Architecture and recipe first: their messages matter more than the numbers that follow from them.
     if (m.arch != "gpt2" && m.arch != "llama")
       throw_error("model.arch: unknown architecture '%s' (supported: gpt2, llama)", m.arch.c_str());
-    std::vector<std::string> recipes = recipe_names();
-    if (std::find(recipes.begin(), recipes.end(), cfg.precision.recipe) == recipes.end())
-      throw_error("precision.recipe: unknown recipe '%s' (known in this build: %s)", cfg.precision.recipe.c_str(),
-                  join(recipes, ", ").c_str());
-    validate_precision_recipe(cfg.precision, m.n_layer);
+    validate_precision_recipe(cfg.precision, m.n_layer);  // the recipe's name, encodings and combinations
     if (!cfg.model_preset.empty() && !model_preset(cfg.model_preset, nullptr))
       throw_error("model.preset: unknown preset '%s' (known: %s)", cfg.model_preset.c_str(),
                   join(model_preset_names(), ", ").c_str());
@@ -621,19 +630,19 @@ void validate_config(RunConfig& cfg, int world_size) {
                   tokens_per_micro_step,
                   std::max(1LL, t.global_batch_tokens / tokens_per_micro_step) * tokens_per_micro_step);
     cfg.grad_accum_steps = static_cast<int>(t.global_batch_tokens / tokens_per_micro_step);
-    if (cfg.precision.fp8) {
-      // FP8 GEMMs: every dimension that is a GEMM's K (channels, and the tokens B*T for the weight gradient) must be
-      // a multiple of 16, of 128 with block scales.
-      const bool blocks = cfg.precision.x.granularity != ScaleGranularity::Tensor;
-      const int multiple = blocks ? 128 : 16;
+    const int multiple = quantized_dim_multiple(cfg.precision);
+    if (multiple > 1) {
+      // Quantised GEMMs: every dimension that is a GEMM's K (channels, and the tokens B*T for the weight gradient)
+      // must be a multiple of 16, of 128 with block scales.
       const long long tokens = static_cast<long long>(t.micro_batch) * t.seq_len;
       if (tokens % multiple != 0)
         throw_error("precision.recipe = \"%s\" needs train.micro_batch * train.seq_len (%d * %d = %lld) to be a "
-                    "multiple of %d (the FP8 weight-gradient GEMM runs over the tokens)",
+                    "multiple of %d (the quantised weight-gradient GEMM runs over the tokens)",
                     cfg.precision.recipe.c_str(), t.micro_batch, t.seq_len, tokens, multiple);
       if (m.n_embd % multiple != 0 || m.ffn_hidden % multiple != 0)
         throw_error("precision.recipe = \"%s\" needs model.n_embd (%d) and model.ffn_hidden (%d) to be multiples "
-                    "of %d (FP8 GEMM dimensions)", cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden, multiple);
+                    "of %d (quantised GEMM dimensions)", cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden,
+                    multiple);
     }
     if (t.warmup_steps > t.steps)
       throw_error("train.warmup_steps = %d exceeds train.steps = %d", t.warmup_steps, t.steps);

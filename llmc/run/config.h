@@ -109,7 +109,7 @@ struct ConfigKeyDoc {
 };
 std::vector<ConfigKeyDoc> config_key_docs();
 
-// Recipe presets known to this build (bf16, fp8_tensorwise, fp8_delayed, fp8_blockwise).
+// Recipe presets known to this build, in the order of the preset table (llmc/precision/recipe.cpp).
 std::vector<std::string> recipe_names();
 
 // The parallel section for a rank whose config failed to load: read leniently from the config file and the

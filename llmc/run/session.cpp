@@ -287,7 +287,7 @@ std::string TrainingSession::sample() {
   opt.temperature = cfg_.sample.temperature;
   opt.top_k = cfg_.sample.top_k;
   opt.seq_len = cfg_.train.seq_len;
-  opt.full_batch = cfg_.precision.fp8 ? cfg_.train.micro_batch : 0;
+  opt.full_batch = quantizes_linears(cfg_.precision) ? cfg_.train.micro_batch : 0;
   return generate_sample(*model_, *tokenizer_, opt, sample_rng_, stream_);
 }
 

@@ -1,7 +1,7 @@
 // test/core/test_dtypes: the host number formats of llmc/core/dtypes (fp8_encode / fp8_decode for E4M3 and E5M2,
 // bf16_encode / bf16_decode, pow2_floor) bit for bit against the ml_dtypes vectors in test/core/data/fp8_vectors.txt
 // (test/core/gen_fp8_vectors.py), then against CUDA's own host conversions (cuda_fp8.h / cuda_bf16.h, an independent
-// implementation) on a sweep of the whole FP32 space and on NaNs; and the names and scale layouts of llmc/precision/tensor.
+// implementation) on a sweep of the whole FP32 space and on NaNs; and the element-format table (names, bits, maxima).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -19,11 +19,10 @@
 
 #include "llmc/core/common.h"
 #include "llmc/core/dtypes.h"
-#include "llmc/precision/tensor.h"
 
 namespace {
 
-using llmc::Fp8Format;
+using llmc::ElementFormat;
 
 uint32_t bits_of(float x) {
   uint32_t u;
@@ -70,14 +69,14 @@ const std::vector<std::pair<uint32_t, uint32_t>>& section(const std::string& nam
 }
 
 struct FormatCase {
-  Fp8Format format;
+  ElementFormat format;
   const char* name;
   __nv_fp8_interpretation_t cuda;
   uint8_t max_code;
   float max;
 };
-const FormatCase kFormats[] = {{Fp8Format::E4M3, "e4m3", __NV_E4M3, 0x7E, 448.0f},
-                               {Fp8Format::E5M2, "e5m2", __NV_E5M2, 0x7B, 57344.0f}};
+const FormatCase kFormats[] = {{ElementFormat::E4M3, "e4m3", __NV_E4M3, 0x7E, 448.0f},
+                               {ElementFormat::E5M2, "e5m2", __NV_E5M2, 0x7B, 57344.0f}};
 
 // ---------------------------------------------------------------------------------------------------------------
 // ml_dtypes vectors
@@ -159,33 +158,33 @@ TEST(Fp8Encode, NanGivesTheCanonicalCodeLikeCuda) {
       EXPECT_EQ(__nv_cvt_float_to_fp8(float_of(b), __NV_SATFINITE, fc.cuda), llmc::kFp8NanCode)
           << fc.name << std::hex << " " << b;
     }
-  EXPECT_TRUE(std::isnan(llmc::fp8_decode(llmc::kFp8NanCode, Fp8Format::E4M3)));
-  EXPECT_TRUE(std::isnan(llmc::fp8_decode(llmc::kFp8NanCode, Fp8Format::E5M2)));
+  EXPECT_TRUE(std::isnan(llmc::fp8_decode(llmc::kFp8NanCode, ElementFormat::E4M3)));
+  EXPECT_TRUE(std::isnan(llmc::fp8_decode(llmc::kFp8NanCode, ElementFormat::E5M2)));
 }
 
 TEST(Fp8Encode, SaturatesAndRoundsAtTheEdges) {
   // Hand-computed anchors, independent of both ml_dtypes and CUDA.
-  EXPECT_EQ(llmc::fp8_encode(448.0f, Fp8Format::E4M3), 0x7E);
-  EXPECT_EQ(llmc::fp8_encode(464.0f, Fp8Format::E4M3), 0x7E);   // tie between 448 and (NaN) 480: even, 448
-  EXPECT_EQ(llmc::fp8_encode(1e9f, Fp8Format::E4M3), 0x7E);
-  EXPECT_EQ(llmc::fp8_encode(-INFINITY, Fp8Format::E4M3), 0xFE);
-  EXPECT_EQ(llmc::fp8_encode(61440.0f, Fp8Format::E5M2), 0x7B);  // ties up to 65536 = inf, saturates
-  EXPECT_EQ(llmc::fp8_encode(INFINITY, Fp8Format::E5M2), 0x7B);
-  EXPECT_EQ(llmc::fp8_encode(1.0f, Fp8Format::E4M3), 0x38);
-  EXPECT_EQ(llmc::fp8_encode(1.0f, Fp8Format::E5M2), 0x3C);
-  EXPECT_EQ(llmc::fp8_encode(1.0625f, Fp8Format::E4M3), 0x38);  // tie: 1.0 (even) vs 1.125
-  EXPECT_EQ(llmc::fp8_encode(1.1875f, Fp8Format::E4M3), 0x3A);  // tie: 1.25 (even) vs 1.125
-  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -9), Fp8Format::E4M3), 0x01);   // smallest subnormal
-  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -10), Fp8Format::E4M3), 0x00);  // half of it: tie to 0
-  EXPECT_EQ(llmc::fp8_encode(-std::ldexp(1.0f, -10), Fp8Format::E4M3), 0x80);
-  EXPECT_EQ(llmc::fp8_encode(std::ldexp(3.0f, -10), Fp8Format::E4M3), 0x02);  // 1.5 quanta: tie to 2
-  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -16), Fp8Format::E5M2), 0x01);
-  EXPECT_EQ(llmc::fp8_encode(-0.0f, Fp8Format::E5M2), 0x80);
-  EXPECT_EQ(llmc::fp8_decode(0x7E, Fp8Format::E4M3), 448.0f);
-  EXPECT_EQ(llmc::fp8_decode(0x7B, Fp8Format::E5M2), 57344.0f);
-  EXPECT_EQ(llmc::fp8_decode(0x7C, Fp8Format::E5M2), INFINITY);
-  EXPECT_EQ(llmc::fp8_decode(0xFC, Fp8Format::E5M2), -INFINITY);
-  EXPECT_EQ(llmc::fp8_decode(0x01, Fp8Format::E4M3), std::ldexp(1.0f, -9));
+  EXPECT_EQ(llmc::fp8_encode(448.0f, ElementFormat::E4M3), 0x7E);
+  EXPECT_EQ(llmc::fp8_encode(464.0f, ElementFormat::E4M3), 0x7E);   // tie between 448 and (NaN) 480: even, 448
+  EXPECT_EQ(llmc::fp8_encode(1e9f, ElementFormat::E4M3), 0x7E);
+  EXPECT_EQ(llmc::fp8_encode(-INFINITY, ElementFormat::E4M3), 0xFE);
+  EXPECT_EQ(llmc::fp8_encode(61440.0f, ElementFormat::E5M2), 0x7B);  // ties up to 65536 = inf, saturates
+  EXPECT_EQ(llmc::fp8_encode(INFINITY, ElementFormat::E5M2), 0x7B);
+  EXPECT_EQ(llmc::fp8_encode(1.0f, ElementFormat::E4M3), 0x38);
+  EXPECT_EQ(llmc::fp8_encode(1.0f, ElementFormat::E5M2), 0x3C);
+  EXPECT_EQ(llmc::fp8_encode(1.0625f, ElementFormat::E4M3), 0x38);  // tie: 1.0 (even) vs 1.125
+  EXPECT_EQ(llmc::fp8_encode(1.1875f, ElementFormat::E4M3), 0x3A);  // tie: 1.25 (even) vs 1.125
+  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -9), ElementFormat::E4M3), 0x01);   // smallest subnormal
+  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -10), ElementFormat::E4M3), 0x00);  // half of it: tie to 0
+  EXPECT_EQ(llmc::fp8_encode(-std::ldexp(1.0f, -10), ElementFormat::E4M3), 0x80);
+  EXPECT_EQ(llmc::fp8_encode(std::ldexp(3.0f, -10), ElementFormat::E4M3), 0x02);  // 1.5 quanta: tie to 2
+  EXPECT_EQ(llmc::fp8_encode(std::ldexp(1.0f, -16), ElementFormat::E5M2), 0x01);
+  EXPECT_EQ(llmc::fp8_encode(-0.0f, ElementFormat::E5M2), 0x80);
+  EXPECT_EQ(llmc::fp8_decode(0x7E, ElementFormat::E4M3), 448.0f);
+  EXPECT_EQ(llmc::fp8_decode(0x7B, ElementFormat::E5M2), 57344.0f);
+  EXPECT_EQ(llmc::fp8_decode(0x7C, ElementFormat::E5M2), INFINITY);
+  EXPECT_EQ(llmc::fp8_decode(0xFC, ElementFormat::E5M2), -INFINITY);
+  EXPECT_EQ(llmc::fp8_decode(0x01, ElementFormat::E4M3), std::ldexp(1.0f, -9));
 }
 
 TEST(Fp8Decode, MatchesCudaAndRoundTrips) {
@@ -252,59 +251,33 @@ TEST(Pow2Floor, KeepsTheExponent) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// llmc/precision/tensor: names and scale layouts
-TEST(TensorNames, RoundTrip) {
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
-    Fp8Format parsed = f == Fp8Format::E4M3 ? Fp8Format::E5M2 : Fp8Format::E4M3;
-    ASSERT_TRUE(llmc::parse_fp8_format(llmc::fp8_format_name(f), &parsed));
+// The element-format table
+TEST(ElementFormats, NamesBitsAndMaxima) {
+  for (ElementFormat f : llmc::kElementFormats) {
+    ElementFormat parsed = f == ElementFormat::E4M3 ? ElementFormat::E5M2 : ElementFormat::E4M3;
+    ASSERT_TRUE(llmc::parse_element_format(llmc::element_format_name(f), &parsed)) << llmc::element_format_name(f);
     EXPECT_EQ(parsed, f);
   }
-  EXPECT_STREQ(llmc::fp8_format_name(Fp8Format::E4M3), "e4m3");
-  EXPECT_STREQ(llmc::fp8_format_name(Fp8Format::E5M2), "e5m2");
-  using G = llmc::ScaleGranularity;
-  for (G g : {G::Tensor, G::Block1x128, G::Block128x128}) {
-    G parsed = G::Tensor;
-    ASSERT_TRUE(llmc::parse_scale_granularity(llmc::scale_granularity_name(g), &parsed));
-    EXPECT_EQ(parsed, g);
-  }
-  EXPECT_STREQ(llmc::scale_granularity_name(G::Block1x128), "1x128");
-  EXPECT_STREQ(llmc::scale_granularity_name(G::Block128x128), "128x128");
-  Fp8Format f = Fp8Format::E5M2;
-  EXPECT_FALSE(llmc::parse_fp8_format("E4M3", &f));
-  EXPECT_FALSE(llmc::parse_fp8_format("fp8", &f));
-  EXPECT_EQ(f, Fp8Format::E5M2);  // untouched on failure
-  G g = G::Block1x128;
-  EXPECT_FALSE(llmc::parse_scale_granularity("128", &g));
-  EXPECT_FALSE(llmc::parse_scale_granularity("1x32", &g));
-  EXPECT_EQ(g, G::Block1x128);
-}
-
-TEST(TensorLayout, ScaleInvSizesAndLeadingDimensions) {
-  using G = llmc::ScaleGranularity;
-  EXPECT_EQ(llmc::scale_inv_floats(G::Tensor, 1000, 784), 1u);
-  EXPECT_EQ(llmc::scale_inv_ld(G::Tensor, 1000, 784), 1);
-  // 1x128: (ceil(cols / 128), round_up(rows, 4))
-  EXPECT_EQ(llmc::scale_inv_ld(G::Block1x128, 1000, 784), 1000);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 1000, 784), 7u * 1000u);
-  EXPECT_EQ(llmc::scale_inv_ld(G::Block1x128, 1001, 784), 1004);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 1001, 784), 7u * 1004u);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 16, 16), 16u);
-  // the transposed copy of a (1001, 784) 1x128 tensor: (ceil(1001 / 128), round_up(784, 4)) = (8, 784)
-  EXPECT_EQ(llmc::scale_inv_ld(G::Block1x128, 784, 1001), 784);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 784, 1001), 8u * 784u);
-  // 128x128: (ceil(rows / 128), round_up(ceil(cols / 128), 4))
-  EXPECT_EQ(llmc::scale_inv_ld(G::Block128x128, 1000, 784), 8);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block128x128, 1000, 784), 8u * 8u);
-  EXPECT_EQ(llmc::scale_inv_ld(G::Block128x128, 256, 3072), 24);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block128x128, 256, 3072), 2u * 24u);
-  EXPECT_EQ(llmc::scale_inv_ld(G::Block128x128, 3072, 256), 4);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block128x128, 3072, 256), 24u * 4u);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block128x128, 16, 16), 4u);
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 0, 128), 0u);
-  EXPECT_THROW(llmc::scale_inv_floats(G::Block1x128, -1, 128), llmc::Error);
-  EXPECT_THROW(llmc::scale_inv_ld(G::Block128x128, 16, -16), llmc::Error);
-  // Large: sizes do not overflow int arithmetic.
-  EXPECT_EQ(llmc::scale_inv_floats(G::Block1x128, 1 << 30, 1 << 14), size_t(128) << 30);
+  EXPECT_STREQ(llmc::element_format_name(ElementFormat::E4M3), "e4m3");
+  EXPECT_STREQ(llmc::element_format_name(ElementFormat::E5M2), "e5m2");
+  EXPECT_STREQ(llmc::element_format_name(ElementFormat::E2M1), "e2m1");
+  EXPECT_EQ(llmc::element_format_bits(ElementFormat::E4M3), 8);
+  EXPECT_EQ(llmc::element_format_bits(ElementFormat::E5M2), 8);
+  EXPECT_EQ(llmc::element_format_bits(ElementFormat::E2M1), 4);  // two codes per byte
+  for (const FormatCase& fc : kFormats) EXPECT_EQ(llmc::element_format_max(fc.format), fc.max) << fc.name;
+  EXPECT_EQ(llmc::element_format_max(ElementFormat::E2M1), 6.0f);
+  EXPECT_TRUE(llmc::is_fp8(ElementFormat::E4M3) && llmc::is_fp8(ElementFormat::E5M2));
+  EXPECT_FALSE(llmc::is_fp8(ElementFormat::E2M1));
+  // The values are stable: device code and the delayed-scaling format arrays store them as bytes.
+  EXPECT_EQ(static_cast<int>(ElementFormat::E4M3), 0);
+  EXPECT_EQ(static_cast<int>(ElementFormat::E5M2), 1);
+  ElementFormat f = ElementFormat::E5M2;
+  EXPECT_FALSE(llmc::parse_element_format("E4M3", &f));
+  EXPECT_FALSE(llmc::parse_element_format("fp8", &f));
+  EXPECT_EQ(f, ElementFormat::E5M2);  // untouched on failure
+  // The FP8 codec refuses a format that is not FP8.
+  EXPECT_THROW(llmc::fp8_encode(1.0f, ElementFormat::E2M1), llmc::Error);
+  EXPECT_THROW(llmc::fp8_decode(0x01, ElementFormat::E2M1), llmc::Error);
 }
 
 }  // namespace

@@ -22,11 +22,11 @@
 #include <gtest/gtest.h>
 
 #include "llmc/core/common.h"
-#include "llmc/precision/gemm.h"
 
 #include "llmc/model/model_spec.h"
 #include "llmc/io/safetensors.h"
 #include "test/reference/kernels_ref.h"
+#include "test/reference/precision_ref.h"
 
 using namespace llmc;
 

@@ -16,6 +16,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/precision/gemm.h"
+#include "test/reference/precision_ref.h"
 
 using namespace llmc;
 

@@ -1,12 +1,13 @@
-// test/precision/test_gemm_fp8.cu: the FP8 GEMMs of llmc/precision/gemm.h (matmul_fp8, matmul_fp8_supported) for both FP8 recipes.
+// test/precision/test_gemm_fp8.cu: the FP8 products of llmc/precision/gemm.h (matmul_quant, matmul_quant_supported) for
+// both FP8 recipes.
 //
 // Operands are built on the host: random data with per-row and per-128-column-block magnitudes spread over 2^±1.5 (so
 // a scale read from the wrong block is a gross error) and 0.1% outliers of 4-16x, quantised here (CUDA's saturating
-// host conversion, round to nearest even) into codes and scale_inv in the GEMM-ready layouts of llmc/precision/tensor.h, with
-// power-of-two and non-power-of-two scales. The test also keeps each element's scale_inv in a plain (rows, K) array,
-// so its own dequantisation does not depend on the layout formulas. Every product runs into a NaN-poisoned output,
-// twice (the two results must be bitwise equal), and is compared:
-//  (a) element by element against matmul_fp8_cpu (FP64 of the dequantised codes), itself checked against the test's
+// host conversion, round to nearest even) into codes and scale_inv in the GEMM-ready layouts of
+// llmc/precision/tensor.h, with power-of-two and non-power-of-two scales. The test also keeps each element's scale_inv
+// in a plain (rows, K) array, so its own dequantisation does not depend on the layout formulas. Every product runs into
+// a NaN-poisoned output, twice (the two results must be bitwise equal), and is compared:
+//  (a) element by element against matmul_quant_cpu (FP64 of the dequantised codes), itself checked against the test's
 //      layout-free dequantisation. Tolerance, with absref = sum_k |a_k b_k| of the dequantised operands:
 //        |gpu - ref| <= acc * absref  [+ 2^-8 |ref| for a bf16 D]  [+ 2^-23 |ref| for an FP32 D]
 //      acc (split accumulation, the default) = 2^-11 + 4 K 2^-24: FP32 accumulation (K eps32, x4) plus the tensor
@@ -45,7 +46,9 @@
 #include <gtest/gtest.h>
 
 #include "llmc/core/common.h"
+#include "llmc/precision/encoding.h"
 #include "llmc/precision/gemm.h"
+#include "test/reference/precision_ref.h"
 
 using namespace llmc;
 
@@ -54,16 +57,14 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------------
 // Host FP8 codecs (CUDA's host-callable conversions) and names
 
-uint8_t encode_fp8(float x, Fp8Format f) {
-  return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, f == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2);
+uint8_t encode_fp8(float x, ElementFormat f) {
+  return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, f == ElementFormat::E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
-double decode_fp8(uint8_t code, Fp8Format f) {
-  return (double)__half2float(__half(__nv_cvt_fp8_to_halfraw(code, f == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2)));
+double decode_fp8(uint8_t code, ElementFormat f) {
+  return (double)__half2float(__half(__nv_cvt_fp8_to_halfraw(code, f == ElementFormat::E4M3 ? __NV_E4M3 : __NV_E5M2)));
 }
-const char* fmt_name(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m3" : "e5m2"; }
-const char* gran_name(ScaleGranularity g) {
-  return g == ScaleGranularity::Tensor ? "tensor" : (g == ScaleGranularity::Block1x128 ? "1x128" : "128x128");
-}
+const char* fmt_name(ElementFormat f) { return f == ElementFormat::E4M3 ? "e4m3" : "e5m2"; }
+std::string gran_name(BlockShape g) { return block_shape_name(g); }
 
 int compute_capability() {
   int dev = 0, major = 0, minor = 0;
@@ -152,9 +153,9 @@ std::vector<float> make_values(int rows, int K, uint32_t seed) {
   return x;
 }
 
-float scale_from_amax(float amax, Fp8Format f, bool pow2) {
+float scale_from_amax(float amax, ElementFormat f, bool pow2) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
-  float s = fp8_max(f) / amax;
+  float s = element_format_max(f) / amax;
   if (pow2) s = std::exp2(std::floor(std::log2(s)));
   return s;
 }
@@ -162,8 +163,8 @@ float scale_from_amax(float amax, Fp8Format f, bool pow2) {
 // One quantised operand (rows, K): q = fp8(x * scale), scale_inv = 1 / scale per tensor / 1x128 / 128x128 block.
 struct QOperand {
   int rows = 0, K = 0;
-  Fp8Format format = Fp8Format::E4M3;
-  ScaleGranularity granularity = ScaleGranularity::Tensor;
+  ElementFormat format = ElementFormat::E4M3;
+  BlockShape granularity = kWholeTensor;
   bool pow2 = false;
   std::vector<float> x;             // (rows, K) original values
   std::vector<uint8_t> codes;       // (rows, K)
@@ -172,7 +173,7 @@ struct QOperand {
   uint8_t* d_codes = nullptr;
   float* d_scale_inv = nullptr;
 
-  QOperand(int rows_, int K_, Fp8Format f, ScaleGranularity g, bool pow2_, uint32_t seed)
+  QOperand(int rows_, int K_, ElementFormat f, BlockShape g, bool pow2_, uint32_t seed)
       : rows(rows_), K(K_), format(f), granularity(g), pow2(pow2_), x(make_values(rows_, K_, seed)),
         codes((size_t)rows_ * K_), deq((size_t)rows_ * K_) {
     std::vector<float> elem_scale((size_t)rows * K);  // each element's multiplier
@@ -183,11 +184,11 @@ struct QOperand {
         for (int k = k0; k < k1; k++) m = std::max(m, std::fabs(x[(size_t)r * K + k]));
       return m;
     };
-    if (g == ScaleGranularity::Tensor) {
+    if (g == kWholeTensor) {
       const float s = scale_from_amax(amax_of(0, rows, 0, K), f, pow2);
       std::fill(elem_scale.begin(), elem_scale.end(), s);
       scale_inv = {1.0f / s};
-    } else if (g == ScaleGranularity::Block1x128) {
+    } else if (g == kBlock1x128) {
       const int ld = (rows + 3) / 4 * 4;  // scale_inv[kb * ld + r]
       scale_inv.assign((size_t)L * ld, 1.0f);
       for (int r = 0; r < rows; r++) {
@@ -225,22 +226,20 @@ struct QOperand {
   QOperand(const QOperand&) = delete;
   QOperand& operator=(const QOperand&) = delete;
 
-  Fp8Operand op() const {
-    Fp8Operand o;
+  Encoding encoding() const { return {format, granularity, pow2 ? ScaleFormat::Pow2FP32 : ScaleFormat::FP32}; }
+  QuantOperand op() const {
+    QuantOperand o;
     o.data = d_codes;
-    o.format = format;
-    o.granularity = granularity;
+    o.encoding = encoding();
     o.scale_inv = d_scale_inv;
     return o;
   }
-  std::string describe() const {
-    return strformat("%s %s%s", fmt_name(format), gran_name(granularity), pow2 ? " pow2" : "");
-  }
+  std::string describe() const { return encoding_name(encoding()); }
 };
 
 // The references of D (M,N) = A (M,K) · B (N,K)ᵀ, without bias.
 struct References {
-  std::vector<double> ref;     // matmul_fp8_cpu: FP64 of the dequantised operands
+  std::vector<double> ref;     // matmul_quant_cpu: FP64 of the dequantised operands
   std::vector<double> absref;  // sum_k |a_k b_k| of the dequantised operands
   std::vector<double> orig;    // FP64 of the original, unquantised values
 };
@@ -271,20 +270,20 @@ References make_references(const QOperand& A, const QOperand& B) {
       }
     }
   });
-  matmul_fp8_cpu(r.ref.data(), A.codes.data(), A.scale_inv.data(), A.granularity, A.format, B.codes.data(),
-                 B.scale_inv.data(), B.granularity, B.format, M, N, K, nullptr);
+  matmul_quant_cpu(r.ref.data(), A.codes.data(), A.scale_inv.data(), A.encoding(), B.codes.data(), B.scale_inv.data(),
+                   B.encoding(), M, N, K, nullptr);
   size_t bad = 0;
   for (size_t i = 0; i < own.size(); i++) {
     if (!(std::fabs(own[i] - r.ref[i]) <= 1e-12 * r.absref[i] + 1e-300)) {
       if (bad < 5) {
-        ADD_FAILURE() << "matmul_fp8_cpu disagrees with the test's layout-free dequantisation at (" << i / N << ", "
+        ADD_FAILURE() << "matmul_quant_cpu disagrees with the test's layout-free dequantisation at (" << i / N << ", "
                       << i % N << "): " << r.ref[i] << " vs " << own[i] << " (A " << A.describe() << ", B "
                       << B.describe() << ")";
       }
       bad++;
     }
   }
-  EXPECT_EQ(bad, 0u) << "matmul_fp8_cpu reads the scales of " << A.describe() << " / " << B.describe()
+  EXPECT_EQ(bad, 0u) << "matmul_quant_cpu reads the scales of " << A.describe() << " / " << B.describe()
                      << " differently from how the test wrote them";
   return r;
 }
@@ -329,8 +328,8 @@ double expect_within(const std::vector<float>& got, const std::vector<double>& w
   return worst;
 }
 
-double original_bound(Fp8Format a, Fp8Format b) {
-  return (a == Fp8Format::E5M2 || b == Fp8Format::E5M2) ? 0.10 : 0.06;
+double original_bound(ElementFormat a, ElementFormat b) {
+  return (a == ElementFormat::E5M2 || b == ElementFormat::E5M2) ? 0.10 : 0.06;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -358,8 +357,8 @@ std::string variant_tag(const Variant& v) {
 struct PairSpec {
   const char* name;
   int M, N, K;
-  Fp8Format af, bf;
-  ScaleGranularity ag, bg;
+  ElementFormat af, bf;
+  BlockShape ag, bg;
   bool a_pow2, b_pow2;
 };
 
@@ -379,16 +378,16 @@ void run_variant(const PairSpec& p, const QOperand& A, const QOperand& B, const 
   bf16* d_bias = v.bias ? dev_upload(bias_bits) : nullptr;
   bf16* d_pre = v.gelu ? dev_poisoned<bf16>(n_out) : nullptr;
 
-  Fp8GemmOptions opt;
+  QuantGemmOptions opt;
   opt.bias = d_bias;
   opt.pre_gelu = d_pre;
   opt.fast_accum = v.fast;
   opt.accumulate = v.accumulate;
-  const Fp8Operand a = A.op(), b = B.op();
-  const bool supported = matmul_fp8_supported(v.d_fp32, a, b, M, N, K, opt);
+  const QuantOperand a = A.op(), b = B.op();
+  const bool supported = matmul_quant_supported(v.d_fp32, a, b, M, N, K, opt);
   std::printf("    %-13s %-38s %s\n", v.name, variant_tag(v).c_str(), supported ? "supported" : "UNSUPPORTED");
   if (!supported) {
-    const bool required = v.required && (A.granularity == ScaleGranularity::Tensor || block_scales_expected(cc));
+    const bool required = v.required && (A.granularity == kWholeTensor || block_scales_expected(cc));
     if (required) {
       ADD_FAILURE() << p.name << " / " << v.name << " (" << variant_tag(v) << ", A " << A.describe() << ", B "
                     << B.describe() << ") is not supported by cuBLASLt on this GPU (compute capability " << cc
@@ -416,14 +415,14 @@ void run_variant(const PairSpec& p, const QOperand& A, const QOperand& B, const 
   if (!v.d_fp32) {
     bf16* d1 = dev_poisoned<bf16>(n_out);
     bf16* d2 = dev_poisoned<bf16>(n_out);
-    matmul_fp8(d1, a, b, M, N, K, opt, 0);
+    matmul_quant(d1, a, b, M, N, K, opt, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     got = download_bf16(d1, n_out);
     bits1 = download_bytes(d1, n_out);
     std::vector<float> pre;
     if (v.gelu) pre = download_bf16(d_pre, n_out);
     if (v.gelu) CUDA_CHECK(cudaMemset(d_pre, 0xFF, n_out * sizeof(bf16)));
-    matmul_fp8(d2, a, b, M, N, K, opt, 0);
+    matmul_quant(d2, a, b, M, N, K, opt, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     bits2 = download_bytes(d2, n_out);
     if (v.gelu) {
@@ -459,13 +458,13 @@ void run_variant(const PairSpec& p, const QOperand& A, const QOperand& B, const 
         want_orig[i] = init[i] + 2.0 * R.orig[i];
         tol[i] = 2.0 * acc * absref[i] + 4.0 * std::ldexp(1.0, -24) * (std::fabs(init[i]) + 2.0 * absref[i]);
       }
-      matmul_fp8(d1, a, b, M, N, K, opt, 0);
-      matmul_fp8(d1, a, b, M, N, K, opt, 0);
-      matmul_fp8(d2, a, b, M, N, K, opt, 0);
-      matmul_fp8(d2, a, b, M, N, K, opt, 0);
+      matmul_quant(d1, a, b, M, N, K, opt, 0);
+      matmul_quant(d1, a, b, M, N, K, opt, 0);
+      matmul_quant(d2, a, b, M, N, K, opt, 0);
+      matmul_quant(d2, a, b, M, N, K, opt, 0);
     } else {
-      matmul_fp8(d1, a, b, M, N, K, opt, 0);
-      matmul_fp8(d2, a, b, M, N, K, opt, 0);
+      matmul_quant(d1, a, b, M, N, K, opt, 0);
+      matmul_quant(d2, a, b, M, N, K, opt, 0);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
     got = download_f32(d1, n_out);
@@ -527,9 +526,8 @@ bool fp8_gpu() { return compute_capability() >= 89; }
     if (compute_capability() < 90) GTEST_SKIP() << "block-scaled FP8 needs compute capability 9.0";              \
   } while (0)
 
-constexpr Fp8Format E4 = Fp8Format::E4M3, E5 = Fp8Format::E5M2;
-constexpr ScaleGranularity TW = ScaleGranularity::Tensor, B1 = ScaleGranularity::Block1x128,
-                           B2 = ScaleGranularity::Block128x128;
+constexpr ElementFormat E4 = ElementFormat::E4M3, E5 = ElementFormat::E5M2;
+constexpr BlockShape TW = kWholeTensor, B1 = kBlock1x128, B2 = kBlock128x128;
 
 // Variants (name, d_fp32, bias, gelu, fast, accumulate, required)
 const Variant kPlain{"plain", false, false, false, false, false, true};
@@ -628,23 +626,21 @@ TEST(GemmFp8, SupportReport) {
   uint8_t* codes = dev_alloc<uint8_t>((size_t)std::max(M, N) * K);
   float* scale_inv = dev_alloc<float>((size_t)(M + N) * (K / 128 + 4) + 16);
   struct Scales {
-    ScaleGranularity a, b;
+    BlockShape a, b;
   };
   const Scales scales[] = {{TW, TW}, {B1, B1}, {B1, B2}, {B2, B1}};
-  const Fp8Format formats[][2] = {{E4, E4}, {E5, E4}, {E4, E5}};
+  const ElementFormat formats[][2] = {{E4, E4}, {E5, E4}, {E4, E5}};
   for (const Scales& s : scales) {
     for (const auto& f : formats) {
-      Fp8Operand a, b;
-      a.format = f[0];
-      b.format = f[1];
-      a.granularity = s.a;
-      b.granularity = s.b;
+      QuantOperand a, b;
+      a.encoding = {f[0], s.a};
+      b.encoding = {f[1], s.b};
       a.data = b.data = codes;
       a.scale_inv = b.scale_inv = scale_inv;
       const bool block = s.a != TW;
       for (int fast = 0; fast <= (block ? 0 : 1); fast++) {
         for (int e = 0; e < 6; e++) {
-          Fp8GemmOptions opt;
+          QuantGemmOptions opt;
           opt.fast_accum = fast;
           bool d_fp32 = false;
           const char* epi = "";
@@ -656,9 +652,9 @@ TEST(GemmFp8, SupportReport) {
             case 4: epi = "fp32 D"; d_fp32 = true; break;
             case 5: epi = "fp32 D accumulate"; d_fp32 = true; opt.accumulate = true; break;
           }
-          const bool ok = matmul_fp8_supported(d_fp32, a, b, M, N, K, opt);
-          std::printf("  A %s %-7s x B %s %-7s %-24s %s : %s\n", fmt_name(a.format), gran_name(a.granularity),
-                      fmt_name(b.format), gran_name(b.granularity), epi, fast ? "fast_accum" : "          ",
+          const bool ok = matmul_quant_supported(d_fp32, a, b, M, N, K, opt);
+          std::printf("  A %s %-7s x B %s %-7s %-24s %s : %s\n", fmt_name(f[0]), gran_name(s.a).c_str(), fmt_name(f[1]),
+                      gran_name(s.b).c_str(), epi, fast ? "fast_accum" : "          ",
                       ok ? "supported" : "UNSUPPORTED");
           // what the recipes need
           const bool needed_tensor = !block && (e == 0 || e == 4 || e == 5) && (f[0] == E4 || f[1] == E4);
@@ -702,60 +698,59 @@ TEST(GemmFp8, RejectsInvalidCombinations) {
   bf16* d_bf16 = dev_alloc<bf16>((size_t)M * N + 64);
   float* d_f32 = dev_alloc<float>((size_t)M * N + 64);
   bf16* bias = dev_alloc<bf16>(N + 64);
-  auto operand = [&](Fp8Format f, ScaleGranularity g) {
-    Fp8Operand o;
+  auto operand = [&](ElementFormat f, BlockShape g) {
+    QuantOperand o;
     o.data = codes;
-    o.format = f;
-    o.granularity = g;
+    o.encoding = {f, g};
     o.scale_inv = scales;
     return o;
   };
-  const Fp8GemmOptions none;
-  Fp8GemmOptions fast;
+  const QuantGemmOptions none;
+  QuantGemmOptions fast;
   fast.fast_accum = true;
-  Fp8GemmOptions with_bias;
+  QuantGemmOptions with_bias;
   with_bias.bias = bias;
-  Fp8GemmOptions acc;
+  QuantGemmOptions acc;
   acc.accumulate = true;
 
-  expect_error([&] { matmul_fp8(d_bf16, operand(E4, B2), operand(E4, B2), M, N, K, none, 0); }, "128x128*128x128",
+  expect_error([&] { matmul_quant(d_bf16, operand(E4, B2), operand(E4, B2), M, N, K, none, 0); }, "128x128*128x128",
                "2D x 2D block scales");
-  expect_error([&] { matmul_fp8(d_bf16, operand(E4, B1), operand(E4, B2), M, N, K, fast, 0); }, "fast",
+  expect_error([&] { matmul_quant(d_bf16, operand(E4, B1), operand(E4, B2), M, N, K, fast, 0); }, "fast",
                "fast accumulation with block scales");
-  expect_error([&] { matmul_fp8(d_bf16, operand(E4, TW), operand(E4, TW), M, N, 200, none, 0); }, "K=200",
+  expect_error([&] { matmul_quant(d_bf16, operand(E4, TW), operand(E4, TW), M, N, 200, none, 0); }, "K=200",
                "K not a multiple of 16");
-  expect_error([&] { matmul_fp8(d_bf16, operand(E4, B1), operand(E4, B1), M, N, 208, none, 0); }, "multiple of 128",
+  expect_error([&] { matmul_quant(d_bf16, operand(E4, B1), operand(E4, B1), M, N, 208, none, 0); }, "multiple of 128",
                "block scales, K not a multiple of 128");
-  expect_error([&] { matmul_fp8(d_bf16, operand(E4, TW), operand(E4, TW), 8, N, K, none, 0); }, "multiples of 16",
+  expect_error([&] { matmul_quant(d_bf16, operand(E4, TW), operand(E4, TW), 8, N, K, none, 0); }, "multiples of 16",
                "M not a multiple of 16");
-  expect_error([&] { matmul_fp8(d_bf16, operand(E5, TW), operand(E5, TW), M, N, K, none, 0); }, "e5m2",
+  expect_error([&] { matmul_quant(d_bf16, operand(E5, TW), operand(E5, TW), M, N, K, none, 0); }, "e5m2",
                "e5m2 x e5m2");
-  expect_error([&] { matmul_fp8(d_bf16, operand(E4, TW), operand(E4, B1), M, N, K, none, 0); }, "per-tensor",
+  expect_error([&] { matmul_quant(d_bf16, operand(E4, TW), operand(E4, B1), M, N, K, none, 0); }, "per-tensor",
                "per-tensor mixed with block scales");
-  expect_error([&] { matmul_fp8(d_f32, operand(E5, TW), operand(E4, TW), M, N, K, with_bias, 0); }, "bf16 D",
+  expect_error([&] { matmul_quant(d_f32, operand(E5, TW), operand(E4, TW), M, N, K, with_bias, 0); }, "bf16 D",
                "bias with FP32 D");
-  expect_error([&] { matmul_fp8(d_bf16, operand(E4, TW), operand(E4, TW), M, N, K, acc, 0); }, "FP32 D",
+  expect_error([&] { matmul_quant(d_bf16, operand(E4, TW), operand(E4, TW), M, N, K, acc, 0); }, "FP32 D",
                "accumulate with bf16 D");
-  Fp8Operand misaligned = operand(E4, TW);
+  QuantOperand misaligned = operand(E4, TW);
   misaligned.data = codes + 8;
-  expect_error([&] { matmul_fp8(d_bf16, misaligned, operand(E4, TW), M, N, K, none, 0); }, "A.data",
+  expect_error([&] { matmul_quant(d_bf16, misaligned, operand(E4, TW), M, N, K, none, 0); }, "A.data",
                "misaligned A.data");
-  Fp8Operand block_scale_off = operand(E4, B1);
+  QuantOperand block_scale_off = operand(E4, B1);
   block_scale_off.scale_inv = scales + 1;
-  expect_error([&] { matmul_fp8(d_bf16, block_scale_off, operand(E4, B2), M, N, K, none, 0); }, "A.scale_inv",
+  expect_error([&] { matmul_quant(d_bf16, block_scale_off, operand(E4, B2), M, N, K, none, 0); }, "A.scale_inv",
                "misaligned block scales");
-  Fp8Operand no_scale = operand(E4, TW);
+  QuantOperand no_scale = operand(E4, TW);
   no_scale.scale_inv = nullptr;
-  expect_error([&] { matmul_fp8(d_bf16, operand(E4, TW), no_scale, M, N, K, none, 0); }, "B.scale_inv is null",
+  expect_error([&] { matmul_quant(d_bf16, operand(E4, TW), no_scale, M, N, K, none, 0); }, "B.scale_inv is null",
                "null scale_inv");
-  expect_error([&] { matmul_fp8((bf16*)nullptr, operand(E4, TW), operand(E4, TW), M, N, K, none, 0); }, "D is null",
+  expect_error([&] { matmul_quant((bf16*)nullptr, operand(E4, TW), operand(E4, TW), M, N, K, none, 0); }, "D is null",
                "null D");
   // and the support query says no to all of them
-  EXPECT_FALSE(matmul_fp8_supported(false, operand(E4, B2), operand(E4, B2), M, N, K, none));
-  EXPECT_FALSE(matmul_fp8_supported(false, operand(E4, B1), operand(E4, B2), M, N, K, fast));
-  EXPECT_FALSE(matmul_fp8_supported(false, operand(E4, TW), operand(E4, TW), M, N, 200, none));
-  EXPECT_FALSE(matmul_fp8_supported(false, operand(E5, TW), operand(E5, TW), M, N, K, none));
-  EXPECT_FALSE(matmul_fp8_supported(true, operand(E5, TW), operand(E4, TW), M, N, K, with_bias));
+  EXPECT_FALSE(matmul_quant_supported(false, operand(E4, B2), operand(E4, B2), M, N, K, none));
+  EXPECT_FALSE(matmul_quant_supported(false, operand(E4, B1), operand(E4, B2), M, N, K, fast));
+  EXPECT_FALSE(matmul_quant_supported(false, operand(E4, TW), operand(E4, TW), M, N, 200, none));
+  EXPECT_FALSE(matmul_quant_supported(false, operand(E5, TW), operand(E5, TW), M, N, K, none));
+  EXPECT_FALSE(matmul_quant_supported(true, operand(E5, TW), operand(E4, TW), M, N, K, with_bias));
   cudaFree(codes);
   cudaFree(scales);
   cudaFree(d_bf16);
@@ -763,34 +758,33 @@ TEST(GemmFp8, RejectsInvalidCombinations) {
   cudaFree(bias);
 }
 
-// fp8_operand: which copy and which scales a QTensor hands to the GEMM.
+// quant_operand: which copy and which scales a QTensor hands to the GEMM.
 TEST(GemmFp8, OperandFromQTensor) {
   static uint8_t data[16], data_t[16];
   static float s[4], s_t[4];
   QTensor q;
   q.rows = 256;
   q.cols = 128;
-  q.format = E5;
-  q.granularity = TW;
+  q.encoding = {E5, TW};
   q.data = data;
   q.data_t = data_t;
   q.scale_inv = s;
   q.scale_inv_t = s_t;
-  Fp8Operand o = fp8_operand(q, false);
+  QuantOperand o = quant_operand(q, false);
   EXPECT_EQ(o.data, data);
   EXPECT_EQ(o.scale_inv, s);
-  EXPECT_EQ(o.format, E5);
-  o = fp8_operand(q, true);
+  EXPECT_EQ(o.encoding, q.encoding);
+  o = quant_operand(q, true);
   EXPECT_EQ(o.data, data_t);
   EXPECT_EQ(o.scale_inv, s) << "a per-tensor transposed copy shares the tensor's scale_inv";
-  q.granularity = B1;
-  o = fp8_operand(q, true);
+  q.encoding.block = B1;
+  o = quant_operand(q, true);
   EXPECT_EQ(o.data, data_t);
   EXPECT_EQ(o.scale_inv, s_t) << "a block-scaled transposed copy has its own scale_inv_t";
-  EXPECT_EQ(o.granularity, B1);
+  EXPECT_EQ(o.encoding.block, B1);
   q.data_t = nullptr;
-  EXPECT_THROW(fp8_operand(q, true), llmc::Error);
+  EXPECT_THROW(quant_operand(q, true), llmc::Error);
   q.data_t = data_t;
   q.scale_inv_t = nullptr;
-  EXPECT_THROW(fp8_operand(q, true), llmc::Error);
+  EXPECT_THROW(quant_operand(q, true), llmc::Error);
 }

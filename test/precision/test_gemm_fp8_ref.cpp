@@ -1,7 +1,7 @@
-// test/precision/test_gemm_fp8_ref.cpp: the FP64 reference of the FP8 GEMMs (matmul_fp8_cpu), on the host: every FP8 code
-// decodes to its exact value (against a bit-level decoder written here), per-tensor scales multiply, and the block
-// scales are read from the GEMM-ready layouts of llmc/precision/tensor.h at the right index (padding entries are NaN here, so
-// reading one shows up). The GPU test compares cuBLASLt against this reference.
+// test/precision/test_gemm_fp8_ref.cpp: the FP64 reference of the FP8 GEMMs (matmul_quant_cpu), on the host: every FP8
+// code decodes to its exact value (against a bit-level decoder written here), per-tensor scales multiply, and the block
+// scales are read from the GEMM-ready layouts of llmc/precision/tensor.h at the right index (padding entries are NaN
+// here, so reading one shows up). The GPU test compares cuBLASLt against this reference.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -11,7 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "llmc/core/common.h"
-#include "llmc/precision/gemm.h"
+#include "llmc/precision/encoding.h"
+#include "test/reference/precision_ref.h"
 
 using namespace llmc;
 
@@ -46,18 +47,18 @@ bool same_value(double a, double b) { return (std::isnan(a) && std::isnan(b)) ||
 
 // A (256, 16) holds code r in column 0 of row r, B (1, 16) = 1.0 in column 0: D[r] = value(code r), exactly.
 TEST(GemmFp8Reference, DecodesEveryCode) {
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2}) {
     const int M = 256, N = 1, K = 16;
     std::vector<uint8_t> a((size_t)M * K, 0), b((size_t)N * K, 0);
     for (int r = 0; r < M; r++) a[(size_t)r * K] = (uint8_t)r;
     b[0] = kOneE4M3;
     const float one = 1.0f;
     std::vector<double> d(M * N);
-    matmul_fp8_cpu(d.data(), a.data(), &one, ScaleGranularity::Tensor, f, b.data(), &one, ScaleGranularity::Tensor,
-                   Fp8Format::E4M3, M, N, K, nullptr);
+    matmul_quant_cpu(d.data(), a.data(), &one, Encoding{f, kWholeTensor}, b.data(), &one,
+                     Encoding{ElementFormat::E4M3, kWholeTensor}, M, N, K, nullptr);
     for (int r = 0; r < M; r++) {
-      const double want = f == Fp8Format::E4M3 ? decode_e4m3((uint8_t)r) : decode_e5m2((uint8_t)r);
-      EXPECT_TRUE(same_value(d[r], want)) << (f == Fp8Format::E4M3 ? "e4m3" : "e5m2") << " code 0x" << std::hex << r
+      const double want = f == ElementFormat::E4M3 ? decode_e4m3((uint8_t)r) : decode_e5m2((uint8_t)r);
+      EXPECT_TRUE(same_value(d[r], want)) << (f == ElementFormat::E4M3 ? "e4m3" : "e5m2") << " code 0x" << std::hex << r
                                           << std::dec << ": got " << d[r] << " want " << want;
     }
   }
@@ -80,8 +81,8 @@ TEST(GemmFp8Reference, PerTensorScalesAndBias) {
   std::vector<float> bias(N);
   for (int j = 0; j < N; j++) bias[j] = 0.25f * j - 1.0f;
   std::vector<double> d((size_t)M * N);
-  matmul_fp8_cpu(d.data(), a.data(), &sa, ScaleGranularity::Tensor, Fp8Format::E5M2, b.data(), &sb,
-                 ScaleGranularity::Tensor, Fp8Format::E4M3, M, N, K, bias.data());
+  matmul_quant_cpu(d.data(), a.data(), &sa, Encoding{ElementFormat::E5M2, kWholeTensor}, b.data(), &sb,
+                   Encoding{ElementFormat::E4M3, kWholeTensor}, M, N, K, bias.data());
   for (int i = 0; i < M; i++) {
     for (int j = 0; j < N; j++) {
       double want = 0;
@@ -103,8 +104,8 @@ TEST(GemmFp8Reference, Block1x128Layout) {
   }
   const float one = 1.0f;
   std::vector<double> d((size_t)M * N);
-  matmul_fp8_cpu(d.data(), a.data(), sa.data(), ScaleGranularity::Block1x128, Fp8Format::E4M3, b.data(), &one,
-                 ScaleGranularity::Tensor, Fp8Format::E4M3, M, N, K, nullptr);
+  matmul_quant_cpu(d.data(), a.data(), sa.data(), Encoding{ElementFormat::E4M3, kBlock1x128}, b.data(), &one,
+                   Encoding{ElementFormat::E4M3, kWholeTensor}, M, N, K, nullptr);
   for (int r = 0; r < M; r++) {
     const double want = 128.0 * ((1.0 + r) + (1.0 + r + 10.0));
     for (int n = 0; n < N; n++) EXPECT_EQ(d[(size_t)r * N + n], want) << "r=" << r << " n=" << n;
@@ -122,8 +123,8 @@ TEST(GemmFp8Reference, Block128x128Layout) {
     for (int kb = 0; kb < L; kb++) sb[(size_t)rb * ld + kb] = std::ldexp(1.0f, rb - kb) * (kb == 1 ? 0.75f : 1.0f);
   }
   std::vector<double> d((size_t)M * N);
-  matmul_fp8_cpu(d.data(), a.data(), sa.data(), ScaleGranularity::Block1x128, Fp8Format::E5M2, b.data(), sb.data(),
-                 ScaleGranularity::Block128x128, Fp8Format::E4M3, M, N, K, nullptr);
+  matmul_quant_cpu(d.data(), a.data(), sa.data(), Encoding{ElementFormat::E5M2, kBlock1x128}, b.data(), sb.data(),
+                   Encoding{ElementFormat::E4M3, kBlock128x128}, M, N, K, nullptr);
   for (int m = 0; m < M; m++) {
     for (int n = 0; n < N; n++) {
       const int rb = n / 128;
@@ -138,10 +139,10 @@ TEST(GemmFp8Reference, RejectsNullAndBadShape) {
   std::vector<uint8_t> a(16, 0);
   const float one = 1.0f;
   double d = 0;
-  EXPECT_THROW(matmul_fp8_cpu(&d, a.data(), nullptr, ScaleGranularity::Tensor, Fp8Format::E4M3, a.data(), &one,
-                              ScaleGranularity::Tensor, Fp8Format::E4M3, 1, 1, 16, nullptr),
+  EXPECT_THROW(matmul_quant_cpu(&d, a.data(), nullptr, Encoding{ElementFormat::E4M3, kWholeTensor}, a.data(), &one,
+                                Encoding{ElementFormat::E4M3, kWholeTensor}, 1, 1, 16, nullptr),
                llmc::Error);
-  EXPECT_THROW(matmul_fp8_cpu(&d, a.data(), &one, ScaleGranularity::Tensor, Fp8Format::E4M3, a.data(), &one,
-                              ScaleGranularity::Tensor, Fp8Format::E4M3, 1, 1, 0, nullptr),
+  EXPECT_THROW(matmul_quant_cpu(&d, a.data(), &one, Encoding{ElementFormat::E4M3, kWholeTensor}, a.data(), &one,
+                                Encoding{ElementFormat::E4M3, kWholeTensor}, 1, 1, 0, nullptr),
                llmc::Error);
 }

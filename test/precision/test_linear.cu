@@ -1,5 +1,6 @@
-// test/precision/test_linear: llmc/precision/linear under each FP8 recipe, against host references built from the bit-exact
-// quantisation references of llmc/precision/quant and the FP64 product of llmc/precision/gemm (matmul_fp8_cpu):
+// test/precision/test_linear: llmc/precision/linear under each FP8 recipe, against host references built from the
+// bit-exact quantisation references of llmc/precision/fp8_quant and the FP64 product of llmc/precision/gemm
+// (matmul_quant_cpu):
 //   - fprop, dgrad and wgrad equal the FP64 product of the host-quantised operands (tight: FP32 accumulation, one
 //     bf16 rounding of the output; fast accumulation in fprop gets its documented looser bound),
 //   - and stay close to the FP64 product of the ORIGINAL operands (loose, documented: what FP8 costs),
@@ -22,12 +23,13 @@
 #include <gtest/gtest.h>
 
 #include "llmc/core/common.h"
-#include "llmc/precision/gemm.h"
 #include "llmc/kernels/reduce.h"
+#include "llmc/precision/fp8_quant.h"
+#include "llmc/precision/gemm.h"
 #include "llmc/precision/linear.h"
-#include "llmc/precision/quant.h"
 #include "llmc/precision/recipe.h"
 #include "test/reference/kernels_ref.h"
+#include "test/reference/precision_ref.h"
 
 using namespace llmc;
 
@@ -96,30 +98,28 @@ std::vector<float> transpose(const std::vector<float>& a, int rows, int cols) {
 }
 
 // Host quantisation of a (rows, cols) source with the recipe role: codes (and transposed codes) + scale_inv arrays in
-// the GEMM-ready layouts. Per-tensor: current scaling from the source's amax (margin 0, no pow2 unless asked).
+// the GEMM-ready layouts. Per-tensor: current scaling from the source's amax (margin 0).
 struct HostQ {
   std::vector<uint8_t> data, data_t;
   std::vector<float> scale_inv, scale_inv_t;
-  ScaleGranularity g;
-  Fp8Format f;
+  Encoding e;
 };
-HostQ host_quantize(const std::vector<float>& x, int rows, int cols, const RoleSpec& role, bool pow2) {
+HostQ host_quantize(const std::vector<float>& x, int rows, int cols, const Encoding& e) {
   HostQ q;
-  q.g = role.granularity;
-  q.f = role.format;
+  q.e = e;
   q.data.resize((size_t)rows * cols);
   q.data_t.resize((size_t)rows * cols);
-  if (role.granularity == ScaleGranularity::Tensor) {
+  if (e.per_tensor()) {
     const float amax = amax_bf16_cpu(x.data(), x.size());
-    const float scale = fp8_scale_from_amax_cpu(amax, 1.0f, role.format, 0, pow2);
-    fp8_quantize_tensorwise_cpu(q.data.data(), q.data_t.data(), nullptr, x.data(), rows, cols, scale, role.format);
+    const float scale = fp8_scale_from_amax_cpu(amax, 1.0f, e, 0);
+    fp8_quantize_tensorwise_cpu(q.data.data(), q.data_t.data(), nullptr, x.data(), rows, cols, scale, e.element);
     q.scale_inv = {1.0f / scale};
     q.scale_inv_t = q.scale_inv;
   } else {
-    q.scale_inv.assign(scale_inv_floats(role.granularity, rows, cols), 1.0f);
-    q.scale_inv_t.assign(scale_inv_floats(role.granularity, cols, rows), 1.0f);
-    fp8_quantize_blockwise_cpu(q.data.data(), q.scale_inv.data(), q.data_t.data(), q.scale_inv_t.data(), x.data(),
-                               rows, cols, role.granularity, role.format, pow2);
+    q.scale_inv.assign(scale_inv_count(e, rows, cols), 1.0f);
+    q.scale_inv_t.assign(scale_inv_count(e, cols, rows), 1.0f);
+    fp8_quantize_blockwise_cpu(q.data.data(), q.scale_inv.data(), q.data_t.data(), q.scale_inv_t.data(), x.data(), rows,
+                               cols, e);
   }
   return q;
 }
@@ -166,12 +166,12 @@ std::vector<double> product(const std::vector<float>& a, const std::vector<float
   return d;
 }
 
-// FP64 product of host-quantised operands (matmul_fp8_cpu) and the same on |dequantised values|.
+// FP64 product of host-quantised operands (matmul_quant_cpu).
 std::vector<double> fp8_product(const HostQ& a, bool at, const HostQ& b, bool bt, int M, int N, int K,
                                 const float* bias = nullptr) {
   std::vector<double> d((size_t)M * N);
-  matmul_fp8_cpu(d.data(), (at ? a.data_t : a.data).data(), (at ? a.scale_inv_t : a.scale_inv).data(), a.g, a.f,
-                 (bt ? b.data_t : b.data).data(), (bt ? b.scale_inv_t : b.scale_inv).data(), b.g, b.f, M, N, K, bias);
+  matmul_quant_cpu(d.data(), (at ? a.data_t : a.data).data(), (at ? a.scale_inv_t : a.scale_inv).data(), a.e,
+                   (bt ? b.data_t : b.data).data(), (bt ? b.scale_inv_t : b.scale_inv).data(), b.e, M, N, K, bias);
   return d;
 }
 
@@ -203,7 +203,7 @@ TEST_P(LinearFp8, ProductsMatchHostQuantisedReference) {
   const int M = p.M, N = p.N, K = p.K;
   const PrecisionRecipe r = recipe(GetParam());
   const LinearPlan plan = plan_linear(r, 1, 4, LinearKind::MlpUp);
-  ASSERT_TRUE(plan.fp8);
+  ASSERT_TRUE(plan.quantized);
   PrecisionState state(r);
   Linear lin(state, "test.linear", LinearKind::MlpUp, 1, N, K, plan, M);
 
@@ -222,14 +222,14 @@ TEST_P(LinearFp8, ProductsMatchHostQuantisedReference) {
                            dw_h = download(dw.ptr, dw.n);
 
   // Host references from the quantisation references.
-  const HostQ xq = host_quantize(p.x, M, K, plan.x, plan.pow2_scales);
-  const HostQ wq = host_quantize(p.w, N, K, plan.w, plan.pow2_scales);
-  const HostQ dyq = host_quantize(p.dy, M, N, plan.dy, plan.pow2_scales);
+  const HostQ xq = host_quantize(p.x, M, K, plan.x);
+  const HostQ wq = host_quantize(p.w, N, K, plan.w);
+  const HostQ dyq = host_quantize(p.dy, M, N, plan.dy);
   // The absolute products bound the accumulation error: FP32 over K terms, or fast accumulation in fprop.
   auto dequant = [](const HostQ& q, int rows, int cols, bool t) {
     std::vector<float> v((size_t)rows * cols);
     fp8_dequantize_cpu(v.data(), (t ? q.data_t : q.data).data(), (t ? q.scale_inv_t : q.scale_inv).data(), rows, cols,
-                       q.g, q.f);
+                       q.e);
     return v;
   };
   const std::vector<float> xd = dequant(xq, M, K, false), wd = dequant(wq, N, K, false),
@@ -456,11 +456,11 @@ TEST(LinearDelayed, ScalesFollowTheHistory) {
   };
   const float amax1 = amax_bf16_cpu(p.x.data(), p.x.size()), amax2 = 4.0f * amax1;
   std::vector<float> s1 = step(x->ptr);
-  EXPECT_EQ(s1[0], fp8_scale_from_amax_cpu(amax1, 1.0f, Fp8Format::E4M3, 0, false)) << "x scale after step 1";
-  EXPECT_EQ(s1[2], fp8_scale_from_amax_cpu(amax_bf16_cpu(p.dy.data(), p.dy.size()), 1.0f, Fp8Format::E5M2, 0, false))
+  EXPECT_EQ(s1[0], fp8_scale_from_amax_cpu(amax1, 1.0f, r.x, 0)) << "x scale after step 1";
+  EXPECT_EQ(s1[2], fp8_scale_from_amax_cpu(amax_bf16_cpu(p.dy.data(), p.dy.size()), 1.0f, r.dy, 0))
       << "dy scale after step 1";
   std::vector<float> s2 = step(xb->ptr);
-  EXPECT_EQ(s2[0], fp8_scale_from_amax_cpu(amax2, 1.0f, Fp8Format::E4M3, 0, false)) << "x scale after step 2";
+  EXPECT_EQ(s2[0], fp8_scale_from_amax_cpu(amax2, 1.0f, r.x, 0)) << "x scale after step 2";
   std::vector<float> s3 = step(x->ptr);  // smaller again: the history's max (step 2) still rules
   EXPECT_EQ(s3[0], s2[0]) << "x scale after step 3 must come from the history max";
   EXPECT_EQ(s1[3], 1.0f / s1[0]) << "scale_inv";
@@ -491,7 +491,7 @@ TEST(LinearBf16, IsTheBf16Gemm) {
   const std::vector<float> ah = download(a.ptr, a.n), bh = download(b.ptr, b.n);
   EXPECT_EQ(0, std::memcmp(ah.data(), bh.data(), ah.size() * sizeof(float)));
   EXPECT_EQ(lin.x_amax_slot(), nullptr);
-  EXPECT_FALSE(lin.saves_fp8_input());
+  EXPECT_FALSE(lin.saves_quantized_input());
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
-// test/precision/test_quant: every kernel of llmc/precision/quant.h against its host reference, bit for bit (codes, scales, amax),
-// and the device FP8 conversion itself against llmc/core/dtypes' fp8_encode. Each run draws a fresh seed (printed; replay
-// with LLM8_TEST_SEED). Inputs mix magnitudes per row (2^-8 .. 2^8), outliers 100x larger, exact zeros, negatives,
-// tiny values that underflow (1e-7 at random, 1e-12 in column 1 of every row), an all-zero 128x128 tile, all-zero 1x128 and 128x1 blocks. Shapes that are and are not
-// multiples of 128 (and rows not a multiple of 16: the byte-store path of the transposed copy). Every output buffer is
-// poisoned with 0xFF (a NaN code / a NaN scale) and carries a poisoned guard zone behind it, so an unwritten element or
-// a write past the end shows up. Failures print the first mismatches with their indices, the input and both codes.
+// test/precision/test_quant: every kernel of llmc/precision/fp8_quant.h, and the dispatch point
+// llmc/precision/quantize.h over them, against the host references (test/reference/precision_ref.h), bit for bit
+// (codes, scales, amax), and the device FP8 conversion itself against llmc/core/dtypes' fp8_encode. Each run draws a
+// fresh seed (printed; replay with LLM8_TEST_SEED). Inputs mix magnitudes per row (2^-8 .. 2^8), outliers 100x larger,
+// exact zeros, negatives, tiny values that underflow (1e-7 at random, 1e-12 in column 1 of every row), an all-zero
+// 128x128 tile, all-zero 1x128 and 128x1 blocks. Shapes that are and are not multiples of 128 (and rows not a multiple
+// of 16: the byte-store path of the transposed copy). Every output buffer is poisoned with 0xFF (a NaN code / a NaN
+// scale) and carries a poisoned guard zone behind it, so an unwritten element or a write past the end shows up.
+// Failures print the first mismatches with their indices, the input and both codes.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -22,14 +24,27 @@
 
 #include "llmc/core/common.h"
 #include "llmc/core/dtypes.h"
-#include "llmc/precision/quant.h"
+#include "llmc/precision/encoding.h"
+#include "llmc/precision/fp8_quant.h"
+#include "llmc/precision/quantize.h"
+#include "test/reference/precision_ref.h"
 
 namespace {
 
 using llmc::bf16;
-using llmc::Fp8Format;
+using llmc::BlockShape;
+using llmc::ElementFormat;
+using llmc::Encoding;
 using llmc::QTensor;
-using llmc::ScaleGranularity;
+using llmc::ScaleFormat;
+
+ScaleFormat scales(bool pow2) { return pow2 ? ScaleFormat::Pow2FP32 : ScaleFormat::FP32; }
+Encoding encoding(ElementFormat f, BlockShape block, bool pow2 = false) { return {f, block, scales(pow2)}; }
+// fp8_quantize_blockwise with the scales of q's encoding FP32 or power-of-two.
+void quantize_blockwise(QTensor q, const bf16* x, bool pow2) {
+  q.encoding.scale = scales(pow2);
+  llmc::fp8_quantize_blockwise(q, x, 0);
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Seed, inputs
@@ -142,7 +157,7 @@ struct DeviceBuffer {
 // Comparisons (bit exact), reporting the first mismatches.
 // Codes of a (rows, cols) matrix; x_at(r, c) gives the source value of element (r, c) for the report.
 ::testing::AssertionResult same_codes(const std::string& what, const std::vector<uint8_t>& got,
-                                      const std::vector<uint8_t>& want, int rows, int cols, Fp8Format f,
+                                      const std::vector<uint8_t>& want, int rows, int cols, ElementFormat f,
                                       const std::function<float(int, int)>& x_at) {
   if (got.size() != want.size()) return ::testing::AssertionFailure() << what << ": size mismatch";
   size_t bad = 0, poisoned = 0;
@@ -157,7 +172,7 @@ struct DeviceBuffer {
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << " (" << rows << " x " << cols << ", " << llmc::fp8_format_name(f)
+  return ::testing::AssertionFailure() << what << " (" << rows << " x " << cols << ", " << llmc::element_format_name(f)
                                        << "): " << bad << " of " << got.size() << " codes differ (" << poisoned
                                        << " still 0xFF = never written)" << report;
 }
@@ -184,8 +199,8 @@ struct DeviceBuffer {
   return ::testing::AssertionFailure() << what << ": " << bad << " of " << got.size() << " differ" << report;
 }
 
-const char* gname(ScaleGranularity g) { return llmc::scale_granularity_name(g); }
-const char* fname(Fp8Format f) { return llmc::fp8_format_name(f); }
+std::string gname(BlockShape g) { return llmc::block_shape_name(g); }
+const char* fname(ElementFormat f) { return llmc::element_format_name(f); }
 
 struct Shape {
   int rows, cols;
@@ -195,9 +210,9 @@ const Shape kShapes[] = {{256, 768}, {1000, 784}, {128, 3072}, {16, 16}, {7, 48}
 
 // ---------------------------------------------------------------------------------------------------------------
 // The device conversion against the host reference (everything else relies on it).
-template <Fp8Format F>
+template <ElementFormat F>
 __global__ void convert_kernel(uint8_t* single, uint8_t* pairs, float* decoded, const float* x, int n) {
-  constexpr __nv_fp8_interpretation_t kind = F == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
+  constexpr __nv_fp8_interpretation_t kind = F == ElementFormat::E4M3 ? __NV_E4M3 : __NV_E5M2;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) single[i] = __nv_cvt_float_to_fp8(x[i], __NV_SATFINITE, kind);
   if (2 * i + 1 < n) {
@@ -211,7 +226,7 @@ __global__ void convert_kernel(uint8_t* single, uint8_t* pairs, float* decoded, 
 std::vector<float> conversion_inputs() {
   std::vector<float> x;
   for (uint32_t h = 0; h < 65536; h++) x.push_back(llmc::bf16_decode(static_cast<uint16_t>(h)));  // every bf16
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
     for (int c = 0; c < 256; c++) {
       const float v = llmc::fp8_decode(static_cast<uint8_t>(c), f);
       for (int d = -2; d <= 2; d++) x.push_back(float_of(bits_of(v) + d));  // values and their FP32 neighbours
@@ -235,14 +250,14 @@ TEST(Fp8Convert, DeviceSatfiniteMatchesHostEncodeAndDecode) {
   const std::vector<float> x = conversion_inputs();
   const int n = static_cast<int>(x.size());
   DeviceBuffer<float> dx(x);
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2}) {
     DeviceBuffer<uint8_t> single(n), pairs(n);
     DeviceBuffer<float> decoded(256);
     const int blocks = (n + 255) / 256;
-    if (f == Fp8Format::E4M3)
-      convert_kernel<Fp8Format::E4M3><<<blocks, 256>>>(single.ptr, pairs.ptr, decoded.ptr, dx.ptr, n);
+    if (f == ElementFormat::E4M3)
+      convert_kernel<ElementFormat::E4M3><<<blocks, 256>>>(single.ptr, pairs.ptr, decoded.ptr, dx.ptr, n);
     else
-      convert_kernel<Fp8Format::E5M2><<<blocks, 256>>>(single.ptr, pairs.ptr, decoded.ptr, dx.ptr, n);
+      convert_kernel<ElementFormat::E5M2><<<blocks, 256>>>(single.ptr, pairs.ptr, decoded.ptr, dx.ptr, n);
     CUDA_CHECK_LAUNCH();
     const std::vector<uint8_t> s = single.download(), p = pairs.download();
     const std::vector<float> d = decoded.download();
@@ -273,7 +288,7 @@ TEST(ScaleFromAmax, MatchesHost) {
                           std::numeric_limits<float>::quiet_NaN(), 7.3e-5f, 1234.5f};
   DeviceBuffer<float> scale(1), scale_inv(1), amax(1);
   int cases = 0;
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
     for (int margin : {0, 1, 4, -2})
       for (bool pow2 : {false, true})
         for (float a : amaxes) {
@@ -281,8 +296,9 @@ TEST(ScaleFromAmax, MatchesHost) {
           scale.upload({previous});
           scale_inv.poison();
           amax.upload({a});
-          llmc::fp8_scale_from_amax(scale.ptr, scale_inv.ptr, amax.ptr, f, margin, pow2, 0);
-          const float want = llmc::fp8_scale_from_amax_cpu(a, previous, f, margin, pow2);
+          llmc::fp8_scale_from_amax(scale.ptr, scale_inv.ptr, amax.ptr, encoding(f, llmc::kWholeTensor, pow2), margin,
+                                    0);
+          const float want = llmc::fp8_scale_from_amax_cpu(a, previous, encoding(f, llmc::kWholeTensor, pow2), margin);
           const float got = scale.download()[0], got_inv = scale_inv.download()[0];
           EXPECT_EQ(bits_of(got), bits_of(want)) << fname(f) << " margin " << margin << " pow2 " << pow2 << " amax "
                                                  << a << ": got " << got << " want " << want;
@@ -318,9 +334,9 @@ TEST(DelayedScaling, MatchesHostOverStepsWithWrapAround) {
           d_amax.upload(amax);
           const int pos = step % len;
           llmc::fp8_delayed_scaling_update(d_history.ptr, d_amax.ptr, d_scale.ptr, d_scale_inv.ptr, d_formats.ptr,
-                                           count, len, pos, use_max, margin, pow2, 0);
+                                           count, len, pos, use_max, margin, scales(pow2), 0);
           llmc::fp8_delayed_scaling_update_cpu(history.data(), amax.data(), scale.data(), scale_inv.data(),
-                                               formats.data(), count, len, pos, use_max, margin, pow2);
+                                               formats.data(), count, len, pos, use_max, margin, scales(pow2));
           const std::string what = llmc::strformat("len %d, %s, pow2 %d, step %d", len,
                                                    use_max ? "max" : "most recent", int(pow2), step);
           ASSERT_TRUE(same_floats(what + ": history", d_history.download(), history, len));
@@ -372,10 +388,11 @@ TEST(QuantizeTensorwise, MatchesHostBitForBit) {
     const float amax = llmc::amax_bf16_cpu(x.data(), n);
     auto x_at = [&](int r, int c) { return x[static_cast<size_t>(r) * sh.cols + c]; };
     auto x_at_t = [&](int c, int r) { return x[static_cast<size_t>(r) * sh.cols + c]; };
-    for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+    for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
       for (int variant = 0; variant < 3; variant++) {
         // 0: scale from the amax; 1: margin 2, pow2; 2: 16x too large (outliers saturate)
-        float scale = llmc::fp8_scale_from_amax_cpu(amax, 1.0f, f, variant == 1 ? 2 : 0, variant == 1);
+        float scale = llmc::fp8_scale_from_amax_cpu(amax, 1.0f, encoding(f, llmc::kWholeTensor, variant == 1),
+                                                    variant == 1 ? 2 : 0);
         if (variant == 2) scale *= 16.0f;
         for (Outputs o : {Outputs::Both, Outputs::DataOnly, Outputs::TransposedOnly}) {
           const std::string what = llmc::strformat("tensorwise %dx%d %s scale %g %s", sh.rows, sh.cols, fname(f),
@@ -385,7 +402,7 @@ TEST(QuantizeTensorwise, MatchesHostBitForBit) {
           QTensor q;
           q.rows = sh.rows;
           q.cols = sh.cols;
-          q.format = f;
+          q.encoding.element = f;
           q.data = o != Outputs::TransposedOnly ? data.ptr : nullptr;
           q.data_t = o != Outputs::DataOnly ? data_t.ptr : nullptr;
           q.scale = d_scale.ptr;
@@ -420,13 +437,13 @@ TEST(QuantizeTensorwise, FromAmaxMatchesScaleThenCast) {
     auto x_at = [&](int r, int c) { return x[static_cast<size_t>(r) * sh.cols + c]; };
     auto x_at_t = [&](int c, int r) { return x[static_cast<size_t>(r) * sh.cols + c]; };
     const float amaxes[] = {amax, amax / 16.0f, 0.0f, INFINITY, std::numeric_limits<float>::quiet_NaN()};
-    for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+    for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
       for (int variant = 0; variant < 2; variant++)
         for (float a : amaxes) {
           const int margin = variant == 1 ? 2 : 0;
           const bool pow2 = variant == 1;
           const float previous = 0.75f;
-          const float scale = llmc::fp8_scale_from_amax_cpu(a, previous, f, margin, pow2);
+          const float scale = llmc::fp8_scale_from_amax_cpu(a, previous, encoding(f, llmc::kWholeTensor, pow2), margin);
           const std::string what = llmc::strformat("from_amax %dx%d %s amax %g margin %d pow2 %d", sh.rows, sh.cols,
                                                    fname(f), a, margin, static_cast<int>(pow2));
           DeviceBuffer<uint8_t> data(n), data_t(n);
@@ -435,12 +452,12 @@ TEST(QuantizeTensorwise, FromAmaxMatchesScaleThenCast) {
           QTensor q;
           q.rows = sh.rows;
           q.cols = sh.cols;
-          q.format = f;
+          q.encoding = encoding(f, llmc::kWholeTensor, pow2);
           q.data = data.ptr;
           q.data_t = data_t.ptr;
           q.scale = d_scale.ptr;
           q.scale_inv = d_scale_inv.ptr;
-          llmc::fp8_quantize_tensorwise_from_amax(q, dx.ptr, d_amax.ptr, margin, pow2, 0);
+          llmc::fp8_quantize_tensorwise_from_amax(q, dx.ptr, d_amax.ptr, margin, 0);
           std::vector<uint8_t> want(n), want_t(n);
           llmc::fp8_quantize_tensorwise_cpu(want.data(), want_t.data(), nullptr, x.data(), sh.rows, sh.cols, scale, f);
           ASSERT_TRUE(same_codes(what + ": data", data.download(), want, sh.rows, sh.cols, f, x_at));
@@ -490,41 +507,41 @@ TEST(QuantizeBlockwise, MatchesHostBitForBit) {
     const size_t n = x.size();
     auto x_at = [&](int r, int c) { return x[static_cast<size_t>(r) * sh.cols + c]; };
     auto x_at_t = [&](int c, int r) { return x[static_cast<size_t>(r) * sh.cols + c]; };
-    for (ScaleGranularity g : {ScaleGranularity::Block1x128, ScaleGranularity::Block128x128})
-      for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+    for (BlockShape g : {llmc::kBlock1x128, llmc::kBlock128x128})
+      for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
         for (bool pow2 : {false, true})
           for (Outputs o : {Outputs::Both, Outputs::DataOnly, Outputs::TransposedOnly}) {
-            const std::string what = llmc::strformat("blockwise %s %dx%d %s pow2 %d %s", gname(g), sh.rows, sh.cols,
-                                                     fname(f), int(pow2), outputs_name(o));
-            const size_t ns = llmc::scale_inv_floats(g, sh.rows, sh.cols);
-            const size_t ns_t = llmc::scale_inv_floats(g, sh.cols, sh.rows);
+            const std::string what = llmc::strformat("blockwise %s %dx%d %s pow2 %d %s", gname(g).c_str(), sh.rows,
+                                                     sh.cols, fname(f), int(pow2), outputs_name(o));
+            const size_t ns = llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), sh.rows, sh.cols);
+            const size_t ns_t = llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), sh.cols, sh.rows);
             DeviceBuffer<uint8_t> data(n), data_t(n);
             DeviceBuffer<float> si(ns), si_t(ns_t), d_amax(1);  // all poisoned
             QTensor q;
             q.rows = sh.rows;
             q.cols = sh.cols;
-            q.format = f;
-            q.granularity = g;
+            q.encoding.element = f;
+            q.encoding.block = g;
             if (o != Outputs::TransposedOnly) q.data = data.ptr, q.scale_inv = si.ptr;
             if (o != Outputs::DataOnly) q.data_t = data_t.ptr, q.scale_inv_t = si_t.ptr;
             q.amax = d_amax.ptr;
-            llmc::fp8_quantize_blockwise(q, dx.ptr, pow2, 0);
+            quantize_blockwise(q, dx.ptr, pow2);
             std::vector<uint8_t> want(n), want_t(n);
             std::vector<float> want_si(ns), want_si_t(ns_t);
             llmc::fp8_quantize_blockwise_cpu(want.data(), want_si.data(), want_t.data(), want_si_t.data(), x.data(),
-                                             sh.rows, sh.cols, g, f, pow2);
+                                             sh.rows, sh.cols, encoding(f, g, pow2));
             if (q.data) {
               ASSERT_TRUE(same_codes(what + ": data", data.download(), want, sh.rows, sh.cols, f, x_at));
               ASSERT_TRUE(same_floats(what + ": scale_inv (GEMM-ready layout, padding 1)", si.download(), want_si,
-                                      llmc::scale_inv_ld(g, sh.rows, sh.cols)));
+                                      llmc::scale_inv_ld(encoding(ElementFormat::E4M3, g), sh.rows, sh.cols)));
             } else {
               ASSERT_TRUE(same_codes(what + ": data (not requested: untouched)", data.download(),
                                      std::vector<uint8_t>(n, 0xff), sh.rows, sh.cols, f, x_at));
             }
             if (q.data_t) {
               ASSERT_TRUE(same_codes(what + ": data_t", data_t.download(), want_t, sh.cols, sh.rows, f, x_at_t));
-              ASSERT_TRUE(same_floats(what + ": scale_inv_t (GEMM-ready layout, padding 1)", si_t.download(),
-                                      want_si_t, llmc::scale_inv_ld(g, sh.cols, sh.rows)));
+              ASSERT_TRUE(same_floats(what + ": scale_inv_t (GEMM-ready layout, padding 1)", si_t.download(), want_si_t,
+                                      llmc::scale_inv_ld(encoding(ElementFormat::E4M3, g), sh.cols, sh.rows)));
             } else {
               ASSERT_TRUE(same_codes(what + ": data_t (not requested: untouched)", data_t.download(),
                                      std::vector<uint8_t>(n, 0xff), sh.cols, sh.rows, f, x_at_t));
@@ -548,12 +565,13 @@ TEST(QuantizeNonFinite, InfAndNanInputsMatchHost) {
   const size_t n = x.size();
   DeviceBuffer<bf16> dx(to_bf16(x));
   auto x_at = [&](int r, int c) { return x[static_cast<size_t>(r) * cols + c]; };
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2}) {
     {
       DeviceBuffer<uint8_t> data(n), data_t(n);
       DeviceBuffer<float> d_scale(std::vector<float>{2.0f}), d_amax(std::vector<float>{0.0f});
       QTensor q;
-      q.rows = rows, q.cols = cols, q.format = f, q.data = data.ptr, q.data_t = data_t.ptr, q.scale = d_scale.ptr;
+      q.rows = rows, q.cols = cols, q.encoding.element = f, q.data = data.ptr, q.data_t = data_t.ptr,
+      q.scale = d_scale.ptr;
       llmc::fp8_quantize_tensorwise(q, dx.ptr, d_amax.ptr, 0);
       std::vector<uint8_t> want(n), want_t(n);
       float want_amax = 0.0f;
@@ -561,18 +579,19 @@ TEST(QuantizeNonFinite, InfAndNanInputsMatchHost) {
       EXPECT_TRUE(same_codes(std::string("non-finite tensorwise ") + fname(f), data.download(), want, rows, cols, f, x_at));
       EXPECT_TRUE(std::isnan(d_amax.download()[0])) << "amax of a tensor holding NaN is NaN";
     }
-    for (ScaleGranularity g : {ScaleGranularity::Block1x128, ScaleGranularity::Block128x128}) {
+    for (BlockShape g : {llmc::kBlock1x128, llmc::kBlock128x128}) {
       DeviceBuffer<uint8_t> data(n), data_t(n);
-      DeviceBuffer<float> si(llmc::scale_inv_floats(g, rows, cols)), si_t(llmc::scale_inv_floats(g, cols, rows)), d_amax(1);
+      DeviceBuffer<float> si(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), rows, cols)),
+          si_t(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), cols, rows)), d_amax(1);
       QTensor q;
-      q.rows = rows, q.cols = cols, q.format = f, q.granularity = g;
+      q.rows = rows, q.cols = cols, q.encoding.element = f, q.encoding.block = g;
       q.data = data.ptr, q.scale_inv = si.ptr, q.data_t = data_t.ptr, q.scale_inv_t = si_t.ptr, q.amax = d_amax.ptr;
-      llmc::fp8_quantize_blockwise(q, dx.ptr, false, 0);
+      quantize_blockwise(q, dx.ptr, false);
       std::vector<uint8_t> want(n), want_t(n);
       std::vector<float> want_si(si.n), want_si_t(si_t.n);
       llmc::fp8_quantize_blockwise_cpu(want.data(), want_si.data(), want_t.data(), want_si_t.data(), x.data(), rows,
-                                       cols, g, f, false);
-      const std::string what = std::string("non-finite blockwise ") + gname(g) + " " + fname(f);
+                                       cols, encoding(f, g, false));
+      const std::string what = std::string("non-finite blockwise ") + gname(g).c_str() + " " + fname(f);
       EXPECT_TRUE(same_codes(what + ": data", data.download(), want, rows, cols, f, x_at));
       EXPECT_TRUE(same_floats(what + ": scale_inv", si.download(), want_si));
       EXPECT_TRUE(same_floats(what + ": scale_inv_t", si_t.download(), want_si_t));
@@ -588,33 +607,35 @@ TEST(Dequantize, MatchesHostForEveryGranularityAndTransposedCopies) {
     const std::vector<float> x = make_input(sh.rows, sh.cols, rng);
     DeviceBuffer<bf16> dx(to_bf16(x));
     const size_t n = x.size();
-    for (ScaleGranularity g : {ScaleGranularity::Tensor, ScaleGranularity::Block1x128, ScaleGranularity::Block128x128})
-      for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    for (BlockShape g : {llmc::kWholeTensor, llmc::kBlock1x128, llmc::kBlock128x128})
+      for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2}) {
         DeviceBuffer<uint8_t> data(n), data_t(n);
-        DeviceBuffer<float> si(llmc::scale_inv_floats(g, sh.rows, sh.cols)), si_t(llmc::scale_inv_floats(g, sh.cols, sh.rows));
-        const float scale = llmc::fp8_scale_from_amax_cpu(llmc::amax_bf16_cpu(x.data(), n), 1.0f, f, 0, false);
+        DeviceBuffer<float> si(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), sh.rows, sh.cols)),
+            si_t(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), sh.cols, sh.rows));
+        const float scale =
+            llmc::fp8_scale_from_amax_cpu(llmc::amax_bf16_cpu(x.data(), n), 1.0f, encoding(f, llmc::kWholeTensor), 0);
         DeviceBuffer<float> d_scale(std::vector<float>{scale});
         QTensor q;
-        q.rows = sh.rows, q.cols = sh.cols, q.format = f, q.granularity = g, q.data = data.ptr, q.data_t = data_t.ptr;
-        if (g == ScaleGranularity::Tensor) {
+        q.rows = sh.rows, q.cols = sh.cols, q.encoding.element = f, q.encoding.block = g, q.data = data.ptr,
+        q.data_t = data_t.ptr;
+        if (g == llmc::kWholeTensor) {
           si.upload({1.0f / scale});
           q.scale = d_scale.ptr, q.scale_inv = si.ptr;
           llmc::fp8_quantize_tensorwise(q, dx.ptr, nullptr, 0);
         } else {
           q.scale_inv = si.ptr, q.scale_inv_t = si_t.ptr;
-          llmc::fp8_quantize_blockwise(q, dx.ptr, false, 0);
+          quantize_blockwise(q, dx.ptr, false);
         }
         for (bool transposed : {false, true}) {
           const int rows = transposed ? sh.cols : sh.rows, cols = transposed ? sh.rows : sh.cols;
           DeviceBuffer<float> out(n);
           llmc::fp8_dequantize(out.ptr, q, transposed, 0);
           const std::vector<uint8_t> codes = transposed ? data_t.download() : data.download();
-          const std::vector<float> scales =
-              transposed && g != ScaleGranularity::Tensor ? si_t.download() : si.download();
+          const std::vector<float> scales = transposed && g != llmc::kWholeTensor ? si_t.download() : si.download();
           std::vector<float> want(n);
-          llmc::fp8_dequantize_cpu(want.data(), codes.data(), scales.data(), rows, cols, g, f);
-          ASSERT_TRUE(same_floats(llmc::strformat("dequantize %s %s %dx%d%s", gname(g), fname(f), sh.rows, sh.cols,
-                                                  transposed ? " transposed" : ""),
+          llmc::fp8_dequantize_cpu(want.data(), codes.data(), scales.data(), rows, cols, encoding(f, g));
+          ASSERT_TRUE(same_floats(llmc::strformat("dequantize %s %s %dx%d%s", gname(g).c_str(), fname(f), sh.rows,
+                                                  sh.cols, transposed ? " transposed" : ""),
                                   out.download(), want, cols));
           ASSERT_TRUE(out.guard_intact("out"));
         }
@@ -648,35 +669,38 @@ TEST(QuantStats, MatchHostAndAreDeterministic) {
     const std::vector<float> x = make_input(sh.rows, sh.cols, rng);
     DeviceBuffer<bf16> dx(to_bf16(x));
     const size_t n = x.size();
-    for (ScaleGranularity g : {ScaleGranularity::Tensor, ScaleGranularity::Block1x128, ScaleGranularity::Block128x128})
-      for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    for (BlockShape g : {llmc::kWholeTensor, llmc::kBlock1x128, llmc::kBlock128x128})
+      for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2}) {
         DeviceBuffer<uint8_t> data(n);
-        DeviceBuffer<float> si(llmc::scale_inv_floats(g, sh.rows, sh.cols));
+        DeviceBuffer<float> si(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), sh.rows, sh.cols));
         // per-tensor: 4x the amax scale, so outliers saturate
-        const float scale = 4.0f * llmc::fp8_scale_from_amax_cpu(llmc::amax_bf16_cpu(x.data(), n), 1.0f, f, 0, false);
+        const float scale = 4.0f * llmc::fp8_scale_from_amax_cpu(llmc::amax_bf16_cpu(x.data(), n), 1.0f,
+                                                                 encoding(f, llmc::kWholeTensor), 0);
         DeviceBuffer<float> d_scale(std::vector<float>{scale});
         QTensor q;
-        q.rows = sh.rows, q.cols = sh.cols, q.format = f, q.granularity = g, q.data = data.ptr, q.scale_inv = si.ptr;
-        if (g == ScaleGranularity::Tensor) {
+        q.rows = sh.rows, q.cols = sh.cols, q.encoding.element = f, q.encoding.block = g, q.data = data.ptr,
+        q.scale_inv = si.ptr;
+        if (g == llmc::kWholeTensor) {
           si.upload({1.0f / scale});
           q.scale = d_scale.ptr;
           llmc::fp8_quantize_tensorwise(q, dx.ptr, nullptr, 0);
         } else {
-          llmc::fp8_quantize_blockwise(q, dx.ptr, true, 0);
+          quantize_blockwise(q, dx.ptr, true);
         }
+        // The second run goes through the dispatch point (llmc/precision/quantize.h): the same kernels, the same bits.
         DeviceBuffer<double> slots(llmc::kQuantStatsSlots), slots2(llmc::kQuantStatsSlots);
         llmc::fp8_quant_stats(slots.ptr, q, dx.ptr, 0);
-        llmc::fp8_quant_stats(slots2.ptr, q, dx.ptr, 0);
+        llmc::quant_stats(slots2.ptr, q, dx.ptr, 0);
         const std::vector<double> s = slots.download(), s2 = slots2.download();
-        const std::string what = llmc::strformat("stats %s %s %dx%d", gname(g), fname(f), sh.rows, sh.cols);
+        const std::string what = llmc::strformat("stats %s %s %dx%d", gname(g).c_str(), fname(f), sh.rows, sh.cols);
         ASSERT_EQ(std::memcmp(s.data(), s2.data(), sizeof(double) * s.size()), 0) << what << ": two runs differ";
         EXPECT_EQ(s[7], double(n)) << what << ": element count";
         const std::vector<uint8_t> codes = data.download();
         const std::vector<float> scales = si.download();
-        const llmc::QuantStats want = llmc::fp8_quant_stats_cpu(x.data(), codes.data(), scales.data(), sh.rows,
-                                                                sh.cols, g, f);
+        const llmc::QuantStats want =
+            llmc::fp8_quant_stats_cpu(x.data(), codes.data(), scales.data(), sh.rows, sh.cols, encoding(f, g));
         ASSERT_TRUE(same_stats(what, llmc::finish_quant_stats(s.data()), want));
-        if (g == ScaleGranularity::Tensor) EXPECT_GT(want.saturated_frac, 0.0) << what << ": the test saturates";
+        if (g == llmc::kWholeTensor) EXPECT_GT(want.saturated_frac, 0.0) << what << ": the test saturates";
         EXPECT_GT(want.underflow_frac, 0.0) << what << ": the test underflows";
       }
   }
@@ -689,25 +713,28 @@ TEST(Determinism, CastsAreBitIdenticalAcrossRuns) {
   const std::vector<float> x = make_input(rows, cols, rng);
   DeviceBuffer<bf16> dx(to_bf16(x));
   const size_t n = x.size();
-  for (ScaleGranularity g : {ScaleGranularity::Tensor, ScaleGranularity::Block1x128, ScaleGranularity::Block128x128}) {
+  for (BlockShape g : {llmc::kWholeTensor, llmc::kBlock1x128, llmc::kBlock128x128}) {
     std::vector<uint8_t> first, first_t;
     std::vector<float> first_si, first_amax;
     for (int run = 0; run < 2; run++) {
       DeviceBuffer<uint8_t> data(n), data_t(n);
-      DeviceBuffer<float> si(llmc::scale_inv_floats(g, rows, cols)), si_t(llmc::scale_inv_floats(g, cols, rows));
+      DeviceBuffer<float> si(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), rows, cols)),
+          si_t(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), cols, rows));
       DeviceBuffer<float> d_scale(std::vector<float>{3.0f}), d_amax(std::vector<float>{0.0f});
       QTensor q;
-      q.rows = rows, q.cols = cols, q.granularity = g, q.data = data.ptr, q.data_t = data_t.ptr;
+      q.rows = rows, q.cols = cols, q.encoding.block = g, q.data = data.ptr, q.data_t = data_t.ptr;
       q.scale = d_scale.ptr, q.scale_inv = si.ptr, q.scale_inv_t = si_t.ptr, q.amax = d_amax.ptr;
-      if (g == ScaleGranularity::Tensor) llmc::fp8_quantize_tensorwise(q, dx.ptr, d_amax.ptr, 0);
-      else llmc::fp8_quantize_blockwise(q, dx.ptr, false, 0);
+      if (g == llmc::kWholeTensor)
+        llmc::fp8_quantize_tensorwise(q, dx.ptr, d_amax.ptr, 0);
+      else
+        quantize_blockwise(q, dx.ptr, false);
       if (run == 0) {
         first = data.download(), first_t = data_t.download(), first_si = si.download(), first_amax = d_amax.download();
       } else {
         EXPECT_TRUE(data.download() == first) << gname(g);
         EXPECT_TRUE(data_t.download() == first_t) << gname(g);
-        EXPECT_TRUE(same_floats(std::string(gname(g)) + " scale_inv", si.download(), first_si));
-        EXPECT_TRUE(same_floats(std::string(gname(g)) + " amax", d_amax.download(), first_amax));
+        EXPECT_TRUE(same_floats(gname(g) + " scale_inv", si.download(), first_si));
+        EXPECT_TRUE(same_floats(gname(g) + " amax", d_amax.download(), first_amax));
       }
     }
   }
@@ -760,7 +787,7 @@ TEST(LargeTensor, MoreThan2Pow31ElementsUseSizeTIndexing) {
     return v;
   };
   std::uniform_int_distribution<int> rrow(rows - 2000, rows - 1), rcol(0, cols / 128 - 1);
-  const Fp8Format f = Fp8Format::E4M3;
+  const ElementFormat f = ElementFormat::E4M3;
 
   {  // per-tensor, both copies
     float* d = nullptr;
@@ -768,7 +795,7 @@ TEST(LargeTensor, MoreThan2Pow31ElementsUseSizeTIndexing) {
     const float init[2] = {4.0f, 0.0f};
     CUDA_CHECK(cudaMemcpy(d, init, sizeof(init), cudaMemcpyHostToDevice));
     QTensor q;
-    q.rows = rows, q.cols = cols, q.format = f, q.data = data, q.data_t = data_t, q.scale = d;
+    q.rows = rows, q.cols = cols, q.encoding.element = f, q.data = data, q.data_t = data_t, q.scale = d;
     llmc::fp8_quantize_tensorwise(q, reinterpret_cast<const bf16*>(x), d + 1, 0);
     float amax = 0.0f;
     CUDA_CHECK(cudaMemcpy(&amax, d + 1, sizeof(float), cudaMemcpyDeviceToHost));
@@ -786,26 +813,28 @@ TEST(LargeTensor, MoreThan2Pow31ElementsUseSizeTIndexing) {
     CUDA_CHECK(cudaFree(d));
   }
   {  // 1x128 blocks, both copies
-    const ScaleGranularity g = ScaleGranularity::Block1x128;
-    const size_t ns = llmc::scale_inv_floats(g, rows, cols), ns_t = llmc::scale_inv_floats(g, cols, rows);
+    const BlockShape g = llmc::kBlock1x128;
+    const size_t ns = llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), rows, cols),
+                 ns_t = llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), cols, rows);
     float *si = nullptr, *si_t = nullptr, *amax = nullptr;
     CUDA_CHECK(cudaMalloc(&si, ns * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&si_t, ns_t * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&amax, sizeof(float)));
     QTensor q;
-    q.rows = rows, q.cols = cols, q.format = f, q.granularity = g;
+    q.rows = rows, q.cols = cols, q.encoding.element = f, q.encoding.block = g;
     q.data = data, q.data_t = data_t, q.scale_inv = si, q.scale_inv_t = si_t, q.amax = amax;
-    llmc::fp8_quantize_blockwise(q, reinterpret_cast<const bf16*>(x), true, 0);
+    quantize_blockwise(q, reinterpret_cast<const bf16*>(x), true);
     float got_amax = 0.0f;
     CUDA_CHECK(cudaMemcpy(&got_amax, amax, sizeof(float), cudaMemcpyDeviceToHost));
     EXPECT_EQ(got_amax, big);
-    const int ld = llmc::scale_inv_ld(g, rows, cols), ld_t = llmc::scale_inv_ld(g, cols, rows);
+    const int ld = llmc::scale_inv_ld(encoding(ElementFormat::E4M3, g), rows, cols),
+              ld_t = llmc::scale_inv_ld(encoding(ElementFormat::E4M3, g), cols, rows);
     const int last_rb = (rows - 1) / 128;
     for (int s = 0; s < 64; s++) {
       const int r = s == 0 ? rows - 1 : rrow(rng), kb = s == 0 ? cols / 128 - 1 : rcol(rng);
       float m = 0.0f;
       for (int c = 0; c < 128; c++) m = std::max(m, std::fabs(host_x(r, kb * 128 + c)));
-      const float scale = llmc::fp8_scale_from_amax_cpu(m, 1.0f, f, 0, true);
+      const float scale = llmc::fp8_scale_from_amax_cpu(m, 1.0f, encoding(f, llmc::kWholeTensor, true), 0);
       const std::vector<uint8_t> got = fetch(data, static_cast<size_t>(r) * cols + kb * 128, 128);
       for (int c = 0; c < 128; c++)
         ASSERT_EQ(got[c], llmc::fp8_encode(host_x(r, kb * 128 + c) * scale, f)) << "1x128 data r " << r;
@@ -816,7 +845,7 @@ TEST(LargeTensor, MoreThan2Pow31ElementsUseSizeTIndexing) {
       const int c = kb * 128 + s % 128, rb_rows = rows - last_rb * 128;
       float mc = 0.0f;
       for (int i = 0; i < rb_rows; i++) mc = std::max(mc, std::fabs(host_x(last_rb * 128 + i, c)));
-      const float scale_c = llmc::fp8_scale_from_amax_cpu(mc, 1.0f, f, 0, true);
+      const float scale_c = llmc::fp8_scale_from_amax_cpu(mc, 1.0f, encoding(f, llmc::kWholeTensor, true), 0);
       const std::vector<uint8_t> got_t = fetch(data_t, static_cast<size_t>(c) * rows + last_rb * 128, rb_rows);
       for (int i = 0; i < rb_rows; i++)
         ASSERT_EQ(got_t[i], llmc::fp8_encode(host_x(last_rb * 128 + i, c) * scale_c, f)) << "128x1 data_t c " << c;
@@ -835,6 +864,95 @@ TEST(LargeTensor, MoreThan2Pow31ElementsUseSizeTIndexing) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// The dispatch point (llmc/precision/quantize.h) against the host references: both sources of a whole-tensor scale
+// (from an amax inside the cast's launch; a stored scale, the amax recorded) and both block encodings reach their
+// kernel with the encoding's element format and power-of-two scales, bit for bit (codes, scales, amax).
+TEST(QuantizeDispatch, MatchesHostForEveryScaleSourceAndEncoding) {
+  std::mt19937_64 rng = make_rng();
+  int cases = 0;
+  for (const Shape& sh : {Shape{256, 768}, Shape{130, 272}, Shape{7, 48}}) {
+    const std::vector<float> x = make_input(sh.rows, sh.cols, rng);
+    DeviceBuffer<bf16> dx(to_bf16(x));
+    const size_t n = x.size();
+    const float amax = llmc::amax_bf16_cpu(x.data(), n);
+    auto x_at = [&](int r, int c) { return x[static_cast<size_t>(r) * sh.cols + c]; };
+    auto x_at_t = [&](int c, int r) { return x[static_cast<size_t>(r) * sh.cols + c]; };
+    for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
+      for (bool pow2 : {false, true}) {
+        const Encoding tensor = encoding(f, llmc::kWholeTensor, pow2);
+        std::vector<uint8_t> want(n), want_t(n);
+        {  // the scale from the amax, margin 1, computed in the cast's launch
+          const std::string what =
+              llmc::strformat("dispatch %s amax %dx%d", llmc::encoding_name(tensor).c_str(), sh.rows, sh.cols);
+          const float previous = 0.5f;
+          DeviceBuffer<uint8_t> data(n), data_t(n);
+          DeviceBuffer<float> d_scale(std::vector<float>{previous}), d_scale_inv(1), d_amax(std::vector<float>{amax});
+          QTensor q;
+          q.rows = sh.rows, q.cols = sh.cols, q.encoding = tensor;
+          q.data = data.ptr, q.data_t = data_t.ptr, q.scale = d_scale.ptr, q.scale_inv = d_scale_inv.ptr;
+          llmc::QuantizeArgs args;
+          args.source = llmc::ScaleSource::Amax;
+          args.amax = d_amax.ptr;
+          args.margin = 1;
+          llmc::quantize(q, dx.ptr, args, 0);
+          const float scale = llmc::fp8_scale_from_amax_cpu(amax, previous, tensor, 1);
+          llmc::fp8_quantize_tensorwise_cpu(want.data(), want_t.data(), nullptr, x.data(), sh.rows, sh.cols, scale, f);
+          ASSERT_TRUE(same_codes(what + ": data", data.download(), want, sh.rows, sh.cols, f, x_at));
+          ASSERT_TRUE(same_codes(what + ": data_t", data_t.download(), want_t, sh.cols, sh.rows, f, x_at_t));
+          ASSERT_TRUE(same_floats(what + ": scale", d_scale.download(), {scale}));
+          ASSERT_TRUE(same_floats(what + ": scale_inv", d_scale_inv.download(), {1.0f / scale}));
+          cases++;
+        }
+        {  // a stored scale (2x too large: outliers saturate), the amax recorded into amax_out (a running max)
+          const std::string what =
+              llmc::strformat("dispatch %s stored %dx%d", llmc::encoding_name(tensor).c_str(), sh.rows, sh.cols);
+          const float scale = 2.0f * llmc::fp8_scale_from_amax_cpu(amax, 1.0f, tensor, 0);
+          DeviceBuffer<uint8_t> data(n), data_t(n);
+          DeviceBuffer<float> d_scale(std::vector<float>{scale}), d_out(std::vector<float>{0.0f});
+          QTensor q;
+          q.rows = sh.rows, q.cols = sh.cols, q.encoding = tensor;
+          q.data = data.ptr, q.data_t = data_t.ptr, q.scale = d_scale.ptr;
+          llmc::QuantizeArgs args;
+          args.source = llmc::ScaleSource::Stored;
+          args.amax_out = d_out.ptr;
+          llmc::quantize(q, dx.ptr, args, 0);
+          float want_amax = 0.0f;
+          llmc::fp8_quantize_tensorwise_cpu(want.data(), want_t.data(), &want_amax, x.data(), sh.rows, sh.cols, scale,
+                                            f);
+          ASSERT_TRUE(same_codes(what + ": data", data.download(), want, sh.rows, sh.cols, f, x_at));
+          ASSERT_TRUE(same_codes(what + ": data_t", data_t.download(), want_t, sh.cols, sh.rows, f, x_at_t));
+          ASSERT_TRUE(same_floats(what + ": amax_out", d_out.download(), {want_amax}));
+          ASSERT_TRUE(same_floats(what + ": the stored scale is unchanged", d_scale.download(), {scale}));
+          cases++;
+        }
+        for (BlockShape g : {llmc::kBlock1x128, llmc::kBlock128x128}) {  // block scales (the args do not apply)
+          const Encoding e = encoding(f, g, pow2);
+          const std::string what =
+              llmc::strformat("dispatch %s %dx%d", llmc::encoding_name(e).c_str(), sh.rows, sh.cols);
+          const size_t ns = llmc::scale_inv_count(e, sh.rows, sh.cols),
+                       ns_t = llmc::scale_inv_count(e, sh.cols, sh.rows);
+          DeviceBuffer<uint8_t> data(n), data_t(n);
+          DeviceBuffer<float> si(ns), si_t(ns_t), d_amax(1);
+          QTensor q;
+          q.rows = sh.rows, q.cols = sh.cols, q.encoding = e;
+          q.data = data.ptr, q.data_t = data_t.ptr, q.scale_inv = si.ptr, q.scale_inv_t = si_t.ptr, q.amax = d_amax.ptr;
+          llmc::quantize(q, dx.ptr, llmc::QuantizeArgs(), 0);
+          std::vector<float> want_si(ns), want_si_t(ns_t);
+          llmc::fp8_quantize_blockwise_cpu(want.data(), want_si.data(), want_t.data(), want_si_t.data(), x.data(),
+                                           sh.rows, sh.cols, e);
+          ASSERT_TRUE(same_codes(what + ": data", data.download(), want, sh.rows, sh.cols, f, x_at));
+          ASSERT_TRUE(same_codes(what + ": data_t", data_t.download(), want_t, sh.cols, sh.rows, f, x_at_t));
+          ASSERT_TRUE(same_floats(what + ": scale_inv", si.download(), want_si));
+          ASSERT_TRUE(same_floats(what + ": scale_inv_t", si_t.download(), want_si_t));
+          ASSERT_TRUE(same_floats(what + ": amax", d_amax.download(), {amax}));
+          cases++;
+        }
+      }
+  }
+  EXPECT_EQ(cases, 3 * 2 * 2 * 4);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 TEST(QuantErrors, BadShapesAreClearErrors) {
   DeviceBuffer<bf16> x(64 * 64);
   DeviceBuffer<uint8_t> data(64 * 64);
@@ -847,11 +965,11 @@ TEST(QuantErrors, BadShapesAreClearErrors) {
   } catch (const llmc::Error& e) {
     EXPECT_NE(std::string(e.what()).find("q.cols = 40"), std::string::npos) << e.what();
   }
-  q.granularity = ScaleGranularity::Block1x128;
-  EXPECT_THROW(llmc::fp8_quantize_blockwise(q, x.ptr, false, 0), llmc::Error);
+  q.encoding.block = llmc::kBlock1x128;
+  EXPECT_THROW(quantize_blockwise(q, x.ptr, false), llmc::Error);
   q.cols = 64;
-  q.granularity = ScaleGranularity::Tensor;
-  EXPECT_THROW(llmc::fp8_quantize_blockwise(q, x.ptr, false, 0), llmc::Error);
+  q.encoding.block = llmc::kWholeTensor;
+  EXPECT_THROW(quantize_blockwise(q, x.ptr, false), llmc::Error);
   CUDA_CHECK(cudaDeviceSynchronize());  // nothing was launched
 }
 

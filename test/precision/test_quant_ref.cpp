@@ -1,9 +1,10 @@
-// test/precision/test_quant_ref: the host references of llmc/precision/quant.h (which test/precision/test_quant trusts bit for bit) checked on
-// their own: the scale formula on hand-computed cases, delayed scaling over several steps (ring buffer, max vs most
-// recent, 0 / inf / NaN amaxes keep the scale), the casts against their definitions (codes within half an FP8 ulp of
-// x * scale, each block's largest element at the top of the format, padding entries 1, transposed copies, partial
-// edge blocks), dequantisation and the telemetry on inputs whose answers are known. Also the launchers' argument
-// errors, which are raised on the host before any CUDA call (so they are testable without a GPU).
+// test/precision/test_quant_ref: the host references of llmc/precision/fp8_quant.h (test/reference/precision_ref.h,
+// which test/precision/test_quant trusts bit for bit) checked on their own: the scale formula on hand-computed cases,
+// delayed scaling over several steps (ring buffer, max vs most recent, 0 / inf / NaN amaxes keep the scale), the casts
+// against their definitions (codes within half an FP8 ulp of x * scale, each block's largest element at the top of the
+// format, padding entries 1, transposed copies, partial edge blocks), dequantisation and the telemetry on inputs whose
+// answers are known. Also the launchers' argument errors and the dispatch point's refusals (llmc/precision/quantize.h),
+// which are raised on the host before any CUDA call (so they are testable without a GPU).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,12 +17,24 @@
 
 #include "llmc/core/common.h"
 #include "llmc/core/dtypes.h"
-#include "llmc/precision/quant.h"
+#include "llmc/precision/encoding.h"
+#include "llmc/precision/fp8_quant.h"
+#include "llmc/precision/quantize.h"
+#include "test/reference/precision_ref.h"
 
 namespace {
 
-using llmc::Fp8Format;
-using llmc::ScaleGranularity;
+using llmc::ElementFormat;
+using llmc::Encoding;
+using llmc::ScaleFormat;
+
+// The encodings the FP8 quantisers take: one scale per tensor, or per block.
+Encoding tensor_encoding(ElementFormat f, bool pow2 = false) {
+  return {f, llmc::kWholeTensor, pow2 ? ScaleFormat::Pow2FP32 : ScaleFormat::FP32};
+}
+Encoding block_encoding(ElementFormat f, llmc::BlockShape block, bool pow2 = false) {
+  return {f, block, pow2 ? ScaleFormat::Pow2FP32 : ScaleFormat::FP32};
+}
 
 constexpr float kFltMin = std::numeric_limits<float>::min();
 constexpr float kFltMax = std::numeric_limits<float>::max();
@@ -43,24 +56,27 @@ std::vector<float> test_values(size_t n, std::mt19937& rng) {
 
 // ---------------------------------------------------------------------------------------------------------------
 TEST(ScaleFromAmaxRef, HandComputedCases) {
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1.0f, 7.0f, Fp8Format::E4M3, 0, false), 448.0f);
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1.0f, 7.0f, Fp8Format::E5M2, 0, false), 57344.0f);
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1.0f, 7.0f, Fp8Format::E4M3, 1, false), 224.0f);
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1.0f, 7.0f, Fp8Format::E4M3, 0, true), 256.0f);
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(3.0f, 7.0f, Fp8Format::E4M3, 0, false), 448.0f / 3.0f);
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(3.0f, 7.0f, Fp8Format::E4M3, 2, true), 32.0f);  // 448/12 = 37.3 -> 32
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(448.0f, 7.0f, Fp8Format::E4M3, 0, false), 1.0f);
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(2.0f, 7.0f, Fp8Format::E4M3, -1, false), 448.0f);  // negative margin
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1.0f, 7.0f, tensor_encoding(ElementFormat::E4M3), 0), 448.0f);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1.0f, 7.0f, tensor_encoding(ElementFormat::E5M2), 0), 57344.0f);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1.0f, 7.0f, tensor_encoding(ElementFormat::E4M3), 1), 224.0f);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1.0f, 7.0f, tensor_encoding(ElementFormat::E4M3, true), 0), 256.0f);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(3.0f, 7.0f, tensor_encoding(ElementFormat::E4M3), 0), 448.0f / 3.0f);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(3.0f, 7.0f, tensor_encoding(ElementFormat::E4M3, true), 2),
+            32.0f);  // 448/12 = 37.3 -> 32
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(448.0f, 7.0f, tensor_encoding(ElementFormat::E4M3), 0), 1.0f);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(2.0f, 7.0f, tensor_encoding(ElementFormat::E4M3), -1),
+            448.0f);  // negative margin
   // amax 0, NaN, inf, negative: the previous scale, untouched (no pow2 applied to it).
   for (float bad : {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY, -1.0f})
-    EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(bad, 7.0f, Fp8Format::E4M3, 0, true), 7.0f) << bad;
+    EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(bad, 7.0f, tensor_encoding(ElementFormat::E4M3, true), 0), 7.0f) << bad;
   // Tiny amax: 448 / 1e-40 overflows to inf -> clamped to FLT_MAX (pow2: 2^127). Huge amax * 2^margin overflows to
   // inf -> the scale 0 -> clamped to 2^-126.
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1e-40f, 7.0f, Fp8Format::E4M3, 0, false), kFltMax);
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1e-40f, 7.0f, Fp8Format::E4M3, 0, true), std::ldexp(1.0f, 127));
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(kFltMax, 7.0f, Fp8Format::E4M3, 4, false), kFltMin);
-  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(kFltMax, 7.0f, Fp8Format::E4M3, 4, true), kFltMin);
-  EXPECT_THROW(llmc::fp8_scale_from_amax_cpu(1.0f, 1.0f, Fp8Format::E4M3, 65, false), llmc::Error);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1e-40f, 7.0f, tensor_encoding(ElementFormat::E4M3), 0), kFltMax);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(1e-40f, 7.0f, tensor_encoding(ElementFormat::E4M3, true), 0),
+            std::ldexp(1.0f, 127));
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(kFltMax, 7.0f, tensor_encoding(ElementFormat::E4M3), 4), kFltMin);
+  EXPECT_EQ(llmc::fp8_scale_from_amax_cpu(kFltMax, 7.0f, tensor_encoding(ElementFormat::E4M3, true), 4), kFltMin);
+  EXPECT_THROW(llmc::fp8_scale_from_amax_cpu(1.0f, 1.0f, tensor_encoding(ElementFormat::E4M3), 65), llmc::Error);
 }
 
 TEST(DelayedScalingRef, RingBufferMaxAndMostRecent) {
@@ -79,9 +95,9 @@ TEST(DelayedScalingRef, RingBufferMaxAndMostRecent) {
     const int pos = step % len;
     std::vector<float> amax(steps[step], steps[step] + count), amax_mr = amax;
     llmc::fp8_delayed_scaling_update_cpu(history.data(), amax.data(), scale.data(), scale_inv.data(), formats, count,
-                                         len, pos, true, 0, false);
+                                         len, pos, true, 0, ScaleFormat::FP32);
     llmc::fp8_delayed_scaling_update_cpu(mr_history.data(), amax_mr.data(), mr_scale.data(), mr_scale_inv.data(),
-                                         formats, count, len, pos, false, 0, false);
+                                         formats, count, len, pos, false, 0, ScaleFormat::FP32);
     for (int i = 0; i < count; i++) {
       EXPECT_EQ(amax[i], 0.0f) << "amax is reset after it is recorded";
       EXPECT_EQ(amax_mr[i], 0.0f);
@@ -102,24 +118,27 @@ TEST(DelayedScalingRef, RingBufferMaxAndMostRecent) {
   EXPECT_EQ(mr_scale_inv[2], 1.0f / 224.0f);
   // One more step with use_max: the inf leaves the window (steps 3, 4, 5 remain: 2, NaN, 3) -> 448 / 3.
   std::vector<float> amax = {0.25f, 1.0f, 3.0f};
-  llmc::fp8_delayed_scaling_update_cpu(history.data(), amax.data(), scale.data(), scale_inv.data(), formats, count,
-                                       len, 5 % len, true, 0, false);
+  llmc::fp8_delayed_scaling_update_cpu(history.data(), amax.data(), scale.data(), scale_inv.data(), formats, count, len,
+                                       5 % len, true, 0, ScaleFormat::FP32);
   EXPECT_EQ(scale[2], 448.0f / 3.0f) << "NaN entries are ignored by the max";
 }
 
 TEST(DelayedScalingRef, BadArguments) {
   float h[4] = {}, a[2] = {}, s[2] = {1, 1}, si[2] = {1, 1};
   uint8_t f[2] = {0, 7};
-  EXPECT_THROW(llmc::fp8_delayed_scaling_update_cpu(h, a, s, si, f, 2, 2, 0, true, 0, false), llmc::Error);  // format 7
+  EXPECT_THROW(llmc::fp8_delayed_scaling_update_cpu(h, a, s, si, f, 2, 2, 0, true, 0, ScaleFormat::FP32),
+               llmc::Error);  // format 7
   f[1] = 0;
-  EXPECT_THROW(llmc::fp8_delayed_scaling_update_cpu(h, a, s, si, f, 2, 2, 2, true, 0, false), llmc::Error);  // pos
-  EXPECT_THROW(llmc::fp8_delayed_scaling_update_cpu(h, a, s, si, f, 2, 0, 0, true, 0, false), llmc::Error);  // len
+  EXPECT_THROW(llmc::fp8_delayed_scaling_update_cpu(h, a, s, si, f, 2, 2, 2, true, 0, ScaleFormat::FP32),
+               llmc::Error);  // pos
+  EXPECT_THROW(llmc::fp8_delayed_scaling_update_cpu(h, a, s, si, f, 2, 0, 0, true, 0, ScaleFormat::FP32),
+               llmc::Error);  // len
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Every code is within half an FP8 ulp of x * scale (or saturated at max, or a subnormal within half a quantum).
-void expect_code_rounds(float x, float scale, uint8_t code, Fp8Format f, const char* where) {
-  const float fmax = llmc::fp8_max(f);
+void expect_code_rounds(float x, float scale, uint8_t code, ElementFormat f, const char* where) {
+  const float fmax = llmc::element_format_max(f);
   const float y = x * scale;
   const float q = llmc::fp8_decode(code, f);
   ASSERT_FALSE(std::isnan(q)) << where;
@@ -127,8 +146,8 @@ void expect_code_rounds(float x, float scale, uint8_t code, Fp8Format f, const c
     ASSERT_EQ(std::fabs(q), fmax) << where << ": x " << x << " scale " << scale;
     return;
   }
-  const int mant = f == Fp8Format::E4M3 ? 3 : 2;
-  const int emin = f == Fp8Format::E4M3 ? -6 : -14;
+  const int mant = f == ElementFormat::E4M3 ? 3 : 2;
+  const int emin = f == ElementFormat::E4M3 ? -6 : -14;
   int e;
   std::frexp(std::fabs(y) > 0 ? std::fabs(y) : 1.0f, &e);  // |y| in [2^(e-1), 2^e)
   const double quantum = std::ldexp(1.0, std::max(e - 1, emin) - mant);
@@ -139,7 +158,7 @@ TEST(QuantizeTensorwiseRef, CodesRoundAndTransposeAndAmax) {
   std::mt19937 rng(1);
   const int rows = 37, cols = 48;
   const std::vector<float> x = test_values(size_t(rows) * cols, rng);
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2}) {
     const float scale = 3.0f;
     std::vector<uint8_t> data(x.size()), data_t(x.size());
     float amax = 0.0f;
@@ -167,16 +186,18 @@ TEST(QuantizeBlockwiseRef, Block1x128RowAndColumnBlocks) {
   for (int c = 0; c < 128; c++) x[size_t(5) * cols + c] = 0.0f;        // an all-zero 1x128 block
   for (int r = 128; r < rows; r++) x[size_t(r) * cols + 200] = 0.0f;  // an all-zero (partial) 128x1 block
   const int rbs = 2, cbs = 3, ld = 200, ld_t = 272;
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
     for (bool pow2 : {false, true}) {
       std::vector<uint8_t> data(x.size()), data_t(x.size());
-      std::vector<float> si(llmc::scale_inv_floats(ScaleGranularity::Block1x128, rows, cols), -1.0f);
-      std::vector<float> si_t(llmc::scale_inv_floats(ScaleGranularity::Block1x128, cols, rows), -1.0f);
+      std::vector<float> si(llmc::scale_inv_count(block_encoding(ElementFormat::E4M3, llmc::kBlock1x128), rows, cols),
+                            -1.0f);
+      std::vector<float> si_t(llmc::scale_inv_count(block_encoding(ElementFormat::E4M3, llmc::kBlock1x128), cols, rows),
+                              -1.0f);
       ASSERT_EQ(si.size(), size_t(cbs) * ld);
       ASSERT_EQ(si_t.size(), size_t(rbs) * ld_t);
       llmc::fp8_quantize_blockwise_cpu(data.data(), si.data(), data_t.data(), si_t.data(), x.data(), rows, cols,
-                                       ScaleGranularity::Block1x128, f, pow2);
-      const float fmax = llmc::fp8_max(f);
+                                       block_encoding(f, llmc::kBlock1x128, pow2));
+      const float fmax = llmc::element_format_max(f);
       for (int r = 0; r < rows; r++)
         for (int cb = 0; cb < cbs; cb++) {
           float amax = 0.0f;
@@ -185,7 +206,7 @@ TEST(QuantizeBlockwiseRef, Block1x128RowAndColumnBlocks) {
             ASSERT_EQ(si[size_t(cb) * ld + r], 1.0f);
             continue;
           }
-          const float scale = llmc::fp8_scale_from_amax_cpu(amax, 1.0f, f, 0, pow2);
+          const float scale = llmc::fp8_scale_from_amax_cpu(amax, 1.0f, tensor_encoding(f, pow2), 0);
           ASSERT_EQ(si[size_t(cb) * ld + r], 1.0f / scale);
           // the block max maps to the top binade (exactly max without pow2)
           const float top = std::fabs(llmc::fp8_decode(
@@ -199,7 +220,8 @@ TEST(QuantizeBlockwiseRef, Block1x128RowAndColumnBlocks) {
         for (int rb = 0; rb < rbs; rb++) {
           float amax = 0.0f;
           for (int r = rb * 128; r < std::min(rows, rb * 128 + 128); r++) amax = std::max(amax, std::fabs(x[size_t(r) * cols + c]));
-          const float scale = amax == 0.0f ? 1.0f : llmc::fp8_scale_from_amax_cpu(amax, 1.0f, f, 0, pow2);
+          const float scale =
+              amax == 0.0f ? 1.0f : llmc::fp8_scale_from_amax_cpu(amax, 1.0f, tensor_encoding(f, pow2), 0);
           ASSERT_EQ(si_t[size_t(rb) * ld_t + c], 1.0f / scale);
           for (int r = rb * 128; r < std::min(rows, rb * 128 + 128); r++)
             expect_code_rounds(x[size_t(r) * cols + c], scale, data_t[size_t(c) * rows + r], f, "128x1 columns");
@@ -214,10 +236,11 @@ TEST(QuantizeBlockwiseRef, Block1x128RowAndColumnBlocks) {
     }
   // padding: rows 201..203 of a 201-row tensor
   const int rows2 = 201;
-  std::vector<float> x2(size_t(rows2) * cols, 1.0f), si2(llmc::scale_inv_floats(ScaleGranularity::Block1x128, rows2, cols), -1.0f);
+  std::vector<float> x2(size_t(rows2) * cols, 1.0f),
+      si2(llmc::scale_inv_count(block_encoding(ElementFormat::E4M3, llmc::kBlock1x128), rows2, cols), -1.0f);
   std::vector<uint8_t> d2(x2.size());
   llmc::fp8_quantize_blockwise_cpu(d2.data(), si2.data(), nullptr, nullptr, x2.data(), rows2, cols,
-                                   ScaleGranularity::Block1x128, Fp8Format::E4M3, false);
+                                   block_encoding(ElementFormat::E4M3, llmc::kBlock1x128));
   ASSERT_EQ(si2.size(), size_t(3) * 204);
   for (int cb = 0; cb < 3; cb++) {
     EXPECT_EQ(si2[size_t(cb) * 204 + 200], 1.0f / 448.0f);
@@ -231,21 +254,24 @@ TEST(QuantizeBlockwiseRef, Block128x128TilesAndTransposedCodes) {
   std::vector<float> x = test_values(size_t(rows) * cols, rng);
   for (int r = 128; r < 256; r++)
     for (int c = 0; c < 128; c++) x[size_t(r) * cols + c] = 0.0f;  // tile (1, 0) all zero
-  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2}) {
     std::vector<uint8_t> data(x.size()), data_t(x.size());
-    std::vector<float> si(llmc::scale_inv_floats(ScaleGranularity::Block128x128, rows, cols), -1.0f);
-    std::vector<float> si_t(llmc::scale_inv_floats(ScaleGranularity::Block128x128, cols, rows), -1.0f);
+    std::vector<float> si(llmc::scale_inv_count(block_encoding(ElementFormat::E4M3, llmc::kBlock128x128), rows, cols),
+                          -1.0f);
+    std::vector<float> si_t(llmc::scale_inv_count(block_encoding(ElementFormat::E4M3, llmc::kBlock128x128), cols, rows),
+                            -1.0f);
     const int ld = 4, ld_t = 4;  // round_up(4, 4), round_up(3, 4)
     ASSERT_EQ(si.size(), size_t(3) * ld);
     ASSERT_EQ(si_t.size(), size_t(4) * ld_t);
     llmc::fp8_quantize_blockwise_cpu(data.data(), si.data(), data_t.data(), si_t.data(), x.data(), rows, cols,
-                                     ScaleGranularity::Block128x128, f, true);
+                                     block_encoding(f, llmc::kBlock128x128, true));
     for (int rb = 0; rb < 3; rb++)
       for (int cb = 0; cb < 4; cb++) {
         float amax = 0.0f;
         for (int r = rb * 128; r < std::min(rows, rb * 128 + 128); r++)
           for (int c = cb * 128; c < std::min(cols, cb * 128 + 128); c++) amax = std::max(amax, std::fabs(x[size_t(r) * cols + c]));
-        const float scale = amax == 0.0f ? 1.0f : llmc::fp8_scale_from_amax_cpu(amax, 1.0f, f, 0, true);
+        const float scale =
+            amax == 0.0f ? 1.0f : llmc::fp8_scale_from_amax_cpu(amax, 1.0f, tensor_encoding(f, true), 0);
         ASSERT_EQ(si[size_t(rb) * ld + cb], 1.0f / scale);
         ASSERT_EQ(si_t[size_t(cb) * ld_t + rb], 1.0f / scale);
         for (int r = rb * 128; r < std::min(rows, rb * 128 + 128); r++)
@@ -267,14 +293,16 @@ TEST(DequantizeRef, CodesTimesTheirBlockScale) {
   // 1x128: scale_inv[kb * 4 + r]
   std::vector<float> si = {0.5f, 0.25f, 1.0f, 1.0f, 2.0f, 4.0f, 1.0f, 1.0f};
   std::vector<float> out(data.size());
-  llmc::fp8_dequantize_cpu(out.data(), data.data(), si.data(), rows, cols, ScaleGranularity::Block1x128, Fp8Format::E4M3);
+  llmc::fp8_dequantize_cpu(out.data(), data.data(), si.data(), rows, cols,
+                           block_encoding(ElementFormat::E4M3, llmc::kBlock1x128));
   EXPECT_EQ(out[0], 0.5f);
   EXPECT_EQ(out[1], -0.5f);
   EXPECT_EQ(out[200], 2.0f);           // row 0, block 1
   EXPECT_EQ(out[300], 448.0f * 0.25f);  // row 1, block 0
   EXPECT_EQ(out[256 + 200], 4.0f);      // row 1, block 1
   std::vector<float> one = {0.125f};
-  llmc::fp8_dequantize_cpu(out.data(), data.data(), one.data(), rows, cols, ScaleGranularity::Tensor, Fp8Format::E4M3);
+  llmc::fp8_dequantize_cpu(out.data(), data.data(), one.data(), rows, cols,
+                           block_encoding(ElementFormat::E4M3, llmc::kWholeTensor));
   EXPECT_EQ(out[300], 56.0f);
 }
 
@@ -285,10 +313,10 @@ TEST(QuantStatsRef, KnownCounts) {
   std::vector<float> x = {1000.0f, 448.0f, 1e-4f, 0.0f, 0.0f, 1.0f, -2.0f, 0.5f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 0.25f, 1.5f};
   for (float& v : x) v = bf16_round(v);
   std::vector<uint8_t> data(cols);
-  llmc::fp8_quantize_tensorwise_cpu(data.data(), nullptr, nullptr, x.data(), rows, cols, 1.0f, Fp8Format::E4M3);
+  llmc::fp8_quantize_tensorwise_cpu(data.data(), nullptr, nullptr, x.data(), rows, cols, 1.0f, ElementFormat::E4M3);
   const float si = 1.0f;
   const llmc::QuantStats s = llmc::fp8_quant_stats_cpu(x.data(), data.data(), &si, rows, cols,
-                                                       ScaleGranularity::Tensor, Fp8Format::E4M3);
+                                                       block_encoding(ElementFormat::E4M3, llmc::kWholeTensor));
   EXPECT_EQ(s.amax, 1000.0);
   EXPECT_EQ(s.scale, 1.0);
   EXPECT_DOUBLE_EQ(s.saturated_frac, 2.0 / 16.0);
@@ -296,7 +324,7 @@ TEST(QuantStatsRef, KnownCounts) {
   double sx2 = 0, se2 = 0;
   for (int i = 0; i < cols; i++) {
     sx2 += double(x[i]) * x[i];
-    const double e = double(x[i]) - llmc::fp8_decode(data[i], Fp8Format::E4M3);
+    const double e = double(x[i]) - llmc::fp8_decode(data[i], ElementFormat::E4M3);
     se2 += e * e;
   }
   EXPECT_NEAR(se2, 552.0 * 552.0 + 1e-8, 1e-3);  // 1000 -> 448; 1e-4 -> 0
@@ -306,11 +334,11 @@ TEST(QuantStatsRef, KnownCounts) {
   std::vector<float> y(size_t(4) * 16, 1.75f);
   y[0] = 3.5f;
   std::vector<uint8_t> dy(y.size());
-  std::vector<float> siy(llmc::scale_inv_floats(ScaleGranularity::Block1x128, 4, 16), -1.0f);
+  std::vector<float> siy(llmc::scale_inv_count(block_encoding(ElementFormat::E4M3, llmc::kBlock1x128), 4, 16), -1.0f);
   llmc::fp8_quantize_blockwise_cpu(dy.data(), siy.data(), nullptr, nullptr, y.data(), 4, 16,
-                                   ScaleGranularity::Block1x128, Fp8Format::E4M3, false);
+                                   block_encoding(ElementFormat::E4M3, llmc::kBlock1x128));
   const llmc::QuantStats t = llmc::fp8_quant_stats_cpu(y.data(), dy.data(), siy.data(), 4, 16,
-                                                       ScaleGranularity::Block1x128, Fp8Format::E4M3);
+                                                       block_encoding(ElementFormat::E4M3, llmc::kBlock1x128));
   EXPECT_EQ(t.snr_db, INFINITY);
   EXPECT_EQ(t.scale, 128.0);
   EXPECT_DOUBLE_EQ(t.saturated_frac, 49.0 / 64.0);
@@ -357,20 +385,24 @@ TEST(QuantLaunchers, BadArgumentsAreClearErrors) {
   expect_error([&] { llmc::fp8_quantize_tensorwise(q, reinterpret_cast<const llmc::bf16*>(uintptr_t(0x10002)), nullptr, 0); },
                "pointer x");
   expect_error([&] { llmc::fp8_quantize_tensorwise(q, nullptr, nullptr, 0); }, "x is null");
-  q.granularity = ScaleGranularity::Block1x128;
-  expect_error([&] { llmc::fp8_quantize_tensorwise(q, x, nullptr, 0); }, "q.granularity is 1x128");
-  q.granularity = ScaleGranularity::Tensor;
-  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, false, 0); }, "q.granularity is 'tensor'");
-  q.granularity = ScaleGranularity::Block128x128;
+  q.encoding.block = llmc::kBlock1x128;
+  expect_error([&] { llmc::fp8_quantize_tensorwise(q, x, nullptr, 0); }, "q.encoding is e4m3 1x128; per-tensor casts");
+  q.encoding.block = llmc::kWholeTensor;
+  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, 0); }, "q.encoding is e4m3 tensor; block casts");
+  q.encoding = {ElementFormat::E2M1, llmc::kBlock1x32, ScaleFormat::E8M0};
+  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, 0); }, "q.encoding is e2m1 1x32 e8m0 scales; the FP8 kernels");
+  q.encoding = {ElementFormat::E4M3, llmc::kBlock1x128, ScaleFormat::FP32, true};
+  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, 0); }, "q.encoding is e4m3 1x128 + fp32 tensor scale");
+  q.encoding = block_encoding(ElementFormat::E4M3, llmc::kBlock128x128);
   q.data_t = bytes;
   q.scale_inv_t = nullptr;
-  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, false, 0); }, "q.scale_inv_t is null");
+  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, 0); }, "q.scale_inv_t is null");
   q.cols = 100;
-  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, false, 0); }, "q.cols = 100");
+  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, 0); }, "q.cols = 100");
   q.cols = 64;
   q.data_t = reinterpret_cast<uint8_t*>(uintptr_t(0x20008));
   q.scale_inv_t = floats;
-  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, false, 0); }, "q.data_t");
+  expect_error([&] { llmc::fp8_quantize_blockwise(q, x, 0); }, "q.data_t");
   q.data_t = nullptr;
   q.data = nullptr;
   expect_error([&] { llmc::fp8_quant_stats(reinterpret_cast<double*>(floats), q, x, 0); }, "q.data is null");
@@ -379,13 +411,69 @@ TEST(QuantLaunchers, BadArgumentsAreClearErrors) {
                "pointer x");
   expect_error([&] { llmc::amax_bf16(nullptr, x, 100, 0); }, "amax must be a device pointer");
   auto* fmt = reinterpret_cast<const uint8_t*>(uintptr_t(0x40000));
-  expect_error([&] { llmc::fp8_delayed_scaling_update(floats, floats, floats, floats, fmt, 4, 16, 16, true, 0, false, 0); },
-               "pos = 16");
-  expect_error([&] { llmc::fp8_delayed_scaling_update(floats, floats, floats, floats, fmt, 4, 0, 0, true, 0, false, 0); },
-               "len = 0");
-  expect_error([&] { llmc::fp8_delayed_scaling_update(floats, floats, floats, floats, fmt, 4, 16, 0, true, 99, false, 0); },
-               "margin = 99");
-  expect_error([&] { llmc::fp8_scale_from_amax(floats, nullptr, floats, Fp8Format::E4M3, 0, false, 0); }, "scale_inv");
+  expect_error(
+      [&] {
+        llmc::fp8_delayed_scaling_update(floats, floats, floats, floats, fmt, 4, 16, 16, true, 0, ScaleFormat::FP32, 0);
+      },
+      "pos = 16");
+  expect_error(
+      [&] {
+        llmc::fp8_delayed_scaling_update(floats, floats, floats, floats, fmt, 4, 0, 0, true, 0, ScaleFormat::FP32, 0);
+      },
+      "len = 0");
+  expect_error(
+      [&] {
+        llmc::fp8_delayed_scaling_update(floats, floats, floats, floats, fmt, 4, 16, 0, true, 99, ScaleFormat::FP32, 0);
+      },
+      "margin = 99");
+  expect_error(
+      [&] {
+        llmc::fp8_delayed_scaling_update(floats, floats, floats, floats, fmt, 4, 16, 0, true, 0, ScaleFormat::E8M0, 0);
+      },
+      "scales = e8m0");
+  expect_error([&] { llmc::fp8_scale_from_amax(floats, nullptr, floats, tensor_encoding(ElementFormat::E4M3), 0, 0); },
+               "scale_inv");
+  expect_error(
+      [&] {
+        llmc::fp8_scale_from_amax(floats, floats, floats, block_encoding(ElementFormat::E4M3, llmc::kBlock1x128), 0, 0);
+      },
+      "e is e4m3 1x128");
+}
+
+// The dispatch point: an encoding no quantiser handles, and arguments that do not fit the scale source.
+TEST(QuantizeDispatch, RefusesWhatNoQuantiserHandles) {
+  auto* x = reinterpret_cast<const llmc::bf16*>(uintptr_t(0x10000));
+  auto* bytes = reinterpret_cast<uint8_t*>(uintptr_t(0x20000));
+  auto* floats = reinterpret_cast<float*>(uintptr_t(0x30000));
+  llmc::QTensor q;
+  q.rows = 64;
+  q.cols = 64;
+  q.data = bytes;
+  q.scale = floats;
+  q.scale_inv = floats;
+  q.encoding = {ElementFormat::E2M1, llmc::kBlock1x16, ScaleFormat::E4M3, true};
+  llmc::QuantizeArgs args;
+  expect_error([&] { llmc::quantize(q, x, args, 0); },
+               "quantize: this build has no quantiser for e2m1 1x16 e4m3 scales + fp32 tensor scale");
+  expect_error([&] { llmc::quant_stats(reinterpret_cast<double*>(floats), q, x, 0); },
+               "quant_stats: this build has no quantiser for e2m1");
+  q.encoding = {ElementFormat::E4M3, llmc::BlockShape{4, 8}};
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "not an encoding");
+  // Whole-tensor scale from an amax: the amax must be given, and nothing recorded besides.
+  q.encoding = tensor_encoding(ElementFormat::E4M3);
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "amax");
+  args.amax = floats;
+  args.amax_out = floats;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "amax_out");
+  // Each family's own argument checks still apply behind the dispatch.
+  args = llmc::QuantizeArgs();
+  args.source = llmc::ScaleSource::Stored;
+  q.cols = 24;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "fp8_quantize_tensorwise: q.cols = 24");
+  q.cols = 64;
+  q.encoding = block_encoding(ElementFormat::E5M2, llmc::kBlock1x128);
+  q.scale_inv = nullptr;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "fp8_quantize_blockwise: q.data is set but q.scale_inv is null");
 }
 
 }  // namespace

@@ -1,11 +1,17 @@
-// test/precision/test_recipe.cpp: the precision recipes (llmc/precision/recipe): presets expand to the documented fields, the plan of
-// each linear (BF16 layers, lm_head, granularity-dependent scaling and fast accumulation), the compute capability a
-// recipe needs, validation of impossible combinations, and the GEMM-ready scale sizes of llmc/precision/tensor.h.
+// test/precision/test_recipe.cpp: the precision recipes (llmc/precision/recipe): presets expand to the documented
+// fields; for every preset the answers the models and the trainer ask (which linears are quantised, with which
+// encodings, what is saved for backward, amax histories, the GEMM dimension multiple, the compute capability); the
+// plan of each linear (BF16 layers, lm_head, granularity-dependent scaling and fast accumulation); validation of
+// impossible combinations and of encodings this build cannot quantise, with errors naming the precision.* key; the
+// names and help generated from the preset table; the precision.pow2_scales mapping onto the scale formats.
+#include <iterator>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "llmc/core/common.h"
 #include "llmc/precision/recipe.h"
-#include "llmc/precision/tensor.h"
 
 using namespace llmc;
 
@@ -17,34 +23,91 @@ PrecisionRecipe preset(const char* name) {
   return r;
 }
 
+// The message of the llmc::Error validate_precision_recipe throws, or "".
+std::string validation_error(const PrecisionRecipe& r, int n_layer = 12) {
+  try {
+    validate_precision_recipe(r, n_layer);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+const Encoding kE4M3{ElementFormat::E4M3};
+const Encoding kE5M2{ElementFormat::E5M2};
+const Encoding kE4M3Rows{ElementFormat::E4M3, kBlock1x128, ScaleFormat::Pow2FP32};
+const Encoding kE5M2Rows{ElementFormat::E5M2, kBlock1x128, ScaleFormat::Pow2FP32};
+const Encoding kE4M3Tiles{ElementFormat::E4M3, kBlock128x128, ScaleFormat::Pow2FP32};
+
 }  // namespace
 
-TEST(Recipe, Presets) {
-  EXPECT_FALSE(preset("bf16").fp8);
+TEST(Recipe, PresetFields) {
+  EXPECT_FALSE(preset("bf16").quantize_linears);
   const PrecisionRecipe t = preset("fp8_tensorwise");
-  EXPECT_TRUE(t.fp8);
-  EXPECT_EQ(t.x.format, Fp8Format::E4M3);
-  EXPECT_EQ(t.w.format, Fp8Format::E4M3);
-  EXPECT_EQ(t.dy.format, Fp8Format::E5M2);
-  EXPECT_EQ(t.x.granularity, ScaleGranularity::Tensor);
+  EXPECT_TRUE(t.quantize_linears);
+  EXPECT_EQ(t.x, kE4M3);
+  EXPECT_EQ(t.w, kE4M3);
+  EXPECT_EQ(t.dy, kE5M2);
   EXPECT_EQ(t.scaling, ScalingMode::Current);
   EXPECT_TRUE(t.fast_accum);
-  EXPECT_FALSE(t.lm_head_fp8);
-  EXPECT_TRUE(t.fp8_activations);
+  EXPECT_FALSE(t.quantize_lm_head);
+  EXPECT_TRUE(t.save_quantized_inputs);
+  EXPECT_FALSE(t.pow2_scales());
   const PrecisionRecipe d = preset("fp8_delayed");
   EXPECT_EQ(d.scaling, ScalingMode::Delayed);
   EXPECT_EQ(d.amax_history_len, 1024);
   EXPECT_EQ(d.amax_compute, "max");
   EXPECT_EQ(d.margin, 0);
   const PrecisionRecipe b = preset("fp8_blockwise");
-  EXPECT_EQ(b.x.granularity, ScaleGranularity::Block1x128);
-  EXPECT_EQ(b.w.granularity, ScaleGranularity::Block128x128);
-  EXPECT_EQ(b.dy.granularity, ScaleGranularity::Block1x128);
-  EXPECT_EQ(b.dy.format, Fp8Format::E5M2);  // E5M2 gradients (measured; see llmc/precision/recipe.cpp)
-  EXPECT_TRUE(b.pow2_scales);
+  EXPECT_EQ(b.x, kE4M3Rows);
+  EXPECT_EQ(b.w, kE4M3Tiles);
+  EXPECT_EQ(b.dy, kE5M2Rows);  // E5M2 gradients (measured; see llmc/precision/recipe.cpp)
+  EXPECT_TRUE(b.pow2_scales());
   EXPECT_FALSE(b.fast_accum);
+  EXPECT_EQ(b.recipe, "fp8_blockwise");
   EXPECT_FALSE(precision_recipe_preset("fp8", nullptr));
-  for (const std::string& n : precision_recipe_names()) EXPECT_NO_THROW(validate_precision_recipe(preset(n.c_str()), 12));
+}
+
+// Every preset, and what the models, the trainer and the config ask of it.
+TEST(Recipe, QueriesOfEveryPreset) {
+  struct Expect {
+    const char* name;
+    bool quantized;
+    Encoding x, w, dy;
+    bool history;
+    int multiple, cc;
+  };
+  const Expect cases[] = {
+      {"bf16", false, {}, {}, {}, false, 1, 80},
+      {"fp8_tensorwise", true, kE4M3, kE4M3, kE5M2, false, 16, 89},
+      {"fp8_delayed", true, kE4M3, kE4M3, kE5M2, true, 16, 89},
+      {"fp8_blockwise", true, kE4M3Rows, kE4M3Tiles, kE5M2Rows, false, 128, 90},
+  };
+  ASSERT_EQ(precision_recipe_names().size(), std::size(cases));
+  for (size_t i = 0; i < std::size(cases); i++) {
+    const Expect& c = cases[i];
+    EXPECT_EQ(precision_recipe_names()[i], c.name);  // the docs' order
+    const PrecisionRecipe r = preset(c.name);
+    EXPECT_EQ(validation_error(r), "") << c.name;
+    EXPECT_EQ(quantizes_linears(r), c.quantized) << c.name;
+    EXPECT_EQ(keeps_amax_history(r), c.history) << c.name;
+    EXPECT_EQ(quantized_dim_multiple(r), c.multiple) << c.name;
+    EXPECT_EQ(recipe_min_compute_capability(r), c.cc) << c.name;
+    for (LinearKind kind : {LinearKind::Qkv, LinearKind::AttnOut, LinearKind::MlpUp, LinearKind::MlpDown}) {
+      const LinearPlan p = plan_linear(r, 3, 12, kind);
+      EXPECT_EQ(p.quantized, c.quantized) << c.name << " " << linear_kind_name(kind);
+      if (!c.quantized) continue;
+      EXPECT_EQ(p.x, c.x) << c.name;
+      EXPECT_EQ(p.w, c.w) << c.name;
+      EXPECT_EQ(p.dy, c.dy) << c.name;
+      // Saved for backward: the quantised input, except the attention output's (kept in BF16 for attention anyway).
+      EXPECT_EQ(p.save_quantized_input, kind != LinearKind::AttnOut) << c.name << " " << linear_kind_name(kind);
+      EXPECT_EQ(p.amax_history_len, c.history ? 1024 : 1) << c.name;
+    }
+    EXPECT_FALSE(plan_linear(r, -1, 12, LinearKind::LmHead).quantized) << c.name;  // the lm_head stays BF16
+  }
 }
 
 TEST(Recipe, LinearPlans) {
@@ -53,82 +116,147 @@ TEST(Recipe, LinearPlans) {
   EXPECT_TRUE(layer_stays_bf16(r, 0, 12));
   EXPECT_TRUE(layer_stays_bf16(r, 11, 12));
   EXPECT_FALSE(layer_stays_bf16(r, 5, 12));
-  EXPECT_FALSE(plan_linear(r, 0, 12, LinearKind::Qkv).fp8);
-  EXPECT_FALSE(plan_linear(r, 11, 12, LinearKind::MlpDown).fp8);
+  EXPECT_FALSE(plan_linear(r, 0, 12, LinearKind::Qkv).quantized);
+  EXPECT_FALSE(plan_linear(r, 11, 12, LinearKind::MlpDown).quantized);
   const LinearPlan p = plan_linear(r, 5, 12, LinearKind::MlpUp);
-  EXPECT_TRUE(p.fp8);
+  EXPECT_TRUE(p.quantized);
   EXPECT_TRUE(p.fast_accum_fprop);
-  EXPECT_TRUE(p.save_fp8_input);
-  EXPECT_EQ(p.dy.format, Fp8Format::E5M2);
+  EXPECT_TRUE(p.save_quantized_input);
+  EXPECT_EQ(p.dy.element, ElementFormat::E5M2);
   EXPECT_EQ(p.amax_history_len, 1);
+  EXPECT_TRUE(quantizes_linears(r));
   // lm_head stays BF16 unless asked.
-  EXPECT_FALSE(plan_linear(r, -1, 12, LinearKind::LmHead).fp8);
-  r.lm_head_fp8 = true;
-  EXPECT_TRUE(plan_linear(r, -1, 12, LinearKind::LmHead).fp8);
+  EXPECT_FALSE(plan_linear(r, -1, 12, LinearKind::LmHead).quantized);
+  r.quantize_lm_head = true;
+  EXPECT_TRUE(plan_linear(r, -1, 12, LinearKind::LmHead).quantized);
+  // Inputs saved in BF16 when asked.
+  r.save_quantized_inputs = false;
+  EXPECT_FALSE(plan_linear(r, 5, 12, LinearKind::MlpUp).save_quantized_input);
   // Delayed scaling keeps its history length; block recipes never use fast accumulation or delayed scaling.
   const LinearPlan dp = plan_linear(preset("fp8_delayed"), 3, 12, LinearKind::Qkv);
   EXPECT_EQ(dp.scaling, ScalingMode::Delayed);
   EXPECT_EQ(dp.amax_history_len, 1024);
   EXPECT_TRUE(dp.amax_use_max);
   const LinearPlan bp = plan_linear(preset("fp8_blockwise"), 3, 12, LinearKind::AttnOut);
-  EXPECT_TRUE(bp.fp8);
-  EXPECT_FALSE(bp.save_fp8_input);  // the models keep the attention output in BF16 for the attention backward
+  EXPECT_TRUE(bp.quantized);
+  EXPECT_FALSE(bp.save_quantized_input);  // the models keep the attention output in BF16 for the attention backward
   EXPECT_FALSE(bp.fast_accum_fprop);
   EXPECT_EQ(bp.scaling, ScalingMode::Current);
-  EXPECT_TRUE(bp.pow2_scales);
-  // BF16 recipe: nothing is FP8.
-  EXPECT_FALSE(plan_linear(preset("bf16"), 3, 12, LinearKind::Qkv).fp8);
+  EXPECT_TRUE(bp.x.pow2_scales() && bp.w.pow2_scales() && bp.dy.pow2_scales());
+  // BF16 recipe: nothing is quantised, whatever the encodings say.
+  PrecisionRecipe bf = preset("bf16");
+  bf.x = kE4M3Rows;
+  EXPECT_FALSE(plan_linear(bf, 3, 12, LinearKind::Qkv).quantized);
+  EXPECT_FALSE(quantizes_linears(bf));
+  EXPECT_EQ(validation_error(bf), "");
 }
 
-TEST(Recipe, ComputeCapabilityAndDescription) {
-  EXPECT_EQ(recipe_min_compute_capability(preset("bf16")), 80);
-  EXPECT_EQ(recipe_min_compute_capability(preset("fp8_tensorwise")), 89);
-  EXPECT_EQ(recipe_min_compute_capability(preset("fp8_delayed")), 89);
-  EXPECT_EQ(recipe_min_compute_capability(preset("fp8_blockwise")), 90);
+TEST(Recipe, OverridesChangeTheAnswers) {
+  PrecisionRecipe r = preset("fp8_tensorwise");
+  r.x.block = r.w.block = r.dy.block = kBlock1x128;
+  r.fast_accum = false;
+  EXPECT_EQ(validation_error(r), "");
+  EXPECT_EQ(recipe_min_compute_capability(r), 90);
+  EXPECT_EQ(quantized_dim_multiple(r), 128);
+  r = preset("fp8_blockwise");
+  r.x.block = r.w.block = r.dy.block = kWholeTensor;
+  EXPECT_EQ(validation_error(r), "");
+  EXPECT_EQ(recipe_min_compute_capability(r), 89);
+  EXPECT_EQ(quantized_dim_multiple(r), 16);
+}
+
+TEST(Recipe, Pow2ScalesKeyMapsOntoTheScaleFormats) {
+  PrecisionRecipe r = preset("fp8_tensorwise");
+  r.set_pow2_scales(true);
+  EXPECT_TRUE(r.pow2_scales());
+  EXPECT_EQ(r.x.scale, ScaleFormat::Pow2FP32);
+  EXPECT_EQ(r.w.scale, ScaleFormat::Pow2FP32);
+  EXPECT_EQ(r.dy.scale, ScaleFormat::Pow2FP32);
+  r.set_pow2_scales(false);
+  EXPECT_FALSE(r.pow2_scales());
+  EXPECT_EQ(r.dy.scale, ScaleFormat::FP32);
+  // Scale formats that are not FP32 stay what they are.
+  r.w.scale = ScaleFormat::E8M0;
+  r.set_pow2_scales(true);
+  EXPECT_EQ(r.w.scale, ScaleFormat::E8M0);
+  EXPECT_EQ(r.x.scale, ScaleFormat::Pow2FP32);
+}
+
+TEST(Recipe, NamesHelpAndDescription) {
+  EXPECT_EQ(precision_recipe_names(),
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"}));
+  EXPECT_EQ(precision_recipe_summaries(),
+            "bf16 (every GEMM in BF16; sm_80) | fp8_tensorwise (current per-tensor scaling; sm_89) | fp8_delayed "
+            "(amax history; sm_89) | fp8_blockwise (1x128 / 128x128 blocks; sm_90)");
+  try {
+    PrecisionRecipe r;
+    fill_precision_recipe("fp8_magic", &r);
+    ADD_FAILURE() << "no error for an unknown preset";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "precision.recipe: unknown recipe 'fp8_magic' (known in this build: bf16, "
+                                   "fp8_tensorwise, fp8_delayed, fp8_blockwise)")) << e.what();
+  }
+  PrecisionRecipe unknown;
+  unknown.recipe = "fp8";
+  EXPECT_TRUE(contains(validation_error(unknown), "unknown recipe 'fp8'"));
   const std::string d = describe_recipe(preset("fp8_blockwise"));
-  EXPECT_NE(d.find("x e4m3 1x128"), std::string::npos) << d;
-  EXPECT_NE(d.find("w e4m3 128x128"), std::string::npos) << d;
-  EXPECT_NE(d.find("power-of-two"), std::string::npos) << d;
-  EXPECT_NE(describe_recipe(preset("fp8_delayed")).find("delayed scaling (history 1024, max, margin 0)"),
-            std::string::npos);
+  EXPECT_TRUE(contains(d, "x e4m3 1x128 pow2 scales")) << d;
+  EXPECT_TRUE(contains(d, "w e4m3 128x128 pow2 scales")) << d;
+  EXPECT_TRUE(contains(d, "dy e5m2 1x128 pow2 scales")) << d;
+  EXPECT_TRUE(contains(d, "split accumulation")) << d;
+  EXPECT_TRUE(contains(d, "linear inputs saved as e4m3")) << d;
+  EXPECT_TRUE(contains(describe_recipe(preset("fp8_delayed")), "delayed scaling (history 1024, max, margin 0)"));
+  EXPECT_EQ(describe_recipe(preset("bf16")), "bf16 (all GEMMs in BF16)");
 }
 
 TEST(Recipe, ImpossibleCombinations) {
   PrecisionRecipe r = preset("fp8_blockwise");
   r.fast_accum = true;
-  EXPECT_THROW(validate_precision_recipe(r, 12), Error);
+  EXPECT_TRUE(contains(validation_error(r), "precision.fast_accum")) << validation_error(r);
   r = preset("fp8_blockwise");
-  r.dy.granularity = ScaleGranularity::Block128x128;
-  EXPECT_THROW(validate_precision_recipe(r, 12), Error);  // dgrad would be 2-D x 2-D
+  r.dy.block = kBlock128x128;
+  EXPECT_TRUE(contains(validation_error(r), "dgrad")) << validation_error(r);  // 2-D x 2-D
+  EXPECT_TRUE(contains(validation_error(r), "dy and w are both 128x128")) << validation_error(r);
+  r = preset("fp8_blockwise");
+  r.x.block = kBlock128x128;
+  EXPECT_TRUE(contains(validation_error(r), "x and w are both 128x128")) << validation_error(r);
+  r = preset("fp8_tensorwise");
+  r.w.block = kBlock128x128;
+  EXPECT_TRUE(contains(validation_error(r), "cannot mix per-tensor and block scales")) << validation_error(r);
+  r = preset("fp8_tensorwise");
+  r.w.element = ElementFormat::E5M2;  // dgrad: e5m2 dy with an e5m2 w
+  EXPECT_TRUE(contains(validation_error(r), "dy and w are both e5m2")) << validation_error(r);
+  r = preset("fp8_blockwise");
+  r.scaling = ScalingMode::Delayed;
+  EXPECT_TRUE(contains(validation_error(r), "precision.scaling = \"delayed\"")) << validation_error(r);
+  r = preset("fp8_blockwise");
+  r.w.scale = ScaleFormat::FP32;
+  EXPECT_TRUE(contains(validation_error(r), "precision.pow2_scales")) << validation_error(r);
   r = preset("fp8_delayed");
   r.amax_history_len = 0;
-  EXPECT_THROW(validate_precision_recipe(r, 12), Error);
+  EXPECT_TRUE(contains(validation_error(r), "precision.amax_history_len"));
   r = preset("fp8_tensorwise");
   r.bf16_layers = {-13};
-  EXPECT_THROW(validate_precision_recipe(r, 12), Error);
+  EXPECT_TRUE(contains(validation_error(r), "precision.bf16_layers"));
   r.bf16_layers = {-12, 11};
-  EXPECT_NO_THROW(validate_precision_recipe(r, 12));
+  EXPECT_EQ(validation_error(r), "");
 }
 
-// Sizes of the GEMM-ready block-scale arrays (llmc/precision/tensor.h).
-TEST(Tensor, ScaleLayouts) {
-  EXPECT_EQ(scale_inv_floats(ScaleGranularity::Tensor, 1000, 768), 1u);
-  // 1x128: ceil(cols / 128) blocks of round_up(rows, 4) scales.
-  EXPECT_EQ(scale_inv_floats(ScaleGranularity::Block1x128, 1000, 768), 6u * 1000u);
-  EXPECT_EQ(scale_inv_floats(ScaleGranularity::Block1x128, 1001, 768), 6u * 1004u);
-  EXPECT_EQ(scale_inv_ld(ScaleGranularity::Block1x128, 1001, 768), 1004);
-  EXPECT_EQ(scale_inv_floats(ScaleGranularity::Block1x128, 768, 1001), 8u * 768u);  // the transposed copy
-  // 128x128: ceil(rows / 128) rows of round_up(ceil(cols / 128), 4) tiles.
-  EXPECT_EQ(scale_inv_floats(ScaleGranularity::Block128x128, 2304, 768), 18u * 8u);
-  EXPECT_EQ(scale_inv_ld(ScaleGranularity::Block128x128, 2304, 768), 8);
-  EXPECT_EQ(scale_inv_floats(ScaleGranularity::Block128x128, 768, 2304), 6u * 20u);
-  Fp8Format f;
-  ScaleGranularity g;
-  EXPECT_TRUE(parse_fp8_format("e5m2", &f));
-  EXPECT_EQ(f, Fp8Format::E5M2);
-  EXPECT_FALSE(parse_fp8_format("E5M2x", &f));
-  EXPECT_TRUE(parse_scale_granularity("128x128", &g));
-  EXPECT_EQ(g, ScaleGranularity::Block128x128);
-  EXPECT_STREQ(scale_granularity_name(ScaleGranularity::Block1x128), "1x128");
-  EXPECT_STREQ(fp8_format_name(Fp8Format::E4M3), "e4m3");
+// An encoding this build has no quantiser for is refused by validation, naming the keys, before any kernel.
+TEST(Recipe, EncodingsWithoutAQuantiserAreRefused) {
+  PrecisionRecipe r = preset("fp8_tensorwise");
+  r.x = {ElementFormat::E2M1, kBlock1x16, ScaleFormat::E4M3, true};  // NVFP4
+  const std::string e = validation_error(r);
+  EXPECT_TRUE(contains(e, "precision.x_format / precision.x_granularity")) << e;
+  EXPECT_TRUE(contains(e, "no quantiser for e2m1 1x16 e4m3 scales + fp32 tensor scale")) << e;
+  r = preset("fp8_blockwise");
+  r.dy.block = kBlock1x32;
+  EXPECT_TRUE(contains(validation_error(r), "precision.dy_format / precision.dy_granularity")) << validation_error(r);
+  r = preset("fp8_tensorwise");
+  r.w.block = BlockShape{2, 64};
+  EXPECT_TRUE(contains(validation_error(r), "not an encoding")) << validation_error(r);
+  // Under the bf16 recipe the encodings are not used, so not checked.
+  r = preset("bf16");
+  r.x = {ElementFormat::E2M1, kBlock1x32, ScaleFormat::E8M0};
+  EXPECT_EQ(validation_error(r), "");
 }

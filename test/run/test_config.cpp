@@ -253,11 +253,11 @@ TEST(Config, RecipeNames) {
 // The recipe preset fills the precision section; explicit keys (file or --set) override single fields.
 TEST(Config, RecipePresetAndOverrides) {
   llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "fp8_blockwise"), {});
-  EXPECT_TRUE(c.precision.fp8);
-  EXPECT_EQ(c.precision.x.granularity, llmc::ScaleGranularity::Block1x128);
-  EXPECT_EQ(c.precision.w.granularity, llmc::ScaleGranularity::Block128x128);
-  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E5M2);
-  EXPECT_TRUE(c.precision.pow2_scales);
+  EXPECT_TRUE(llmc::quantizes_linears(c.precision));
+  EXPECT_EQ(c.precision.x.block, llmc::kBlock1x128);
+  EXPECT_EQ(c.precision.w.block, llmc::kBlock128x128);
+  EXPECT_EQ(c.precision.dy.element, llmc::ElementFormat::E5M2);
+  EXPECT_TRUE(c.precision.pow2_scales());
   EXPECT_FALSE(c.precision.fast_accum);
 
   json j = with("precision", "recipe", "fp8_delayed");
@@ -267,7 +267,7 @@ TEST(Config, RecipePresetAndOverrides) {
   EXPECT_EQ(c.precision.scaling, llmc::ScalingMode::Delayed);
   EXPECT_EQ(c.precision.amax_history_len, 16);
   EXPECT_EQ(c.precision.margin, 1);
-  EXPECT_EQ(c.precision.dy.format, llmc::Fp8Format::E4M3);
+  EXPECT_EQ(c.precision.dy.element, llmc::ElementFormat::E4M3);
   EXPECT_EQ(c.precision.bf16_layers, (std::vector<int>{0, -1}));
 
   // The resolved config reloads to the same precision section (presets expanded, every field explicit).

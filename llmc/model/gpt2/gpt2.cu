@@ -113,18 +113,18 @@ void GPT2::plan_activations() {
     for (size_t l = 0; l < L; l++) {
       LayerActs& a = acts_[l];
       const LayerLinears& lin = linears_[l];
-      a.ln1 = rc || lin.qkv->saves_fp8_input() ? shared_ln1 : cv.take<bf16>(N * C);
+      a.ln1 = rc || lin.qkv->saves_quantized_input() ? shared_ln1 : cv.take<bf16>(N * C);
       a.ln1_mean = cv.take<float>(N);
       a.ln1_rstd = cv.take<float>(N);
       a.qkv = cv.take<bf16>(N * 3 * C);
       a.atty = cv.take<bf16>(N * C);
       a.att_lse = cv.take<float>(N * NH);
       a.residual2 = cv.take<bf16>(N * C);
-      a.ln2 = rc || lin.fc->saves_fp8_input() ? shared_ln2 : cv.take<bf16>(N * C);
+      a.ln2 = rc || lin.fc->saves_quantized_input() ? shared_ln2 : cv.take<bf16>(N * C);
       a.ln2_mean = cv.take<float>(N);
       a.ln2_rstd = cv.take<float>(N);
       a.fch = cv.take<bf16>(N * H);
-      a.fch_gelu = rc || lin.fcproj->saves_fp8_input() ? shared_gelu : cv.take<bf16>(N * H);
+      a.fch_gelu = rc || lin.fcproj->saves_quantized_input() ? shared_gelu : cv.take<bf16>(N * H);
       a.residual3 = cv.take<bf16>(N * C);
     }
     lnf_ = cv.take<bf16>(N * C);
@@ -249,13 +249,13 @@ void GPT2::backward(cudaStream_t s) {
     const bf16* residual = layer_input(l);  // (N, C)
     // dresidual (N, C) = d residual3 = d residual2 (through the skip) = d fcproj output.
     // --- MLP: residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj
-    if (rc && !lin.fcproj->saves_fp8_input()) gelu_forward(a.fch_gelu, a.fch, (size_t)N * H, s);  // recompute
+    if (rc && !lin.fcproj->saves_quantized_input()) gelu_forward(a.fch_gelu, a.fch, (size_t)N * H, s);  // recompute
     Linear::BackwardOptions fcproj_opt = produced;  // dfch (N, H) = dh * gelu'(fch)
     fcproj_opt.x_pre_gelu = a.fch;
     fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
     lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, a.fch_gelu, W.fcproj_w, N, s, fcproj_opt);
     // fch = ln2 · Wfcᵀ + bfc
-    if (rc && !lin.fc->saves_fp8_input())
+    if (rc && !lin.fc->saves_quantized_input())
       layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W.ln2_w, W.ln2_b, N, C, s);
     lin.fc->backward(dsmall_, G.fc_w, dbig_, a.ln2, W.fc_w, N, s, produced);   // dln2 (N, C), dWfc (H, C) +=
     bias_backward(G.fc_b, scratch_, dbig_, N, H, s);                            // dbfc (H) +=
@@ -267,7 +267,7 @@ void GPT2::backward(cudaStream_t s) {
     attention_backward(dbig_, scratch_, dsmall_, a.qkv, a.atty, a.att_lse, B, T, NH, NH, HS, s,
                        lin.qkv->dy_amax_slot(), G.qkv_b);                       // dqkv (N, 3C), dbqkv (3C) +=
     // qkv = ln1 · Wqkvᵀ + bqkv
-    if (rc && !lin.qkv->saves_fp8_input())
+    if (rc && !lin.qkv->saves_quantized_input())
       layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W.ln1_w, W.ln1_b, N, C, s);
     lin.qkv->backward(dsmall_, G.qkv_w, dbig_, a.ln1, W.qkv_w, N, s, produced);  // dln1 (N, C), dWqkv (3C, C) +=
     // ln1 = LN(residual): dresidual += dLN/dresidual -> dresidual = d residual (the block input)

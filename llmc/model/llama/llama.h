@@ -72,7 +72,7 @@ class Llama : public Model {
   void plan_activations();
   const bf16* layer_input(int l) const;  // residual stream entering block l (N, C)
   // Whether backward needs the BF16 input of a linear (false when the linear saved it as FP8).
-  static bool needs_bf16_input(const Linear& linear) { return !linear.saves_fp8_input(); }
+  static bool needs_bf16_input(const Linear& linear) { return !linear.saves_quantized_input(); }
 
   LlamaTensors<bf16> w_;
   LlamaTensors<float> g_;

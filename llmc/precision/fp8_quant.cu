@@ -1,7 +1,8 @@
-// llmc/precision/quant.cu: the FP8 quantisation kernels of llmc/precision/quant.h and, beside each, its host reference (`*_cpu`), bit-exact
-// with each other: the same codes, scales and amax. Owns the scale formula (host and device share one function), the
-// delayed-scaling update, amax of a bf16 tensor, the per-tensor and block-wise casts (one pass over x, writing the
-// row-major codes and the transposed copy together), dequantisation and the quantisation telemetry.
+// llmc/precision/fp8_quant.cu: the FP8 quantisation kernels of llmc/precision/fp8_quant.h, bit-exact with their host
+// references (test/reference/quant_ref.cpp): the same codes, scales and amax. Owns the delayed-scaling update, amax of
+// a bf16 tensor, the per-tensor and block-wise casts (one pass over x, writing the row-major codes and the transposed
+// copy together), the transpose of codes, dequantisation and the quantisation telemetry; the scale formulas are
+// llmc/precision/scale_math.cuh's, which the references share.
 //
 // Bit-exactness rests on three things: the FP32 arithmetic of the scale formula and of x * scale is written with
 // explicitly rounded operations (__fdiv_rn, __fmul_rn on the device: no FMA contraction, no approximate division;
@@ -28,60 +29,33 @@
 #include "llmc/core/cuda_utils.cuh"
 #include "llmc/core/dtypes.h"
 #include "llmc/core/float_rn.cuh"
-#include "llmc/precision/quant.h"
+#include "llmc/precision/fp8_quant.h"
+#include "llmc/precision/quantize.h"
+#include "llmc/precision/scale_math.cuh"
 
 #if defined(__CUDACC__) && defined(__USE_FAST_MATH__)
-#error "llmc/precision/quant.cu must be compiled without --use_fast_math: host and device scales must agree bit for bit"
+#error "llmc/precision/fp8_quant.cu must be compiled without --use_fast_math: host and device scales must agree bit for bit"
 #endif
 
 namespace llmc {
 
 // ---------------------------------------------------------------------------------------------------------------
-// Scalar helpers shared by the host references and the kernels.
-__host__ __device__ inline float fp8_max_of(Fp8Format f) { return f == Fp8Format::E5M2 ? 57344.0f : 448.0f; }
-
-// quant.h's formula: fp8_max / (amax * 2^margin) in FP32, clamped to [2^-126, FLT_MAX], optionally floored to a power
-// of two; `fallback` when amax is 0, negative, NaN or infinite. margin_factor = 2^margin (exact).
-__host__ __device__ inline float scale_from_amax(float amax, float fallback, float fp8max, float margin_factor,
-                                                 bool pow2) {
-  if (!(amax > 0.0f) || (float_to_bits(amax) & 0x7f800000u) == 0x7f800000u) return fallback;
-  float s = div_rn(fp8max, mul_rn(amax, margin_factor));
-  s = fminf(fmaxf(s, FLT_MIN), FLT_MAX);
-  if (pow2) {
-#ifdef __CUDA_ARCH__
-    s = bits_to_float(float_to_bits(s) & 0x7f800000u);  // s is normal here: zeroing the mantissa is the floor
-#else
-    s = pow2_floor(s);
-#endif
-  }
-  return s;
-}
-// A block's scale: its own amax, no margin, 1 for an all-zero or non-finite block.
-__host__ __device__ inline float block_scale(float amax, float fp8max, bool pow2) {
-  return scale_from_amax(amax, 1.0f, fp8max, 1.0f, pow2);
+// The family's encodings
+bool fp8_tensorwise_encoding(const Encoding& e) {
+  return is_fp8(e.element) && e.per_tensor() && (e.scale == ScaleFormat::FP32 || e.scale == ScaleFormat::Pow2FP32) &&
+         !e.tensor_scale;
 }
 
-// max over the bits of |x| (see cuda_utils.cuh); the host side of amax_bits.
-inline uint32_t abs_bits_host(float x) { return float_to_bits(x) & 0x7fffffffu; }
-
-static float margin_factor(const char* kernel, int margin) {
-  if (margin < -64 || margin > 64) throw_error("%s: margin = %d must be in [-64, 64]", kernel, margin);
-  return std::ldexp(1.0f, margin);
+bool fp8_blockwise_encoding(const Encoding& e) {
+  return is_fp8(e.element) && (e.block == kBlock1x128 || e.block == kBlock128x128) &&
+         (e.scale == ScaleFormat::FP32 || e.scale == ScaleFormat::Pow2FP32) && !e.tensor_scale;
 }
 
-// Index into a GEMM-ready scale_inv array (llmc/precision/tensor.h) of element (r, c) of a (rows, cols) source.
-__host__ __device__ inline size_t scale_index(ScaleGranularity g, int r, int c, int ld) {
-  if (g == ScaleGranularity::Block1x128) return static_cast<size_t>(c / kScaleBlock) * ld + r;
-  if (g == ScaleGranularity::Block128x128) return static_cast<size_t>(r / kScaleBlock) * ld + c / kScaleBlock;
-  return 0;
-}
+static const char* const kTensorwiseDoc = "an e4m3 | e5m2 encoding with one fp32 | pow2 scale for the whole tensor";
+static const char* const kBlockwiseDoc = "an e4m3 | e5m2 encoding with fp32 | pow2 scales of 1x128 or 128x128 blocks";
 
 // ---------------------------------------------------------------------------------------------------------------
 // Scales
-float fp8_scale_from_amax_cpu(float amax, float previous_scale, Fp8Format f, int margin, bool pow2) {
-  return scale_from_amax(amax, previous_scale, fp8_max_of(f), margin_factor("fp8_scale_from_amax_cpu", margin), pow2);
-}
-
 __global__ void fp8_scale_from_amax_kernel(float* scale, float* scale_inv, const float* amax, float fp8max,
                                            float margin_factor, bool pow2) {
   const float s = scale_from_amax(amax[0], scale[0], fp8max, margin_factor, pow2);
@@ -89,13 +63,16 @@ __global__ void fp8_scale_from_amax_kernel(float* scale, float* scale_inv, const
   scale_inv[0] = div_rn(1.0f, s);
 }
 
-void fp8_scale_from_amax(float* scale, float* scale_inv, const float* amax, Fp8Format f, int margin, bool pow2,
+void fp8_scale_from_amax(float* scale, float* scale_inv, const float* amax, const Encoding& e, int margin,
                          cudaStream_t stream) {
   const float mf = margin_factor("fp8_scale_from_amax", margin);
+  if (!fp8_tensorwise_encoding(e))
+    throw_error("fp8_scale_from_amax: e is %s; per-tensor scales are for %s", encoding_name(e).c_str(), kTensorwiseDoc);
   if (!scale || !scale_inv || !amax)
     throw_error("fp8_scale_from_amax: scale (%p), scale_inv (%p) and amax (%p) must all be device pointers",
                 static_cast<void*>(scale), static_cast<void*>(scale_inv), static_cast<const void*>(amax));
-  fp8_scale_from_amax_kernel<<<1, 1, 0, stream>>>(scale, scale_inv, amax, fp8_max_of(f), mf, pow2);
+  fp8_scale_from_amax_kernel<<<1, 1, 0, stream>>>(scale, scale_inv, amax, fp8_max_of(e.element), mf,
+                                                  e.pow2_scales());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -121,52 +98,24 @@ __global__ void fp8_delayed_scaling_update_kernel(float* history, float* amax, f
   if (lane == 0) {
     h[pos] = a;
     amax[i] = 0.0f;
-    const float fp8max = formats[i] == static_cast<uint8_t>(Fp8Format::E5M2) ? 57344.0f : 448.0f;
-    const float s = scale_from_amax(m, scale[i], fp8max, margin_factor, pow2);
+    const float s = scale_from_amax(m, scale[i], fp8_max_of(static_cast<ElementFormat>(formats[i])), margin_factor,
+                                    pow2);
     scale[i] = s;
     scale_inv[i] = div_rn(1.0f, s);
   }
 }
 
-static void check_delayed_args(const char* kernel, const void* history, const void* amax, const void* scale,
-                               const void* scale_inv, const void* formats, int count, int len, int pos) {
-  if (count < 0) throw_error("%s: count = %d must be >= 0", kernel, count);
-  if (len < 1) throw_error("%s: len = %d (the amax history length) must be >= 1", kernel, len);
-  if (pos < 0 || pos >= len) throw_error("%s: pos = %d must be in [0, len = %d)", kernel, pos, len);
-  if (count > 0 && (!history || !amax || !scale || !scale_inv || !formats))
-    throw_error("%s: history, amax, scale, scale_inv and formats must all be non-null (count = %d)", kernel, count);
-}
-
 void fp8_delayed_scaling_update(float* history, float* amax, float* scale, float* scale_inv, const uint8_t* formats,
-                                int count, int len, int pos, bool use_max, int margin, bool pow2, cudaStream_t stream) {
-  const float mf = margin_factor("fp8_delayed_scaling_update", margin);
-  check_delayed_args("fp8_delayed_scaling_update", history, amax, scale, scale_inv, formats, count, len, pos);
+                                int count, int len, int pos, bool use_max, int margin, ScaleFormat scales,
+                                cudaStream_t stream) {
+  const char* kernel = "fp8_delayed_scaling_update";
+  const float mf = margin_factor(kernel, margin);
+  check_delayed_scaling_args(kernel, history, amax, scale, scale_inv, formats, count, len, pos, scales);
   if (count == 0) return;
   const int blocks = static_cast<int>(ceil_div(count, kDelayedWarpsPerBlock));
   fp8_delayed_scaling_update_kernel<<<blocks, kDelayedWarpsPerBlock * kWarpSize, 0, stream>>>(
-      history, amax, scale, scale_inv, formats, count, len, pos, use_max, mf, pow2);
+      history, amax, scale, scale_inv, formats, count, len, pos, use_max, mf, scales == ScaleFormat::Pow2FP32);
   CUDA_CHECK_LAUNCH();
-}
-
-void fp8_delayed_scaling_update_cpu(float* history, float* amax, float* scale, float* scale_inv,
-                                    const uint8_t* formats, int count, int len, int pos, bool use_max, int margin,
-                                    bool pow2) {
-  const float mf = margin_factor("fp8_delayed_scaling_update_cpu", margin);
-  check_delayed_args("fp8_delayed_scaling_update_cpu", history, amax, scale, scale_inv, formats, count, len, pos);
-  for (int i = 0; i < count; i++) {
-    if (formats[i] > 1) throw_error("fp8_delayed_scaling_update_cpu: formats[%d] = %d is not an Fp8Format", i, formats[i]);
-    float* h = history + static_cast<size_t>(i) * len;
-    const float a = amax[i];
-    h[pos] = a;
-    float m = a;
-    if (use_max) {
-      m = 0.0f;
-      for (int k = 0; k < len; k++) m = std::fmax(m, h[k]);
-    }
-    scale[i] = scale_from_amax(m, scale[i], fp8_max_of(static_cast<Fp8Format>(formats[i])), mf, pow2);
-    scale_inv[i] = 1.0f / scale[i];
-    amax[i] = 0.0f;
-  }
 }
 
 // max |x| of 8 bf16 as the FP32 bits of |x| (what amax_bits gives): a bf16 is the top half of an FP32, so |x| orders
@@ -219,15 +168,9 @@ void amax_bf16(float* amax, const bf16* x, size_t n, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-float amax_bf16_cpu(const float* x, size_t n) {
-  uint32_t m = 0;
-  for (size_t i = 0; i < n; i++) m = std::max(m, abs_bits_host(x[i]));
-  return bits_to_float(m);
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // The cast kernel (the tile scheme is described at the top of this file).
-constexpr int kTile = kScaleBlock;                            // 128 x 128 elements per CTA
+constexpr int kTile = kBlock128x128.rows;                     // 128 x 128 elements per CTA (a tile of 1x128 blocks)
 constexpr int kTileThreads = 256;
 constexpr int kTileWarps = kTileThreads / kWarpSize;          // 8
 constexpr int kTileChunks = kTile / 8;                        // 16-byte chunks (8 bf16) per tile row: 16
@@ -238,6 +181,7 @@ constexpr int kColsPerWarp = kWarpSize / kColLanes;           // columns a warp 
 constexpr int kColPasses = kTile / (kTileWarps * kColsPerWarp);  // 4
 static_assert(kTileSteps == 8 && kColLanes * 16 == kTile && kColPasses * kTileWarps * kColsPerWarp == kTile,
               "the swizzle key r / 16 must be the load step and the column lane, both in 0..7");
+static_assert(kBlock1x128.cols == kTile && kBlock128x128.cols == kTile, "a tile row is one 1x128 block");
 
 enum class TileMode : int { Tensor, Block1x128, Block128x128 };
 
@@ -260,9 +204,9 @@ struct TileArgs {
   bool vec_t;            // rows % 16 == 0: every 16-row run of a data_t row is 16-byte aligned (else byte stores)
 };
 
-template <Fp8Format F>
+template <ElementFormat F>
 __device__ inline uint32_t cvt4(float a, float b, float c, float d) {  // four codes, a in the low byte
-  constexpr __nv_fp8_interpretation_t kind = F == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
+  constexpr __nv_fp8_interpretation_t kind = F == ElementFormat::E4M3 ? __NV_E4M3 : __NV_E5M2;
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kind);
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kind);
   return lo | (hi << 16);
@@ -270,11 +214,11 @@ __device__ inline uint32_t cvt4(float a, float b, float c, float d) {  // four c
 
 // Row-major codes of the thread's 8 rows (8 codes per row, straight from registers) and, for 1x128, the rows' scale_inv
 // (rows past the tensor up to ld are padding: their amax is 0, so their scale_inv is 1).
-template <TileMode kMode, Fp8Format kFormat>
+template <TileMode kMode, ElementFormat kFormat>
 __device__ __forceinline__ void store_row_codes(const TileArgs& a, const uint4 (&v)[kTileSteps],
                                                 const unsigned (&row_amax)[kTileSteps], float tile_scale, int r0,
                                                 int c0, int ct, int row0, int k, int tile_rows, bool chunk_in) {
-  constexpr float kMax = kFormat == Fp8Format::E4M3 ? 448.0f : 57344.0f;
+  constexpr float kMax = kFormat == ElementFormat::E4M3 ? 448.0f : 57344.0f;
 #pragma unroll
   for (int s = 0; s < kTileSteps; s++) {
     const int r = row0 + kTileRowsPerStep * s;
@@ -295,14 +239,14 @@ __device__ __forceinline__ void store_row_codes(const TileArgs& a, const uint4 (
   }
 }
 
-template <TileMode kMode, Fp8Format kFormat>
+template <TileMode kMode, ElementFormat kFormat>
 __global__ void __launch_bounds__(kTileThreads, 4) quantize_tile_kernel(const TileArgs a) {
   // The bf16 tile for the column pass: chunk k (columns 8k .. 8k+7) of tile row r is stored at sx[r][k ^ (r / 16)].
   // A column read touches rows 16 j + i for the 8 lanes j = 0..7 of a column at once: the XOR sends them to 8
   // different 16-byte bank groups (without it all 8 rows sit in the same banks).
   __shared__ uint4 sx[kTile][kTileChunks];
   __shared__ unsigned warp_amax[kTileWarps];
-  constexpr float kMax = kFormat == Fp8Format::E4M3 ? 448.0f : 57344.0f;
+  constexpr float kMax = kFormat == ElementFormat::E4M3 ? 448.0f : 57344.0f;
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int rt = blockIdx.x / a.col_tiles, ct = blockIdx.x % a.col_tiles;
@@ -433,26 +377,27 @@ __global__ void __launch_bounds__(kTileThreads, 4) quantize_tile_kernel(const Ti
 }
 
 template <TileMode kMode>
-static void launch_tile_kernel(const TileArgs& args, Fp8Format f, cudaStream_t stream) {
+static void launch_tile_kernel(const TileArgs& args, ElementFormat f, cudaStream_t stream) {
   const size_t tiles = static_cast<size_t>(args.row_tiles) * args.col_tiles;
   if (tiles > 0x7fffffffu) throw_error("fp8 quantize: %zu tiles of 128 x 128 exceed the grid limit", tiles);
   if (tiles == 0) return;
-  if (f == Fp8Format::E4M3)
-    quantize_tile_kernel<kMode, Fp8Format::E4M3><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(args);
+  if (f == ElementFormat::E4M3)
+    quantize_tile_kernel<kMode, ElementFormat::E4M3><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(args);
   else
-    quantize_tile_kernel<kMode, Fp8Format::E5M2><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(args);
+    quantize_tile_kernel<kMode, ElementFormat::E5M2><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(args);
   CUDA_CHECK_LAUNCH();
 }
 
-// The checks every cast shares: shape, alignment, the format's value.
+// The checks every cast shares: shape, alignment, an FP8 encoding of either family.
 static void check_cast(const char* kernel, const QTensor& q, const bf16* x) {
   if (q.rows < 0) throw_error("%s: q.rows = %d must be >= 0", kernel, q.rows);
   if (q.cols <= 0 || q.cols % 16 != 0)
     throw_error("%s: q.cols = %d must be a positive multiple of 16 (FP8 GEMM operands need 16-byte rows; pad the "
                 "dimension)",
                 kernel, q.cols);
-  if (q.format != Fp8Format::E4M3 && q.format != Fp8Format::E5M2)
-    throw_error("%s: q.format = %d is not an Fp8Format", kernel, static_cast<int>(q.format));
+  if (!fp8_tensorwise_encoding(q.encoding) && !fp8_blockwise_encoding(q.encoding))
+    throw_error("%s: q.encoding is %s; the FP8 kernels take %s, or %s", kernel, encoding_name(q.encoding).c_str(),
+                kTensorwiseDoc, kBlockwiseDoc);
   if (q.rows > 0 && !x) throw_error("%s: x is null", kernel);
   if (x) require_aligned16(kernel, "x", x);
   if (q.data) require_aligned16(kernel, "q.data", q.data);
@@ -475,24 +420,24 @@ static TileArgs tile_args(const QTensor& q, const bf16* x) {
 void fp8_quantize_tensorwise(const QTensor& q, const bf16* x, float* amax_out, cudaStream_t stream) {
   const char* kernel = "fp8_quantize_tensorwise";
   check_cast(kernel, q, x);
-  if (q.granularity != ScaleGranularity::Tensor)
-    throw_error("%s: q.granularity is %s; per-tensor casts need 'tensor' (use fp8_quantize_blockwise)", kernel,
-                scale_granularity_name(q.granularity));
+  if (!fp8_tensorwise_encoding(q.encoding))
+    throw_error("%s: q.encoding is %s; per-tensor casts take %s (block encodings: fp8_quantize_blockwise)", kernel,
+                encoding_name(q.encoding).c_str(), kTensorwiseDoc);
   if (!q.scale) throw_error("%s: q.scale is null (the per-tensor multiplier, on the device)", kernel);
   TileArgs a = tile_args(q, x);
   a.scale = q.scale;
   a.amax = amax_out;
   if (q.rows == 0 || (!q.data && !q.data_t && !amax_out)) return;
-  launch_tile_kernel<TileMode::Tensor>(a, q.format, stream);
+  launch_tile_kernel<TileMode::Tensor>(a, q.encoding.element, stream);
 }
 
-void fp8_quantize_tensorwise_from_amax(const QTensor& q, const bf16* x, const float* amax, int margin, bool pow2,
+void fp8_quantize_tensorwise_from_amax(const QTensor& q, const bf16* x, const float* amax, int margin,
                                        cudaStream_t stream) {
   const char* kernel = "fp8_quantize_tensorwise_from_amax";
   check_cast(kernel, q, x);
-  if (q.granularity != ScaleGranularity::Tensor)
-    throw_error("%s: q.granularity is %s; per-tensor casts need 'tensor'", kernel,
-                scale_granularity_name(q.granularity));
+  if (!fp8_tensorwise_encoding(q.encoding))
+    throw_error("%s: q.encoding is %s; per-tensor casts take %s", kernel, encoding_name(q.encoding).c_str(),
+                kTensorwiseDoc);
   if (!q.scale || !q.scale_inv || !amax)
     throw_error("%s: q.scale (%p), q.scale_inv (%p) and amax (%p) must all be device pointers", kernel,
                 static_cast<void*>(q.scale), static_cast<void*>(q.scale_inv), static_cast<const void*>(amax));
@@ -502,131 +447,53 @@ void fp8_quantize_tensorwise_from_amax(const QTensor& q, const bf16* x, const fl
   a.scale_out = q.scale;
   a.scale_inv_out = q.scale_inv;
   a.margin_factor = margin_factor(kernel, margin);
-  a.pow2 = pow2;
+  a.pow2 = q.encoding.pow2_scales();
   if (q.rows == 0 || (!q.data && !q.data_t)) {  // nothing to cast: the scale alone
-    fp8_scale_from_amax(q.scale, q.scale_inv, amax, q.format, margin, pow2, stream);
+    fp8_scale_from_amax(q.scale, q.scale_inv, amax, q.encoding, margin, stream);
     return;
   }
-  launch_tile_kernel<TileMode::Tensor>(a, q.format, stream);
+  launch_tile_kernel<TileMode::Tensor>(a, q.encoding.element, stream);
 }
 
-void fp8_quantize_blockwise(const QTensor& q, const bf16* x, bool pow2, cudaStream_t stream) {
+void fp8_quantize_blockwise(const QTensor& q, const bf16* x, cudaStream_t stream) {
   const char* kernel = "fp8_quantize_blockwise";
   check_cast(kernel, q, x);
-  if (q.granularity == ScaleGranularity::Tensor)
-    throw_error("%s: q.granularity is 'tensor'; block casts need 1x128 or 128x128 (use fp8_quantize_tensorwise)",
-                kernel);
+  if (!fp8_blockwise_encoding(q.encoding))
+    throw_error("%s: q.encoding is %s; block casts take %s (whole-tensor encodings: fp8_quantize_tensorwise)", kernel,
+                encoding_name(q.encoding).c_str(), kBlockwiseDoc);
   if (q.data && !q.scale_inv) throw_error("%s: q.data is set but q.scale_inv is null", kernel);
   if (q.data_t && !q.scale_inv_t) throw_error("%s: q.data_t is set but q.scale_inv_t is null", kernel);
   TileArgs a = tile_args(q, x);
   a.scale_inv = q.scale_inv;
   a.scale_inv_t = q.scale_inv_t;
-  a.ld = scale_inv_ld(q.granularity, q.rows, q.cols);
-  a.ld_t = scale_inv_ld(q.granularity, q.cols, q.rows);
-  a.pow2 = pow2;
+  a.ld = scale_inv_ld(q.encoding, q.rows, q.cols);
+  a.ld_t = scale_inv_ld(q.encoding, q.cols, q.rows);
+  a.pow2 = q.encoding.pow2_scales();
   a.amax = q.amax;
   // q.amax is overwritten: zeroed here, then every tile's amax is atomically maxed into it (stream-ordered).
   if (q.amax) CUDA_CHECK(cudaMemsetAsync(q.amax, 0, sizeof(float), stream));
   if (q.rows == 0) return;
-  if (q.granularity == ScaleGranularity::Block1x128)
-    launch_tile_kernel<TileMode::Block1x128>(a, q.format, stream);
+  if (q.encoding.block == kBlock1x128)
+    launch_tile_kernel<TileMode::Block1x128>(a, q.encoding.element, stream);
   else
-    launch_tile_kernel<TileMode::Block128x128>(a, q.format, stream);
-}
-
-// Host references, written from the definitions (not from the kernel's tiling).
-static void check_cast_cpu(const char* kernel, int rows, int cols, Fp8Format f) {
-  if (rows < 0) throw_error("%s: rows = %d must be >= 0", kernel, rows);
-  if (cols <= 0 || cols % 16 != 0) throw_error("%s: cols = %d must be a positive multiple of 16", kernel, cols);
-  if (f != Fp8Format::E4M3 && f != Fp8Format::E5M2) throw_error("%s: f = %d is not an Fp8Format", kernel, int(f));
-}
-
-void fp8_quantize_tensorwise_cpu(uint8_t* data, uint8_t* data_t, float* amax_out, const float* x, int rows, int cols,
-                                 float scale, Fp8Format f) {
-  check_cast_cpu("fp8_quantize_tensorwise_cpu", rows, cols, f);
-  uint32_t m = 0;
-  for (int r = 0; r < rows; r++)
-    for (int c = 0; c < cols; c++) {
-      const float v = x[static_cast<size_t>(r) * cols + c];
-      const uint8_t code = fp8_encode(mul_rn(v, scale), f);
-      if (data) data[static_cast<size_t>(r) * cols + c] = code;
-      if (data_t) data_t[static_cast<size_t>(c) * rows + r] = code;
-      m = std::max(m, abs_bits_host(v));
-    }
-  if (amax_out) *amax_out = bits_to_float(std::max(float_to_bits(*amax_out), m));  // as atomicMax on the bits
-}
-
-void fp8_quantize_blockwise_cpu(uint8_t* data, float* scale_inv, uint8_t* data_t, float* scale_inv_t, const float* x,
-                                int rows, int cols, ScaleGranularity g, Fp8Format f, bool pow2) {
-  const char* kernel = "fp8_quantize_blockwise_cpu";
-  check_cast_cpu(kernel, rows, cols, f);
-  if (g == ScaleGranularity::Tensor) throw_error("%s: g must be 1x128 or 128x128", kernel);
-  const float fmax = fp8_max_of(f);
-  const int rbs = static_cast<int>(ceil_div(static_cast<size_t>(rows), kScaleBlock));
-  const int cbs = static_cast<int>(ceil_div(static_cast<size_t>(cols), kScaleBlock));
-  const int ld = scale_inv_ld(g, rows, cols), ld_t = scale_inv_ld(g, cols, rows);
-  if (scale_inv) std::fill(scale_inv, scale_inv + scale_inv_floats(g, rows, cols), 1.0f);
-  if (scale_inv_t) std::fill(scale_inv_t, scale_inv_t + scale_inv_floats(g, cols, rows), 1.0f);
-  auto X = [&](int r, int c) { return x[static_cast<size_t>(r) * cols + c]; };
-
-  if (g == ScaleGranularity::Block1x128) {
-    if (data)  // 1 x 128 blocks along the rows of x
-      for (int r = 0; r < rows; r++)
-        for (int cb = 0; cb < cbs; cb++) {
-          const int c_end = std::min(cols, (cb + 1) * kScaleBlock);
-          uint32_t m = 0;
-          for (int c = cb * kScaleBlock; c < c_end; c++) m = std::max(m, abs_bits_host(X(r, c)));
-          const float s = block_scale(bits_to_float(m), fmax, pow2);
-          for (int c = cb * kScaleBlock; c < c_end; c++)
-            data[static_cast<size_t>(r) * cols + c] = fp8_encode(mul_rn(X(r, c), s), f);
-          if (scale_inv) scale_inv[static_cast<size_t>(cb) * ld + r] = 1.0f / s;
-        }
-    if (data_t)  // 128 x 1 blocks along the columns of x, written transposed
-      for (int c = 0; c < cols; c++)
-        for (int rb = 0; rb < rbs; rb++) {
-          const int r_end = std::min(rows, (rb + 1) * kScaleBlock);
-          uint32_t m = 0;
-          for (int r = rb * kScaleBlock; r < r_end; r++) m = std::max(m, abs_bits_host(X(r, c)));
-          const float s = block_scale(bits_to_float(m), fmax, pow2);
-          for (int r = rb * kScaleBlock; r < r_end; r++)
-            data_t[static_cast<size_t>(c) * rows + r] = fp8_encode(mul_rn(X(r, c), s), f);
-          if (scale_inv_t) scale_inv_t[static_cast<size_t>(rb) * ld_t + c] = 1.0f / s;
-        }
-    return;
-  }
-  for (int rb = 0; rb < rbs; rb++)  // 128 x 128 tiles; data_t is the transposed codes with the same scales
-    for (int cb = 0; cb < cbs; cb++) {
-      const int r_end = std::min(rows, (rb + 1) * kScaleBlock), c_end = std::min(cols, (cb + 1) * kScaleBlock);
-      uint32_t m = 0;
-      for (int r = rb * kScaleBlock; r < r_end; r++)
-        for (int c = cb * kScaleBlock; c < c_end; c++) m = std::max(m, abs_bits_host(X(r, c)));
-      const float s = block_scale(bits_to_float(m), fmax, pow2);
-      for (int r = rb * kScaleBlock; r < r_end; r++)
-        for (int c = cb * kScaleBlock; c < c_end; c++) {
-          const uint8_t code = fp8_encode(mul_rn(X(r, c), s), f);
-          if (data) data[static_cast<size_t>(r) * cols + c] = code;
-          if (data_t) data_t[static_cast<size_t>(c) * rows + r] = code;
-        }
-      if (data && scale_inv) scale_inv[static_cast<size_t>(rb) * ld + cb] = 1.0f / s;
-      if (data_t && scale_inv_t) scale_inv_t[static_cast<size_t>(cb) * ld_t + rb] = 1.0f / s;
-    }
+    launch_tile_kernel<TileMode::Block128x128>(a, q.encoding.element, stream);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Dequantisation: one element per thread (tests and telemetry only).
-template <Fp8Format F>
+template <ElementFormat F>
 __device__ inline float fp8_to_float(uint8_t code) {
-  constexpr __nv_fp8_interpretation_t kind = F == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
+  constexpr __nv_fp8_interpretation_t kind = F == ElementFormat::E4M3 ? __NV_E4M3 : __NV_E5M2;
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, kind)));  // exact: every FP8 value is an FP16 value
 }
 
-template <Fp8Format F>
+template <ElementFormat F>
 __global__ void fp8_dequantize_kernel(float* out, const uint8_t* data, const float* scale_inv, int rows, int cols,
-                                      ScaleGranularity g, int ld) {
+                                      BlockShape block, int ld) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<size_t>(rows) * cols) return;
   const int r = static_cast<int>(i / cols), c = static_cast<int>(i % cols);
-  out[i] = mul_rn(fp8_to_float<F>(data[i]), scale_inv[scale_index(g, r, c, ld)]);
+  out[i] = mul_rn(fp8_to_float<F>(data[i]), scale_inv[scale_index(block, r, c, ld)]);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -681,40 +548,29 @@ void fp8_transpose_codes(uint8_t* dst, const uint8_t* src, int rows, int cols, c
   CUDA_CHECK_LAUNCH();
 }
 
-void fp8_transpose_codes_cpu(uint8_t* dst, const uint8_t* src, int rows, int cols) {
-  for (int r = 0; r < rows; r++)
-    for (int c = 0; c < cols; c++) dst[static_cast<size_t>(c) * rows + r] = src[static_cast<size_t>(r) * cols + c];
-}
-
 void fp8_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream) {
   const char* kernel = "fp8_dequantize";
   const uint8_t* data = transposed ? q.data_t : q.data;
-  const float* scale_inv = transposed && q.granularity != ScaleGranularity::Tensor ? q.scale_inv_t : q.scale_inv;
+  const bool own_scales_t = transposed && !q.encoding.per_tensor();  // a whole-tensor data_t shares scale_inv
+  const float* scale_inv = own_scales_t ? q.scale_inv_t : q.scale_inv;
   const int rows = transposed ? q.cols : q.rows, cols = transposed ? q.rows : q.cols;
   if (rows < 0 || cols < 0) throw_error("%s: q.rows = %d, q.cols = %d must be >= 0", kernel, q.rows, q.cols);
   const size_t n = static_cast<size_t>(rows) * cols;
   if (n == 0) return;
   if (!out) throw_error("%s: out is null", kernel);
   if (!data) throw_error("%s: q.%s is null", kernel, transposed ? "data_t" : "data");
-  if (!scale_inv) throw_error("%s: q.%s is null", kernel, transposed && q.granularity != ScaleGranularity::Tensor ? "scale_inv_t" : "scale_inv");
-  const int ld = scale_inv_ld(q.granularity, rows, cols);
+  if (!scale_inv) throw_error("%s: q.%s is null", kernel, own_scales_t ? "scale_inv_t" : "scale_inv");
+  if (!fp8_tensorwise_encoding(q.encoding) && !fp8_blockwise_encoding(q.encoding))
+    throw_error("%s: q.encoding is %s; the FP8 kernels take %s, or %s", kernel, encoding_name(q.encoding).c_str(),
+                kTensorwiseDoc, kBlockwiseDoc);
+  const int ld = scale_inv_ld(q.encoding, rows, cols);
+  const BlockShape block = q.encoding.block;
   const unsigned blocks = static_cast<unsigned>(ceil_div(n, 256));
-  if (q.format == Fp8Format::E4M3)
-    fp8_dequantize_kernel<Fp8Format::E4M3><<<blocks, 256, 0, stream>>>(out, data, scale_inv, rows, cols, q.granularity, ld);
+  if (q.encoding.element == ElementFormat::E4M3)
+    fp8_dequantize_kernel<ElementFormat::E4M3><<<blocks, 256, 0, stream>>>(out, data, scale_inv, rows, cols, block, ld);
   else
-    fp8_dequantize_kernel<Fp8Format::E5M2><<<blocks, 256, 0, stream>>>(out, data, scale_inv, rows, cols, q.granularity, ld);
+    fp8_dequantize_kernel<ElementFormat::E5M2><<<blocks, 256, 0, stream>>>(out, data, scale_inv, rows, cols, block, ld);
   CUDA_CHECK_LAUNCH();
-}
-
-void fp8_dequantize_cpu(float* out, const uint8_t* data, const float* scale_inv, int rows, int cols,
-                        ScaleGranularity g, Fp8Format f) {
-  if (rows < 0 || cols < 0) throw_error("fp8_dequantize_cpu: rows = %d, cols = %d must be >= 0", rows, cols);
-  const int ld = scale_inv_ld(g, rows, cols);
-  for (int r = 0; r < rows; r++)
-    for (int c = 0; c < cols; c++) {
-      const size_t i = static_cast<size_t>(r) * cols + c;
-      out[i] = mul_rn(fp8_decode(data[i], f), scale_inv[scale_index(g, r, c, ld)]);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -725,7 +581,8 @@ void fp8_dequantize_cpu(float* out, const uint8_t* data, const float* scale_inv,
 constexpr int kStatsBlocks = 256;
 constexpr int kStatsThreads = 256;
 
-// Slots (quant.h): 0 amax, 1 min scale, 2 saturated, 3 underflow, 4 nonzero, 5 sum x^2, 6 sum err^2, 7 elements.
+// Slots (llmc/precision/quantize.h): 0 amax, 1 min scale, 2 saturated, 3 underflow, 4 nonzero, 5 sum x^2,
+// 6 sum err^2, 7 elements.
 // In the partials, slot 0 holds the amax bits and slot 1 the max scale_inv bits (as exact doubles).
 struct StatsArgs {
   const bf16* x;
@@ -733,13 +590,31 @@ struct StatsArgs {
   const float* scale_inv;
   int rows, cols, ld;
   int scale_rows, scale_cols;  // the valid (non-padding) part of scale_inv: entries [i * ld + j], i < scale_rows, j < scale_cols
-  ScaleGranularity g;
+  BlockShape block;
 };
 
-template <Fp8Format F>
+// The max of two bit patterns (amax_bits) over a block of kThreads threads, exact and order independent; the results
+// are valid in thread 0.
+template <int kThreads>
+__device__ inline void block_max_bits_in_thread0(unsigned& a, unsigned& b) {
+  __shared__ unsigned warp_max_s[2][kThreads / kWarpSize];
+  a = warp_max_bits(a);
+  b = warp_max_bits(b);
+  if (threadIdx.x % kWarpSize == 0) {
+    warp_max_s[0][threadIdx.x / kWarpSize] = a;
+    warp_max_s[1][threadIdx.x / kWarpSize] = b;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kThreads / kWarpSize; w++) {
+      a = max(a, warp_max_s[0][w]);
+      b = max(b, warp_max_s[1][w]);
+    }
+}
+
+template <ElementFormat F>
 __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* partials, const StatsArgs a) {
-  __shared__ unsigned warp_max_s[2][kStatsThreads / kWarpSize];
-  constexpr uint8_t kMaxCode = F == Fp8Format::E4M3 ? 0x7E : 0x7B;
+  constexpr uint8_t kMaxCode = F == ElementFormat::E4M3 ? 0x7E : 0x7B;
   const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t groups = static_cast<size_t>(a.rows) * a.cols / 8;  // cols % 16 == 0: a group never leaves its row
@@ -750,7 +625,7 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* 
     const int r = static_cast<int>(i / a.cols), c = static_cast<int>(i % a.cols);
     const x128 xv = load128(a.x + i);
     const uint2 codes = *reinterpret_cast<const uint2*>(a.data + i);
-    const float si = a.scale_inv[scale_index(a.g, r, c, a.ld)];
+    const float si = a.scale_inv[scale_index(a.block, r, c, a.ld)];
 #pragma unroll
     for (int e = 0; e < 8; e++) {
       const uint8_t code = static_cast<uint8_t>((e < 4 ? codes.x : codes.y) >> (8 * (e % 4)));
@@ -776,18 +651,8 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* 
   const double s_sat = block_sum(static_cast<double>(saturated));
   const double s_under = block_sum(static_cast<double>(underflow));
   const double s_nonzero = block_sum(static_cast<double>(nonzero));
-  amax = warp_max_bits(amax);
-  max_si = warp_max_bits(max_si);
-  if (threadIdx.x % kWarpSize == 0) {
-    warp_max_s[0][threadIdx.x / kWarpSize] = amax;
-    warp_max_s[1][threadIdx.x / kWarpSize] = max_si;
-  }
-  __syncthreads();
+  block_max_bits_in_thread0<kStatsThreads>(amax, max_si);
   if (threadIdx.x == 0) {
-    for (int w = 0; w < kStatsThreads / kWarpSize; w++) {
-      amax = max(amax, warp_max_s[0][w]);
-      max_si = max(max_si, warp_max_s[1][w]);
-    }
     double* p = partials + static_cast<size_t>(blockIdx.x) * kQuantStatsSlots;
     p[0] = amax;
     p[1] = max_si;
@@ -802,38 +667,18 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* 
 
 __global__ void __launch_bounds__(kStatsBlocks) fp8_quant_stats_finish_kernel(double* out, const double* partials,
                                                                               double elements) {
-  __shared__ unsigned warp_max_s[2][kStatsBlocks / kWarpSize];
   const double* p = partials + static_cast<size_t>(threadIdx.x) * kQuantStatsSlots;  // one block's partials
   unsigned amax = static_cast<unsigned>(p[0]), max_si = static_cast<unsigned>(p[1]);
   double sums[5];
 #pragma unroll
   for (int k = 0; k < 5; k++) sums[k] = block_sum(p[2 + k]);
-  amax = warp_max_bits(amax);
-  max_si = warp_max_bits(max_si);
-  if (threadIdx.x % kWarpSize == 0) {
-    warp_max_s[0][threadIdx.x / kWarpSize] = amax;
-    warp_max_s[1][threadIdx.x / kWarpSize] = max_si;
-  }
-  __syncthreads();
+  block_max_bits_in_thread0<kStatsBlocks>(amax, max_si);
   if (threadIdx.x == 0) {
-    for (int w = 0; w < kStatsBlocks / kWarpSize; w++) {
-      amax = max(amax, warp_max_s[0][w]);
-      max_si = max(max_si, warp_max_s[1][w]);
-    }
     out[0] = bits_to_float(amax);
     out[1] = 1.0 / static_cast<double>(bits_to_float(max_si));
     for (int k = 0; k < 5; k++) out[2 + k] = sums[k];
     out[7] = elements;
   }
-}
-
-// The valid part of a scale_inv array (without the padding entries).
-static void valid_scale_shape(ScaleGranularity g, int rows, int cols, int* scale_rows, int* scale_cols) {
-  const int rbs = static_cast<int>(ceil_div(static_cast<size_t>(rows), kScaleBlock));
-  const int cbs = static_cast<int>(ceil_div(static_cast<size_t>(cols), kScaleBlock));
-  if (g == ScaleGranularity::Tensor) *scale_rows = 1, *scale_cols = 1;
-  else if (g == ScaleGranularity::Block1x128) *scale_rows = cbs, *scale_cols = rows;  // [kb * ld + r]
-  else *scale_rows = rbs, *scale_cols = cbs;                                           // [rb * ld + cb]
 }
 
 void fp8_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream) {
@@ -842,70 +687,19 @@ void fp8_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStr
   if (!stats_out) throw_error("%s: stats_out is null", kernel);
   if (!q.data) throw_error("%s: q.data is null (the stats read the row-major codes)", kernel);
   if (!q.scale_inv) throw_error("%s: q.scale_inv is null", kernel);
-  StatsArgs a{};
-  a.x = x;
-  a.data = q.data;
-  a.scale_inv = q.scale_inv;
-  a.rows = q.rows;
-  a.cols = q.cols;
-  a.g = q.granularity;
-  a.ld = scale_inv_ld(q.granularity, q.rows, q.cols);
-  valid_scale_shape(q.granularity, q.rows, q.cols, &a.scale_rows, &a.scale_cols);
-  if (q.rows == 0) a.scale_rows = a.scale_cols = 0;
+  StatsArgs a{x, q.data, q.scale_inv, q.rows, q.cols, scale_inv_ld(q.encoding, q.rows, q.cols), 0, 0, q.encoding.block};
+  valid_scale_shape(q.encoding, q.rows, q.cols, &a.scale_rows, &a.scale_cols);
   double* partials = nullptr;
   CUDA_CHECK(cudaMallocAsync(&partials, sizeof(double) * kStatsBlocks * kQuantStatsSlots, stream));
-  if (q.format == Fp8Format::E4M3)
-    fp8_quant_stats_kernel<Fp8Format::E4M3><<<kStatsBlocks, kStatsThreads, 0, stream>>>(partials, a);
+  if (q.encoding.element == ElementFormat::E4M3)
+    fp8_quant_stats_kernel<ElementFormat::E4M3><<<kStatsBlocks, kStatsThreads, 0, stream>>>(partials, a);
   else
-    fp8_quant_stats_kernel<Fp8Format::E5M2><<<kStatsBlocks, kStatsThreads, 0, stream>>>(partials, a);
+    fp8_quant_stats_kernel<ElementFormat::E5M2><<<kStatsBlocks, kStatsThreads, 0, stream>>>(partials, a);
   CUDA_CHECK_LAUNCH();
   fp8_quant_stats_finish_kernel<<<1, kStatsBlocks, 0, stream>>>(stats_out, partials,
                                                                 static_cast<double>(q.rows) * q.cols);
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaFreeAsync(partials, stream));
-}
-
-QuantStats finish_quant_stats(const double* s) {
-  QuantStats out;
-  out.amax = s[0];
-  out.scale = s[1];
-  out.saturated_frac = s[7] > 0 ? s[2] / s[7] : 0.0;
-  out.underflow_frac = s[4] > 0 ? s[3] / s[4] : 0.0;
-  out.snr_db = s[6] > 0 ? 10.0 * std::log10(s[5] / s[6]) : INFINITY;
-  return out;
-}
-
-QuantStats fp8_quant_stats_cpu(const float* x, const uint8_t* data, const float* scale_inv, int rows, int cols,
-                               ScaleGranularity g, Fp8Format f) {
-  check_cast_cpu("fp8_quant_stats_cpu", rows, cols, f);
-  const uint8_t max_code = f == Fp8Format::E4M3 ? 0x7E : 0x7B;
-  const int ld = scale_inv_ld(g, rows, cols);
-  double s[kQuantStatsSlots] = {0, 0, 0, 0, 0, 0, 0, 0};
-  uint32_t amax = 0, max_si = 0;
-  for (int r = 0; r < rows; r++)
-    for (int c = 0; c < cols; c++) {
-      const size_t i = static_cast<size_t>(r) * cols + c;
-      const float xf = x[i];
-      const uint8_t code = data[i];
-      const float deq = mul_rn(fp8_decode(code, f), scale_inv[scale_index(g, r, c, ld)]);
-      const double err = static_cast<double>(xf) - static_cast<double>(deq);
-      s[2] += (code & 0x7f) == max_code;
-      s[3] += xf != 0.0f && (code & 0x7f) == 0;
-      s[4] += xf != 0.0f;
-      s[5] += static_cast<double>(xf) * xf;
-      s[6] += err * err;
-      amax = std::max(amax, abs_bits_host(xf));
-    }
-  int scale_rows = 0, scale_cols = 0;
-  valid_scale_shape(g, rows, cols, &scale_rows, &scale_cols);
-  if (rows == 0) scale_rows = 0;
-  for (int i = 0; i < scale_rows; i++)
-    for (int j = 0; j < scale_cols; j++)
-      max_si = std::max(max_si, abs_bits_host(scale_inv[static_cast<size_t>(i) * ld + j]));
-  s[0] = bits_to_float(amax);
-  s[1] = 1.0 / static_cast<double>(bits_to_float(max_si));
-  s[7] = static_cast<double>(rows) * cols;
-  return finish_quant_stats(s);
 }
 
 }  // namespace llmc

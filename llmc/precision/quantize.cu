@@ -1,0 +1,119 @@
+// llmc/precision/quantize.cu: the quantiser families of this build (one row each: which encodings it handles, its
+// cast, its telemetry) and the dispatch of llmc/precision/quantize.h over them.
+#include "llmc/precision/quantize.h"
+
+#include <cmath>
+
+#include "llmc/core/common.h"
+#include "llmc/precision/fp8_quant.h"
+
+namespace llmc {
+
+namespace {
+
+struct QuantizerFamily {
+  const char* name;
+  const char* encodings;  // what it handles, for errors
+  bool (*handles)(const Encoding&);
+  void (*quantize)(const QTensor&, const bf16*, const QuantizeArgs&, cudaStream_t);
+  void (*stats)(double*, const QTensor&, const bf16*, cudaStream_t);
+};
+
+void quantize_fp8_tensorwise(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream) {
+  switch (args.source) {
+    case ScaleSource::Amax:
+      if (args.amax_out)
+        throw_error("quantize: amax_out records the amax of a cast with a stored scale (delayed scaling); with "
+                    "ScaleSource::Amax the amax is already known");
+      fp8_quantize_tensorwise_from_amax(q, src, args.amax, args.margin, stream);
+      return;
+    case ScaleSource::Stored:
+      fp8_quantize_tensorwise(q, src, args.amax_out, stream);
+      return;
+  }
+  throw_error("quantize: unknown ScaleSource %d", static_cast<int>(args.source));
+}
+
+void quantize_fp8_blockwise(const QTensor& q, const bf16* src, const QuantizeArgs&, cudaStream_t stream) {
+  fp8_quantize_blockwise(q, src, stream);
+}
+
+const QuantizerFamily kFamilies[] = {
+    {"fp8 per-tensor", "e4m3 | e5m2 codes, one fp32 | pow2 scale per tensor", fp8_tensorwise_encoding,
+     quantize_fp8_tensorwise, fp8_quant_stats},
+    {"fp8 block-wise", "e4m3 | e5m2 codes, fp32 | pow2 scales per 1x128 or 128x128 block", fp8_blockwise_encoding,
+     quantize_fp8_blockwise, fp8_quant_stats},
+};
+
+const QuantizerFamily* find_family(const Encoding& e) {
+  if (!encoding_error(e).empty()) return nullptr;
+  for (const QuantizerFamily& f : kFamilies)
+    if (f.handles(e)) return &f;
+  return nullptr;
+}
+
+const QuantizerFamily& family_of(const char* who, const Encoding& e) {
+  const QuantizerFamily* f = find_family(e);
+  if (!f) throw_error("%s: %s", who, quantizer_error(e).c_str());
+  return *f;
+}
+
+// Every encoding with a name: the element formats x the named block shapes x the scale formats x second level or not.
+template <typename F>
+void for_each_named_encoding(F&& fn) {
+  for (ElementFormat element : kElementFormats)
+    for (BlockShape block : kBlockShapes)
+      for (ScaleFormat scale : kScaleFormats)
+        for (bool tensor_scale : {false, true}) fn(Encoding{element, block, scale, tensor_scale});
+}
+
+// The values of `all` that some quantisable named encoding has as its field(e), in the order of `all`.
+template <typename T, size_t N, typename Field>
+std::vector<T> quantizable(const T (&all)[N], Field field) {
+  std::vector<T> out;
+  for (const T& value : all) {
+    bool any = false;
+    for_each_named_encoding([&](const Encoding& e) { any = any || (field(e) == value && find_family(e)); });
+    if (any) out.push_back(value);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string quantizer_error(const Encoding& e) {
+  const std::string invalid = encoding_error(e);
+  if (!invalid.empty()) return "not an encoding (" + invalid + ")";
+  if (find_family(e)) return "";
+  std::string have;
+  for (const QuantizerFamily& f : kFamilies) have += std::string(have.empty() ? "" : "; ") + f.encodings;
+  return "this build has no quantiser for " + encoding_name(e) + " (it quantises " + have + ")";
+}
+
+std::vector<ElementFormat> quantizable_element_formats() {
+  return quantizable(kElementFormats, [](const Encoding& e) { return e.element; });
+}
+
+std::vector<BlockShape> quantizable_block_shapes() {
+  return quantizable(kBlockShapes, [](const Encoding& e) { return e.block; });
+}
+
+void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream) {
+  family_of("quantize", q.encoding).quantize(q, src, args, stream);
+}
+
+void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream) {
+  family_of("quant_stats", q.encoding).stats(stats_out, q, x, stream);
+}
+
+QuantStats finish_quant_stats(const double* s) {
+  QuantStats out;
+  out.amax = s[0];
+  out.scale = s[1];
+  out.saturated_frac = s[7] > 0 ? s[2] / s[7] : 0.0;
+  out.underflow_frac = s[4] > 0 ? s[3] / s[4] : 0.0;
+  out.snr_db = s[6] > 0 ? 10.0 * std::log10(s[5] / s[6]) : INFINITY;
+  return out;
+}
+
+}  // namespace llmc

@@ -1,0 +1,66 @@
+// llmc/precision/quantize.h: the one dispatch point of quantisation. quantize() turns a BF16 tensor into the QTensor
+// its encoding describes, choosing the quantiser family from the encoding (whole-tensor or block scales) and, for a
+// whole-tensor scale, from where the scale comes (the current amax, or the scale already stored: delayed scaling);
+// quant_stats() measures a quantisation's numerics with the same family. The table of families lives in
+// quantize.cu: an encoding no family handles is refused here (quantizer_error, which recipe validation asks first, so
+// a run never reaches a kernel with one). Adding a number format = one encoding value (llmc/precision/encoding.h) +
+// its quantiser file + one row in that table + its GEMM mapping (llmc/precision/gemm.cu).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "llmc/precision/encoding.h"
+#include "llmc/precision/tensor.h"
+
+namespace llmc {
+
+using bf16 = __nv_bfloat16;
+
+// Where a whole-tensor scale comes from (block encodings ignore it: every block is scaled from its own amax).
+enum class ScaleSource : uint8_t {
+  Amax,    // current scaling: from *QuantizeArgs::amax, computed inside the cast's launch and written to q.scale,
+           // q.scale_inv (q.scale's previous value is kept when that amax is 0 or not finite)
+  Stored,  // q.scale as it is: delayed scaling's (set from the amax history), or an earlier cast's of the same tensor
+};
+
+struct QuantizeArgs {
+  ScaleSource source = ScaleSource::Amax;
+  const float* amax = nullptr;   // Amax: device (1), max |src| (its producer filled it, or amax_bf16 measured it)
+  float* amax_out = nullptr;     // Stored: max |src| is atomically maxed into it (delayed scaling's record), or null
+  int margin = 0;                // Amax: scale = max(format) / amax / 2^margin
+};
+
+// q (its encoding, shape, and the buffers the encoding needs: codes data / data_t where wanted, scale and scale_inv
+// for a whole-tensor scale, scale_inv / scale_inv_t for block scales, amax optional) from src (q.rows, q.cols) bf16.
+// llmc::Error naming the encoding when no quantiser handles it.
+void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream);
+
+// Empty when this build has a quantiser for e; otherwise why not, with the encodings it does handle.
+std::string quantizer_error(const Encoding& e);
+inline bool has_quantizer(const Encoding& e) { return quantizer_error(e).empty(); }
+// The element formats and block shapes that some quantiser of this build handles (the choices of the config keys).
+std::vector<ElementFormat> quantizable_element_formats();
+std::vector<BlockShape> quantizable_block_shapes();
+
+// ---------------------------------------------------------------------------------------------------------------
+// Numerics telemetry of one quantisation: x (rows, cols) bf16 and q.data quantised from it.
+struct QuantStats {
+  double amax = 0;             // max |x|
+  double scale = 0;            // 1 / scale_inv: per-tensor, the scale used; blocks, the smallest block scale
+                               // (1 / the largest scale_inv of a real block, padding entries excluded)
+  double saturated_frac = 0;   // fraction of elements whose code is +-max (clipped, or rounded up to max)
+  double underflow_frac = 0;   // fraction of nonzero x whose code is +-0
+  double snr_db = 0;           // 10 log10(sum x^2 / sum (x - dequant(q))^2); +inf when exact
+};
+// The raw sums of one tensor: kQuantStatsSlots doubles on the device (amax, min scale, saturated count, underflow
+// count, nonzero count, sum x^2, sum err^2, element count), computed deterministically by q's quantiser family.
+constexpr int kQuantStatsSlots = 8;
+void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream);
+QuantStats finish_quant_stats(const double* host_slots);  // the 8 slots (downloaded) -> fractions and dB
+
+}  // namespace llmc

@@ -1,0 +1,52 @@
+// test/reference/precision_ref.h: the CPU references of llmc/precision: the FP8 quantisers of
+// llmc/precision/fp8_quant.h, bit for bit (the same codes, scales and amax: the kernels' scale formulas,
+// llmc/precision/scale_math.cuh, and the host FP8 codec of llmc/core/dtypes.h; quant_ref.cpp), and the GEMMs of
+// llmc/precision/gemm.h in FP64 (gemm_ref.cpp). They live in the test-side library llmc_reference, never in the
+// trainer. Encodings are those of llmc/precision/encoding.h, layouts those of llmc/precision/tensor.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "llmc/precision/encoding.h"
+#include "llmc/precision/quantize.h"
+
+namespace llmc {
+
+// -----------------------------------------------------------------------------------------------------------------
+// Scales (fp8_scale_from_amax, fp8_delayed_scaling_update)
+// The scale from amax with e's format maximum and power-of-two rounding; previous_scale when amax is 0 or not finite.
+float fp8_scale_from_amax_cpu(float amax, float previous_scale, const Encoding& e, int margin);
+void fp8_delayed_scaling_update_cpu(float* history, float* amax, float* scale, float* scale_inv,
+                                    const uint8_t* formats, int count, int len, int pos, bool use_max, int margin,
+                                    ScaleFormat scales);
+
+// -----------------------------------------------------------------------------------------------------------------
+// Casts, on float values exactly representable in bf16
+float amax_bf16_cpu(const float* x, size_t n);
+// Per tensor: scale is the multiplier; amax_out (if non-null) is maxed with max |x| as the device's atomic max is.
+void fp8_quantize_tensorwise_cpu(uint8_t* data, uint8_t* data_t, float* amax_out, const float* x, int rows, int cols,
+                                 float scale, ElementFormat f);
+// Block-wise (e with 1x128 or 128x128 blocks): scale_inv / scale_inv_t in the GEMM-ready layouts (padding entries 1).
+void fp8_quantize_blockwise_cpu(uint8_t* data, float* scale_inv, uint8_t* data_t, float* scale_inv_t, const float* x,
+                                int rows, int cols, const Encoding& e);
+void fp8_transpose_codes_cpu(uint8_t* dst, const uint8_t* src, int rows, int cols);
+
+// -----------------------------------------------------------------------------------------------------------------
+// Dequantisation and telemetry
+void fp8_dequantize_cpu(float* out, const uint8_t* data, const float* scale_inv, int rows, int cols,
+                        const Encoding& e);
+QuantStats fp8_quant_stats_cpu(const float* x, const uint8_t* data, const float* scale_inv, int rows, int cols,
+                               const Encoding& e);
+
+// -----------------------------------------------------------------------------------------------------------------
+// GEMMs (FP64 accumulation), row-major as in llmc/precision/gemm.h
+// D (M, N) = sum_k dequant(A)[m,k] * dequant(B)[n,k] (+ bias), from the codes and scales of A (M, K) encoded ae and
+// B (N, K) encoded be.
+void matmul_quant_cpu(double* D, const uint8_t* A, const float* a_scale_inv, const Encoding& ae, const uint8_t* B,
+                      const float* b_scale_inv, const Encoding& be, int M, int N, int K, const float* bias);
+void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K);
+void matmul_dgrad_cpu(float* dinp, const float* dout, const float* weight, int M, int N, int K);
+void matmul_wgrad_cpu(float* dweight, const float* dout, const float* inp, int M, int N, int K);
+
+}  // namespace llmc
