@@ -1,0 +1,310 @@
+// test/model/test_model_golden: what every model family produces, pinned by digests recorded before the model
+// families became registered descriptors, so that moving that knowledge changes nothing: for every preset the
+// parameter table (names, shapes, offsets, roles, layers, weight decay, initialisation constants), the parameter
+// counts, FLOPs per token and the memory estimate; the resolved config and the --dry-run report of every preset and of
+// configs whose derived keys follow the architecture; the validation messages of configs each family refuses; the
+// initial values of the small presets; Hugging Face and llm.c exports (config.json and tensor bytes).
+//
+// A digest is FNV-1a 64 over a canonical text of the facet. LLM8_PRINT_GOLDEN=1 prints the table of digests this build
+// computes, to paste below when a change is meant to alter one (and the commit says why).
+#include <gtest/gtest.h>
+
+#include "test/support/temp_dir.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/core/common.h"
+#include "llmc/io/interop.h"
+#include "llmc/model/model_spec.h"
+#include "llmc/run/cli.h"
+#include "llmc/run/config.h"
+
+using namespace llmc;
+using nlohmann::json;
+
+namespace {
+
+class Digest {
+ public:
+  Digest& bytes(const void* data, size_t n) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; i++) {
+      h_ ^= p[i];
+      h_ *= 1099511628211ull;
+    }
+    return *this;
+  }
+  Digest& text(const std::string& s) { return bytes(s.data(), s.size()).bytes("\n", 1); }
+  template <typename T>
+  Digest& value(const T& v) {
+    return bytes(&v, sizeof v);
+  }
+  std::string hex() const { return strformat("%016llx", static_cast<unsigned long long>(h_)); }
+
+ private:
+  uint64_t h_ = 14695981039346656037ull;
+};
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+ModelSpec preset_spec(const std::string& name) {
+  ModelSpec s;
+  EXPECT_TRUE(model_preset(name, &s)) << name;
+  return s;
+}
+
+std::string table_digest(const ModelSpec& spec) {
+  const ParamTable t = build_param_table(spec);
+  Digest d;
+  d.value(t.total_elements).value(t.num_parameters).value(t.vocab_size);
+  for (const ParamInfo& p : t.params) {
+    d.text(p.name).value(p.offset).value(p.numel).value(p.layer).value(static_cast<int>(p.role));
+    d.value(p.weight_decay).value(p.init_std).value(p.init_value);
+    for (int64_t x : p.shape) d.value(x);
+  }
+  return d.hex();
+}
+
+std::string sizes_digest(const ModelSpec& spec) {
+  Digest d;
+  d.value(count_parameters(spec, true)).value(count_parameters(spec, false));
+  for (int T : {64, 256, spec.max_seq_len}) d.value(flops_per_token(spec, T));
+  for (bool recompute : {false, true})
+    for (int world : {1, 8}) {
+      const MemoryEstimate m = estimate_memory(spec, 4, 256, recompute, world, 1);
+      d.value(m.params_bytes).value(m.grads_bytes).value(m.master_bytes).value(m.optimizer_bytes);
+      d.value(m.activations_bytes).value(m.workspace_bytes);
+    }
+  return d.hex();
+}
+
+json run_config(const json& model) {
+  return json{{"model", model}, {"data", {{"train", "data/x_train_*.bin"}}}, {"train", {{"seq_len", 128}}}};
+}
+
+// The resolved config and the dry-run report, or the error message.
+std::string config_digest(const json& j) {
+  Digest d;
+  try {
+    const RunConfig cfg = load_config_json(j, {});
+    d.text(config_to_json(cfg).dump()).text(dry_run_report(cfg, 1)).text(dry_run_report(cfg, 8));
+  } catch (const Error& e) {
+    d.text(std::string("error: ") + e.what());
+  }
+  return d.hex();
+}
+
+std::string init_digest(const ModelSpec& spec) {
+  const ParamTable t = build_param_table(spec);
+  std::vector<float> v(t.total_elements);
+  init_parameters(t, 1234, v.data());
+  return Digest().bytes(v.data(), v.size() * sizeof(float)).hex();
+}
+
+// The spec and values of an import.
+std::string imported_digest(const ModelWeights& w) {
+  const ModelSpec& s = w.spec;
+  Digest d;
+  d.text(s.arch).value(s.n_layer).value(s.n_head).value(s.n_kv_head).value(s.n_embd).value(s.vocab_size);
+  d.value(s.padded_vocab_size).value(s.max_seq_len).value(s.ffn_hidden).value(s.tied_embeddings).value(s.norm_eps);
+  d.value(s.rope_theta);
+  return d.bytes(w.values.data(), w.values.size() * sizeof(float)).hex();
+}
+
+// Small specs of both families that cover the export paths (head sizes 64 and 128, GQA, tied and untied, another
+// vocabulary).
+std::vector<std::pair<std::string, ModelSpec>> export_specs() {
+  std::vector<std::pair<std::string, ModelSpec>> specs;
+  specs.emplace_back("gpt2-tiny", preset_spec("gpt2-tiny"));
+  ModelSpec g = preset_spec("gpt2-tiny");
+  g.vocab_size = 1000;
+  g.padded_vocab_size = 1024;
+  g.n_embd = 256;
+  g.n_head = 2;
+  g.n_kv_head = 2;
+  g.ffn_hidden = 1024;
+  g.norm_eps = 1e-6f;
+  specs.emplace_back("gpt2-v1000-hs128", g);
+  specs.emplace_back("llama-tiny", preset_spec("llama-tiny"));
+  ModelSpec l = preset_spec("llama-tiny");
+  l.vocab_size = 1000;
+  l.padded_vocab_size = 1024;
+  l.tied_embeddings = true;
+  l.n_embd = 256;
+  l.n_head = 2;
+  l.n_kv_head = 2;
+  l.ffn_hidden = 768;
+  l.rope_theta = 500000.0f;
+  specs.emplace_back("llama-v1000-tied-hs128", l);
+  return specs;
+}
+
+// Every digest this build computes, by facet name.
+std::map<std::string, std::string> compute(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const std::string& name : model_preset_names()) {
+    const ModelSpec s = preset_spec(name);
+    out["table " + name] = table_digest(s);
+    out["sizes " + name] = sizes_digest(s);
+    out["config " + name] = config_digest(run_config({{"preset", name}}));
+  }
+  for (const char* name : {"gpt2-tiny", "gpt2-mini", "llama-tiny"}) out[std::string("init ") + name] = init_digest(preset_spec(name));
+  // Configs whose derived keys follow the architecture, and configs each family refuses.
+  const std::vector<std::pair<std::string, json>> configs = {
+      {"defaults", json::object()},
+      {"arch llama", {{"arch", "llama"}}},
+      {"arch llama n_embd 1024", {{"arch", "llama"}, {"n_embd", 1024}, {"n_head", 16}}},
+      {"llama-1b n_embd 1024", {{"preset", "llama-1b"}, {"n_embd", 1024}}},
+      {"llama-1b arch gpt2", {{"preset", "llama-1b"}, {"arch", "gpt2"}}},
+      {"gpt2-tiny arch llama", {{"preset", "gpt2-tiny"}, {"arch", "llama"}}},
+      {"gpt2-tiny n_head 1", {{"preset", "gpt2-tiny"}, {"n_head", 1}, {"n_embd", 64}}},
+      {"unknown arch", {{"arch", "bert"}}},
+      {"gpt2 gqa", {{"preset", "gpt2-tiny"}, {"n_kv_head", 1}}},
+      {"gpt2 untied", {{"preset", "gpt2-tiny"}, {"tied_embeddings", false}}},
+      {"llama ffn 100", {{"preset", "llama-tiny"}, {"ffn_hidden", 100}}},
+      {"llama kv 3", {{"preset", "llama-tiny"}, {"n_kv_head", 3}}},
+      {"llama untied theta", {{"preset", "llama-125m"}, {"tied_embeddings", false}, {"rope_theta", 10000.0}}},
+  };
+  for (const auto& [name, model] : configs) out["config " + name] = config_digest(run_config(model));
+  // Exports: the bytes of every file written.
+  for (const auto& [name, spec] : export_specs()) {
+    const ParamTable t = build_param_table(spec);
+    std::vector<float> v(t.total_elements);
+    init_parameters(t, 99, v.data());
+    for (WeightDtype dtype : {WeightDtype::F32, WeightDtype::BF16}) {
+      const std::string hf = dir + "/hf_" + name + "_" + weight_dtype_name(dtype);
+      Digest d;
+      for (const std::string& path : export_hf(hf, spec, v.data(), dtype)) d.text(file_bytes(path));
+      out[std::string("hf ") + name + " " + weight_dtype_name(dtype)] = d.hex();
+      out[std::string("hf import ") + name + " " + weight_dtype_name(dtype)] = imported_digest(import_hf(hf));
+      const std::string bin = dir + "/llmc_" + name + "_" + weight_dtype_name(dtype) + ".bin";
+      Digest l;
+      try {
+        export_llmc(bin, spec, v.data(), dtype);
+        l.text(file_bytes(bin));
+        out[std::string("llmc import ") + name + " " + weight_dtype_name(dtype)] = imported_digest(import_llmc(bin));
+      } catch (const Error& e) {
+        std::string message = e.what();  // without the temporary directory's name
+        for (size_t at; (at = message.find(dir)) != std::string::npos;) message.replace(at, dir.size(), "<dir>");
+        l.text("error: " + message);
+      }
+      out[std::string("llmc ") + name + " " + weight_dtype_name(dtype)] = l.hex();
+    }
+  }
+  return out;
+}
+
+// Recorded before the model families became registered descriptors (LLM8_PRINT_GOLDEN=1 prints this table).
+const std::map<std::string, std::string> kGolden = {
+    {"config arch llama", "36b0286a139b89a9"},
+    {"config arch llama n_embd 1024", "a6776d836e596c00"},
+    {"config defaults", "4017b24e816040c3"},
+    {"config gpt2 gqa", "9571348db6b63df2"},
+    {"config gpt2 untied", "a0a49c269825071e"},
+    {"config gpt2-124m", "ac4dd944b3178033"},
+    {"config gpt2-1558m", "306ef1f5d5ce63ba"},
+    {"config gpt2-350m", "9ad8efd09d98de0d"},
+    {"config gpt2-774m", "6d8bc10bfb4a6966"},
+    {"config gpt2-mini", "fe000593226ccdfe"},
+    {"config gpt2-tiny", "994b5b32ab37422c"},
+    {"config gpt2-tiny arch llama", "e5b9c1d00bcfd156"},
+    {"config gpt2-tiny n_head 1", "578fbd61a6173e47"},
+    {"config llama ffn 100", "56fb1ad0924f2984"},
+    {"config llama kv 3", "c575ad8f51070ae1"},
+    {"config llama untied theta", "b0d9475faf6d8550"},
+    {"config llama-125m", "327f6ec658cfe853"},
+    {"config llama-1b", "d395461b0cd0ac9b"},
+    {"config llama-1b arch gpt2", "5830f2f6c9f75d38"},
+    {"config llama-1b n_embd 1024", "f84eb16f6da91696"},
+    {"config llama-350m", "dfaf2d123e1f0157"},
+    {"config llama-3b", "74306bb391b96ea2"},
+    {"config llama-tiny", "94868f6ee97ca71c"},
+    {"config unknown arch", "e4cd6886565ed0fd"},
+    {"hf gpt2-tiny bfloat16", "30a5315a100b11f6"},
+    {"hf gpt2-tiny float32", "4a51394eaf237d8c"},
+    {"hf gpt2-v1000-hs128 bfloat16", "087c77ef74680d1d"},
+    {"hf gpt2-v1000-hs128 float32", "5addcecc338d036a"},
+    {"hf import gpt2-tiny bfloat16", "762f3ae707800c39"},
+    {"hf import gpt2-tiny float32", "f2cd92c029455f8c"},
+    {"hf import gpt2-v1000-hs128 bfloat16", "53fb94dbb7c371c6"},
+    {"hf import gpt2-v1000-hs128 float32", "5615ae517661b3bf"},
+    {"hf import llama-tiny bfloat16", "5ec0e182e0d0b8ef"},
+    {"hf import llama-tiny float32", "1be350f5f61031a0"},
+    {"hf import llama-v1000-tied-hs128 bfloat16", "c52bb1ee5037b62e"},
+    {"hf import llama-v1000-tied-hs128 float32", "dae842f0b6f4e0d9"},
+    {"hf llama-tiny bfloat16", "11938c47c3a06cd9"},
+    {"hf llama-tiny float32", "7deebf5c6567caba"},
+    {"hf llama-v1000-tied-hs128 bfloat16", "45dc52e89ed5b390"},
+    {"hf llama-v1000-tied-hs128 float32", "6a4af9fd14ae0e25"},
+    {"init gpt2-mini", "dee394213e891f24"},
+    {"init gpt2-tiny", "e567fb1e30c2f6bd"},
+    {"init llama-tiny", "22d2502f8e71bfc9"},
+    {"llmc gpt2-tiny bfloat16", "b387ebc364d410f7"},
+    {"llmc gpt2-tiny float32", "5024eba54faf2b1a"},
+    {"llmc gpt2-v1000-hs128 bfloat16", "1e29ce8db484d2cc"},
+    {"llmc gpt2-v1000-hs128 float32", "346cb95ff8c727a6"},
+    {"llmc import gpt2-tiny bfloat16", "762f3ae707800c39"},
+    {"llmc import gpt2-tiny float32", "f2cd92c029455f8c"},
+    {"llmc llama-tiny bfloat16", "324026be7b78a140"},
+    {"llmc llama-tiny float32", "593645744fc91d42"},
+    {"llmc llama-v1000-tied-hs128 bfloat16", "287f3c617d314313"},
+    {"llmc llama-v1000-tied-hs128 float32", "9d45f83f9e8973db"},
+    {"sizes gpt2-124m", "90d36a514e99bd67"},
+    {"sizes gpt2-1558m", "7fd530de5df22312"},
+    {"sizes gpt2-350m", "92b1a213509854c8"},
+    {"sizes gpt2-774m", "c3a28b2b626f08c3"},
+    {"sizes gpt2-mini", "9ad44f9b4ae23fd4"},
+    {"sizes gpt2-tiny", "57a696feae5d94df"},
+    {"sizes llama-125m", "fc1a062f5154d95a"},
+    {"sizes llama-1b", "28d20254a68105f0"},
+    {"sizes llama-350m", "05ef1b454d2238d2"},
+    {"sizes llama-3b", "317f440c5e22fa48"},
+    {"sizes llama-tiny", "2db7c51c2af1ad9d"},
+    {"table gpt2-124m", "f3a0e4898b05390e"},
+    {"table gpt2-1558m", "dcef6a915f3c98b6"},
+    {"table gpt2-350m", "9802f46238645e66"},
+    {"table gpt2-774m", "e5939ae4a3b14c14"},
+    {"table gpt2-mini", "591d898b67c3eadd"},
+    {"table gpt2-tiny", "092148386bcc0e93"},
+    {"table llama-125m", "d7d85611ce234aa1"},
+    {"table llama-1b", "7195cbc3fc9d2456"},
+    {"table llama-350m", "c9915ee759e055c8"},
+    {"table llama-3b", "0f3c76a3f90656f8"},
+    {"table llama-tiny", "1cca58f7894f87cc"},
+};
+
+class ModelGolden : public llmc_test::TempDirTest {};
+
+TEST_F(ModelGolden, EveryFacetOfEveryFamilyIsUnchanged) {
+  const std::map<std::string, std::string> now = compute(dir_);
+  if (std::getenv("LLM8_PRINT_GOLDEN")) {
+    for (const auto& [name, hex] : now) std::printf("    {\"%s\", \"%s\"},\n", name.c_str(), hex.c_str());
+  }
+  EXPECT_EQ(now.size(), kGolden.size()) << "facets computed and recorded differ";
+  for (const auto& [name, hex] : kGolden) {
+    auto it = now.find(name);
+    if (it == now.end()) {
+      ADD_FAILURE() << "facet '" << name << "' is no longer computed";
+      continue;
+    }
+    EXPECT_EQ(it->second, hex) << "facet '" << name << "' changed";
+  }
+}
+
+}  // namespace
