@@ -1,7 +1,7 @@
 // llmc/model/model.cu: what every architecture shares (llmc/model/model.h): the parameter / gradient buffers, the checks and
 // uploads at the start of a forward (through pinned staging), the mean loss over non-ignored targets (on the host per
-// forward, or summed on the device over a step), and make_model(), which picks the
-// implementation from model.arch.
+// forward, or summed on the device over a step), and make_model(), which asks the family of model.arch
+// (llmc/model/family.h) for its model.
 #include "llmc/model/model.h"
 
 #include <algorithm>
@@ -9,8 +9,7 @@
 #include "llmc/core/common.h"
 #include "llmc/precision/gemm.h"
 #include "llmc/kernels/classifier.h"
-#include "llmc/model/gpt2/gpt2.h"
-#include "llmc/model/llama/llama.h"
+#include "llmc/model/family.h"
 #include "llmc/precision/linear.h"
 
 namespace llmc {
@@ -121,9 +120,7 @@ void Model::set_amax_reducer(AmaxReducer reducer) {
 }
 
 std::unique_ptr<Model> make_model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe) {
-  if (spec.arch == "gpt2") return std::make_unique<GPT2>(spec, B, T, recompute, recipe);
-  if (spec.arch == "llama") return std::make_unique<Llama>(spec, B, T, recompute, recipe);
-  throw_error("model.arch '%s' is not supported by this build (supported: gpt2, llama)", spec.arch.c_str());
+  return model_family(spec.arch).make_model(spec, B, T, recompute, recipe);
 }
 
 }  // namespace llmc
