@@ -164,7 +164,8 @@ std::map<std::string, std::string> compute(const std::string& dir) {
     out["sizes " + name] = sizes_digest(s);
     out["config " + name] = config_digest(run_config({{"preset", name}}));
   }
-  for (const char* name : {"gpt2-tiny", "gpt2-mini", "llama-tiny"}) out[std::string("init ") + name] = init_digest(preset_spec(name));
+  for (const char* name : {"gpt2-tiny", "gpt2-mini", "llama-tiny"})
+    out[std::string("init ") + name] = init_digest(preset_spec(name));
   // Configs whose derived keys follow the architecture, and configs each family refuses.
   const std::vector<std::pair<std::string, json>> configs = {
       {"defaults", json::object()},
