@@ -3,7 +3,8 @@
 // validation, the parameter table, the counts, FLOPs and the memory estimate; the Hugging Face config written and read
 // back for every preset; the family's tensor mapping and llm.c layout against its table; validation messages that
 // name the model.* key. And the rule that makes a family one folder plus one registration: no architecture name is
-// compared outside llmc/model/<family>/ (a scan of llmc/, dev/tools/ and train_gpt.cu).
+// compared outside llmc/model/<family>/ (a scan of llmc/, dev/tools/ and train_gpt.cu). Also the model base's named
+// views of the flat buffers (ParamViews, carve_blocks), host-side.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "llmc/core/common.h"
 #include "llmc/io/interop.h"
 #include "llmc/model/family.h"
+#include "llmc/model/model.h"
 #include "llmc/model/model_spec.h"
 #include "llmc/run/config.h"
 
@@ -246,6 +248,38 @@ TEST(ModelFamily, ValidationNamesTheKey) {
   // The --dry-run details: Llama's shape beyond the common line; none for GPT-2.
   EXPECT_EQ(model_family("gpt2").dry_run_details(g), "");
   EXPECT_EQ(model_family("llama").dry_run_details(l), ", 1 kv heads, RoPE theta 10000, untied lm_head");
+}
+
+// The views every family carves from the flat buffers: by name, per block, fused weights checked to be contiguous.
+TEST(ModelBase, ParamViewsCarveByNameAndCheckFusedWeights) {
+  ModelSpec s;
+  ASSERT_TRUE(model_preset("llama-tiny", &s));
+  const ParamTable t = build_param_table(s);
+  std::vector<float> buffer(t.total_elements);
+  const ParamViews<float> at(buffer.data(), t);
+  EXPECT_EQ(at("model.norm.weight"), buffer.data() + t.get("model.norm.weight").offset);
+  struct Block {
+    float* norm;
+    float* qkv;
+  };
+  const std::vector<Block> blocks = carve_blocks<Block>(
+      at, s.n_layer, "model.layers.",
+      {{&Block::norm, "input_layernorm.weight"},
+       {&Block::qkv, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}}});
+  ASSERT_EQ(blocks.size(), static_cast<size_t>(s.n_layer));
+  for (int l = 0; l < s.n_layer; l++) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    EXPECT_EQ(blocks[l].norm, buffer.data() + t.get(p + "input_layernorm.weight").offset);
+    EXPECT_EQ(blocks[l].qkv, buffer.data() + t.get(p + "self_attn.q_proj.weight").offset);
+  }
+  // q_proj and v_proj are not neighbours: no fused GEMM can read them as one weight.
+  std::string msg = error_of(
+      [&] { at.fused({"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"}); });
+  EXPECT_TRUE(contains(msg, "'model.layers.0.self_attn.v_proj.weight' does not follow "
+                            "'model.layers.0.self_attn.q_proj.weight' contiguously"))
+      << msg;
+  msg = error_of([&] { at("model.layers.0.mlp.c_fc.weight"); });
+  EXPECT_TRUE(contains(msg, "model.layers.0.mlp.c_fc.weight")) << msg;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
