@@ -56,8 +56,8 @@ GPU_PEAKS = [
     ("b200", (2250.0, 4500.0)),
 ]
 
-# GPT-2 model presets (n_layer, n_head, n_embd, max_seq_len), as in llmc/model/model_spec.cpp. Used only when the
-# trainer's --dry-run output cannot be parsed (FLOPs fallback, peer model sizes).
+# GPT-2 model presets (n_layer, n_head, n_embd, max_seq_len), as in llmc/model/gpt2/gpt2_family.cpp. Used only when
+# the trainer's --dry-run output cannot be parsed (FLOPs fallback, peer model sizes).
 GPT2_PRESETS = {
     "gpt2-tiny": (2, 2, 128, 256),
     "gpt2-mini": (6, 6, 384, 512),
@@ -69,7 +69,7 @@ GPT2_PRESETS = {
 GPT2_VOCAB = 50257
 
 # Llama presets (n_layer, n_head, n_kv_head, n_embd, ffn_hidden, max_seq_len, rope_theta, tied), as in
-# llmc/model/model_spec.cpp; the same fallback role as GPT2_PRESETS.
+# llmc/model/llama/llama_family.cpp; the same fallback role as GPT2_PRESETS.
 LLAMA_PRESETS = {
     "llama-tiny": (2, 2, 1, 128, 512, 256, 10000.0, False),
     "llama-125m": (12, 12, 4, 768, 2048, 2048, 500000.0, True),

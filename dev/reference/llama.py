@@ -51,8 +51,8 @@ except ImportError:  # the parity test turns this exit code into a skip
 
 from safetensors.numpy import load_file, save_file
 
-# The presets of llmc/model/model_spec.cpp (vocabulary 50257 padded to 50304, RMSNorm eps 1e-5). Explicit --n_layer etc.
-# override any of these.
+# The presets of llmc/model/llama/llama_family.cpp (vocabulary 50257 padded to 50304, RMSNorm eps 1e-5). Explicit
+# --n_layer etc. override any of these.
 PRESETS = {
     "llama-tiny": dict(n_layer=2, n_head=2, n_kv_head=1, n_embd=128, ffn_hidden=512, max_seq_len=256,
                        rope_theta=10000.0, tied=False),

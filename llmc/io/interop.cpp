@@ -1,5 +1,6 @@
-// llmc/io/interop.cpp: Hugging Face and llm.c import / export, the weights a run starts from, and train_gpt's --export-*
-// commands. Formats and conventions are documented in interop.h. Host code only.
+// llmc/io/interop.cpp: Hugging Face and llm.c import / export and the weights a run starts from. Formats and
+// conventions are documented in interop.h; what differs between architectures (config.json keys, transposed tensors,
+// buffers, llm.c's layout) comes from the model family's descriptor (llmc/model/family.h). Host code only.
 #include "llmc/io/interop.h"
 
 #include <algorithm>
@@ -22,9 +23,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/io/checkpoint.h"
 #include "llmc/core/common.h"
+#include "llmc/io/checkpoint.h"
 #include "llmc/io/safetensors.h"
+#include "llmc/model/family.h"
 
 namespace fs = std::filesystem;
 
@@ -41,7 +43,6 @@ constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 constexpr const char* kLlm8WeightsFile = "model.safetensors";
 constexpr size_t kLlmcHeaderInts = 256;
 constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
-constexpr float kLlmcNormEps = 1e-5f;  // llm.c's LayerNorm epsilon (fixed in its kernels)
 
 // Other llm.c magics, so a wrong file gets a precise message.
 constexpr int kLlmcLlama3ModelMagic = 20240803;
@@ -62,26 +63,12 @@ uint16_t float_to_bf16_bits(float x) {
   return static_cast<uint16_t>((u + rounding) >> 16);
 }
 
-// Floats as the shortest decimal that reads back to the same float (1e-05, not 9.99999974737875e-06).
-double float_for_json(float v) {
-  char buf[32];
-  for (int precision = 6; precision <= 9; precision++) {
-    std::snprintf(buf, sizeof(buf), "%.*g", precision, static_cast<double>(v));
-    if (static_cast<float>(std::strtod(buf, nullptr)) == v) break;
-  }
-  return std::strtod(buf, nullptr);
-}
-
 std::string join_path(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 void fsync_parent(const std::string& path) {
@@ -167,211 +154,51 @@ json read_json_file(const std::string& path) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// Hugging Face config.json
-
-// GPT-2's Conv1D weights: stored (in, out) by Hugging Face, (out, in) by us.
-const char* const kGpt2Conv1DSuffixes[] = {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight",
-                                           ".mlp.c_proj.weight"};
-
-bool is_gpt2_conv1d(const std::string& name) {
-  for (const char* suffix : kGpt2Conv1DSuffixes)
-    if (ends_with(name, suffix)) return true;
-  return false;
-}
+// Hugging Face config.json: the common keys here, the family's keys from its descriptor (llmc/model/<arch>/).
 
 ordered_json hf_config(const ModelSpec& spec, WeightDtype dtype) {
+  const ModelFamily& family = model_family(spec.arch);
   ordered_json c = ordered_json::object();
-  if (spec.arch == "gpt2") {
-    c["architectures"] = {"GPT2LMHeadModel"};
-    c["model_type"] = "gpt2";
-    c["vocab_size"] = spec.vocab_size;
-    c["n_positions"] = spec.max_seq_len;
-    c["n_ctx"] = spec.max_seq_len;
-    c["n_embd"] = spec.n_embd;
-    c["n_layer"] = spec.n_layer;
-    c["n_head"] = spec.n_head;
-    c["n_inner"] = spec.ffn_hidden;
-    c["activation_function"] = "gelu_new";  // the tanh approximation, as our GELU kernels
-    c["layer_norm_epsilon"] = float_for_json(spec.norm_eps);
-    c["resid_pdrop"] = 0.0;  // llm8 trains without dropout
-    c["embd_pdrop"] = 0.0;
-    c["attn_pdrop"] = 0.0;
-    c["initializer_range"] = 0.02;
-    c["scale_attn_weights"] = true;
-    c["scale_attn_by_inverse_layer_idx"] = false;
-    c["reorder_and_upcast_attn"] = false;
-    c["tie_word_embeddings"] = true;
-    if (spec.vocab_size > 50256) {  // the GPT-2 tokenizer's <|endoftext|>
-      c["bos_token_id"] = 50256;
-      c["eos_token_id"] = 50256;
-    }
-  } else if (spec.arch == "llama") {
-    c["architectures"] = {"LlamaForCausalLM"};
-    c["model_type"] = "llama";
-    c["vocab_size"] = spec.vocab_size;
-    c["hidden_size"] = spec.n_embd;
-    c["intermediate_size"] = spec.ffn_hidden;
-    c["num_hidden_layers"] = spec.n_layer;
-    c["num_attention_heads"] = spec.n_head;
-    c["num_key_value_heads"] = spec.n_kv_head;
-    c["head_dim"] = spec.head_size();
-    c["hidden_act"] = "silu";
-    c["max_position_embeddings"] = spec.max_seq_len;
-    c["rms_norm_eps"] = float_for_json(spec.norm_eps);
-    c["rope_theta"] = float_for_json(spec.rope_theta);
-    c["rope_scaling"] = nullptr;  // plain RoPE (rotate_half convention, as our kernels)
-    c["attention_bias"] = false;
-    c["attention_dropout"] = 0.0;
-    c["mlp_bias"] = false;
-    c["pretraining_tp"] = 1;
-    c["initializer_range"] = 0.02;
-    c["tie_word_embeddings"] = spec.tied_embeddings;
-  } else {
-    throw_error("Hugging Face export: model.arch '%s' is not supported (supported: gpt2, llama)", spec.arch.c_str());
-  }
+  c["architectures"] = {family.hf.architecture};
+  c["model_type"] = family.hf.model_type;
+  family.hf.write_config(spec, &c);
   c["use_cache"] = true;
   c["torch_dtype"] = dtype == WeightDtype::F32 ? "float32" : "bfloat16";
   return c;
 }
 
-// Typed accessors that name the file and the key on any problem.
-struct ConfigReader {
-  const json& j;
-  const std::string& path;
-  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
-  int get_int(const char* key) const {
-    if (!has(key)) throw_error("%s: key '%s' is missing", path.c_str(), key);
-    const json& v = j[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (int64_t(1) << 30))
-      throw_error("%s: '%s' must be a positive integer, got %s", path.c_str(), key, v.dump().c_str());
-    return v.get<int>();
+// "A (model_type a), B (model_type b) and C (model_type c)": what import reads.
+std::string hf_families() {
+  const std::vector<const ModelFamily*>& families = model_families();
+  std::string list;
+  for (size_t i = 0; i < families.size(); i++) {
+    if (i > 0) list += i + 1 == families.size() ? " and " : ", ";
+    list += strformat("%s (model_type %s)", families[i]->hf.architecture, families[i]->hf.model_type);
   }
-  int get_int(const char* key, int fallback) const { return has(key) ? get_int(key) : fallback; }
-  double get_number(const char* key, double fallback) const {
-    if (!has(key)) return fallback;
-    if (!j[key].is_number()) throw_error("%s: '%s' must be a number, got %s", path.c_str(), key, j[key].dump().c_str());
-    return j[key].get<double>();
-  }
-  bool get_bool(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!j[key].is_boolean()) throw_error("%s: '%s' must be true or false, got %s", path.c_str(), key,
-                                          j[key].dump().c_str());
-    return j[key].get<bool>();
-  }
-  std::string get_string(const char* key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    if (!j[key].is_string()) throw_error("%s: '%s' must be a string, got %s", path.c_str(), key,
-                                         j[key].dump().c_str());
-    return j[key].get<std::string>();
-  }
-};
+  return list;
+}
 
-// The architecture a config.json describes: "gpt2" or "llama"; an llmc::Error names anything else.
-std::string hf_arch(const json& j, const std::string& path) {
+// The family a config.json describes, by model_type (or, without one, by its first architecture); an llmc::Error
+// names anything else.
+const ModelFamily& hf_family(const json& j, const std::string& path) {
   std::string model_type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>()
                                                                                     : "";
   std::string architecture;
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
       j["architectures"][0].is_string())
     architecture = j["architectures"][0].get<std::string>();
-  if (model_type == "gpt2" || (model_type.empty() && architecture == "GPT2LMHeadModel")) return "gpt2";
-  if (model_type == "llama" || (model_type.empty() && architecture == "LlamaForCausalLM")) return "llama";
-  throw_error("%s: unknown architecture (model_type '%s', architectures [%s]): llm8 imports GPT2LMHeadModel "
-              "(model_type gpt2) and LlamaForCausalLM (model_type llama)",
-              path.c_str(), model_type.c_str(), architecture.c_str());
-}
-
-ModelSpec gpt2_spec_from_hf(const ConfigReader& c) {
-  ModelSpec s;
-  s.arch = "gpt2";
-  s.n_layer = c.get_int("n_layer");
-  s.n_head = c.get_int("n_head");
-  s.n_kv_head = s.n_head;
-  s.n_embd = c.get_int("n_embd");
-  s.vocab_size = c.get_int("vocab_size");
-  s.max_seq_len = c.get_int("n_positions");
-  s.ffn_hidden = c.get_int("n_inner", 4 * s.n_embd);
-  s.norm_eps = static_cast<float>(c.get_number("layer_norm_epsilon", 1e-5));
-  s.tied_embeddings = true;
-  const std::string act = c.get_string("activation_function", "gelu_new");
-  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    throw_error("%s: activation_function '%s' is not supported: llm8's GPT-2 uses the tanh approximation of GELU "
-                "(gelu_new or gelu_pytorch_tanh)", c.path.c_str(), act.c_str());
-  if (!c.get_bool("tie_word_embeddings", true))
-    throw_error("%s: tie_word_embeddings is false, but llm8's GPT-2 ties lm_head to transformer.wte", c.path.c_str());
-  if (!c.get_bool("scale_attn_weights", true))
-    throw_error("%s: scale_attn_weights is false, but llm8's attention scales by 1/sqrt(head size)", c.path.c_str());
-  if (c.get_bool("scale_attn_by_inverse_layer_idx", false))
-    throw_error("%s: scale_attn_by_inverse_layer_idx is true, which llm8's GPT-2 does not implement", c.path.c_str());
-  if (c.get_bool("add_cross_attention", false))
-    throw_error("%s: add_cross_attention is true: llm8's GPT-2 is a decoder without cross-attention", c.path.c_str());
-  if (s.n_embd % s.n_head != 0)
-    throw_error("%s: n_embd %d is not divisible by n_head %d", c.path.c_str(), s.n_embd, s.n_head);
-  return s;
-}
-
-// RoPE settings: rope_theta at the top level (transformers 4.x) or in rope_parameters (5.x); only plain RoPE.
-float llama_rope_theta(const ConfigReader& c) {
-  double theta = c.get_number("rope_theta", 10000.0);
-  std::string rope_type = "default";
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (!c.has(key)) continue;
-    const json& r = c.j[key];
-    if (!r.is_object())
-      throw_error("%s: '%s' must be an object or null, got %s", c.path.c_str(), key, r.dump().c_str());
-    const ConfigReader inner{r, c.path};
-    if (inner.has("rope_theta")) theta = inner.get_number("rope_theta", theta);
-    const std::string type = inner.get_string("rope_type", inner.get_string("type", "default"));
-    if (type != "default") rope_type = type;
-  }
-  if (rope_type != "default")
-    throw_error("%s: RoPE scaling '%s' is not supported: llm8's Llama implements plain RoPE (rope_type default)",
-                c.path.c_str(), rope_type.c_str());
-  if (!(theta > 0)) throw_error("%s: rope_theta must be positive", c.path.c_str());
-  return static_cast<float>(theta);
-}
-
-ModelSpec llama_spec_from_hf(const ConfigReader& c) {
-  ModelSpec s;
-  s.arch = "llama";
-  s.n_layer = c.get_int("num_hidden_layers");
-  s.n_head = c.get_int("num_attention_heads");
-  s.n_kv_head = c.get_int("num_key_value_heads", s.n_head);
-  s.n_embd = c.get_int("hidden_size");
-  s.vocab_size = c.get_int("vocab_size");
-  s.max_seq_len = c.get_int("max_position_embeddings", 2048);
-  s.ffn_hidden = c.get_int("intermediate_size");
-  s.norm_eps = static_cast<float>(c.get_number("rms_norm_eps", 1e-6));
-  s.rope_theta = llama_rope_theta(c);
-  s.tied_embeddings = c.get_bool("tie_word_embeddings", false);
-  const std::string act = c.get_string("hidden_act", "silu");
-  if (act != "silu")
-    throw_error("%s: hidden_act '%s' is not supported: llm8's Llama MLP is SwiGLU (silu)", c.path.c_str(), act.c_str());
-  if (c.get_bool("attention_bias", false) || c.get_bool("mlp_bias", false))
-    throw_error("%s: attention_bias / mlp_bias is true, but llm8's Llama has no biases", c.path.c_str());
-  if (s.n_embd % s.n_head != 0)
-    throw_error("%s: hidden_size %d is not divisible by num_attention_heads %d", c.path.c_str(), s.n_embd, s.n_head);
-  if (s.n_head % s.n_kv_head != 0)
-    throw_error("%s: num_attention_heads %d is not divisible by num_key_value_heads %d", c.path.c_str(), s.n_head,
-                s.n_kv_head);
-  if (c.get_int("head_dim", s.head_size()) != s.head_size())
-    throw_error("%s: head_dim %d differs from hidden_size / num_attention_heads = %d, which llm8's Llama assumes",
-                c.path.c_str(), c.get_int("head_dim"), s.head_size());
-  return s;
+  for (const ModelFamily* f : model_families())
+    if (model_type == f->hf.model_type || (model_type.empty() && architecture == f->hf.architecture)) return *f;
+  throw_error("%s: unknown architecture (model_type '%s', architectures [%s]): llm8 imports %s", path.c_str(),
+              model_type.c_str(), architecture.c_str(), hf_families().c_str());
 }
 
 ModelSpec spec_from_hf_config(const json& j, const std::string& path) {
   if (!j.is_object()) throw_error("%s: the top level is not a JSON object", path.c_str());
-  const ConfigReader c{j, path};
-  return hf_arch(j, path) == "gpt2" ? gpt2_spec_from_hf(c) : llama_spec_from_hf(c);
-}
-
-// Tensors in Hugging Face checkpoints that are buffers, not parameters: never exported, ignored on import.
-bool is_hf_buffer(const ModelSpec& spec, const std::string& name) {
-  static const std::regex gpt2_buffer(R"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias))");
-  static const std::regex rotary_buffer(R"(.*rotary_emb\.inv_freq)");
-  if (spec.arch == "gpt2") return std::regex_match(name, gpt2_buffer);
-  return std::regex_match(name, rotary_buffer);
+  const ModelFamily& family = hf_family(j, path);
+  ModelSpec s = family.hf.read_config(HfConfigReader{j, path});
+  s.arch = family.name;
+  return s;
 }
 
 // The tensors of a Hugging Face directory: model.safetensors, or the shards a model.safetensors.index.json lists.
@@ -456,34 +283,19 @@ std::vector<float> ours_to_hf(const HfTensorMapping& m, const ParamInfo& p, cons
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// llm.c: the 16 tensors of the model file, by our names ("{}" = the layer index; stacked over layers).
+// llm.c: the tensors of the model file are those of the family's llm.c layout (llmc/model/family.h, LlmcFormat),
+// by our names.
 
-struct LlmcTensor {
-  const char* llmc_name;
-  const char* our_name;  // "transformer.h.{}.ln_1.weight" for per-layer tensors
-};
-const LlmcTensor kLlmcTensors[] = {
-    {"wte", "transformer.wte.weight"},
-    {"wpe", "transformer.wpe.weight"},
-    {"ln1w", "transformer.h.{}.ln_1.weight"},
-    {"ln1b", "transformer.h.{}.ln_1.bias"},
-    {"qkvw", "transformer.h.{}.attn.c_attn.weight"},
-    {"qkvb", "transformer.h.{}.attn.c_attn.bias"},
-    {"attprojw", "transformer.h.{}.attn.c_proj.weight"},
-    {"attprojb", "transformer.h.{}.attn.c_proj.bias"},
-    {"ln2w", "transformer.h.{}.ln_2.weight"},
-    {"ln2b", "transformer.h.{}.ln_2.bias"},
-    {"fcw", "transformer.h.{}.mlp.c_fc.weight"},
-    {"fcb", "transformer.h.{}.mlp.c_fc.bias"},
-    {"fcprojw", "transformer.h.{}.mlp.c_proj.weight"},
-    {"fcprojb", "transformer.h.{}.mlp.c_proj.bias"},
-    {"lnfw", "transformer.ln_f.weight"},
-    {"lnfb", "transformer.ln_f.bias"},
-};
+// The family llm.c's model files hold (the first registered family with an llm.c layout).
+const ModelFamily& llmc_family() {
+  for (const ModelFamily* f : model_families())
+    if (f->llmc) return *f;
+  throw_error("llm.c model files: no model family of this build has llm.c's layout");
+}
 
 // The table entries (in layer order) that make up one llm.c tensor.
-std::vector<const ParamInfo*> llmc_parts(const ParamTable& table, const LlmcTensor& t, int n_layer) {
-  const std::string pattern = t.our_name;
+std::vector<const ParamInfo*> llmc_parts(const ParamTable& table, const LlmcFormat::Tensor& t, int n_layer) {
+  const std::string pattern = t.table_name;
   const size_t brace = pattern.find("{}");
   std::vector<const ParamInfo*> parts;
   if (brace == std::string::npos) {
@@ -496,17 +308,11 @@ std::vector<const ParamInfo*> llmc_parts(const ParamTable& table, const LlmcTens
 }
 
 void check_llmc_exportable(const ModelSpec& spec, const std::string& path) {
-  if (spec.arch != "gpt2")
-    throw_error("%s: llm.c model files hold GPT-2 models only (model.arch is '%s'); use --export-hf", path.c_str(),
-                spec.arch.c_str());
-  if (spec.ffn_hidden != 4 * spec.n_embd)
-    throw_error("%s: llm.c's GPT-2 has an MLP of 4 * n_embd = %d, but model.ffn_hidden is %d; use --export-hf",
-                path.c_str(), 4 * spec.n_embd, spec.ffn_hidden);
-  if (spec.n_kv_head != spec.n_head || !spec.tied_embeddings)
-    throw_error("%s: llm.c's GPT-2 has n_kv_head == n_head and tied embeddings; use --export-hf", path.c_str());
-  if (spec.norm_eps != kLlmcNormEps)
-    throw_error("%s: llm.c's LayerNorm epsilon is fixed at 1e-5, but model.norm_eps is %g; use --export-hf",
-                path.c_str(), static_cast<double>(spec.norm_eps));
+  const ModelFamily& family = model_family(spec.arch);
+  if (!family.llmc)
+    throw_error("%s: llm.c model files hold %s models only (model.arch is '%s'); use --export-hf", path.c_str(),
+                llmc_family().title, spec.arch.c_str());
+  family.llmc->check(spec, path);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -530,14 +336,14 @@ void check_same_spec(const ModelSpec& imported, const ModelSpec& configured, con
   check_int("max_seq_len", imported.max_seq_len, configured.max_seq_len);
   check_int("ffn_hidden", imported.ffn_hidden, configured.ffn_hidden);
   if (imported.norm_eps != configured.norm_eps)
-    mismatch("norm_eps", json(float_for_json(imported.norm_eps)).dump(),
-             json(float_for_json(configured.norm_eps)).dump());
+    mismatch("norm_eps", json(shortest_decimal(imported.norm_eps)).dump(),
+             json(shortest_decimal(configured.norm_eps)).dump());
   if (imported.tied_embeddings != configured.tied_embeddings)
     mismatch("tied_embeddings", imported.tied_embeddings ? "true" : "false",
              configured.tied_embeddings ? "true" : "false");
-  if (imported.arch == "llama" && imported.rope_theta != configured.rope_theta)
-    mismatch("rope_theta", json(float_for_json(imported.rope_theta)).dump(),
-             json(float_for_json(configured.rope_theta)).dump());
+  if (model_family(imported.arch).uses_rope_theta && imported.rope_theta != configured.rope_theta)
+    mismatch("rope_theta", json(shortest_decimal(imported.rope_theta)).dump(),
+             json(shortest_decimal(configured.rope_theta)).dump());
 }
 
 // Copies src (any vocabulary padding) into dst laid out by dst_table (same model otherwise), by tensor name.
@@ -592,7 +398,8 @@ HfTensorMapping hf_mapping(const ModelSpec& spec, const ParamInfo& p) {
   m.hf_shape = p.shape;
   m.vocab_rows = p.role == ParamRole::TokenEmbedding || p.role == ParamRole::LmHead;
   if (m.vocab_rows) m.hf_shape[0] = spec.vocab_size;
-  m.transposed = spec.arch == "gpt2" && is_gpt2_conv1d(p.name);
+  const HfFormat& hf = model_family(spec.arch).hf;
+  m.transposed = hf.transposed && hf.transposed(p.name);
   if (m.transposed) std::swap(m.hf_shape[0], m.hf_shape[1]);
   return m;
 }
@@ -633,6 +440,8 @@ ModelWeights import_hf(const std::string& dir, int padded_vocab_multiple) {
                 "model.safetensors)", dir.c_str(), kHfConfigFile);
   ModelWeights w;
   w.spec = spec_from_hf_config(read_json_file(config_path), config_path);
+  const HfFormat& hf = model_family(w.spec.arch).hf;
+  const std::string optional_prefix = hf.optional_prefix;
   w.spec.padded_vocab_size = static_cast<int>(round_up(w.spec.vocab_size, std::max(1, padded_vocab_multiple)));
   w.table = build_param_table(w.spec);
   w.values.assign(w.table.total_elements, 0.0f);
@@ -648,10 +457,10 @@ ModelWeights import_hf(const std::string& dir, int padded_vocab_multiple) {
     HfTensorMapping& m = mappings.back();
     if (p.role == ParamRole::TokenEmbedding) embedding = &m;
     std::string name = m.hf_name;
-    // Checkpoints of GPT2Model (the Hub's openai-community/gpt2) have no "transformer." prefix.
-    if (!files.find(name) && w.spec.arch == "gpt2" && name.rfind("transformer.", 0) == 0 &&
-        files.find(name.substr(12)))
-      name = name.substr(12);
+    // Some checkpoints leave a prefix out (GPT2Model's, the Hub's openai-community/gpt2: "transformer.").
+    if (!files.find(name) && !optional_prefix.empty() && name.rfind(optional_prefix, 0) == 0 &&
+        files.find(name.substr(optional_prefix.size())))
+      name = name.substr(optional_prefix.size());
     const SafetensorsReader* reader = files.find(name);
     if (!reader) {
       missing.push_back(m.hf_name);
@@ -676,7 +485,7 @@ ModelWeights import_hf(const std::string& dir, int padded_vocab_multiple) {
                 missing.size(), config_path.c_str(), list.c_str());
   }
   for (const auto& [name, index] : files.names()) {
-    if (used.count(name) || is_hf_buffer(w.spec, name)) continue;
+    if (used.count(name) || hf.is_buffer(name)) continue;
     const SafetensorsReader* reader = files.find(name);
     if (name == "lm_head.weight" && w.spec.tied_embeddings && embedding) {  // (tied: not in our table)
       // A tied lm_head saved anyway (older checkpoints): it must be the embedding.
@@ -712,7 +521,7 @@ void export_llmc(const std::string& path, const ModelSpec& spec, const float* va
   AtomicFile file(path);
   file.write(header, sizeof(header));
   std::vector<uint8_t> bytes;
-  for (const LlmcTensor& t : kLlmcTensors) {
+  for (const LlmcFormat::Tensor& t : model_family(spec.arch).llmc->tensors) {
     for (const ParamInfo* p : llmc_parts(table, t, spec.n_layer)) {
       bytes.clear();
       size_t real = p->numel;
@@ -777,18 +586,10 @@ ModelWeights import_llmc(const std::string& path) {
   for (int i = 2; i <= 7; i++)
     if (h[i] < 1 || h[i] > (1 << 24))
       throw_error("llm.c import: %s: header field %s = %d is out of range", path.c_str(), names[i - 2], h[i]);
+  const ModelFamily& family = llmc_family();
   ModelWeights w;
-  w.spec.arch = "gpt2";
-  w.spec.max_seq_len = h[2];
-  w.spec.vocab_size = h[3];
-  w.spec.n_layer = h[4];
-  w.spec.n_head = h[5];
-  w.spec.n_kv_head = h[5];
-  w.spec.n_embd = h[6];
-  w.spec.padded_vocab_size = h[7];
-  w.spec.ffn_hidden = 4 * h[6];
-  w.spec.tied_embeddings = true;
-  w.spec.norm_eps = kLlmcNormEps;
+  w.spec = family.llmc->spec_from_header(h[2], h[3], h[4], h[5], h[6], h[7]);
+  w.spec.arch = family.name;
   if (w.spec.padded_vocab_size < w.spec.vocab_size || w.spec.n_embd % w.spec.n_head != 0)
     throw_error("llm.c import: %s: inconsistent header (V %d, Vp %d, C %d, NH %d)", path.c_str(), w.spec.vocab_size,
                 w.spec.padded_vocab_size, w.spec.n_embd, w.spec.n_head);
@@ -802,7 +603,7 @@ ModelWeights import_llmc(const std::string& path) {
   w.values.assign(w.table.total_elements, 0.0f);
   size_t offset = kLlmcHeaderBytes;
   std::vector<uint16_t> bits;
-  for (const LlmcTensor& t : kLlmcTensors) {
+  for (const LlmcFormat::Tensor& t : family.llmc->tensors) {
     for (const ParamInfo* p : llmc_parts(w.table, t, w.spec.n_layer)) {
       float* dst = w.values.data() + p->offset;
       if (dtype == WeightDtype::F32) {

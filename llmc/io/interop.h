@@ -3,18 +3,21 @@
 // Our side is always a ModelSpec plus FP32 values laid out by its ParamTable (the arrays model.safetensors holds:
 // table.total_elements floats, alignment gaps and the padded vocabulary rows 0). The other side is one of:
 //
-//   Hugging Face   a directory with config.json + model.safetensors that `transformers` loads as GPT2LMHeadModel
-//                  (arch gpt2) or LlamaForCausalLM (arch llama). Our parameter names ARE the Hugging Face names, so the
-//                  mapping is table-driven: per tensor only (a) the vocabulary rows past the real vocabulary are
-//                  dropped (export) or added back as zeros (import) for the token embedding and an untied lm_head, and
-//                  (b) GPT-2's Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), stored by Hugging Face
-//                  as (in, out), are transposed from / to our nn.Linear (out, in) layout. Export writes F32 or BF16;
-//                  import reads F32 / BF16 / F16 tensors from model.safetensors or from a sharded checkpoint
-//                  (model.safetensors.index.json + its shards), with or without GPT-2's "transformer." prefix.
+//   Hugging Face   a directory with config.json + model.safetensors that `transformers` loads as the model family's
+//                  class (GPT2LMHeadModel for arch gpt2, LlamaForCausalLM for arch llama: the family's descriptor,
+//                  llmc/model/family.h, holds its config.json keys and tensor layout). Our parameter names ARE the
+//                  Hugging Face names, so the mapping is table-driven: per tensor only (a) the vocabulary rows past the
+//                  real vocabulary are dropped (export) or added back as zeros (import) for the token embedding and an
+//                  untied lm_head, and (b) the tensors the family stores transposed (GPT-2's Conv1D weights attn.c_attn,
+//                  attn.c_proj, mlp.c_fc, mlp.c_proj, stored by Hugging Face as (in, out)) are transposed from / to our
+//                  nn.Linear (out, in) layout. Export writes F32 or BF16; import reads F32 / BF16 / F16 tensors from
+//                  model.safetensors or from a sharded checkpoint (model.safetensors.index.json + its shards), with or
+//                  without the prefix a family's checkpoints may leave out (GPT-2's "transformer.").
 //
-//   llm.c          karpathy/llm.c's GPT-2 model file (train_gpt2.py writes it, train_gpt2.cu reads it): a header of 256
-//                  little-endian int32 (h[0] = 20240326, h[1] = 3 for FP32 or 5 for BF16, h[2..7] = maxT, V, L, NH, C,
-//                  Vp), then 16 tensors stacked over the layers in one flat blob: wte (Vp, C), wpe (maxT, C),
+//   llm.c          karpathy/llm.c's GPT-2 model file (train_gpt2.py writes it, train_gpt2.cu reads it), for the family
+//                  whose descriptor has llm.c's layout (gpt2): a header of 256 little-endian int32 (h[0] = 20240326,
+//                  h[1] = 3 for FP32 or 5 for BF16, h[2..7] = maxT, V, L, NH, C, Vp), then 16 tensors stacked over the
+//                  layers in one flat blob: wte (Vp, C), wpe (maxT, C),
 //                  ln1w (L, C), ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C), attprojw (L, C, C), attprojb (L, C),
 //                  ln2w (L, C), ln2b (L, C), fcw (L, 4C, C), fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C),
 //                  lnfw (C), lnfb (C). llm.c's matrices are nn.Linear (out, in) like ours and its qkv rows are

@@ -1,22 +1,21 @@
-// llmc/model/model.cu: what every architecture shares (llmc/model/model.h): the parameter / gradient buffers, the checks and
-// uploads at the start of a forward (through pinned staging), the mean loss over non-ignored targets (on the host per
-// forward, or summed on the device over a step), and make_model(), which picks the
-// implementation from model.arch.
+// llmc/model/model.cu: what every architecture shares (llmc/model/model.h): the parameter / gradient buffers, the checks
+// and uploads at the start of a forward (through pinned staging), the mean loss over non-ignored targets (on the host
+// per forward, or summed on the device over a step), the linears' creation, the two-pass activation plan, and
+// make_model(), which asks the family of model.arch for its model.
 #include "llmc/model/model.h"
 
 #include <algorithm>
 
 #include "llmc/core/common.h"
-#include "llmc/precision/gemm.h"
 #include "llmc/kernels/classifier.h"
-#include "llmc/model/gpt2/gpt2.h"
-#include "llmc/model/llama/llama.h"
-#include "llmc/precision/linear.h"
+#include "llmc/model/family.h"
+#include "llmc/precision/gemm.h"
 
 namespace llmc {
 
 Model::Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe)
-    : spec_(spec), table_(build_param_table(spec)), recipe_(recipe), B_max_(B), T_max_(T), recompute_(recompute) {
+    : spec_(spec), table_(build_param_table(spec)), recipe_(recipe), B_max_(B), T_max_(T), recompute_(recompute),
+      precision_(recipe) {
   if (B <= 0 || T <= 0) throw_error("model: micro-batch B=%d and sequence length T=%d must be positive", B, T);
   if (T > spec.max_seq_len)
     throw_error("model: train.seq_len=%d exceeds the context length model.max_seq_len=%d", T, spec.max_seq_len);
@@ -33,6 +32,7 @@ Model::Model(const ModelSpec& spec, int B, int T, int recompute, const Precision
 }
 
 Model::~Model() {
+  encoder_plan_.free();
   if (uploaded_) {
     cudaEventSynchronize(uploaded_);
     cudaEventDestroy(uploaded_);
@@ -86,11 +86,35 @@ void Model::begin_forward(const int* h_inputs, const int* h_targets, int B, int 
   last_T_ = T;
   last_has_targets_ = h_targets != nullptr;
   last_wrote_dlogits_ = grad_scale > 0.0f;
+  precision_.begin_forward(s);
 }
 
-void Model::begin_backward() const {
+void Model::begin_backward(cudaStream_t s) {
   if (!last_wrote_dlogits_)
     throw_error("model backward: call forward with targets and grad_scale > 0 first (the dlogits come from it)");
+  precision_.begin_backward(s);
+}
+
+std::unique_ptr<Linear> Model::make_linear(const std::string& name, LinearKind kind, int layer, int out_features,
+                                           int in_features) {
+  return std::make_unique<Linear>(precision_, name, kind, layer, out_features, in_features,
+                                  plan_linear(recipe_, layer, spec_.n_layer, kind), B_max_ * T_max_);
+}
+
+void Model::plan_activations(const std::function<void(Carver&)>& carve) {
+  const size_t N = static_cast<size_t>(B_max_) * T_max_;
+  for (int pass = 0; pass < 2; pass++) {
+    Carver cv;
+    if (pass == 1) {
+      CUDA_CHECK(cudaMalloc(&act_memory_, activation_bytes_));
+      cv.base = static_cast<char*>(act_memory_);
+    }
+    inputs_ = cv.take<int>(N);
+    targets_ = cv.take<int>(N);
+    carve(cv);
+    activation_bytes_ = round_up(cv.used, 256);
+  }
+  CUDA_CHECK(cudaMemset(act_memory_, 0, activation_bytes_));
 }
 
 float Model::mean_loss(cudaStream_t s) {
@@ -116,14 +140,10 @@ double Model::step_loss(cudaStream_t s) {
   return total;
 }
 
-void Model::set_amax_reducer(AmaxReducer reducer) {
-  if (PrecisionState* p = precision_state()) p->set_amax_reducer(std::move(reducer));
-}
+void Model::set_amax_reducer(AmaxReducer reducer) { precision_.set_amax_reducer(std::move(reducer)); }
 
 std::unique_ptr<Model> make_model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe) {
-  if (spec.arch == "gpt2") return std::make_unique<GPT2>(spec, B, T, recompute, recipe);
-  if (spec.arch == "llama") return std::make_unique<Llama>(spec, B, T, recompute, recipe);
-  throw_error("model.arch '%s' is not supported by this build (supported: gpt2, llama)", spec.arch.c_str());
+  return model_family(spec.arch).make_model(spec, B, T, recompute, recipe);
 }
 
 }  // namespace llmc

@@ -1,12 +1,16 @@
-// llmc/model/model.h: the interface the trainer drives, whatever the architecture. One implementation per family
-// (llmc/model/gpt2/gpt2.cu, llmc/model/llama/llama.cu), chosen by model.arch through make_model(); the trainer, the tests and the tools see
-// only this class. The base owns what every family shares: the flat bf16 parameter buffer and the FP32 gradient
-// buffer (both laid out by the ParamTable), the token / target / loss buffers, the mean-loss bookkeeping, the
-// precision plan (llmc/precision/recipe) and the hook that tells data parallelism when a block's gradients are final.
+// llmc/model/model.h: the interface the trainer drives, whatever the architecture, and the machinery every family's GPU
+// model shares. One implementation per family (llmc/model/<arch>/, registered in llmc/model/family.h), made by
+// make_model(); the trainer, the tests and the tools see only this class. The base owns: the flat bf16 parameter
+// buffer and the FP32 gradient buffer (both laid out by the ParamTable) and their named views (ParamViews); the
+// token / target / loss buffers and the mean-loss bookkeeping; the precision state its linears share and their
+// creation from the recipe (make_linear); the activation memory, laid out in two passes (plan_activations) with one
+// rule for the inputs backward does not read in BF16 (input_buffer); the producer-amax options of the linears
+// (x_from_producer, dy_from_producer); the weight-change protocol (weights_changed, end_step); the embedding's
+// backward plan; and the hook that tells data parallelism when a block's gradients are final.
 //
 // Use per training micro-step:  forward(inputs, targets, B, T, grad_scale = 1/(B*T*accum), s);  backward(s);
 // per optimizer step the caller zeroes the gradients (zero_grads) before the first micro-step and calls
-// weights_changed() after the optimizer wrote new weights (FP8 recipes re-quantise them once per step).
+// end_step() after the optimizer wrote new weights (FP8 recipes re-quantise them once per step).
 #pragma once
 
 #include <cstddef>
@@ -19,13 +23,15 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "llmc/core/common.h"
+#include "llmc/kernels/encoder.h"
 #include "llmc/model/model_spec.h"
+#include "llmc/precision/linear.h"
 #include "llmc/precision/recipe.h"
 
 namespace llmc {
 
 using bf16 = __nv_bfloat16;
-class PrecisionState;  // llmc/precision/linear.h
 
 // Called during backward, on the compute stream, once the gradients of block `layer` are final for this micro-step
 // (every later launch leaves them alone); layer = -1 once the embeddings and the final norm are final too (the last
@@ -60,12 +66,12 @@ class Model {
   // After forward with grad_scale > 0: ACCUMULATES the parameter gradients into grads() (the caller zeroes them).
   virtual void backward(cudaStream_t s) = 0;
   // The weights in params() changed without an optimizer step (upload, resume): cached FP8 copies are stale.
-  virtual void weights_changed() {}
+  void weights_changed() { precision_.weights_changed(); }
   // After an optimizer step was applied: the weights changed, and delayed FP8 scaling turns the step's amaxes into
   // the next scales. Not called for a skipped step.
-  virtual void end_step(cudaStream_t s) { weights_changed(); }
-  // The FP8 scaling state (checkpoints, numerics telemetry); null for a model without FP8 linears.
-  virtual PrecisionState* precision_state() { return nullptr; }
+  void end_step(cudaStream_t s) { precision_.end_step(s); }
+  // The scaling state every linear of the model shares (checkpoints, numerics telemetry).
+  PrecisionState* precision_state() { return &precision_; }
 
   // Mean per-token loss over the non-ignored targets of the last forward (synchronises the stream).
   float mean_loss(cudaStream_t s);
@@ -85,29 +91,82 @@ class Model {
   void set_amax_reducer(AmaxReducer reducer);
 
  protected:
+  // Hands out 256-byte aligned pieces of one allocation (first pass: base = null, only counts the bytes).
+  struct Carver {
+    char* base = nullptr;
+    size_t used = 0;
+    template <typename Scalar>
+    Scalar* take(size_t count) {
+      used = (used + 255) / 256 * 256;
+      Scalar* p = base ? reinterpret_cast<Scalar*>(base + used) : nullptr;
+      used += count * sizeof(Scalar);
+      return p;
+    }
+  };
+
   Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe);
   // Checks (B, T) against the plan and the token ids against the vocabulary, uploads inputs (and targets), records
-  // the state of this forward. Every implementation's forward starts with it.
+  // the state of this forward and starts the precision state's forward. Every implementation's forward starts with
+  // it.
   void begin_forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s);
-  // Every implementation's backward starts with it: checks that a training forward came first.
-  void begin_backward() const;
+  // Every implementation's backward starts with it: checks that a training forward came first and starts the
+  // precision state's backward.
+  void begin_backward(cudaStream_t s);
   void grads_ready(int layer, cudaStream_t s) {
     if (grad_ready_) grad_ready_(layer, s);
+  }
+
+  // A linear of block `layer` (-1: outside the blocks) with its plan from the recipe, registered with the precision
+  // state (every model creates its linears in one fixed order: the order names the scaling slots in checkpoints).
+  // name: the parameter-table name of its weight without ".weight", or the name of a fused group
+  // ("model.layers.3.self_attn.qkv_proj"), for telemetry, checkpoints and errors.
+  std::unique_ptr<Linear> make_linear(const std::string& name, LinearKind kind, int layer, int out_features,
+                                      int in_features);
+  // The activation memory, planned once for (B_max, T_max): carve lays out every buffer of the family through the
+  // Carver it is given (after inputs_ and targets_). It runs twice, counting the bytes and then carving the one
+  // allocation; the memory starts zeroed.
+  void plan_activations(const std::function<void(Carver&)>& carve);
+  // Whether backward reads the BF16 input of `linear` (false when the linear saved an FP8 copy for its weight
+  // gradient).
+  static bool needs_bf16_input(const Linear& linear) { return !linear.saves_quantized_input(); }
+  // Where the forward writes the BF16 input of `consumer` (count elements): a buffer of the block's own when backward
+  // reads it and does not recompute it, else `shared`, one buffer every block overwrites.
+  bf16* input_buffer(Carver& cv, const Linear& consumer, bf16* shared, size_t count) const {
+    return recompute_ == 0 && needs_bf16_input(consumer) ? cv.take<bf16>(count) : shared;
+  }
+  // Whether backward recomputes the BF16 input of `consumer` (recompute on, and backward reads that input).
+  bool recomputes_input(const Linear& consumer) const { return recompute_ != 0 && needs_bf16_input(consumer); }
+  // The BF16 input to hand the backward of `linear`: null when it saved an FP8 copy (the buffer may be shared).
+  static const bf16* bf16_input(const Linear& linear, const bf16* x) { return needs_bf16_input(linear) ? x : nullptr; }
+  // The options of a linear whose input x (forward) or output gradient dy (backward) comes from a kernel that also
+  // wrote the tensor's amax into the linear's slot (x_amax_slot / dy_amax_slot; a linear without a slot reads no
+  // amax, and its producer reports none).
+  static Linear::ForwardOptions x_from_producer(const Linear& linear) {
+    Linear::ForwardOptions opt;
+    opt.x_amax_ready = linear.x_amax_slot() != nullptr;
+    return opt;
+  }
+  static Linear::BackwardOptions dy_from_producer(const Linear& linear) {
+    Linear::BackwardOptions opt;
+    opt.dy_amax_ready = linear.dy_amax_slot() != nullptr;
+    return opt;
   }
 
   ModelSpec spec_;
   ParamTable table_;
   PrecisionRecipe recipe_;
   int B_max_, T_max_, recompute_;
+  PrecisionState precision_;  // before the families' linears: they register with it and are destroyed first
 
   bf16* params_ = nullptr;   // (total_elements)
   float* grads_ = nullptr;   // (total_elements)
-  void* act_memory_ = nullptr;  // one allocation carved by the implementation's activation plan
+  void* act_memory_ = nullptr;  // one allocation carved by plan_activations
   size_t activation_bytes_ = 0;
-  int* inputs_ = nullptr;       // (B, T) token ids on the device (carved by the implementation)
+  int* inputs_ = nullptr;       // (B, T) token ids on the device
   int* targets_ = nullptr;      // (B, T)
-  bf16* logits_ = nullptr;      // (N, Vp) logits, or dlogits after a training forward
-  float* losses_ = nullptr;     // (N)    per-token loss
+  bf16* logits_ = nullptr;      // (N, Vp) logits, or dlogits after a training forward (carved by the family)
+  float* losses_ = nullptr;     // (N)    per-token loss (carved by the family)
+  EncoderBackwardPlan encoder_plan_;  // the token embedding's gradient plan, built by every training forward
 
   double* step_loss_ = nullptr;  // (1) device accumulator of add_to_step_loss
   int* h_upload_ = nullptr;      // (2, B_max * T_max) pinned staging of the inputs and targets of a forward
@@ -121,22 +180,60 @@ class Model {
   GradReadyHook grad_ready_;
 };
 
-// Hands out 256-byte aligned pieces of one allocation (first pass: base = null, only counts the bytes). The models
-// plan their activations with two passes: count, allocate, carve.
-struct Carver {
-  char* base = nullptr;
-  size_t used = 0;
-  template <typename Scalar>
-  Scalar* take(size_t count) {
-    used = (used + 255) / 256 * 256;
-    Scalar* p = base ? reinterpret_cast<Scalar*>(base + used) : nullptr;
-    used += count * sizeof(Scalar);
-    return p;
+// Named views of a flat buffer laid out by the parameter table (the bf16 weights or the FP32 gradients): a family
+// fills its struct of tensor pointers through them, by the table's (Hugging Face) names.
+template <typename Scalar>
+class ParamViews {
+ public:
+  ParamViews(Scalar* base, const ParamTable& table) : base_(base), table_(table) {}
+  // The tensor `name` (an llmc::Error names it when the table has none).
+  Scalar* operator()(const std::string& name) const { return base_ + table_.get(name).offset; }
+  // One weight stored as the tensors `names`, back to back (a fused GEMM's q|k|v, gate|up): its first tensor, once
+  // the layout the GEMM relies on is checked.
+  Scalar* fused(const std::vector<std::string>& names) const {
+    for (size_t i = 1; i < names.size(); i++) {
+      const ParamInfo& prev = table_.get(names[i - 1]);
+      if (prev.offset + prev.numel != table_.get(names[i]).offset)
+        throw_error("parameter table: '%s' does not follow '%s' contiguously, so one fused GEMM cannot read them",
+                    names[i].c_str(), names[i - 1].c_str());
+    }
+    return (*this)(names.front());
   }
+
+ private:
+  Scalar* base_;
+  const ParamTable& table_;
 };
 
-// The model of spec.arch ("gpt2", "llama") for micro-batches up to (B, T). recompute: 0 = keep every activation;
-// 1 = recompute the cheap ones (norm outputs, activation-function outputs) in backward.
+// One pointer of a family's per-block struct and the tensor it views, by its name inside the block (several names: a
+// fused weight, ParamViews::fused).
+template <typename Block, typename Scalar>
+struct BlockView {
+  Scalar* Block::*member;
+  std::vector<std::string> names;
+  BlockView(Scalar* Block::*m, const char* name) : member(m), names{name} {}
+  BlockView(Scalar* Block::*m, std::vector<std::string> fused) : member(m), names(std::move(fused)) {}
+};
+
+// The per-block structs of n_layer blocks whose tensors are named prefix + block index + "." + name
+// ("transformer.h." gives "transformer.h.3.ln_1.weight").
+template <typename Block, typename Scalar>
+std::vector<Block> carve_blocks(const ParamViews<Scalar>& at, int n_layer, const std::string& prefix,
+                                const std::vector<BlockView<Block, Scalar>>& views) {
+  std::vector<Block> blocks(n_layer);
+  for (int l = 0; l < n_layer; l++) {
+    const std::string in_block = prefix + std::to_string(l) + ".";
+    for (const BlockView<Block, Scalar>& v : views) {
+      std::vector<std::string> names;
+      for (const std::string& name : v.names) names.push_back(in_block + name);
+      blocks[l].*v.member = at.fused(names);
+    }
+  }
+  return blocks;
+}
+
+// The model of spec.arch (its family's factory, llmc/model/family.h) for micro-batches up to (B, T). recompute:
+// 0 = keep every activation; 1 = recompute the cheap ones (norm outputs, activation-function outputs) in backward.
 std::unique_ptr<Model> make_model(const ModelSpec& spec, int B, int T, int recompute,
                                   const PrecisionRecipe& recipe = PrecisionRecipe());
 

@@ -1,6 +1,7 @@
-// llmc/model/model_spec.h: what a model is, independent of the GPU: the architecture spec, the parameter table (one entry
-// per named tensor, Hugging Face names, nn.Linear (out, in) layout) that drives initialisation, the optimizer,
-// sharding, checkpoints and export; parameter counts, FLOPs per token and a device-memory estimate.
+// llmc/model/model_spec.h: what a model is, independent of the GPU: the architecture spec, the parameter table (one
+// entry per named tensor, Hugging Face names, nn.Linear (out, in) layout) that drives initialisation, the optimizer,
+// sharding, checkpoints and export; parameter counts, FLOPs per token, a device-memory estimate and the presets. What
+// differs between architectures comes from the model family of spec.arch (llmc/model/family.h).
 #pragma once
 
 #include <cstddef>
@@ -13,7 +14,7 @@
 namespace llmc {
 
 struct ModelSpec {
-  std::string arch = "gpt2";  // "gpt2" | "llama"
+  std::string arch = "gpt2";  // the model family (llmc/model/family.h): "gpt2" | "llama"
   int n_layer = 12;
   int n_head = 12;
   int n_kv_head = 12;           // key/value heads: == n_head for gpt2; divides n_head for llama (grouped-query)
@@ -29,26 +30,16 @@ struct ModelSpec {
   int qkv_channels() const { return (n_head + 2 * n_kv_head) * head_size(); }  // fused q|k|v output width
 };
 
-// Builds the table for the spec; throws llmc::Error for an unsupported arch or inconsistent sizes.
-//
-// gpt2 (GPT2LMHeadModel names): transformer.wte.weight (Vp, C), transformer.wpe.weight (maxT, C); per block
-//   transformer.h.{i}.{ln_1.weight, ln_1.bias, attn.c_attn.weight (3C, C), attn.c_attn.bias, attn.c_proj.weight (C, C),
-//   attn.c_proj.bias, ln_2.weight, ln_2.bias, mlp.c_fc.weight (F, C), mlp.c_fc.bias, mlp.c_proj.weight (C, F),
-//   mlp.c_proj.bias}; transformer.ln_f.{weight, bias}. The lm_head is tied to wte.
-// llama (LlamaForCausalLM names, no biases): model.embed_tokens.weight (Vp, C); per block model.layers.{i}.
-//   input_layernorm.weight (C), self_attn.q_proj.weight (NH*HS, C), self_attn.k_proj.weight (NKV*HS, C),
-//   self_attn.v_proj.weight (NKV*HS, C), self_attn.o_proj.weight (C, NH*HS), post_attention_layernorm.weight (C),
-//   mlp.gate_proj.weight (F, C), mlp.up_proj.weight (F, C), mlp.down_proj.weight (C, F); model.norm.weight (C);
-//   lm_head.weight (Vp, C) unless tied_embeddings. q_proj, k_proj, v_proj are stored back to back (no alignment gap:
-//   checked here), so the q_proj pointer is the ((NH + 2*NKV)*HS, C) weight of one fused QKV GEMM; likewise
-//   gate_proj, up_proj form the (2F, C) weight of one fused gate|up GEMM whose output rows are [gate | up].
+// The table of the spec, built by its family (llmc/model/<arch>/<arch>_family.cpp, where the names and shapes are
+// listed); throws llmc::Error for an unknown arch or inconsistent sizes.
 ParamTable build_param_table(const ModelSpec& spec);
 
 // Initial values (FP32) for every tensor of the table, written at each tensor's offset into out
-// (table.total_elements floats; alignment gaps and padded vocabulary rows are 0). GPT-2 scheme, for both
-// architectures: linear weights and embeddings normal(0, 0.02), residual projections (gpt2 attn.c_proj, mlp.c_proj;
-// llama self_attn.o_proj, mlp.down_proj) normal(0, 0.02 / sqrt(2 * n_layer)), biases 0, norm weights 1. Deterministic for a seed and independent of thread count: each tensor draws from its
-// own generator seeded by (seed, tensor index).
+// (table.total_elements floats; alignment gaps and padded vocabulary rows are 0): normal(0, init_std) or init_value,
+// as the family's table says (GPT-2's scheme for every family: linear weights and embeddings normal(0, 0.02), the
+// projections into the residual stream normal(0, 0.02 / sqrt(2 * n_layer)), biases 0, norm weights 1).
+// Deterministic for a seed and independent of thread count: each tensor draws from its own generator seeded by
+// (seed, tensor index).
 void init_parameters(const ParamTable& table, uint64_t seed, float* out);
 
 // Parameter count with the padded vocabulary (GPT-2 124M: 124,475,904) or the real one (124,439,808).
@@ -56,9 +47,9 @@ size_t count_parameters(const ModelSpec& spec, bool padded_vocab);
 
 // Training FLOPs per token: 6 * N (non-embedding parameters + lm_head matmul) + attention 6 * L * C * T
 // (the causal-mask-unaware convention llm.c and PaLM use), with N counted on the real vocabulary: every real
-// parameter except the tensors only looked up (wpe; the token embedding when the lm_head is untied). With grouped-query
-// attention the k/v projections count at their (NKV*HS, C) size; the attention term is unchanged (every query head
-// attends over T keys: 2 * 2 * T * NH * HS forward FLOPs per layer, NH * HS = C).
+// parameter except the tensors only looked up (position embeddings; the token embedding when the lm_head is untied).
+// With grouped-query attention the k/v projections count at their (NKV*HS, C) size; the attention term is unchanged
+// (every query head attends over T keys: 2 * 2 * T * NH * HS forward FLOPs per layer, NH * HS = C).
 double flops_per_token(const ModelSpec& spec, int seq_len);
 
 struct MemoryEstimate {
@@ -75,13 +66,9 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const ModelSpec& spec, int micro_batch, int seq_len, bool recompute, int world_size,
                                int zero_stage);
 
-// Known model presets: "gpt2-tiny", "gpt2-mini", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m", "llama-tiny",
-// "llama-125m", "llama-350m", "llama-1b", "llama-3b".
+// Known model presets, those of every family in registry order: "gpt2-tiny", "gpt2-mini", "gpt2-124m", "gpt2-350m",
+// "gpt2-774m", "gpt2-1558m", "llama-tiny", "llama-125m", "llama-350m", "llama-1b", "llama-3b".
 bool model_preset(const std::string& name, ModelSpec* out);
 std::vector<std::string> model_preset_names();
-
-// Llama's default MLP width when none is given: 8C/3 rounded up to a multiple of 256 (the LLaMA rule with
-// multiple_of = 256, ffn_dim_multiplier = 1; three matrices of 8C/3 hold as many parameters as GPT-2's two of 4C).
-int llama_default_ffn_hidden(int n_embd);
 
 }  // namespace llmc

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "llmc/core/common.h"
+#include "llmc/model/family.h"
 
 namespace llmc {
 
@@ -138,14 +139,11 @@ std::string dry_run_report(const RunConfig& cfg, int world_size) {
 
   std::string r;
   r += "dry run: the config is valid (nothing was run or written)\n";
-  const std::string llama_shape =
-      m.arch == "llama" ? strformat(", %d kv heads, RoPE theta %g, %s lm_head", m.n_kv_head,
-                                    static_cast<double>(m.rope_theta), m.tied_embeddings ? "tied" : "untied")
-                        : "";
+  const std::string details = model_family(m.arch).dry_run_details(m);
   r += strformat("model        %s%s: %d layers, %d heads of %d, n_embd %d, ffn %d, vocab %d (padded %d), context %d%s\n",
                  m.arch.c_str(), cfg.model_preset.empty() ? "" : (" (preset " + cfg.model_preset + ")").c_str(),
                  m.n_layer, m.n_head, m.head_size(), m.n_embd, m.ffn_hidden, m.vocab_size, m.padded_vocab_size,
-                 m.max_seq_len, llama_shape.c_str());
+                 m.max_seq_len, details.c_str());
   r += strformat("parameters   %s (%s without vocabulary padding), %zu tensors\n", with_thousands(padded).c_str(),
                  with_thousands(real).c_str(), table.params.size());
   r += strformat("FLOPs/token  %.4g (6N + 6LCT at T = %d)\n", flops, t.seq_len);

@@ -16,6 +16,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/precision/quantize.h"
+#include "llmc/model/family.h"
 
 namespace llmc {
 
@@ -565,9 +566,9 @@ RunConfig resolve_config(const json& input, const std::vector<std::string>& over
     // follow is given (a preset's own value, e.g. llama-1b's 8 kv heads, stays otherwise).
     const bool preset = !cfg.model_preset.empty();
     if (!model.contains("n_kv_head") && (!preset || model.contains("n_head"))) cfg.model.n_kv_head = cfg.model.n_head;
-    if (!model.contains("ffn_hidden") && (!preset || model.contains("n_embd") || model.contains("arch")))
-      cfg.model.ffn_hidden = cfg.model.arch == "llama" ? llama_default_ffn_hidden(cfg.model.n_embd)
-                                                       : 4 * cfg.model.n_embd;
+    const ModelFamily* family = find_model_family(cfg.model.arch);  // null: validation names the unknown arch
+    if (family && !model.contains("ffn_hidden") && (!preset || model.contains("n_embd") || model.contains("arch")))
+      cfg.model.ffn_hidden = family->default_ffn_hidden(cfg.model.n_embd);
     return cfg;
   });
 }
@@ -581,8 +582,7 @@ void validate_config(RunConfig& cfg, int world_size) {
     if (world_size < 1) throw_error("world size must be >= 1 (got %d)", world_size);
     ModelSpec& m = cfg.model;
     // Architecture and recipe first: their messages matter more than the numbers that follow from them.
-    if (m.arch != "gpt2" && m.arch != "llama")
-      throw_error("model.arch: unknown architecture '%s' (supported: gpt2, llama)", m.arch.c_str());
+    const ModelFamily& family = model_family(m.arch);
     validate_precision_recipe(cfg.precision, m.n_layer);  // the recipe's name, encodings and combinations
     if (!cfg.model_preset.empty() && !model_preset(cfg.model_preset, nullptr))
       throw_error("model.preset: unknown preset '%s' (known: %s)", cfg.model_preset.c_str(),
@@ -599,15 +599,7 @@ void validate_config(RunConfig& cfg, int world_size) {
                   "support 64 and 128)", m.n_embd, m.n_head, head_size);
     if (m.n_head % m.n_kv_head != 0)
       throw_error("model.n_head = %d is not divisible by model.n_kv_head = %d", m.n_head, m.n_kv_head);
-    if (m.arch == "gpt2" && m.n_kv_head != m.n_head)
-      throw_error("model.n_kv_head = %d but gpt2 has no grouped-query attention: it must equal model.n_head = %d",
-                  m.n_kv_head, m.n_head);
-    if (m.arch == "gpt2" && !m.tied_embeddings)
-      throw_error("model.tied_embeddings = false but gpt2 always ties its lm_head to transformer.wte (untied heads: "
-                  "model.arch llama)");
-    if (m.arch == "llama" && m.ffn_hidden % 8 != 0)
-      throw_error("model.ffn_hidden = %d must be a multiple of 8 for llama (the SwiGLU kernel and the gate|up GEMM "
-                  "move 8 bf16 per 16-byte access)", m.ffn_hidden);
+    family.validate(m);
     m.padded_vocab_size = static_cast<int>(round_up(m.vocab_size, cfg.padded_vocab_multiple));
 
     // Data.

@@ -33,6 +33,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/precision/gemm.h"
+#include "llmc/model/family.h"
 #include "llmc/model/model.h"
 #include "llmc/model/model_spec.h"
 #include "llmc/optim/adamw.h"
@@ -90,7 +91,7 @@ ModelSpec tied_hs128() {
   s.n_embd = 256;
   s.n_head = 2;  // head size 128
   s.n_kv_head = 1;
-  s.ffn_hidden = llama_default_ffn_hidden(256);
+  s.ffn_hidden = model_family(s.arch).default_ffn_hidden(256);
   s.tied_embeddings = true;
   s.rope_theta = 500000.0f;
   return s;

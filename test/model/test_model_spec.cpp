@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "llmc/core/common.h"
+#include "llmc/model/family.h"
 #include "llmc/model/model_spec.h"
 
 using llmc::ModelSpec;
@@ -335,9 +336,10 @@ TEST(LlamaSpec, PresetShapes) {
     EXPECT_EQ(s.ffn_hidden % 256, 0) << name;
   }
   // The 8C/3 rule, rounded up to a multiple of 256.
-  EXPECT_EQ(llmc::llama_default_ffn_hidden(768), 2048);
-  EXPECT_EQ(llmc::llama_default_ffn_hidden(1024), 2816);  // 2730.7 -> 2816
-  EXPECT_EQ(llmc::llama_default_ffn_hidden(4096), 11008);  // LLaMA-7B's width
+  const auto llama_default_ffn_hidden = llmc::model_family("llama").default_ffn_hidden;
+  EXPECT_EQ(llama_default_ffn_hidden(768), 2048);
+  EXPECT_EQ(llama_default_ffn_hidden(1024), 2816);  // 2730.7 -> 2816
+  EXPECT_EQ(llama_default_ffn_hidden(4096), 11008);  // LLaMA-7B's width
   EXPECT_EQ(preset("llama-125m").ffn_hidden, 2048);
   EXPECT_EQ(preset("llama-350m").ffn_hidden, 2816);
 }

@@ -22,127 +22,94 @@ namespace llmc {
 
 namespace {
 
+// The named tensors (Hugging Face GPT-2 names) of a flat buffer laid out by the table.
 template <typename Scalar>
-Scalar* tensor_at(Scalar* base, const ParamTable& table, const std::string& name) {
-  return base + table.get(name).offset;
-}
-
-// Carves the named tensors (Hugging Face GPT-2 names) out of a flat buffer laid out by the table.
-template <typename Scalar>
-GPT2Tensors<Scalar> carve_tensors(Scalar* base, const ParamTable& table, int n_layer) {
+GPT2Tensors<Scalar> carve_tensors(const ParamViews<Scalar>& at, int n_layer) {
+  using Layer = typename GPT2Tensors<Scalar>::Layer;
   GPT2Tensors<Scalar> t;
-  t.wte = tensor_at(base, table, "transformer.wte.weight");
-  t.wpe = tensor_at(base, table, "transformer.wpe.weight");
-  t.lnf_w = tensor_at(base, table, "transformer.ln_f.weight");
-  t.lnf_b = tensor_at(base, table, "transformer.ln_f.bias");
-  t.layers.resize(n_layer);
-  for (int l = 0; l < n_layer; l++) {
-    const std::string p = "transformer.h." + std::to_string(l) + ".";
-    auto& L = t.layers[l];
-    L.ln1_w = tensor_at(base, table, p + "ln_1.weight");
-    L.ln1_b = tensor_at(base, table, p + "ln_1.bias");
-    L.qkv_w = tensor_at(base, table, p + "attn.c_attn.weight");
-    L.qkv_b = tensor_at(base, table, p + "attn.c_attn.bias");
-    L.attproj_w = tensor_at(base, table, p + "attn.c_proj.weight");
-    L.attproj_b = tensor_at(base, table, p + "attn.c_proj.bias");
-    L.ln2_w = tensor_at(base, table, p + "ln_2.weight");
-    L.ln2_b = tensor_at(base, table, p + "ln_2.bias");
-    L.fc_w = tensor_at(base, table, p + "mlp.c_fc.weight");
-    L.fc_b = tensor_at(base, table, p + "mlp.c_fc.bias");
-    L.fcproj_w = tensor_at(base, table, p + "mlp.c_proj.weight");
-    L.fcproj_b = tensor_at(base, table, p + "mlp.c_proj.bias");
-  }
+  t.wte = at("transformer.wte.weight");
+  t.wpe = at("transformer.wpe.weight");
+  t.lnf_w = at("transformer.ln_f.weight");
+  t.lnf_b = at("transformer.ln_f.bias");
+  t.layers = carve_blocks<Layer>(at, n_layer, "transformer.h.",
+                                 {{&Layer::ln1_w, "ln_1.weight"}, {&Layer::ln1_b, "ln_1.bias"},
+                                  {&Layer::qkv_w, "attn.c_attn.weight"}, {&Layer::qkv_b, "attn.c_attn.bias"},
+                                  {&Layer::attproj_w, "attn.c_proj.weight"}, {&Layer::attproj_b, "attn.c_proj.bias"},
+                                  {&Layer::ln2_w, "ln_2.weight"}, {&Layer::ln2_b, "ln_2.bias"},
+                                  {&Layer::fc_w, "mlp.c_fc.weight"}, {&Layer::fc_b, "mlp.c_fc.bias"},
+                                  {&Layer::fcproj_w, "mlp.c_proj.weight"}, {&Layer::fcproj_b, "mlp.c_proj.bias"}});
   return t;
 }
 
 }  // namespace
 
 GPT2::GPT2(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe)
-    : Model(spec, B, T, recompute, recipe), precision_(recipe) {
+    : Model(spec, B, T, recompute, recipe) {
   if (spec.arch != "gpt2") throw_error("GPT2: model.arch is '%s'; this class builds 'gpt2' only", spec.arch.c_str());
   if (spec.n_kv_head != spec.n_head) throw_error("GPT2: n_kv_head (%d) must equal n_head (%d)", spec.n_kv_head, spec.n_head);
-  w_ = carve_tensors(params_, table_, spec.n_layer);
-  g_ = carve_tensors(grads_, table_, spec.n_layer);
+  w_ = carve_tensors(ParamViews<bf16>(params_, table_), spec.n_layer);
+  g_ = carve_tensors(ParamViews<float>(grads_, table_), spec.n_layer);
   // The linears of every block and the (tied) lm_head, each with its plan from the recipe.
-  const int L = spec.n_layer, C = spec.n_embd, H = spec.ffn_hidden, N = B * T;
+  const int L = spec.n_layer, C = spec.n_embd, H = spec.ffn_hidden;
   linears_.resize(L);
   for (int l = 0; l < L; l++) {
     const std::string p = "transformer.h." + std::to_string(l) + ".";
-    auto make = [&](const char* name, LinearKind kind, int out, int in) {
-      return std::make_unique<Linear>(precision_, p + name, kind, l, out, in, plan_linear(recipe, l, L, kind), N);
-    };
-    linears_[l].qkv = make("attn.c_attn", LinearKind::Qkv, 3 * C, C);
-    linears_[l].attproj = make("attn.c_proj", LinearKind::AttnOut, C, C);
-    linears_[l].fc = make("mlp.c_fc", LinearKind::MlpUp, H, C);
-    linears_[l].fcproj = make("mlp.c_proj", LinearKind::MlpDown, C, H);
+    linears_[l].qkv = make_linear(p + "attn.c_attn", LinearKind::Qkv, l, 3 * C, C);
+    linears_[l].attproj = make_linear(p + "attn.c_proj", LinearKind::AttnOut, l, C, C);
+    linears_[l].fc = make_linear(p + "mlp.c_fc", LinearKind::MlpUp, l, H, C);
+    linears_[l].fcproj = make_linear(p + "mlp.c_proj", LinearKind::MlpDown, l, C, H);
   }
-  lm_head_ = std::make_unique<Linear>(precision_, "lm_head", LinearKind::LmHead, -1, spec.padded_vocab_size, C,
-                                      plan_linear(recipe, -1, L, LinearKind::LmHead), N);
-  plan_activations();
+  lm_head_ = make_linear("lm_head", LinearKind::LmHead, -1, spec.padded_vocab_size, C);
+
+  // Scratch of the deterministic reductions: the largest any backward kernel asks for at (B_max, T_max).
+  const int N = B * T;
+  scratch_floats_ = layernorm_backward_scratch_floats(N, C);
+  scratch_floats_ = std::max(scratch_floats_, attention_backward_scratch_floats(B, T, spec.n_head, spec.head_size(),
+                                                                                 true));
+  scratch_floats_ = std::max(scratch_floats_, bias_backward_scratch_floats(N, H));
+  plan_activations([this](Carver& cv) { carve_activations(cv); });
 }
 
-GPT2::~GPT2() { encoder_plan_.free(); }
-
-void GPT2::plan_activations() {
+void GPT2::carve_activations(Carver& cv) {
   const size_t N = (size_t)B_max_ * T_max_;
   const size_t C = spec_.n_embd, H = spec_.ffn_hidden, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const size_t NH = spec_.n_head;
-  const bool rc = recompute_ != 0;
-
-  // Scratch of the deterministic reductions: the largest any backward kernel asks for at (B_max, T_max).
-  scratch_floats_ = layernorm_backward_scratch_floats((int)N, (int)C);
-  scratch_floats_ = std::max(scratch_floats_, attention_backward_scratch_floats(B_max_, T_max_, (int)NH,
-                                                                                 spec_.head_size(), true));
-  scratch_floats_ = std::max(scratch_floats_, bias_backward_scratch_floats((int)N, (int)H));
-
-  for (int pass = 0; pass < 2; pass++) {
-    Carver cv;
-    if (pass == 1) {
-      CUDA_CHECK(cudaMalloc(&act_memory_, activation_bytes_));
-      cv.base = static_cast<char*>(act_memory_);
-    }
-    inputs_ = cv.take<int>(N);
-    targets_ = cv.take<int>(N);
-    encoded_ = cv.take<bf16>(N * C);
-    acts_.assign(L, LayerActs{});
-    // A layer keeps its own LayerNorm / GELU outputs only when backward reads them in BF16: not when they are
-    // recomputed, and not when the linear that consumes them saved an FP8 copy for its weight gradient.
-    bf16* shared_ln1 = cv.take<bf16>(N * C);
-    bf16* shared_ln2 = cv.take<bf16>(N * C);
-    bf16* shared_gelu = cv.take<bf16>(N * H);
-    for (size_t l = 0; l < L; l++) {
-      LayerActs& a = acts_[l];
-      const LayerLinears& lin = linears_[l];
-      a.ln1 = rc || lin.qkv->saves_quantized_input() ? shared_ln1 : cv.take<bf16>(N * C);
-      a.ln1_mean = cv.take<float>(N);
-      a.ln1_rstd = cv.take<float>(N);
-      a.qkv = cv.take<bf16>(N * 3 * C);
-      a.atty = cv.take<bf16>(N * C);
-      a.att_lse = cv.take<float>(N * NH);
-      a.residual2 = cv.take<bf16>(N * C);
-      a.ln2 = rc || lin.fc->saves_quantized_input() ? shared_ln2 : cv.take<bf16>(N * C);
-      a.ln2_mean = cv.take<float>(N);
-      a.ln2_rstd = cv.take<float>(N);
-      a.fch = cv.take<bf16>(N * H);
-      a.fch_gelu = rc || lin.fcproj->saves_quantized_input() ? shared_gelu : cv.take<bf16>(N * H);
-      a.residual3 = cv.take<bf16>(N * C);
-    }
-    lnf_ = cv.take<bf16>(N * C);
-    lnf_mean_ = cv.take<float>(N);
-    lnf_rstd_ = cv.take<float>(N);
-    // proj_out_: only for projections whose plan cannot add the residual in its GEMM (FP8)
-    bool any_unfused = false;
-    for (const LayerLinears& lin : linears_) any_unfused |= !lin.attproj->adds_residual() || !lin.fcproj->adds_residual();
-    proj_out_ = any_unfused ? cv.take<bf16>(N * C) : nullptr;
-    logits_ = cv.take<bf16>(N * Vp);
-    losses_ = cv.take<float>(N);
-    dresidual_ = cv.take<bf16>(N * C);
-    dsmall_ = cv.take<bf16>(N * C);
-    dbig_ = cv.take<bf16>(N * std::max(3 * C, H));
-    scratch_ = cv.take<float>(scratch_floats_);
-    activation_bytes_ = round_up(cv.used, 256);
+  encoded_ = cv.take<bf16>(N * C);
+  acts_.assign(L, LayerActs{});
+  // A layer keeps its own LayerNorm / GELU outputs only when backward reads them in BF16 (Model::input_buffer).
+  bf16* shared_ln1 = cv.take<bf16>(N * C);
+  bf16* shared_ln2 = cv.take<bf16>(N * C);
+  bf16* shared_gelu = cv.take<bf16>(N * H);
+  for (size_t l = 0; l < L; l++) {
+    LayerActs& a = acts_[l];
+    const LayerLinears& lin = linears_[l];
+    a.ln1 = input_buffer(cv, *lin.qkv, shared_ln1, N * C);
+    a.ln1_mean = cv.take<float>(N);
+    a.ln1_rstd = cv.take<float>(N);
+    a.qkv = cv.take<bf16>(N * 3 * C);
+    a.atty = cv.take<bf16>(N * C);
+    a.att_lse = cv.take<float>(N * NH);
+    a.residual2 = cv.take<bf16>(N * C);
+    a.ln2 = input_buffer(cv, *lin.fc, shared_ln2, N * C);
+    a.ln2_mean = cv.take<float>(N);
+    a.ln2_rstd = cv.take<float>(N);
+    a.fch = cv.take<bf16>(N * H);
+    a.fch_gelu = input_buffer(cv, *lin.fcproj, shared_gelu, N * H);
+    a.residual3 = cv.take<bf16>(N * C);
   }
-  CUDA_CHECK(cudaMemset(act_memory_, 0, activation_bytes_));
+  lnf_ = cv.take<bf16>(N * C);
+  lnf_mean_ = cv.take<float>(N);
+  lnf_rstd_ = cv.take<float>(N);
+  // proj_out_: only for projections whose plan cannot add the residual in its GEMM (FP8)
+  bool any_unfused = false;
+  for (const LayerLinears& lin : linears_) any_unfused |= !lin.attproj->adds_residual() || !lin.fcproj->adds_residual();
+  proj_out_ = any_unfused ? cv.take<bf16>(N * C) : nullptr;
+  logits_ = cv.take<bf16>(N * Vp);
+  losses_ = cv.take<float>(N);
+  dresidual_ = cv.take<bf16>(N * C);
+  dsmall_ = cv.take<bf16>(N * C);
+  dbig_ = cv.take<bf16>(N * std::max(3 * C, H));
+  scratch_ = cv.take<float>(scratch_floats_);
 }
 
 const bf16* GPT2::layer_input(int l) const { return l == 0 ? encoded_ : acts_[l - 1].residual3; }
@@ -152,8 +119,8 @@ void GPT2::project_residual_norm(Linear& lin, bf16* residual_out, const bf16* x,
                                  const bf16* norm_w, const bf16* norm_b, float* norm_amax, int N, bool train,
                                  cudaStream_t s) {
   const int C = spec_.n_embd;
-  Linear::ForwardOptions opt;
-  opt.x_amax_ready = true;  // x came from a kernel that reported its amax (attention, the GELU epilogue)
+  // x came from a kernel that reported its amax (attention, the GELU epilogue)
+  Linear::ForwardOptions opt = x_from_producer(lin);
   if (lin.adds_residual()) {
     opt.residual = residual_in;
     lin.forward(residual_out, x, w, b, N, train, s, opt);
@@ -170,7 +137,6 @@ void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, floa
   const int N = B * T, C = spec_.n_embd, NH = spec_.n_head, HS = spec_.head_size();
   const int V = spec_.vocab_size, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const bool train = grad_scale > 0.0f;
-  precision_.begin_forward(s);
 
   encoder_forward(encoded_, inputs_, w_.wte, w_.wpe, B, T, C, s);  // (N, C)
   // Block 0's ln1 is a plain LayerNorm; every later ln1 (and ln_f) is fused with the residual add that ends the
@@ -178,19 +144,17 @@ void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, floa
   // from the current amax (x_amax_slot() is null otherwise).
   layernorm_forward(acts_[0].ln1, acts_[0].ln1_mean, acts_[0].ln1_rstd, encoded_, w_.layers[0].ln1_w,
                     w_.layers[0].ln1_b, N, C, s, linears_[0].qkv->x_amax_slot());
-  Linear::ForwardOptions produced;  // the input's amax came from its producer kernel
-  produced.x_amax_ready = true;
   for (int l = 0; l < L; l++) {
     const auto& W = w_.layers[l];
     LayerActs& a = acts_[l];
     LayerLinears& lin = linears_[l];
     const bf16* residual = layer_input(l);  // (N, C)
-    lin.qkv->forward(a.qkv, a.ln1, W.qkv_w, W.qkv_b, N, train, s, produced);                  // (N, 3C)
+    lin.qkv->forward(a.qkv, a.ln1, W.qkv_w, W.qkv_b, N, train, s, x_from_producer(*lin.qkv));  // (N, 3C)
     attention_forward(a.atty, a.att_lse, a.qkv, B, T, NH, NH, HS, s, lin.attproj->x_amax_slot());  // (N, C)
     // residual2 = residual + atty · Wattprojᵀ + battproj; ln2 = LN(residual2)                   // (N, C) each
     project_residual_norm(*lin.attproj, a.residual2, a.atty, W.attproj_w, W.attproj_b, residual, a.ln2, a.ln2_mean,
                           a.ln2_rstd, W.ln2_w, W.ln2_b, lin.fc->x_amax_slot(), N, train, s);
-    Linear::ForwardOptions fc_opt = produced;  // GELU output in fch_gelu, pre-GELU kept in fch
+    Linear::ForwardOptions fc_opt = x_from_producer(*lin.fc);  // GELU output in fch_gelu, pre-GELU kept in fch
     fc_opt.pre_gelu = a.fch;
     fc_opt.out_amax = lin.fcproj->x_amax_slot();
     lin.fc->forward(a.fch_gelu, a.ln2, W.fc_w, W.fc_b, N, train, s, fc_opt);                  // (N, H)
@@ -206,7 +170,7 @@ void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, floa
                             lnf_mean_, lnf_rstd_, w_.lnf_w, w_.lnf_b, lm_head_->x_amax_slot(), N, train, s);
     }
   }
-  lm_head_->forward(logits_, lnf_, w_.wte, nullptr, N, train, s, produced);  // (N, Vp) tied lm_head
+  lm_head_->forward(logits_, lnf_, w_.wte, nullptr, N, train, s, x_from_producer(*lm_head_));  // (N, Vp) tied
   if (h_targets) {
     fused_classifier(logits_, losses_, targets_, N, V, Vp, train ? grad_scale : 0.0f, train, s);
   }
@@ -214,11 +178,10 @@ void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, floa
 }
 
 void GPT2::backward(cudaStream_t s) {
-  begin_backward();
+  begin_backward(s);
   const int B = last_B_, T = last_T_, N = B * T;
   const int C = spec_.n_embd, H = spec_.ffn_hidden, NH = spec_.n_head, HS = spec_.head_size();
   const int L = spec_.n_layer;
-  const bool rc = recompute_ != 0;
   auto need_scratch = [&](size_t floats, const char* what) {
     if (floats > scratch_floats_) {
       throw_error("GPT2::backward: %s needs %zu scratch floats, planned %zu", what, floats, scratch_floats_);
@@ -227,13 +190,10 @@ void GPT2::backward(cudaStream_t s) {
   need_scratch(layernorm_backward_scratch_floats(N, C), "layernorm_backward");
   need_scratch(attention_backward_scratch_floats(B, T, NH, HS, true), "attention_backward");
   need_scratch(bias_backward_scratch_floats(N, H), "bias_backward");
-  precision_.begin_backward(s);
-  Linear::BackwardOptions produced;  // dy's amax came from its producer kernel
-  produced.dy_amax_ready = true;
 
   // lm_head (tied with wte): logits (N, Vp) = lnf (N, C) · wte (Vp, C)ᵀ; the logits buffer now holds dlogits.
   const bf16* dlogits = logits_;
-  lm_head_->backward(dsmall_, g_.wte, dlogits, lnf_, w_.wte, N, s);  // dlnf (N, C), dwte (Vp, C) +=
+  lm_head_->backward(dsmall_, g_.wte, dlogits, bf16_input(*lm_head_, lnf_), w_.wte, N, s);  // dlnf, dwte +=
   // ln_f: dresidual starts as the gradient of the last block's output. Bias gradients of the two projections that
   // add into the residual stream are the column sums of dresidual, taken by the LayerNorm backward that finishes it
   // (here: the last block's c_proj.bias); the qkv bias gradient is summed by the attention backward.
@@ -249,27 +209,31 @@ void GPT2::backward(cudaStream_t s) {
     const bf16* residual = layer_input(l);  // (N, C)
     // dresidual (N, C) = d residual3 = d residual2 (through the skip) = d fcproj output.
     // --- MLP: residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj
-    if (rc && !lin.fcproj->saves_quantized_input()) gelu_forward(a.fch_gelu, a.fch, (size_t)N * H, s);  // recompute
-    Linear::BackwardOptions fcproj_opt = produced;  // dfch (N, H) = dh * gelu'(fch)
+    if (recomputes_input(*lin.fcproj)) gelu_forward(a.fch_gelu, a.fch, (size_t)N * H, s);  // recompute
+    Linear::BackwardOptions fcproj_opt = dy_from_producer(*lin.fcproj);  // dfch (N, H) = dh * gelu'(fch)
     fcproj_opt.x_pre_gelu = a.fch;
     fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
-    lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, a.fch_gelu, W.fcproj_w, N, s, fcproj_opt);
+    lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, bf16_input(*lin.fcproj, a.fch_gelu), W.fcproj_w, N, s,
+                         fcproj_opt);
     // fch = ln2 · Wfcᵀ + bfc
-    if (rc && !lin.fc->saves_quantized_input())
+    if (recomputes_input(*lin.fc))
       layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W.ln2_w, W.ln2_b, N, C, s);
-    lin.fc->backward(dsmall_, G.fc_w, dbig_, a.ln2, W.fc_w, N, s, produced);   // dln2 (N, C), dWfc (H, C) +=
+    lin.fc->backward(dsmall_, G.fc_w, dbig_, bf16_input(*lin.fc, a.ln2), W.fc_w, N, s,
+                     dy_from_producer(*lin.fc));                                // dln2 (N, C), dWfc (H, C) +=
     bias_backward(G.fc_b, scratch_, dbig_, N, H, s);                            // dbfc (H) +=
     // ln2 = LN(residual2): dresidual += dLN/dresidual2 -> dresidual = full d residual2
     layernorm_backward(dresidual_, G.ln2_w, G.ln2_b, scratch_, dsmall_, a.residual2, W.ln2_w, a.ln2_mean,
                        a.ln2_rstd, N, C, s, lin.attproj->dy_amax_slot(), G.attproj_b);  // dbattproj (C) +=
     // --- attention: residual2 = residual + atty · Wattprojᵀ + battproj
-    lin.attproj->backward(dsmall_, G.attproj_w, dresidual_, a.atty, W.attproj_w, N, s, produced);  // datty (N, C)
+    lin.attproj->backward(dsmall_, G.attproj_w, dresidual_, bf16_input(*lin.attproj, a.atty), W.attproj_w, N, s,
+                          dy_from_producer(*lin.attproj));                      // datty (N, C)
     attention_backward(dbig_, scratch_, dsmall_, a.qkv, a.atty, a.att_lse, B, T, NH, NH, HS, s,
                        lin.qkv->dy_amax_slot(), G.qkv_b);                       // dqkv (N, 3C), dbqkv (3C) +=
     // qkv = ln1 · Wqkvᵀ + bqkv
-    if (rc && !lin.qkv->saves_quantized_input())
+    if (recomputes_input(*lin.qkv))
       layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W.ln1_w, W.ln1_b, N, C, s);
-    lin.qkv->backward(dsmall_, G.qkv_w, dbig_, a.ln1, W.qkv_w, N, s, produced);  // dln1 (N, C), dWqkv (3C, C) +=
+    lin.qkv->backward(dsmall_, G.qkv_w, dbig_, bf16_input(*lin.qkv, a.ln1), W.qkv_w, N, s,
+                      dy_from_producer(*lin.qkv));                              // dln1 (N, C), dWqkv (3C, C) +=
     // ln1 = LN(residual): dresidual += dLN/dresidual -> dresidual = d residual (the block input)
     // (and the previous block's dbfcproj (C) +=: dresidual is now that block's output gradient)
     layernorm_backward(dresidual_, G.ln1_w, G.ln1_b, scratch_, dsmall_, residual, W.ln1_w, a.ln1_mean, a.ln1_rstd,

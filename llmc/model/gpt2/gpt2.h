@@ -1,6 +1,7 @@
-// llmc/model/gpt2/gpt2.h: the GPT-2 model on the GPU (a Model, llmc/model/model.h): the named views of the parameter and gradient
-// buffers, the activations planned once for (B_max, T_max) and reused, the four linears of every block (llmc/precision/linear:
-// BF16 or FP8 per the recipe's plan), and the forward / backward orchestration over the kernels of llmc/kernels/.
+// llmc/model/gpt2/gpt2.h: the GPT-2 model on the GPU (a Model, llmc/model/model.h): the named views of the parameter
+// and gradient buffers, the activations planned once for (B_max, T_max) and reused, the four linears of every block
+// (llmc/precision/linear: BF16 or FP8 per the recipe's plan), and the forward / backward orchestration over the
+// kernels of llmc/kernels/. Its family descriptor is llmc/model/gpt2/gpt2_family.cpp.
 #pragma once
 
 #include <cstddef>
@@ -11,10 +12,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "llmc/kernels/encoder.h"
-#include "llmc/precision/linear.h"
 #include "llmc/model/model.h"
-#include "llmc/model/model_spec.h"
+#include "llmc/precision/linear.h"
 
 namespace llmc {
 
@@ -47,13 +46,9 @@ class GPT2 : public Model {
   // Allocates parameters, gradients and activations for micro-batches up to (B, T).
   // recompute: 0 = keep every activation; 1 = recompute the GELU output and the LayerNorm outputs in backward.
   GPT2(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe = PrecisionRecipe());
-  ~GPT2() override;
 
   void forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) override;
   void backward(cudaStream_t s) override;
-  void weights_changed() override { precision_.weights_changed(); }
-  void end_step(cudaStream_t s) override { precision_.end_step(s); }
-  PrecisionState* precision_state() override { return &precision_; }
 
  private:
   // Saved-for-backward activations of one transformer block, N = B*T rows.
@@ -77,7 +72,8 @@ class GPT2 : public Model {
     std::unique_ptr<Linear> qkv, attproj, fc, fcproj;
   };
 
-  void plan_activations();
+  // The activations in the order they are laid out (Model::plan_activations runs it twice).
+  void carve_activations(Carver& cv);
   const bf16* layer_input(int l) const;  // residual stream entering block l (N, C)
   // The end of a sub-block: residual_out (N, C) = residual_in + x · wᵀ + b, then norm_out (N, C) =
   // LayerNorm(residual_out) with mean, rstd (N) saved and max |norm_out| into norm_amax (may be null). A BF16 linear
@@ -89,7 +85,6 @@ class GPT2 : public Model {
 
   GPT2Tensors<bf16> w_;
   GPT2Tensors<float> g_;
-  PrecisionState precision_;
   std::vector<LayerLinears> linears_;
   std::unique_ptr<Linear> lm_head_;
 
@@ -105,7 +100,6 @@ class GPT2 : public Model {
   bf16* dbig_ = nullptr;        // (N, 4C) gradient of the pre-GELU (N, 4C) or of qkv (N, 3C)
   float* scratch_ = nullptr;    // shared FP32 scratch of the deterministic reductions
   size_t scratch_floats_ = 0;
-  EncoderBackwardPlan encoder_plan_;
 };
 
 }  // namespace llmc

@@ -25,45 +25,30 @@ namespace llmc {
 
 namespace {
 
+// The named tensors (Hugging Face Llama names) of a flat buffer laid out by the table. The fused weights point at
+// their first tensor, once the table is checked to store the rest after it without a gap.
 template <typename Scalar>
-Scalar* tensor_at(Scalar* base, const ParamTable& table, const std::string& name) {
-  return base + table.get(name).offset;
-}
-
-// Carves the named tensors (Hugging Face Llama names) out of a flat buffer laid out by the table. The fused weights
-// point at their first tensor; model_spec guarantees the rest follows without a gap.
-template <typename Scalar>
-LlamaTensors<Scalar> carve_tensors(Scalar* base, const ParamTable& table, const ModelSpec& spec) {
+LlamaTensors<Scalar> carve_tensors(const ParamViews<Scalar>& at, const ModelSpec& spec) {
+  using Layer = typename LlamaTensors<Scalar>::Layer;
   LlamaTensors<Scalar> t;
-  t.embed = tensor_at(base, table, "model.embed_tokens.weight");
-  t.norm_w = tensor_at(base, table, "model.norm.weight");
-  t.head = spec.tied_embeddings ? t.embed : tensor_at(base, table, "lm_head.weight");
-  t.layers.resize(spec.n_layer);
-  for (int l = 0; l < spec.n_layer; l++) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    auto& L = t.layers[l];
-    L.ln1_w = tensor_at(base, table, p + "input_layernorm.weight");
-    L.qkv_w = tensor_at(base, table, p + "self_attn.q_proj.weight");
-    L.o_w = tensor_at(base, table, p + "self_attn.o_proj.weight");
-    L.ln2_w = tensor_at(base, table, p + "post_attention_layernorm.weight");
-    L.gate_up_w = tensor_at(base, table, p + "mlp.gate_proj.weight");
-    L.down_w = tensor_at(base, table, p + "mlp.down_proj.weight");
-    // The fused GEMMs read past the first tensor: check the layout they rely on.
-    const ParamInfo& q = table.get(p + "self_attn.q_proj.weight");
-    const ParamInfo& v = table.get(p + "self_attn.v_proj.weight");
-    const ParamInfo& gate = table.get(p + "mlp.gate_proj.weight");
-    const ParamInfo& up = table.get(p + "mlp.up_proj.weight");
-    if (v.offset + v.numel != q.offset + static_cast<size_t>(spec.qkv_channels()) * spec.n_embd ||
-        up.offset + up.numel != gate.offset + 2 * static_cast<size_t>(spec.ffn_hidden) * spec.n_embd)
-      throw_error("Llama: the parameter table of layer %d does not store q|k|v and gate|up contiguously", l);
-  }
+  t.embed = at("model.embed_tokens.weight");
+  t.norm_w = at("model.norm.weight");
+  t.head = spec.tied_embeddings ? t.embed : at("lm_head.weight");
+  t.layers = carve_blocks<Layer>(
+      at, spec.n_layer, "model.layers.",
+      {{&Layer::ln1_w, "input_layernorm.weight"},
+       {&Layer::qkv_w, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
+       {&Layer::o_w, "self_attn.o_proj.weight"},
+       {&Layer::ln2_w, "post_attention_layernorm.weight"},
+       {&Layer::gate_up_w, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
+       {&Layer::down_w, "mlp.down_proj.weight"}});
   return t;
 }
 
 }  // namespace
 
 Llama::Llama(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe)
-    : Model(spec, B, T, recompute, recipe), precision_(recipe) {
+    : Model(spec, B, T, recompute, recipe) {
   if (spec.arch != "llama") throw_error("Llama: model.arch is '%s'; this class builds 'llama' only", spec.arch.c_str());
   const int HS = spec.head_size();
   if (HS != 64 && HS != 128)
@@ -72,109 +57,70 @@ Llama::Llama(const ModelSpec& spec, int B, int T, int recompute, const Precision
   if (spec.n_head % spec.n_kv_head != 0)
     throw_error("Llama: n_head %d is not a multiple of n_kv_head %d", spec.n_head, spec.n_kv_head);
   if (spec.ffn_hidden % 8 != 0) throw_error("Llama: ffn_hidden %d must be a multiple of 8", spec.ffn_hidden);
-  w_ = carve_tensors(params_, table_, spec);
-  g_ = carve_tensors(grads_, table_, spec);
+  w_ = carve_tensors(ParamViews<bf16>(params_, table_), spec);
+  g_ = carve_tensors(ParamViews<float>(grads_, table_), spec);
 
-  const int N = B * T, C = spec.n_embd, Q = spec.qkv_channels(), F = spec.ffn_hidden, L = spec.n_layer;
+  const int C = spec.n_embd, Q = spec.qkv_channels(), F = spec.ffn_hidden, L = spec.n_layer;
   linears_.resize(L);
   for (int l = 0; l < L; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     BlockLinears& b = linears_[l];
-    b.qkv = std::make_unique<Linear>(precision_, p + "self_attn.qkv_proj", LinearKind::Qkv, l, Q, C,
-                                     plan_linear(recipe, l, L, LinearKind::Qkv), N);
-    b.o = std::make_unique<Linear>(precision_, p + "self_attn.o_proj", LinearKind::AttnOut, l, C,
-                                   spec.n_head * HS, plan_linear(recipe, l, L, LinearKind::AttnOut), N);
-    b.gate_up = std::make_unique<Linear>(precision_, p + "mlp.gate_up_proj", LinearKind::MlpUp, l, 2 * F, C,
-                                         plan_linear(recipe, l, L, LinearKind::MlpUp), N);
-    b.down = std::make_unique<Linear>(precision_, p + "mlp.down_proj", LinearKind::MlpDown, l, C, F,
-                                      plan_linear(recipe, l, L, LinearKind::MlpDown), N);
+    b.qkv = make_linear(p + "self_attn.qkv_proj", LinearKind::Qkv, l, Q, C);
+    b.o = make_linear(p + "self_attn.o_proj", LinearKind::AttnOut, l, C, spec.n_head * HS);
+    b.gate_up = make_linear(p + "mlp.gate_up_proj", LinearKind::MlpUp, l, 2 * F, C);
+    b.down = make_linear(p + "mlp.down_proj", LinearKind::MlpDown, l, C, F);
   }
-  lm_head_ = std::make_unique<Linear>(precision_, "lm_head", LinearKind::LmHead, -1, spec.padded_vocab_size, C,
-                                      plan_linear(recipe, -1, L, LinearKind::LmHead), N);
-  plan_activations();
+  lm_head_ = make_linear("lm_head", LinearKind::LmHead, -1, spec.padded_vocab_size, C);
+
+  // Scratch of the deterministic reductions: the largest any backward kernel asks for at (B_max, T_max).
+  scratch_floats_ = std::max(rmsnorm_backward_scratch_floats(B * T, C),
+                             attention_backward_scratch_floats(B, T, spec.n_head, HS));
+  plan_activations([this](Carver& cv) { carve_activations(cv); });
 }
 
-Llama::~Llama() { encoder_plan_.free(); }  // the base frees the activation memory
-
-void Llama::plan_activations() {
+void Llama::carve_activations(Carver& cv) {
   const size_t N = static_cast<size_t>(B_max_) * T_max_;
   const size_t C = spec_.n_embd, F = spec_.ffn_hidden, Q = spec_.qkv_channels(), Vp = spec_.padded_vocab_size;
   const size_t L = spec_.n_layer, NH = spec_.n_head;
-  const bool rc = recompute_ != 0;
-
-  // Scratch of the deterministic reductions: the largest any backward kernel asks for at (B_max, T_max).
-  scratch_floats_ = std::max(rmsnorm_backward_scratch_floats(static_cast<int>(N), static_cast<int>(C)),
-                             attention_backward_scratch_floats(B_max_, T_max_, static_cast<int>(NH),
-                                                               spec_.head_size()));
-
-  // A block's RMSNorm / SwiGLU outputs get their own buffer only when backward reads them as BF16 and recompute is
-  // off; otherwise all blocks share one.
-  auto own = [&](const Linear& consumer) { return !rc && needs_bf16_input(consumer); };
-  for (int pass = 0; pass < 2; pass++) {
-    Carver cv;
-    if (pass == 1) {
-      CUDA_CHECK(cudaMalloc(&act_memory_, activation_bytes_));
-      cv.base = static_cast<char*>(act_memory_);
-    }
-    inputs_ = cv.take<int>(N);
-    targets_ = cv.take<int>(N);
-    encoded_ = cv.take<bf16>(N * C);
-    bf16* shared_ln1 = cv.take<bf16>(N * C);
-    bf16* shared_ln2 = cv.take<bf16>(N * C);
-    bf16* shared_h = cv.take<bf16>(N * F);
-    acts_.assign(L, LayerActs{});
-    for (size_t l = 0; l < L; l++) {
-      LayerActs& a = acts_[l];
-      const BlockLinears& b = linears_[l];
-      a.ln1 = own(*b.qkv) ? cv.take<bf16>(N * C) : shared_ln1;
-      a.ln1_rstd = cv.take<float>(N);
-      a.qkv = cv.take<bf16>(N * Q);
-      a.atty = cv.take<bf16>(N * C);
-      a.att_lse = cv.take<float>(N * NH);
-      a.residual2 = cv.take<bf16>(N * C);
-      a.ln2 = own(*b.gate_up) ? cv.take<bf16>(N * C) : shared_ln2;
-      a.ln2_rstd = cv.take<float>(N);
-      a.gate_up = cv.take<bf16>(N * 2 * F);
-      a.h = own(*b.down) ? cv.take<bf16>(N * F) : shared_h;
-      a.residual3 = cv.take<bf16>(N * C);
-    }
-    lnf_ = cv.take<bf16>(N * C);
-    lnf_rstd_ = cv.take<float>(N);
-    proj_out_ = cv.take<bf16>(N * C);
-    logits_ = cv.take<bf16>(N * Vp);
-    losses_ = cv.take<float>(N);
-    dresidual_ = cv.take<bf16>(N * C);
-    dsmall_ = cv.take<bf16>(N * C);
-    dh_ = cv.take<bf16>(N * F);
-    dbig_ = cv.take<bf16>(N * std::max(Q, 2 * F));
-    scratch_ = cv.take<float>(scratch_floats_);
-    activation_bytes_ = round_up(cv.used, 256);
+  encoded_ = cv.take<bf16>(N * C);
+  // A block's RMSNorm / SwiGLU outputs get their own buffer only when backward reads them in BF16
+  // (Model::input_buffer).
+  bf16* shared_ln1 = cv.take<bf16>(N * C);
+  bf16* shared_ln2 = cv.take<bf16>(N * C);
+  bf16* shared_h = cv.take<bf16>(N * F);
+  acts_.assign(L, LayerActs{});
+  for (size_t l = 0; l < L; l++) {
+    LayerActs& a = acts_[l];
+    const BlockLinears& b = linears_[l];
+    a.ln1 = input_buffer(cv, *b.qkv, shared_ln1, N * C);
+    a.ln1_rstd = cv.take<float>(N);
+    a.qkv = cv.take<bf16>(N * Q);
+    a.atty = cv.take<bf16>(N * C);
+    a.att_lse = cv.take<float>(N * NH);
+    a.residual2 = cv.take<bf16>(N * C);
+    a.ln2 = input_buffer(cv, *b.gate_up, shared_ln2, N * C);
+    a.ln2_rstd = cv.take<float>(N);
+    a.gate_up = cv.take<bf16>(N * 2 * F);
+    a.h = input_buffer(cv, *b.down, shared_h, N * F);
+    a.residual3 = cv.take<bf16>(N * C);
   }
-  CUDA_CHECK(cudaMemset(act_memory_, 0, activation_bytes_));
+  lnf_ = cv.take<bf16>(N * C);
+  lnf_rstd_ = cv.take<float>(N);
+  proj_out_ = cv.take<bf16>(N * C);
+  logits_ = cv.take<bf16>(N * Vp);
+  losses_ = cv.take<float>(N);
+  dresidual_ = cv.take<bf16>(N * C);
+  dsmall_ = cv.take<bf16>(N * C);
+  dh_ = cv.take<bf16>(N * F);
+  dbig_ = cv.take<bf16>(N * std::max(Q, 2 * F));
+  scratch_ = cv.take<float>(scratch_floats_);
 }
 
 const bf16* Llama::layer_input(int l) const { return l == 0 ? encoded_ : acts_[l - 1].residual3; }
 
-namespace {
-
-Linear::ForwardOptions x_from_producer(const Linear& linear) {
-  Linear::ForwardOptions opt;
-  opt.x_amax_ready = linear.x_amax_slot() != nullptr;  // the producing kernel wrote it (see the calls below)
-  return opt;
-}
-
-Linear::BackwardOptions dy_from_producer(const Linear& linear) {
-  Linear::BackwardOptions opt;
-  opt.dy_amax_ready = linear.dy_amax_slot() != nullptr;
-  return opt;
-}
-
-}  // namespace
-
 void Llama::forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) {
   begin_forward(h_inputs, h_targets, B, T, grad_scale, s);
   const bool train = grad_scale > 0.0f;
-  precision_.begin_forward(s);
   const int N = B * T, C = spec_.n_embd, F = spec_.ffn_hidden, NH = spec_.n_head, NKV = spec_.n_kv_head;
   const int HS = spec_.head_size(), V = spec_.vocab_size, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const float eps = spec_.norm_eps, theta = spec_.rope_theta;
@@ -214,13 +160,11 @@ void Llama::forward(const int* h_inputs, const int* h_targets, int B, int T, flo
 }
 
 void Llama::backward(cudaStream_t s) {
-  begin_backward();
-  precision_.begin_backward(s);
+  begin_backward(s);
   const int B = last_B_, T = last_T_, N = B * T;
   const int C = spec_.n_embd, F = spec_.ffn_hidden, NH = spec_.n_head, NKV = spec_.n_kv_head, HS = spec_.head_size();
   const int L = spec_.n_layer;
   const float eps = spec_.norm_eps, theta = spec_.rope_theta;
-  const bool rc = recompute_ != 0;
   if (rmsnorm_backward_scratch_floats(N, C) > scratch_floats_ ||
       attention_backward_scratch_floats(B, T, NH, HS) > scratch_floats_)
     throw_error("Llama::backward: the reductions of (B=%d, T=%d) need more scratch than planned (%zu floats)", B, T,
@@ -229,7 +173,7 @@ void Llama::backward(cudaStream_t s) {
   // lm_head: logits (N, Vp) = lnf (N, C) · Wheadᵀ; the logits buffer now holds dlogits. dWhead (+= into the
   // embedding's gradient when tied), dlnf (N, C).
   const bf16* dlogits = logits_;
-  lm_head_->backward(dsmall_, g_.head, dlogits, needs_bf16_input(*lm_head_) ? lnf_ : nullptr, w_.head, N, s);
+  lm_head_->backward(dsmall_, g_.head, dlogits, bf16_input(*lm_head_, lnf_), w_.head, N, s);
   // Final norm: dresidual starts as the gradient of the last block's output (its amax: the last down_proj's dy).
   CUDA_CHECK(cudaMemsetAsync(dresidual_, 0, static_cast<size_t>(N) * C * sizeof(bf16), s));
   rmsnorm_backward(dresidual_, g_.norm_w, scratch_, dsmall_, acts_[L - 1].residual3, w_.norm_w, lnf_rstd_, N, C, s,
@@ -243,25 +187,24 @@ void Llama::backward(cudaStream_t s) {
     const bf16* residual = layer_input(l);  // (N, C)
     // dresidual (N, C) = d residual3 = d residual2 (through the skip) = d down_proj output.
     // --- MLP: residual3 = residual2 + h · Wdownᵀ, h = silu(gate) * up, gate_up = ln2 · [Wgate|Wup]ᵀ
-    const bool need_h = needs_bf16_input(*lin.down);
-    if (rc && need_h) swiglu_forward(a.h, a.gate_up, N, F, s);                               // recompute (N, F)
-    lin.down->backward(dh_, G.down_w, dresidual_, need_h ? a.h : nullptr, W.down_w, N, s,
+    if (recomputes_input(*lin.down)) swiglu_forward(a.h, a.gate_up, N, F, s);                // recompute (N, F)
+    lin.down->backward(dh_, G.down_w, dresidual_, bf16_input(*lin.down, a.h), W.down_w, N, s,
                        dy_from_producer(*lin.down));                                          // dh (N, F)
     swiglu_backward(dbig_, dh_, a.gate_up, N, F, s, lin.gate_up->dy_amax_slot());            // dgate_up (N, 2F)
-    const bool need_ln2 = needs_bf16_input(*lin.gate_up);
-    if (rc && need_ln2) rmsnorm_forward(a.ln2, nullptr, a.residual2, W.ln2_w, N, C, eps, s);  // recompute (N, C)
-    lin.gate_up->backward(dsmall_, G.gate_up_w, dbig_, need_ln2 ? a.ln2 : nullptr, W.gate_up_w, N, s,
+    if (recomputes_input(*lin.gate_up))
+      rmsnorm_forward(a.ln2, nullptr, a.residual2, W.ln2_w, N, C, eps, s);                   // recompute (N, C)
+    lin.gate_up->backward(dsmall_, G.gate_up_w, dbig_, bf16_input(*lin.gate_up, a.ln2), W.gate_up_w, N, s,
                           dy_from_producer(*lin.gate_up));                                    // dln2 (N, C)
     // ln2 = RMSNorm(residual2): dresidual += dRMSNorm/dresidual2 -> the full d residual2 (o_proj's dy)
     rmsnorm_backward(dresidual_, G.ln2_w, scratch_, dsmall_, a.residual2, W.ln2_w, a.ln2_rstd, N, C, s,
                      lin.o->dy_amax_slot());
     // --- attention: residual2 = residual + atty · Woᵀ
-    lin.o->backward(dsmall_, G.o_w, dresidual_, a.atty, W.o_w, N, s, dy_from_producer(*lin.o));  // datty (N, C)
+    lin.o->backward(dsmall_, G.o_w, dresidual_, bf16_input(*lin.o, a.atty), W.o_w, N, s,
+                    dy_from_producer(*lin.o));                                                // datty (N, C)
     attention_backward(dbig_, scratch_, dsmall_, a.qkv, a.atty, a.att_lse, B, T, NH, NKV, HS, s);  // dqkv rotated
     rope_backward(dbig_, B, T, NH, NKV, HS, theta, s, lin.qkv->dy_amax_slot());               // dqkv (N, Q)
-    const bool need_ln1 = needs_bf16_input(*lin.qkv);
-    if (rc && need_ln1) rmsnorm_forward(a.ln1, nullptr, residual, W.ln1_w, N, C, eps, s);     // recompute (N, C)
-    lin.qkv->backward(dsmall_, G.qkv_w, dbig_, need_ln1 ? a.ln1 : nullptr, W.qkv_w, N, s,
+    if (recomputes_input(*lin.qkv)) rmsnorm_forward(a.ln1, nullptr, residual, W.ln1_w, N, C, eps, s);  // (N, C)
+    lin.qkv->backward(dsmall_, G.qkv_w, dbig_, bf16_input(*lin.qkv, a.ln1), W.qkv_w, N, s,
                       dy_from_producer(*lin.qkv));                                            // dln1 (N, C)
     // ln1 = RMSNorm(residual): dresidual += ... -> d residual (the block input; the previous down_proj's dy)
     rmsnorm_backward(dresidual_, G.ln1_w, scratch_, dsmall_, residual, W.ln1_w, a.ln1_rstd, N, C, s,

@@ -1,6 +1,7 @@
-// llmc/model/llama/llama.h: the Llama model on the GPU (class Llama : Model): the pointers into the Llama parameter table, the
-// linear layers (every one through llmc/precision/linear, so precision recipes apply as for GPT-2), the activations planned once
-// for (B_max, T_max), and the forward / backward orchestration over the kernels of llmc/kernels/.
+// llmc/model/llama/llama.h: the Llama model on the GPU (class Llama : Model): the pointers into the Llama parameter table,
+// the linear layers (every one through llmc/precision/linear, so precision recipes apply as for GPT-2), the
+// activations planned once for (B_max, T_max), and the forward / backward orchestration over the kernels of
+// llmc/kernels/. Its family descriptor is llmc/model/llama/llama_family.cpp.
 //
 // One block, N = B*T rows, C channels, Q = (NH + 2*NKV) * HS fused q|k|v channels, F = ffn_hidden:
 //   ln1 = RMSNorm(x);  qkv = ln1·[Wq|Wk|Wv]ᵀ;  RoPE(q, k) in place;  atty = attention(qkv) (GQA);
@@ -13,14 +14,14 @@
 #include <memory>
 #include <vector>
 
-#include "llmc/kernels/encoder.h"
-#include "llmc/precision/linear.h"
 #include "llmc/model/model.h"
+#include "llmc/precision/linear.h"
 
 namespace llmc {
 
 // Pointers to every tensor of the Llama parameter table inside one flat buffer (bf16 params or FP32 grads).
-// q|k|v and gate|up are stored back to back (llmc/model/model_spec), so qkv_w and gate_up_w are the fused weights.
+// q|k|v and gate|up are stored back to back (llmc/model/llama/llama_family.cpp), so qkv_w and gate_up_w are the fused
+// weights.
 template <typename Scalar>
 struct LlamaTensors {
   struct Layer {
@@ -42,13 +43,9 @@ class Llama : public Model {
   // Allocates parameters, gradients, linears and activations for micro-batches up to (B, T).
   // recompute: 0 = keep every activation; 1 = recompute the RMSNorm and SwiGLU outputs in backward.
   Llama(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe);
-  ~Llama() override;
 
   void forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) override;
   void backward(cudaStream_t s) override;
-  void weights_changed() override { precision_.weights_changed(); }
-  void end_step(cudaStream_t s) override { precision_.end_step(s); }
-  PrecisionState* precision_state() override { return &precision_; }
 
  private:
   struct BlockLinears {
@@ -69,14 +66,12 @@ class Llama : public Model {
     bf16* residual3;  // (N, C)   residual2 + down_proj(h): the block output
   };
 
-  void plan_activations();
+  // The activations in the order they are laid out (Model::plan_activations runs it twice).
+  void carve_activations(Carver& cv);
   const bf16* layer_input(int l) const;  // residual stream entering block l (N, C)
-  // Whether backward needs the BF16 input of a linear (false when the linear saved it as FP8).
-  static bool needs_bf16_input(const Linear& linear) { return !linear.saves_quantized_input(); }
 
   LlamaTensors<bf16> w_;
   LlamaTensors<float> g_;
-  PrecisionState precision_;  // before the linears: they register with it and must be destroyed first
   std::vector<BlockLinears> linears_;
   std::unique_ptr<Linear> lm_head_;
 
@@ -92,7 +87,6 @@ class Llama : public Model {
   bf16* dbig_ = nullptr;       // (N, max(Q, 2F)) gradient of gate_up or of qkv
   float* scratch_ = nullptr;   // shared FP32 scratch of the deterministic reductions
   size_t scratch_floats_ = 0;
-  EncoderBackwardPlan encoder_plan_;
 };
 
 }  // namespace llmc
