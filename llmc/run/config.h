@@ -22,6 +22,7 @@ struct DataConfig {
   bool shuffle = true;            // shuffle the order of sequences (per epoch, seeded)
   int seed = 1337;                // data shuffling seed
   std::string tokenizer = "dev/data/gpt2/encoder.json";  // GPT-2 vocabulary used to decode samples
+  bool check_tokens = true;       // scan every token of every shard against the vocabulary before the first step
 };
 
 struct TrainConfig {
