@@ -296,16 +296,21 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
   const int B = cfg.train.micro_batch, T = cfg.train.seq_len, accum = cfg.grad_accum_steps;
   const long long tokens_per_step = static_cast<long long>(B) * T * accum * world_size;
 
-  // Data: the loaders check every shard's header and size, and every token against the vocabulary; each rank reads
-  // its own slice. A problem on any rank stops every rank here.
+  // Data: the loaders check every shard's header and size; with data.check_tokens (the default) every token of every
+  // shard is checked against the vocabulary here, before the first step (each rank scans its share, multithreaded);
+  // every batch read is checked again. Each rank reads its own slice. A problem on any rank stops every rank here.
   std::optional<DataLoader> train_loader, val_data;
   std::optional<GPT2Tokenizer> tokenizer;
   comm.check_all_ok(capture_error([&] {
+                      TokenCheckOptions token_check;
+                      token_check.progress = comm.is_root() ? stdout : nullptr;
                       train_loader.emplace(cfg.data.train, B, T, rank, world_size, cfg.data.shuffle, cfg.data.seed);
                       train_loader->set_vocab_size(spec.vocab_size);
+                      if (cfg.data.check_tokens) train_loader->check_tokens(spec.vocab_size, token_check);
                       if (!cfg.data.val.empty()) {
                         val_data.emplace(cfg.data.val, B, T, rank, world_size, /*shuffle=*/false, cfg.data.seed);
                         val_data->set_vocab_size(spec.vocab_size);
+                        if (cfg.data.check_tokens) val_data->check_tokens(spec.vocab_size, token_check);
                       }
                       if (cfg.sample.tokens > 0 && comm.is_root()) tokenizer.emplace(cfg.data.tokenizer);
                     }),
