@@ -7,9 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -20,6 +18,7 @@
 #endif
 
 #include "llmc/core/common.h"
+#include "llmc/core/input_safety.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -36,6 +35,9 @@ namespace {
 constexpr uint32_t kCrc32cPolyReflected = 0x82F63B78u;
 constexpr size_t kFileChunkBytes = size_t(8) << 20;  // streamed checksum reads 8 MiB at a time
 constexpr int kStepDigits = 8;
+constexpr uint64_t kMaxTextFileBytes = 64u << 20;  // trainer_state.json holds the config and the data positions
+constexpr int64_t kMaxWorldSize = 1 << 20;          // ranks a trainer_state.json may name
+static_assert(size_limits::kSteps == 1000000000 && kMaxWorldSize == 1048576, "quoted in load_trainer_state's errors");
 
 // tables[k][b]: CRC contribution of byte b followed by k zero bytes (slicing-by-8).
 struct Crc32cTables {
@@ -114,8 +116,7 @@ namespace {
 
 // Reads a whole file through the checksum, optionally fsyncing it (commit) in the same open; returns the CRC.
 uint32_t checksum_file(const std::string& path, uint64_t* bytes_out, bool fsync_it) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_error("checkpoint: cannot open %s: %s", path.c_str(), std::strerror(errno));
+  const int fd = open_regular_file(path, "checkpoint file");
   std::vector<uint8_t> buf(kFileChunkBytes);
   uint32_t crc = 0;
   uint64_t total = 0;
@@ -172,12 +173,12 @@ void write_file_synced(const std::string& path, const void* data, size_t nbytes)
   if (::close(fd) != 0) throw_error("checkpoint: closing %s failed: %s", path.c_str(), std::strerror(errno));
 }
 
+// A small text file of a checkpoint (DONE, trainer_state.json): false when it does not exist; an llmc::Error naming
+// it when it is not a regular file (a FIFO is never opened for reading) or larger than kMaxTextFileBytes.
 bool read_text_file(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  *out = read_regular_file(path, "checkpoint file", kMaxTextFileBytes);
   return true;
 }
 
@@ -481,9 +482,9 @@ TrainerState load_trainer_state(const std::string& step_dir) {
                 step_dir.c_str());
   TrainerState st;
   try {
-    st.raw = json::parse(text);
-  } catch (const json::exception& e) {
-    throw_error("checkpoint file %s is corrupt (not valid JSON: %s)", path.c_str(), e.what());
+    st.raw = parse_json(text, path);  // the nesting limit; a key twice is corruption too
+  } catch (const JsonError& e) {
+    throw_error("checkpoint file is corrupt: %s", e.what());
   }
   const json& j = st.raw;
   auto need = [&](const char* key, bool ok, const char* what) {
@@ -492,15 +493,19 @@ TrainerState load_trainer_state(const std::string& step_dir) {
   };
   if (!j.is_object()) throw_error("checkpoint file %s is corrupt (not a JSON object)", path.c_str());
   need("format_version", j.contains("format_version") && j["format_version"].is_number_integer(), "an integer");
-  st.format_version = j["format_version"].get<int>();
-  if (st.format_version != kCheckpointFormatVersion)
-    throw_error("checkpoint file %s has format_version %d, but this build reads version %d (hint: resume it with the "
+  if (!j["format_version"].is_number_unsigned() || j["format_version"].get<uint64_t>() != kCheckpointFormatVersion)
+    throw_error("checkpoint file %s has format_version %s, but this build reads version %d (hint: resume it with the "
                 "llm8 version that wrote it)",
-                path.c_str(), st.format_version, kCheckpointFormatVersion);
-  need("step", j.contains("step") && j["step"].is_number_unsigned(), "a non-negative integer");
+                path.c_str(), j["format_version"].dump().c_str(), kCheckpointFormatVersion);
+  st.format_version = kCheckpointFormatVersion;
+  need("step", j.contains("step") && j["step"].is_number_unsigned() &&
+                   j["step"].get<uint64_t>() <= static_cast<uint64_t>(size_limits::kSteps),
+       "a non-negative integer of at most 1000000000");
   st.step = j["step"].get<int64_t>();
-  need("world_size", j.contains("world_size") && j["world_size"].is_number_unsigned() && j["world_size"].get<int64_t>() >= 1,
-       "a positive integer");
+  need("world_size", j.contains("world_size") && j["world_size"].is_number_unsigned() &&
+                         j["world_size"].get<uint64_t>() >= 1 &&
+                         j["world_size"].get<uint64_t>() <= static_cast<uint64_t>(kMaxWorldSize),
+       "a positive integer of at most 1048576");
   st.world_size = j["world_size"].get<int>();
   need("files", j.contains("files") && j["files"].is_array(), "an array");
   if (j.contains("checksum") && j["checksum"] != "crc32c")

@@ -1,17 +1,24 @@
-// llmc/io/data.cpp: implementation of the shard reader and the DataLoader declared in data.h (POSIX glob + pread).
+// llmc/io/data.cpp: implementation of the shard reader, the DataLoader and its token scan declared in data.h (POSIX
+// glob + pread; the scan runs on std::thread workers).
 #include "llmc/io/data.h"
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "llmc/core/common.h"
+#include "llmc/core/input_safety.h"
 
 namespace llmc {
 
@@ -34,6 +41,36 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
   if (rc != 0 && rc != GLOB_NOMATCH) throw_error("data: cannot expand the glob '%s' (glob error %d)", pattern.c_str(), rc);
   std::sort(paths.begin(), paths.end());  // byte order, independent of the locale
   return paths;
+}
+
+// Reads `count` tokens of a shard from token `first_token` into bytes (little-endian, info.bytes_per_token each).
+void pread_tokens(int fd, const ShardInfo& info, size_t first_token, size_t count, std::vector<unsigned char>& bytes) {
+  const size_t num_bytes = count * info.bytes_per_token;
+  const off_t offset = static_cast<off_t>(kHeaderBytes + first_token * info.bytes_per_token);
+  bytes.resize(num_bytes);
+  size_t done = 0;
+  while (done < num_bytes) {
+    ssize_t got = ::pread(fd, bytes.data() + done, num_bytes - done, offset + static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      throw_error("data shard '%s': read of %zu bytes at offset %lld failed (%s): was the file changed or truncated?",
+                  info.path.c_str(), num_bytes, static_cast<long long>(offset),
+                  got < 0 ? std::strerror(errno) : "end of file");
+    done += static_cast<size_t>(got);
+  }
+}
+
+// Token i of bytes read by pread_tokens.
+uint32_t token_at(const std::vector<unsigned char>& bytes, size_t i, int bytes_per_token) {
+  const unsigned char* p = bytes.data() + i * bytes_per_token;
+  return bytes_per_token == 2 ? static_cast<uint32_t>(p[0] | (p[1] << 8))
+                              : static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                                    (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
+
+[[noreturn]] void token_out_of_vocabulary(const ShardInfo& info, uint32_t token, size_t position, int V) {
+  throw_error("data shard '%s': token %u at position %zu is outside the model's vocabulary of %d (hint: the shards "
+              "were made with another tokenizer)", info.path.c_str(), token, position, V);
 }
 
 // splitmix64: a tiny, well-mixed 64-bit generator (Steele et al.); the same sequence everywhere.
@@ -68,15 +105,14 @@ std::vector<uint64_t> shuffled_window_order(size_t n, uint64_t seed, int epoch) 
 }
 
 ShardInfo read_shard_header(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw_error("data shard '%s': cannot open (%s)", path.c_str(), std::strerror(errno));
-  struct stat st;
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, "data shard", &size);
   int32_t header[kHeaderInts];  // (256,)
-  bool stat_ok = ::fstat(fd, &st) == 0;
-  ssize_t got = stat_ok ? ::pread(fd, header, kHeaderBytes, 0) : -1;
+  const ssize_t got = ::pread(fd, header, kHeaderBytes, 0);
+  const int read_errno = errno;
   ::close(fd);
-  if (!stat_ok || got < 0) throw_error("data shard '%s': cannot read (%s)", path.c_str(), std::strerror(errno));
-  const size_t file_bytes = static_cast<size_t>(st.st_size);
+  if (got < 0) throw_error("data shard '%s': cannot read (%s)", path.c_str(), std::strerror(read_errno));
+  const size_t file_bytes = static_cast<size_t>(size);
   if (static_cast<size_t>(got) < kHeaderBytes)
     throw_error("data shard '%s': file is %zu bytes, smaller than the %zu-byte header: truncated or not a token "
                 "shard (hint: re-create it with %s)", path.c_str(), file_bytes, kHeaderBytes, kPrepareHint);
@@ -145,9 +181,12 @@ DataLoader::DataLoader(const std::string& glob, int B, int T, int rank, int worl
   batches_per_epoch_ = windows_per_rank_ / B;
 
   for (const ShardInfo& info : shards_) {
-    int fd = ::open(info.path.c_str(), O_RDONLY);
-    if (fd < 0) throw_error("data shard '%s': cannot open (%s)", info.path.c_str(), std::strerror(errno));
+    uint64_t size = 0;
+    const int fd = open_regular_file(info.path, "data shard", &size);
     fds_.push_back(fd);
+    if (size != kHeaderBytes + info.num_tokens * info.bytes_per_token)
+      throw_error("data shard '%s' changed size while it was opened (%llu bytes now): was it being rewritten?",
+                  info.path.c_str(), static_cast<unsigned long long>(size));
   }
   window_tokens_.resize(static_cast<size_t>(T) + 1);
   reset();
@@ -181,32 +220,113 @@ void DataLoader::read_window(size_t global_window, std::vector<uint32_t>& tokens
   size_t shard = std::upper_bound(first_window_.begin(), first_window_.end(), global_window) - first_window_.begin() - 1;
   const ShardInfo& info = shards_[shard];
   const size_t first_token = (global_window - first_window_[shard]) * static_cast<size_t>(T_);
-  const size_t num_bytes = tokens.size() * info.bytes_per_token;
-  const off_t offset = static_cast<off_t>(kHeaderBytes + first_token * info.bytes_per_token);
-
-  std::vector<unsigned char> bytes(num_bytes);
-  size_t done = 0;
-  while (done < num_bytes) {
-    ssize_t got = ::pread(fds_[shard], bytes.data() + done, num_bytes - done, offset + static_cast<off_t>(done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
-      throw_error("data shard '%s': read of %zu bytes at offset %lld failed (%s): was the file changed or truncated?",
-                  info.path.c_str(), num_bytes, static_cast<long long>(offset),
-                  got < 0 ? std::strerror(errno) : "end of file");
-    done += static_cast<size_t>(got);
-  }
-  for (size_t i = 0; i < tokens.size(); i++) {  // little-endian on disk
-    const unsigned char* p = bytes.data() + i * info.bytes_per_token;
-    tokens[i] = info.bytes_per_token == 2 ? static_cast<uint32_t>(p[0] | (p[1] << 8))
-                                          : static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
-                                                (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
-  }
+  std::vector<unsigned char> bytes;
+  pread_tokens(fds_[shard], info, first_token, tokens.size(), bytes);
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = token_at(bytes, i, info.bytes_per_token);
   if (check_vocab_size_ > 0)
     for (size_t i = 0; i < tokens.size(); i++)
       if (tokens[i] >= static_cast<uint32_t>(check_vocab_size_))
-        throw_error("data shard '%s': token %u at position %zu is outside the model's vocabulary of %d (hint: the "
-                    "shards were made with another tokenizer)", info.path.c_str(), tokens[i], first_token + i,
-                    check_vocab_size_);
+        token_out_of_vocabulary(info, tokens[i], first_token + i, check_vocab_size_);
+}
+
+size_t DataLoader::check_tokens(int V, const TokenCheckOptions& options) const {
+  if (V < 1) throw_error("data: the vocabulary size for the token check must be >= 1 (got %d)", V);
+  if (options.chunk_tokens < 1) throw_error("data: TokenCheckOptions::chunk_tokens must be >= 1");
+  const int bytes_per_token = shards_[0].bytes_per_token;
+  if (bytes_per_token == 2 && V >= 65536) return 0;  // every uint16 token is in the vocabulary
+
+  // This rank's chunks, in shard order: chunk k of all ranks' numbering belongs to rank k % world_size.
+  struct Chunk {
+    size_t shard, first, count;
+  };
+  std::vector<Chunk> chunks;
+  size_t share_tokens = 0, index = 0;
+  for (size_t s = 0; s < shards_.size(); s++)
+    for (size_t first = 0; first < shards_[s].num_tokens; first += options.chunk_tokens, index++)
+      if (index % static_cast<size_t>(world_size_) == static_cast<size_t>(rank_)) {
+        const size_t count = std::min(options.chunk_tokens, shards_[s].num_tokens - first);
+        chunks.push_back({s, first, count});
+        share_tokens += count;
+      }
+  if (chunks.empty()) return 0;
+
+  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
+  const size_t threads = std::min<size_t>(options.threads > 0 ? static_cast<size_t>(options.threads)
+                                                              : std::min(16u, hardware),
+                                          chunks.size());
+  const double share_gb = static_cast<double>(share_tokens) * bytes_per_token / 1e9;
+  const bool report = options.progress && share_tokens * bytes_per_token >= options.progress_min_bytes;
+  using clock = std::chrono::steady_clock;
+  const clock::time_point start = clock::now();
+  clock::time_point last_report = start;
+  auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+  if (report) {
+    std::fprintf(options.progress, "data: checking every token of %s%zu shard(s) matching '%s' (%.1f GB) against "
+                 "the vocabulary of %d with %zu threads (data.check_tokens=false skips this)\n",
+                 world_size_ > 1 ? "this rank's share of " : "", shards_.size(), glob_.c_str(), share_gb, V, threads);
+    std::fflush(options.progress);
+  }
+
+  std::atomic<size_t> next_chunk{0}, first_bad_chunk{SIZE_MAX};
+  std::atomic<size_t> checked{0};
+  std::mutex mutex;  // guards the three below
+  size_t bad_chunk = SIZE_MAX, bad_position = 0;
+  uint32_t bad_token = 0;
+  std::exception_ptr failure;
+  auto work = [&](bool reports) {
+    std::vector<unsigned char> bytes;
+    for (;;) {
+      // Chunks are handed out in order: once one is past a chunk with a bad token, every later one is too.
+      const size_t c = next_chunk.fetch_add(1);
+      if (c >= chunks.size() || c > first_bad_chunk.load()) return;
+      const Chunk& chunk = chunks[c];
+      const ShardInfo& info = shards_[chunk.shard];
+      try {
+        pread_tokens(fds_[chunk.shard], info, chunk.first, chunk.count, bytes);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!failure) failure = std::current_exception();
+        first_bad_chunk = 0;  // stop everyone
+        return;
+      }
+      for (size_t i = 0; i < chunk.count; i++) {
+        const uint32_t token = token_at(bytes, i, bytes_per_token);
+        if (token < static_cast<uint32_t>(V)) continue;
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (c < bad_chunk) {
+          bad_chunk = c;
+          bad_position = chunk.first + i;
+          bad_token = token;
+          first_bad_chunk = c;
+        }
+        return;
+      }
+      checked += chunk.count;
+      if (reports && seconds_since(last_report) >= options.progress_interval_s) {
+        last_report = clock::now();
+        std::fprintf(options.progress, "data: checked %.1f of %.1f GB of tokens (%.0f%%, %.0f s)\n",
+                     static_cast<double>(checked.load()) * bytes_per_token / 1e9, share_gb,
+                     100.0 * static_cast<double>(checked.load()) / static_cast<double>(share_tokens),
+                     seconds_since(start));
+        std::fflush(options.progress);
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  try {
+    for (size_t t = 1; t < threads; t++) workers.emplace_back(work, false);
+  } catch (const std::system_error&) {  // no more threads to be had: the ones started (and this one) do the work
+  }
+  work(report);
+  for (std::thread& w : workers) w.join();
+
+  if (failure) std::rethrow_exception(failure);
+  if (bad_chunk != SIZE_MAX) token_out_of_vocabulary(shards_[chunks[bad_chunk].shard], bad_token, bad_position, V);
+  if (report) {
+    std::fprintf(options.progress, "data: all %zu tokens checked in %.0f s\n", share_tokens, seconds_since(start));
+    std::fflush(options.progress);
+  }
+  return share_tokens;
 }
 
 void DataLoader::next_batch(int* inputs, int* targets) {

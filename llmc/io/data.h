@@ -9,10 +9,14 @@
 // Rank r of N takes the windows at positions r, r+N, r+2N, ... of that order (every rank gets the same count, the
 // remainder is dropped), so ranks are disjoint and deterministic; a batch is B consecutive windows of the rank's
 // sequence (a partial last batch is dropped). After the last batch of an epoch the next epoch starts.
+//
+// Token ids: check_tokens scans every token of the shards against the vocabulary before training (multithreaded,
+// each rank its share); next_batch checks the tokens of every batch it reads again when set_vocab_size was called.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -28,9 +32,18 @@ struct ShardInfo {
   size_t num_windows = 0;   // windows of T+1 tokens at stride T: (num_tokens - 1) / T
 };
 
-// Reads and validates one shard's header against its file size; throws llmc::Error naming the file.
-// num_windows is left 0 (it depends on T).
+// Reads and validates one shard's header against its file size; throws llmc::Error naming the file (also for a path
+// that is not a regular file: a FIFO, a directory). num_windows is left 0 (it depends on T).
 ShardInfo read_shard_header(const std::string& path);
+
+// How DataLoader::check_tokens works through the shards.
+struct TokenCheckOptions {
+  int threads = 0;                    // worker threads; 0 = the hardware's, at most 16
+  size_t chunk_tokens = size_t(1) << 22;  // tokens per unit of work (one read)
+  std::FILE* progress = nullptr;      // where long scans say what they do: a line at the start, every
+  double progress_interval_s = 5.0;   // progress_interval_s and at the end, for shares of at least
+  size_t progress_min_bytes = size_t(1) << 30;  // this many bytes of tokens
+};
 
 class DataLoader {
  public:
@@ -53,6 +66,13 @@ class DataLoader {
 
   // Optional guard: with V > 0, next_batch throws llmc::Error (naming the shard) on a token >= V.
   void set_vocab_size(int V) { check_vocab_size_ = V; }
+
+  // Checks every token of this rank's share of the shards against the vocabulary of V tokens: the shards are cut into
+  // chunks of options.chunk_tokens, numbered in shard order, and rank r of N scans chunks r, r+N, r+2N, ... (one
+  // rank scans all of them; all ranks together scan every token once), with several threads. The first bad token of
+  // the share (lowest shard, then position) is an llmc::Error naming the shard, the position in it, the value and V.
+  // Returns the number of tokens checked (0 when no token of the format can be >= V: uint16 shards and V >= 65536).
+  size_t check_tokens(int V, const TokenCheckOptions& options = {}) const;
 
   size_t total_tokens() const { return total_tokens_; }          // tokens in all shards
   size_t num_sequences() const { return total_windows_; }        // windows of T+1 tokens in all shards (all ranks)

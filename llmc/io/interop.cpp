@@ -9,21 +9,19 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <regex>
 #include <set>
-#include <sstream>
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
+#include "llmc/core/input_safety.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/io/safetensors.h"
 #include "llmc/model/family.h"
@@ -43,6 +41,7 @@ constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 constexpr const char* kLlm8WeightsFile = "model.safetensors";
 constexpr size_t kLlmcHeaderInts = 256;
 constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
+constexpr uint64_t kMaxHfJsonBytes = 64u << 20;  // config.json is a few KB, an index a few hundred
 
 // Other llm.c magics, so a wrong file gets a precise message.
 constexpr int kLlmcLlama3ModelMagic = 20240803;
@@ -141,16 +140,20 @@ void append_encoded(std::vector<uint8_t>* out, const float* values, size_t n, We
   }
 }
 
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_error("cannot open %s: %s", path.c_str(), std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return json::parse(text.str());
-  } catch (const json::exception& e) {
-    throw_error("%s: invalid JSON (%s)", path.c_str(), e.what());
-  }
+// A model's sizes, as a config.json or an llm.c header gives them, within the bounds of the run config's keys
+// (llmc/core/input_safety.h): checked before anything (the parameter table, the weights) is sized by them.
+void check_model_sizes(const ModelSpec& s, const std::string& source) {
+  const struct {
+    const char* key;
+    int64_t value, max;
+  } sizes[] = {{"n_layer", s.n_layer, size_limits::kLayers},       {"n_head", s.n_head, size_limits::kHeads},
+               {"n_kv_head", s.n_kv_head, size_limits::kHeads},    {"n_embd", s.n_embd, size_limits::kEmbd},
+               {"vocab_size", s.vocab_size, size_limits::kVocab},  {"max_seq_len", s.max_seq_len, size_limits::kSeqLen},
+               {"ffn_hidden", s.ffn_hidden, size_limits::kFfnHidden}};
+  for (const auto& size : sizes)
+    if (size.value > size.max)
+      throw_error("%s: the model's %s is %lld, more than the %lld llm8 accepts (model.%s)", source.c_str(), size.key,
+                  static_cast<long long>(size.value), static_cast<long long>(size.max), size.key);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -209,7 +212,7 @@ class HfTensorFiles {
     if (fs::exists(single)) {
       add_file(single);
     } else if (fs::exists(index)) {
-      const json j = read_json_file(index);
+      const json j = read_json_file(index, "safetensors index", kMaxHfJsonBytes);
       if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
         throw_error("%s: no \"weight_map\" object (a sharded checkpoint's index maps tensor names to shard files)",
                     index.c_str());
@@ -439,14 +442,28 @@ ModelWeights import_hf(const std::string& dir, int padded_vocab_multiple) {
     throw_error("Hugging Face import: %s has no %s (a Hugging Face model directory holds config.json and "
                 "model.safetensors)", dir.c_str(), kHfConfigFile);
   ModelWeights w;
-  w.spec = spec_from_hf_config(read_json_file(config_path), config_path);
+  w.spec = spec_from_hf_config(read_json_file(config_path, "Hugging Face config", kMaxHfJsonBytes), config_path);
+  check_model_sizes(w.spec, config_path);
   const HfFormat& hf = model_family(w.spec.arch).hf;
   const std::string optional_prefix = hf.optional_prefix;
   w.spec.padded_vocab_size = static_cast<int>(round_up(w.spec.vocab_size, std::max(1, padded_vocab_multiple)));
   w.table = build_param_table(w.spec);
+
+  // The weights must be there before they are allocated: the tensors config.json describes need at least 2 bytes
+  // (BF16, F16) per element of their Hugging Face shapes.
+  const HfTensorFiles files(dir);
+  int64_t need_bytes = 0, have_bytes = 0;
+  for (const ParamInfo& p : w.table.params)
+    need_bytes = checked_add(need_bytes, checked_mul(2, static_cast<int64_t>(shape_numel(hf_mapping(w.spec, p).hf_shape)),
+                                                     "tensor bytes"), "weight bytes");
+  for (const auto& [name, index] : files.names())
+    have_bytes = checked_add(have_bytes, static_cast<int64_t>(files.find(name)->entry(name).nbytes), "weight bytes");
+  if (have_bytes < need_bytes)
+    throw_error("%s: the %s model that %s describes needs at least %lld bytes of weights, but the files hold %lld: "
+                "config.json does not describe these weights", files.description().c_str(), w.spec.arch.c_str(),
+                config_path.c_str(), static_cast<long long>(need_bytes), static_cast<long long>(have_bytes));
   w.values.assign(w.table.total_elements, 0.0f);
 
-  const HfTensorFiles files(dir);
   std::set<std::string> used;
   std::vector<std::string> missing;
   const HfTensorMapping* embedding = nullptr;
@@ -536,16 +553,13 @@ void export_llmc(const std::string& path, const ModelSpec& spec, const float* va
 }
 
 ModelWeights import_llmc(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_error("llm.c import: cannot open %s: %s", path.c_str(), std::strerror(errno));
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, "llm.c model file", &size);
   std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
     ::close(*f);
     delete f;
   });
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    throw_error("llm.c import: %s is not a regular file", path.c_str());
-  const size_t file_size = static_cast<size_t>(st.st_size);
+  const size_t file_size = static_cast<size_t>(size);
   auto read_at = [&](size_t offset, void* dst, size_t nbytes) {
     uint8_t* p = static_cast<uint8_t*>(dst);
     while (nbytes > 0) {
@@ -593,7 +607,8 @@ ModelWeights import_llmc(const std::string& path) {
   if (w.spec.padded_vocab_size < w.spec.vocab_size || w.spec.n_embd % w.spec.n_head != 0)
     throw_error("llm.c import: %s: inconsistent header (V %d, Vp %d, C %d, NH %d)", path.c_str(), w.spec.vocab_size,
                 w.spec.padded_vocab_size, w.spec.n_embd, w.spec.n_head);
-  w.table = build_param_table(w.spec);
+  check_model_sizes(w.spec, "llm.c import: " + path);
+  w.table = build_param_table(w.spec);  // small: the sizes are bounded; checked against the file size below
   const size_t elem = dtype == WeightDtype::F32 ? 4 : 2;
   const size_t expected = kLlmcHeaderBytes + w.table.num_parameters * elem;
   if (file_size != expected)
@@ -631,6 +646,7 @@ WeightsFormat detect_weights_format(const std::string& path) {
   if (ec || !fs::exists(status)) throw_error("%s does not exist", path.c_str());
   if (fs::is_directory(status))
     return fs::exists(join_path(path, kHfConfigFile)) ? WeightsFormat::HuggingFace : WeightsFormat::Llm8;
+  check_regular_file(path, "model file");  // a FIFO would block the read of the magic below
   int32_t magic = 0;
   if (FILE* f = std::fopen(path.c_str(), "rb")) {
     if (std::fread(&magic, sizeof magic, 1, f) != 1) magic = 0;

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "llmc/core/common.h"
+#include "llmc/core/input_safety.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/io/safetensors.h"
 
@@ -60,9 +61,7 @@ json parse_metadata_json(const SafetensorsReader& reader, const char* key) {
   auto it = reader.metadata().find(key);
   if (it == reader.metadata().end())
     throw_error("%s: metadata '%s' is missing: not an llm8 optimizer shard", reader.path().c_str(), key);
-  json j = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw_error("%s: metadata '%s' is not valid JSON", reader.path().c_str(), key);
-  return j;
+  return parse_json(it->second, reader.path() + ": metadata '" + key + "'");
 }
 
 // The state format of the moments in a file: its "state_format" metadata, fp32 without it.

@@ -6,15 +6,14 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <set>
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
+#include "llmc/core/input_safety.h"
 
 namespace llmc {
 
@@ -127,12 +126,9 @@ struct SafetensorsReader::File {
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), file_(std::make_shared<File>()) {
   const char* p = path.c_str();
-  file_->fd = ::open(p, O_RDONLY | O_CLOEXEC);
-  if (file_->fd < 0) throw_error("safetensors: cannot open %s: %s", p, std::strerror(errno));
-  struct stat st;
-  if (::fstat(file_->fd, &st) != 0) throw_error("safetensors: cannot stat %s: %s", p, std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw_error("safetensors: %s is not a regular file", p);
-  const size_t file_size = size_t(st.st_size);
+  uint64_t size = 0;
+  file_->fd = open_regular_file(path, "safetensors file", &size);
+  const size_t file_size = size_t(size);
 
   if (file_size < kHeaderLengthBytes)
     throw_error("safetensors: %s is too short (%zu bytes; a safetensors file starts with an 8-byte header length)", p,
@@ -154,24 +150,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), fil
   const size_t data_start = kHeaderLengthBytes + header_len;
   const size_t data_size = file_size - data_start;
 
-  // Parse, rejecting duplicate top-level names (nlohmann would silently keep the last one).
-  std::set<std::string> seen_keys;
-  std::string duplicate;
-  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::key && depth == 1) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (!seen_keys.insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(header, on_event);
-  } catch (const json::exception& e) {
-    throw_error("safetensors: %s: header is not valid JSON (%s)", p, e.what());
-  }
+  // Parse with the nesting limit, refusing a name (or any key) given twice: nlohmann would keep the last one.
+  const json j = parse_json(header, "safetensors: " + path + ": header");
   if (!j.is_object()) throw_error("safetensors: %s: header is not a JSON object", p);
-  if (!duplicate.empty()) throw_error("safetensors: %s: duplicate tensor name '%s' in the header", p, duplicate.c_str());
 
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();

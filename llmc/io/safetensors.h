@@ -7,9 +7,11 @@
 //                              padded with spaces so that the data section starts at a multiple of 8 bytes
 //   data section               the tensors' bytes, row-major; data_offsets are relative to the start of this section
 //
-// The reader validates the whole header up front: the file is long enough, the header parses, every entry has a known
-// dtype, nbytes == prod(shape) * dtype_size, no duplicate names, and the entries tile the data section exactly
-// (no overlaps, no gaps, nothing out of bounds). Every problem is an llmc::Error that names the file.
+// The reader validates the whole header up front: the path is a regular file (a FIFO is refused, never opened for
+// reading), the file is long enough for the header length it states (checked before the header is read or allocated,
+// and at most 100 MB), the header parses (nesting at most 64 levels, no key twice at any depth), every entry has a
+// known dtype, nbytes == prod(shape) * dtype_size, and the entries tile the data section exactly (no overlaps, no gaps,
+// nothing out of bounds). Every problem is an llmc::Error that names the file.
 // Tensor data is read on demand with pread; read_into reads straight into the caller's buffer (no second copy), so
 // multi-GB checkpoints are never held twice in memory.
 //

@@ -1,16 +1,16 @@
 // llmc/io/tokenizer.cpp: implementation of GPT2Tokenizer (encoder.json -> id -> bytes through GPT-2's byte <-> unicode map).
 #include "llmc/io/tokenizer.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
+#include "llmc/core/input_safety.h"
 
 namespace llmc {
 
 namespace {
+
+constexpr uint64_t kMaxEncoderJsonBytes = 64u << 20;  // GPT-2's encoder.json is 1 MB
 
 // GPT-2's bytes_to_unicode(), inverted: unicode code point -> byte. Printable bytes ('!'..'~', 0xA1..0xAC,
 // 0xAE..0xFF) stand for themselves; the other 68 bytes, in increasing order, are shifted to 256, 257, ...
@@ -47,20 +47,11 @@ bool utf8_to_code_points(const std::string& s, std::vector<int>& out) {
 }  // namespace
 
 GPT2Tokenizer::GPT2Tokenizer(const std::string& encoder_json_path) : path_(encoder_json_path) {
-  std::ifstream file(encoder_json_path, std::ios::binary);
-  if (!file)
-    throw_error("tokenizer: cannot open '%s' (hint: the GPT-2 vocabulary is bundled as dev/data/gpt2/encoder.json; "
-                "set data.tokenizer to its path)", encoder_json_path.c_str());
-  nlohmann::json encoder;
-  try {
-    encoder = nlohmann::json::parse(file);
-  } catch (const nlohmann::json::exception& e) {
-    throw_error("tokenizer: '%s' is not valid JSON (%s) (hint: restore dev/data/gpt2/encoder.json)",
-                encoder_json_path.c_str(), e.what());
-  } catch (const std::exception& e) {  // a read error while parsing, e.g. the path is a directory
-    throw_error("tokenizer: cannot read '%s' (%s) (hint: data.tokenizer must name the encoder.json file)",
-                encoder_json_path.c_str(), e.what());
-  }
+  // A regular file of bounded size, JSON with the nesting limit and no token string twice (nlohmann would keep the
+  // last id of a duplicate silently).
+  const nlohmann::json encoder = read_json_file(
+      encoder_json_path, "tokenizer file", kMaxEncoderJsonBytes, {},
+      " (hint: the GPT-2 vocabulary is bundled as dev/data/gpt2/encoder.json; set data.tokenizer to its path)");
   if (!encoder.is_object() || encoder.empty())
     throw_error("tokenizer: '%s' is not a GPT-2 encoder.json (expected an object mapping token strings to ids)",
                 encoder_json_path.c_str());

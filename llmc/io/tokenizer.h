@@ -11,8 +11,9 @@ namespace llmc {
 
 class GPT2Tokenizer {
  public:
-  // Loads encoder.json (token string -> id). Throws llmc::Error naming the file if it is missing, not JSON, or not
-  // a GPT-2-style vocabulary (ids must be 0..N-1, each once; "<|endoftext|>" must be present).
+  // Loads encoder.json (token string -> id). Throws llmc::Error naming the file if it is missing, not a regular file,
+  // larger than 64 MiB, not JSON (or JSON nested deeper than 64 levels, or with a token string twice), or not a
+  // GPT-2-style vocabulary (ids must be 0..N-1, each once; "<|endoftext|>" must be present).
   explicit GPT2Tokenizer(const std::string& encoder_json_path);
 
   std::string decode(int token) const;                     // the token's bytes; llmc::Error if !is_valid(token)

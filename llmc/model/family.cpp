@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "llmc/core/common.h"
+#include "llmc/core/input_safety.h"
 
 namespace llmc {
 
@@ -62,8 +63,9 @@ bool HfConfigReader::has(const char* key) const { return j.contains(key) && !j[k
 int HfConfigReader::get_int(const char* key) const {
   if (!has(key)) throw_error("%s: key '%s' is missing", path.c_str(), key);
   const nlohmann::json& v = j[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (int64_t(1) << 30))
-    throw_error("%s: '%s' must be a positive integer, got %s", path.c_str(), key, v.dump().c_str());
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > size_limits::kVocab)
+    throw_error("%s: '%s' must be a positive integer of at most %lld, got %s", path.c_str(), key,
+                static_cast<long long>(size_limits::kVocab), v.dump().c_str());
   return v.get<int>();
 }
 

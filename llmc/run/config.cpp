@@ -5,16 +5,15 @@
 #include "llmc/run/config.h"
 
 #include <algorithm>
-#include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
-#include <sstream>
 
 #include "llmc/core/common.h"
+#include "llmc/core/input_safety.h"
 #include "llmc/precision/quantize.h"
 #include "llmc/model/family.h"
 
@@ -23,6 +22,8 @@ namespace llmc {
 using nlohmann::json;
 
 namespace {
+
+constexpr uint64_t kMaxConfigFileBytes = 16u << 20;  // a run config is a few KB; anything near this is not one
 
 enum class KeyType { Int, Int64, Float, Bool, String, IntList };
 
@@ -78,6 +79,19 @@ json float_to_json(float v) {
   return json(std::strtod(buf, nullptr));
 }
 
+// A number for a key stored as a 32-bit float: an llmc::Error naming the key when it would become inf or 0.
+float json_to_float(const json& v, const char* key) {
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || std::fabs(d) > FLT_MAX)
+    throw_error("%s = %s does not fit the key's 32-bit float (at most %g)", key, v.dump().c_str(),
+                static_cast<double>(FLT_MAX));
+  const float f = static_cast<float>(d);
+  if (d != 0 && f == 0)
+    throw_error("%s = %s is too small for the key's 32-bit float (it would be 0; at least %g)", key,
+                v.dump().c_str(), static_cast<double>(FLT_TRUE_MIN));
+  return f;
+}
+
 // Builders for the table rows. `member` is an expression on `c` (a RunConfig) naming the field.
 #define LLMC_ACCESS(member)                                                     \
   [](const RunConfig& c) { return json(c.member); },                            \
@@ -120,38 +134,43 @@ KeySchema open_unit(KeySchema k) { k.lo = 0; k.hi = 1; k.lo_open = k.hi_open = t
 KeySchema one_of(KeySchema k, std::vector<std::string> choices) { k.choices = std::move(choices); return k; }
 KeySchema derived_default(KeySchema k, const char* doc) { k.doc_default = doc; return k; }
 
+static_assert(size_limits::kMicroBatchTokens == 16777216 && size_limits::kGradAccumSteps == 16777216,
+              "the help of train.micro_batch and train.global_batch_tokens quotes these limits");
+
 const std::vector<KeySchema>& schema() {
   using T = KeyType;
   static const std::string recipe_help =
       "precision recipe preset: " + precision_recipe_summaries() + "; the keys below override its fields";
   static const std::vector<std::string> formats = quantizable_element_names(), blocks = quantizable_block_names();
+  namespace L = size_limits;
   static const std::vector<KeySchema> table = {
       // model: a preset fills every key; explicit keys override it. Without a preset the defaults are gpt2-124m's.
       row("model", "preset", T::String, "model preset (gpt2-tiny, gpt2-mini, gpt2-124m, gpt2-350m, gpt2-774m, "
           "gpt2-1558m, llama-tiny, llama-125m, llama-350m, llama-1b, llama-3b); \"\" = none, the keys below define "
           "the model", LLMC_ACCESS(model_preset)),
       row("model", "arch", T::String, "architecture: gpt2 | llama", LLMC_ACCESS(model.arch)),
-      at_least(row("model", "n_layer", T::Int, "transformer blocks (L)", LLMC_ACCESS(model.n_layer)), 1),
-      at_least(row("model", "n_head", T::Int, "attention heads (H)", LLMC_ACCESS(model.n_head)), 1),
-      derived_default(at_least(row("model", "n_kv_head", T::Int, "key/value heads: divides n_head (grouped-query "
-                                   "attention, llama); must equal n_head for gpt2",
-                                   LLMC_ACCESS(model.n_kv_head)), 1), "n_head"),
-      at_least(row("model", "n_embd", T::Int, "embedding width (C)", LLMC_ACCESS(model.n_embd)), 1),
-      at_least(row("model", "vocab_size", T::Int, "real vocabulary size (V)", LLMC_ACCESS(model.vocab_size)), 1),
-      at_least(row("model", "padded_vocab_multiple", T::Int,
-                   "the embedding/lm_head rows are V rounded up to a multiple of this (Vp)",
-                   LLMC_ACCESS(padded_vocab_multiple)), 1),
-      at_least(row("model", "max_seq_len", T::Int, "context length (gpt2: rows of wpe; llama: longest sequence)",
-                   LLMC_ACCESS(model.max_seq_len)), 1),
-      derived_default(at_least(row("model", "ffn_hidden", T::Int, "MLP hidden size (F; llama: the width of gate_proj "
-                                   "and up_proj, a multiple of 8)", LLMC_ACCESS(model.ffn_hidden)), 1),
+      between(row("model", "n_layer", T::Int, "transformer blocks (L)", LLMC_ACCESS(model.n_layer)), 1, L::kLayers),
+      between(row("model", "n_head", T::Int, "attention heads (H)", LLMC_ACCESS(model.n_head)), 1, L::kHeads),
+      derived_default(between(row("model", "n_kv_head", T::Int, "key/value heads: divides n_head (grouped-query "
+                                  "attention, llama); must equal n_head for gpt2",
+                                  LLMC_ACCESS(model.n_kv_head)), 1, L::kHeads), "n_head"),
+      between(row("model", "n_embd", T::Int, "embedding width (C)", LLMC_ACCESS(model.n_embd)), 1, L::kEmbd),
+      between(row("model", "vocab_size", T::Int, "real vocabulary size (V)", LLMC_ACCESS(model.vocab_size)), 1,
+              L::kVocab),
+      between(row("model", "padded_vocab_multiple", T::Int,
+                  "the embedding/lm_head rows are V rounded up to a multiple of this (Vp)",
+                  LLMC_ACCESS(padded_vocab_multiple)), 1, L::kPaddedVocabMultiple),
+      between(row("model", "max_seq_len", T::Int, "context length (gpt2: rows of wpe; llama: longest sequence)",
+                  LLMC_ACCESS(model.max_seq_len)), 1, L::kSeqLen),
+      derived_default(between(row("model", "ffn_hidden", T::Int, "MLP hidden size (F; llama: the width of gate_proj "
+                                  "and up_proj, a multiple of 8)", LLMC_ACCESS(model.ffn_hidden)), 1, L::kFfnHidden),
                       "gpt2: 4 * n_embd; llama: 8 * n_embd / 3 rounded up to a multiple of 256"),
       above(row("model", "norm_eps", T::Float, "LayerNorm (gpt2) / RMSNorm (llama) epsilon",
                 [](const RunConfig& c) { return float_to_json(c.model.norm_eps); },
-                [](RunConfig& c, const json& v) { c.model.norm_eps = static_cast<float>(v.get<double>()); }), 0),
+                [](RunConfig& c, const json& v) { c.model.norm_eps = json_to_float(v, "model.norm_eps"); }), 0),
       above(row("model", "rope_theta", T::Float, "llama: RoPE base theta (Llama 3: 500000); unused by gpt2",
                 [](const RunConfig& c) { return float_to_json(c.model.rope_theta); },
-                [](RunConfig& c, const json& v) { c.model.rope_theta = static_cast<float>(v.get<double>()); }), 0),
+                [](RunConfig& c, const json& v) { c.model.rope_theta = json_to_float(v, "model.rope_theta"); }), 0),
       row("model", "tied_embeddings", T::Bool, "the lm_head shares the token embedding matrix (gpt2: must be true; "
           "llama: false adds lm_head.weight)", LLMC_ACCESS(model.tied_embeddings)),
 
@@ -162,18 +181,22 @@ const std::vector<KeySchema>& schema() {
       at_least(row("data", "seed", T::Int, "data shuffling seed", LLMC_ACCESS(data.seed)), 0),
       row("data", "tokenizer", T::String, "GPT-2 vocabulary (encoder.json) used to decode samples",
           LLMC_ACCESS(data.tokenizer)),
+      row("data", "check_tokens", T::Bool, "before the first step, check every token of every shard against "
+          "model.vocab_size (multithreaded, the ranks share the work); false skips that scan for very large datasets "
+          "(every batch read is still checked)", LLMC_ACCESS(data.check_tokens)),
 
-      at_least(row("train", "micro_batch", T::Int, "sequences per GPU per micro-step (B)",
-                   LLMC_ACCESS(train.micro_batch)), 1),
-      at_least(row("train", "seq_len", T::Int, "tokens per sequence (T), at most model.max_seq_len",
-                   LLMC_ACCESS(train.seq_len)), 1),
-      at_least(row("train", "global_batch_tokens", T::Int64,
-                   "tokens per optimizer step over all GPUs, a multiple of micro_batch * seq_len * world_size "
-                   "(0 = exactly that: no gradient accumulation)", LLMC_ACCESS(train.global_batch_tokens)), 0),
-      at_least(row("train", "steps", T::Int, "optimizer steps", LLMC_ACCESS(train.steps)), 1),
+      between(row("train", "micro_batch", T::Int, "sequences per GPU per micro-step (B); micro_batch * seq_len is "
+                  "at most 16777216 tokens", LLMC_ACCESS(train.micro_batch)), 1, L::kMicroBatch),
+      between(row("train", "seq_len", T::Int, "tokens per sequence (T), at most model.max_seq_len",
+                  LLMC_ACCESS(train.seq_len)), 1, L::kSeqLen),
+      between(row("train", "global_batch_tokens", T::Int64,
+                  "tokens per optimizer step over all GPUs: a multiple of micro_batch * seq_len * world_size, at "
+                  "most 16777216 times it (0 = exactly that: no gradient accumulation)",
+                  LLMC_ACCESS(train.global_batch_tokens)), 0, L::kGlobalBatchTokens),
+      between(row("train", "steps", T::Int, "optimizer steps", LLMC_ACCESS(train.steps)), 1, L::kSteps),
       above(row("train", "lr", T::Float, "peak learning rate", LLMC_ACCESS(train.lr)), 0),
-      at_least(row("train", "warmup_steps", T::Int, "linear warm-up steps (at most train.steps)",
-                   LLMC_ACCESS(train.warmup_steps)), 0),
+      between(row("train", "warmup_steps", T::Int, "linear warm-up steps (at most train.steps)",
+                  LLMC_ACCESS(train.warmup_steps)), 0, L::kSteps),
       one_of(row("train", "schedule", T::String, "learning-rate decay after warm-up", LLMC_ACCESS(train.schedule)),
              {"cosine", "linear", "constant", "wsd"}),
       between(row("train", "final_lr_frac", T::Float, "lr at the end of decay, as a fraction of lr",
@@ -193,9 +216,9 @@ const std::vector<KeySchema>& schema() {
           "\"\" = random init; else weights to start from: an llm8 checkpoint step directory or model.safetensors, a "
           "Hugging Face model directory (config.json + model.safetensors) or an llm.c model .bin; the model section "
           "must describe that model", LLMC_ACCESS(train.init_from)),
-      at_least(row("train", "max_skipped_steps", T::Int,
-                   "divergence guard: a step whose loss or gradient norm is not finite is skipped (no update); stop "
-                   "after this many consecutive skips", LLMC_ACCESS(train.max_skipped_steps)), 1),
+      between(row("train", "max_skipped_steps", T::Int,
+                  "divergence guard: a step whose loss or gradient norm is not finite is skipped (no update); stop "
+                  "after this many consecutive skips", LLMC_ACCESS(train.max_skipped_steps)), 1, L::kSteps),
 
       one_of(row("optimizer", "type", T::String, "optimizer", LLMC_ACCESS(optimizer.type)), {"adamw"}),
       open_unit(row("optimizer", "beta1", T::Float, "AdamW first-moment decay", LLMC_ACCESS(optimizer.beta1))),
@@ -231,8 +254,8 @@ const std::vector<KeySchema>& schema() {
                  [](RunConfig& c, const json& v) {
                    c.precision.scaling = v.get<std::string>() == "delayed" ? ScalingMode::Delayed : ScalingMode::Current;
                  }), {"current", "delayed"}),
-      at_least(row("precision", "amax_history_len", T::Int, "delayed scaling: steps of amax history",
-                   LLMC_ACCESS(precision.amax_history_len)), 1),
+      between(row("precision", "amax_history_len", T::Int, "delayed scaling: steps of amax history",
+                  LLMC_ACCESS(precision.amax_history_len)), 1, L::kCount),
       one_of(row("precision", "amax_compute", T::String, "delayed scaling: scale from the max of the history or the "
                  "most recent amax", LLMC_ACCESS(precision.amax_compute)), {"max", "most_recent"}),
       between(row("precision", "margin", T::Int, "scale = fp8_max / amax / 2^margin", LLMC_ACCESS(precision.margin)),
@@ -264,33 +287,35 @@ const std::vector<KeySchema>& schema() {
                    LLMC_ACCESS(parallel.timeout_s)), 1),
 
       row("checkpoint", "dir", T::String, "run directory (\"\" = no checkpoints)", LLMC_ACCESS(checkpoint.dir)),
-      at_least(row("checkpoint", "every", T::Int, "checkpoint every N steps (0 = only at the end when dir is set)",
-                   LLMC_ACCESS(checkpoint.every)), 0),
-      at_least(row("checkpoint", "keep", T::Int, "keep the newest N complete checkpoints (0 = keep all)",
-                   LLMC_ACCESS(checkpoint.keep)), 0),
+      between(row("checkpoint", "every", T::Int, "checkpoint every N steps (0 = only at the end when dir is set)",
+                  LLMC_ACCESS(checkpoint.every)), 0, L::kSteps),
+      between(row("checkpoint", "keep", T::Int, "keep the newest N complete checkpoints (0 = keep all)",
+                  LLMC_ACCESS(checkpoint.keep)), 0, L::kCount),
       row("checkpoint", "resume", T::String,
           "auto = newest complete checkpoint in dir if any | none | path to a step directory",
           LLMC_ACCESS(checkpoint.resume)),
 
-      at_least(row("eval", "every", T::Int, "validation loss every N steps (0 = off; also at the end if data.val is set)",
-                   LLMC_ACCESS(eval.every)), 0),
-      at_least(row("eval", "batches", T::Int, "micro-batches per validation", LLMC_ACCESS(eval.batches)), 1),
+      between(row("eval", "every", T::Int, "validation loss every N steps (0 = off; also at the end if data.val is set)",
+                  LLMC_ACCESS(eval.every)), 0, L::kSteps),
+      between(row("eval", "batches", T::Int, "micro-batches per validation", LLMC_ACCESS(eval.batches)), 1,
+              L::kCount),
 
-      at_least(row("sample", "every", T::Int, "sample every N steps (0 = only at the end)", LLMC_ACCESS(sample.every)),
-               0),
-      at_least(row("sample", "tokens", T::Int, "tokens to generate (0 = no sampling)", LLMC_ACCESS(sample.tokens)), 0),
+      between(row("sample", "every", T::Int, "sample every N steps (0 = only at the end)", LLMC_ACCESS(sample.every)),
+              0, L::kSteps),
+      between(row("sample", "tokens", T::Int, "tokens to generate (0 = no sampling)", LLMC_ACCESS(sample.tokens)), 0,
+              L::kCount),
       above(row("sample", "temperature", T::Float, "softmax temperature", LLMC_ACCESS(sample.temperature)), 0),
-      at_least(row("sample", "top_k", T::Int, "sample from the k most likely tokens (0 = full distribution)",
-                   LLMC_ACCESS(sample.top_k)), 0),
+      between(row("sample", "top_k", T::Int, "sample from the k most likely tokens (0 = full distribution)",
+                  LLMC_ACCESS(sample.top_k)), 0, L::kVocab),
       at_least(row("sample", "seed", T::Int, "sampling seed (sampling starts from <|endoftext|>)",
                    LLMC_ACCESS(sample.seed)), 0),
 
-      at_least(row("log", "every", T::Int, "console line every N steps", LLMC_ACCESS(log.every)), 1),
+      between(row("log", "every", T::Int, "console line every N steps", LLMC_ACCESS(log.every)), 1, L::kSteps),
       row("log", "jsonl", T::String, "JSONL metrics file (\"\" = <checkpoint.dir>/metrics.jsonl when dir is set)",
           LLMC_ACCESS(log.jsonl)),
-      at_least(row("log", "numerics_every", T::Int,
-                   "FP8 numerics telemetry (amax, scale, saturated and underflow fractions, SNR of every quantised "
-                   "tensor) every N steps into the JSONL log (0 = off)", LLMC_ACCESS(log.numerics_every)), 0),
+      between(row("log", "numerics_every", T::Int,
+                  "FP8 numerics telemetry (amax, scale, saturated and underflow fractions, SNR of every quantised "
+                  "tensor) every N steps into the JSONL log (0 = off)", LLMC_ACCESS(log.numerics_every)), 0, L::kSteps),
   };
   return table;
 }
@@ -380,6 +405,8 @@ std::string suggest_section(const std::string& section) {
 }
 
 std::string describe_value(const json& v) {
+  if (v.is_number_float() && !std::isfinite(v.get<double>()))  // dump() would say null
+    return strformat("number %g", v.get<double>());
   std::string text = v.dump();
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return std::string(v.type_name()) + " " + text;
@@ -404,11 +431,19 @@ void check_type(const KeySchema& k, const json& v) {
       }
       break;
     }
-    case KeyType::Float: ok = v.is_number(); break;
+    case KeyType::Float:
+      ok = v.is_number();
+      if (ok && !std::isfinite(v.get<double>()))
+        throw_error("%s: %g is not a finite number", k.full_name().c_str(), v.get<double>());
+      break;
     case KeyType::Bool: ok = v.is_boolean(); break;
     case KeyType::String: ok = v.is_string(); break;
     case KeyType::IntList:
       ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_number_integer(); });
+      if (ok)
+        for (const json& e : v)
+          if (e.get<double>() > std::numeric_limits<int>::max() || e.get<double>() < std::numeric_limits<int>::min())
+            throw_error("%s: %s is out of range for an integer", k.full_name().c_str(), e.dump().c_str());
       break;
   }
   if (!ok)
@@ -459,8 +494,12 @@ void apply_override(json& j, const std::string& text) {
   if (k->type == KeyType::String && (value_text.empty() || value_text[0] != '"')) {
     value = value_text;
   } else {
-    value = json::parse(value_text, nullptr, /*allow_exceptions=*/false);
-    if (value.is_discarded()) value = value_text;  // not JSON: a string (the type check reports it for non-strings)
+    try {
+      value = parse_json(value_text, "--set '" + text + "'");
+    } catch (const JsonError& e) {
+      if (e.kind != JsonError::Kind::Syntax) throw;  // too deep, a duplicate key, a number that overflows
+      value = value_text;  // not JSON: a string (the type check reports it for non-strings)
+    }
   }
   try {
     check_type(*k, value);
@@ -489,6 +528,7 @@ void check_range(const KeySchema& k, const RunConfig& cfg) {
   }
   if (!v.is_number()) return;
   double d = v.get<double>();
+  if (!std::isfinite(d)) throw_error("%s must be a finite number (got %g)", k.full_name().c_str(), d);
   bool low_ok = k.lo_open ? d > k.lo : d >= k.lo;
   bool high_ok = k.hi_open ? d < k.hi : d <= k.hi;
   if (low_ok && high_ok) return;
@@ -524,6 +564,7 @@ auto with_source(const std::string& source, Fn fn) -> decltype(fn()) {
 }
 
 RunConfig resolve_config(const json& input, const std::vector<std::string>& overrides, const std::string& source) {
+  check_json_depth(input, source);  // before the copy below (copies recurse)
   json j = input;
   if (!j.is_object())
     throw Error(source + ": the top level must be a JSON object of sections (" + join(section_names(), ", ") +
@@ -567,8 +608,10 @@ RunConfig resolve_config(const json& input, const std::vector<std::string>& over
     const bool preset = !cfg.model_preset.empty();
     if (!model.contains("n_kv_head") && (!preset || model.contains("n_head"))) cfg.model.n_kv_head = cfg.model.n_head;
     const ModelFamily* family = find_model_family(cfg.model.arch);  // null: validation names the unknown arch
-    if (family && !model.contains("ffn_hidden") && (!preset || model.contains("n_embd") || model.contains("arch")))
+    if (family && !model.contains("ffn_hidden") && (!preset || model.contains("n_embd") || model.contains("arch"))) {
+      check_range(*find_key("model", "n_embd"), cfg);  // bounded, so that the width derived from it fits an int
       cfg.model.ffn_hidden = family->default_ffn_hidden(cfg.model.n_embd);
+    }
     return cfg;
   });
 }
@@ -600,7 +643,11 @@ void validate_config(RunConfig& cfg, int world_size) {
     if (m.n_head % m.n_kv_head != 0)
       throw_error("model.n_head = %d is not divisible by model.n_kv_head = %d", m.n_head, m.n_kv_head);
     family.validate(m);
-    m.padded_vocab_size = static_cast<int>(round_up(m.vocab_size, cfg.padded_vocab_multiple));
+    // Sizes derived from several keys are computed in checked 64-bit arithmetic and bounded in turn. Together with
+    // the bounds of the keys (llmc/core/input_safety.h) they keep every size derived later (parameter counts, the
+    // memory estimate's activation and logit bytes, tokens per step) far inside 64 bits.
+    m.padded_vocab_size = static_cast<int>(checked_round_up(
+        m.vocab_size, cfg.padded_vocab_multiple, "model.vocab_size rounded up to model.padded_vocab_multiple"));
 
     // Data.
     if (cfg.data.train.empty())
@@ -614,14 +661,31 @@ void validate_config(RunConfig& cfg, int world_size) {
     if (t.seq_len > m.max_seq_len)
       throw_error("train.seq_len = %d exceeds model.max_seq_len = %d (the model's context length)", t.seq_len,
                   m.max_seq_len);
-    long long tokens_per_micro_step = static_cast<long long>(t.micro_batch) * t.seq_len * world_size;
+    const int64_t micro_batch_tokens = checked_mul(t.micro_batch, t.seq_len, "train.micro_batch * train.seq_len");
+    if (micro_batch_tokens > size_limits::kMicroBatchTokens)
+      throw_error("train.micro_batch * train.seq_len = %d * %d = %lld tokens per GPU micro-batch exceeds %lld (lower "
+                  "train.micro_batch: gradient accumulation keeps train.global_batch_tokens)", t.micro_batch,
+                  t.seq_len, static_cast<long long>(micro_batch_tokens),
+                  static_cast<long long>(size_limits::kMicroBatchTokens));
+    const long long tokens_per_micro_step =
+        checked_mul(micro_batch_tokens, world_size, "train.micro_batch * train.seq_len * world_size");
+    if (tokens_per_micro_step > size_limits::kGlobalBatchTokens)
+      throw_error("train.micro_batch * train.seq_len * world_size = %d * %d * %d = %lld tokens per micro-step exceeds "
+                  "%lld, the most train.global_batch_tokens may be", t.micro_batch, t.seq_len, world_size,
+                  tokens_per_micro_step, static_cast<long long>(size_limits::kGlobalBatchTokens));
     if (t.global_batch_tokens == 0) t.global_batch_tokens = tokens_per_micro_step;
     if (t.global_batch_tokens % tokens_per_micro_step != 0)
       throw_error("train.global_batch_tokens = %lld must be a multiple of micro_batch * seq_len * world_size = "
                   "%d * %d * %d = %lld (e.g. %lld)", t.global_batch_tokens, t.micro_batch, t.seq_len, world_size,
                   tokens_per_micro_step,
                   std::max(1LL, t.global_batch_tokens / tokens_per_micro_step) * tokens_per_micro_step);
-    cfg.grad_accum_steps = static_cast<int>(t.global_batch_tokens / tokens_per_micro_step);
+    const long long accum_steps = t.global_batch_tokens / tokens_per_micro_step;
+    if (accum_steps > size_limits::kGradAccumSteps)
+      throw_error("train.global_batch_tokens / (micro_batch * seq_len * world_size) = %lld / %lld = %lld accumulation "
+                  "micro-steps per optimizer step, more than %lld (raise train.micro_batch or lower "
+                  "train.global_batch_tokens)", t.global_batch_tokens, tokens_per_micro_step, accum_steps,
+                  static_cast<long long>(size_limits::kGradAccumSteps));
+    cfg.grad_accum_steps = static_cast<int>(accum_steps);
     const int multiple = quantized_dim_multiple(cfg.precision);
     if (multiple > 1) {
       // Quantised GEMMs: every dimension that is a GEMM's K (channels, and the tokens B*T for the weight gradient)
@@ -656,21 +720,10 @@ RunConfig load_config_json(const json& j, const std::vector<std::string>& overri
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
-  std::ifstream file(path);
-  if (!file)
-    throw_error("cannot open config file '%s': %s (paths are relative to the current directory; configs/ has "
-                "examples)", path.c_str(), std::strerror(errno));
-  std::stringstream text;
-  text << file.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    size_t bracket = what.find("] ");  // drop nlohmann's "[json.exception.parse_error.101] " prefix
-    if (bracket != std::string::npos) what = what.substr(bracket + 2);
-    throw_error("%s: invalid JSON: %s", path.c_str(), what.c_str());
-  }
+  JsonReadOptions options;
+  options.allow_comments = true;
+  const json j = read_json_file(path, "config file", kMaxConfigFileBytes, options,
+                                " (paths are relative to the current directory; configs/ has examples)");
   RunConfig cfg = resolve_config(j, overrides, path);
   try {
     validate_config(cfg, world_size);
@@ -713,20 +766,25 @@ ParallelConfig bootstrap_parallel_config(const std::string& config_path, const s
     if (key == "timeout_s" && v.is_number_integer() && v.get<long long>() >= 1 && v.get<long long>() <= 86400 * 7)
       p.timeout_s = v.get<int>();
   };
-  std::ifstream in(config_path);
-  if (in) {
-    std::stringstream text;
-    text << in.rdbuf();
-    const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  // Anything unreadable (a missing or non-regular file, bad JSON) leaves the defaults: load_config reports it.
+  JsonReadOptions options;
+  options.allow_comments = true;
+  try {
+    const json j = read_json_file(config_path, "config file", kMaxConfigFileBytes, options);
     if (j.is_object() && j.contains("parallel") && j["parallel"].is_object())
       for (auto it = j["parallel"].begin(); it != j["parallel"].end(); ++it) apply(it.key(), it.value());
+  } catch (const Error&) {
   }
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (o.rfind("parallel.", 0) != 0 || eq == std::string::npos) continue;
     const std::string key = o.substr(9, eq - 9), value = o.substr(eq + 1);
-    json v = json::parse(value, nullptr, /*allow_exceptions=*/false);
-    if (v.is_discarded()) v = value;
+    json v;
+    try {
+      v = parse_json(value, "--set");
+    } catch (const Error&) {
+      v = value;
+    }
     apply(key, v);
   }
   return p;

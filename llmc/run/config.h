@@ -22,6 +22,7 @@ struct DataConfig {
   bool shuffle = true;            // shuffle the order of sequences (per epoch, seeded)
   int seed = 1337;                // data shuffling seed
   std::string tokenizer = "dev/data/gpt2/encoder.json";  // GPT-2 vocabulary used to decode samples
+  bool check_tokens = true;       // scan every token of every shard against the vocabulary before the first step
 };
 
 struct TrainConfig {
@@ -89,10 +90,12 @@ struct RunConfig {
   int grad_accum_steps = 1;
 };
 
-// Load a JSON file (throws llmc::Error naming the file and the JSON parse position on syntax errors), apply the
-// overrides ("section.key=value"; value parsed as JSON, or taken as a string when it is not valid JSON), resolve
-// presets, validate against the schema and for a world of `world_size` ranks. Every problem is an llmc::Error whose
-// message names the key (e.g. "config: unknown key 'train.lrr' (did you mean 'train.lr'?)").
+// Load a JSON file (a regular file of at most 16 MiB; read by llmc/core/input_safety's parse_json, so an llmc::Error
+// names the file and the line for syntax errors, a key given twice, nesting deeper than 64 levels and numbers that do
+// not fit a double), apply the overrides ("section.key=value"; value parsed as JSON, or taken as a string when it is
+// not valid JSON), resolve presets, validate against the schema (every size key bounded above too, sizes derived from
+// several keys in checked 64-bit arithmetic) and for a world of `world_size` ranks. Every problem is an llmc::Error
+// whose message names the key (e.g. "config: unknown key 'train.lrr' (did you mean 'train.lr'?)").
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size = 1);
 RunConfig load_config_json(const nlohmann::json& j, const std::vector<std::string>& overrides, int world_size = 1);
 

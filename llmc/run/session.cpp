@@ -39,13 +39,19 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm, cudaStream_t 
     : cfg_(cfg), comm_(comm), stream_(stream), sample_rng_(static_cast<uint64_t>(cfg.sample.seed)) {
   const int B = cfg.train.micro_batch, T = cfg.train.seq_len;
   const int rank = comm.rank(), world_size = comm.world_size();
-  // Data: the loaders check every shard's header and size; each rank reads its own slice.
+  // Data: the loaders check every shard's header and size; with data.check_tokens (the default) every token of every
+  // shard is checked against the vocabulary here, before the first step (each rank scans its share, multithreaded);
+  // every batch read is checked again. Each rank reads its own slice.
   comm.check_all_ok(capture_error([&] {
+                      TokenCheckOptions token_check;
+                      token_check.progress = comm.is_root() ? stdout : nullptr;
                       train_.emplace(cfg.data.train, B, T, rank, world_size, cfg.data.shuffle, cfg.data.seed);
                       train_->set_vocab_size(cfg.model.vocab_size);
+                      if (cfg.data.check_tokens) train_->check_tokens(cfg.model.vocab_size, token_check);
                       if (!cfg.data.val.empty()) {
                         val_.emplace(cfg.data.val, B, T, rank, world_size, /*shuffle=*/false, cfg.data.seed);
                         val_->set_vocab_size(cfg.model.vocab_size);
+                        if (cfg.data.check_tokens) val_->check_tokens(cfg.model.vocab_size, token_check);
                       }
                       if (cfg.sample.tokens > 0 && comm.is_root()) tokenizer_.emplace(cfg.data.tokenizer);
                     }),

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # test/integration/test_cli: the train_gpt command line end to end: --help lists every flag, --list-keys, --dry-run
 # sizes, --print-config round trip, and every kind of bad input exits non-zero with a message naming the problem,
-# prints nothing on stdout and writes nothing. Usage: test_cli.sh path/to/train_gpt (run from the repository root).
+# prints nothing on stdout and writes nothing; hostile input (deep nesting, duplicate keys, numbers that do not fit,
+# sizes past their bounds, a FIFO or a directory as the config) does so within 10 s and 4 GiB of address space. With
+# a GPU: a bad token in the middle of the third shard stops the run before step 1, and data.check_tokens=false lets it
+# train. Usage: test_cli.sh path/to/train_gpt (run from the repository root).
 set -u
 BIN=$(realpath "$1")
 ROOT=$(pwd)
@@ -47,7 +50,7 @@ for key in model.preset model.padded_vocab_multiple data.train train.global_batc
            precision.recipe parallel.zero_stage checkpoint.resume eval.batches sample.top_k log.jsonl; do
   grep -qE "^$key " <<<"$keys" || fail "--list-keys lacks $key"
 done
-[ "$(wc -l <<<"$keys")" -eq 75 ] || fail "--list-keys: expected 74 keys + header, got $(wc -l <<<"$keys") lines"
+[ "$(wc -l <<<"$keys")" -eq 76 ] || fail "--list-keys: expected 75 keys + header, got $(wc -l <<<"$keys") lines"
 
 # Dry runs need no GPU and report the size.
 expect_ok "dry-run 124m" "124,475,904" --config configs/gpt2_124m_bf16.json --dry-run
@@ -101,6 +104,85 @@ expect_error "bad --set without section" 1 "must be section.key" --config $T --s
 WORLD_SIZE=two expect_error "bad world size" 1 "WORLD_SIZE='two'" --config $T --dry-run
 expect_error "unknown flag" 2 "--bogus" --config $T --bogus
 expect_error "no --config" 2 "--config" --dry-run
+
+# Hostile input: the same contract, within 10 s (SIGKILL after) and 4 GiB of address space (a crash, a hang or a
+# blow-up gives another exit code). Every case used to crash, hang, allocate gigabytes, say "internal error" or pass.
+# (AddressSanitizer reserves terabytes of address space for its shadow memory: a sanitized binary gets the time
+# limit only.)
+address_limit="ulimit -v 4194304"
+ldd "$BIN" 2>/dev/null | grep -q libasan && address_limit=":"
+printf '#!/usr/bin/env bash\n%s\nexec timeout -s KILL 10 "%s" "$@"\n' "$address_limit" "$BIN" >"$WORK/bounded"
+chmod +x "$WORK/bounded"
+python3 - "$WORK/run" <<'PY'
+import sys
+d = sys.argv[1]
+open(d + "/deep.json", "w").write('{"model": {"n_layer": ' + "[" * 200000 + "}}")
+open(d + "/dup.json", "w").write('{\n  "data": {"train": "a_*.bin"},\n  "train": {\n    "lr": 1e-3,\n    "lr": 3e-4\n  }\n}\n')
+open(d + "/dup_section.json", "w").write('{"train": {"lr": 1e-3},\n"train": {"steps": 5}}\n')
+open(d + "/overflow.json", "w").write('{"data": {"train": "a_*.bin"},\n"train": {"lr": 1e309}}\n')
+open(d + "/huge.json", "w").write('{"model": {"n_layer": 2147483647, "n_embd": 2147483584}, "data": {"train": "a"}}\n')
+PY
+mkfifo "$WORK/run/fifo.json"
+bounded_error() { BIN="$WORK/bounded" expect_error "$@"; }
+bounded_error "deep nesting" 1 "deep.json: JSON nested deeper than 64 levels" --config deep.json --dry-run
+bounded_error "duplicate key" 1 "dup.json: duplicate key 'train.lr' (line 5)" --config dup.json
+bounded_error "duplicate section" 1 "duplicate key 'train' (line 2)" --config dup_section.json
+bounded_error "number overflow" 1 "the number 1e309 of 'train.lr' (line 2) does not fit" --config overflow.json
+bounded_error "number overflow in --set" 1 "--set 'train.steps=-1e309': the number -1e309" \
+  --config $T --set train.steps=-1e309
+bounded_error "nan in --set" 1 "train.lr: expected a number, got string" --config $T --set train.lr=nan
+bounded_error "float32 overflow" 1 "model.norm_eps = 1e+39 does not fit the key's 32-bit float" \
+  --config $T --set model.norm_eps=1e39 --print-config
+bounded_error "sizes from a one-line config" 1 "model.n_embd must be in [1, 65536] (got 2147483584)" \
+  --config huge.json --dry-run
+bounded_error "layers past the bound" 1 "model.n_layer must be in [1, 1024] (got 2147483647)" \
+  --config $T --set model.n_layer=2147483647 --dry-run
+bounded_error "global batch near 2^63" 1 "train.global_batch_tokens must be in [0, 1099511627776]" \
+  --config $T --set train.global_batch_tokens=4611686018427387904 --dry-run
+WORLD_SIZE=262144 bounded_error "tokens per micro-step" 1 \
+  "train.micro_batch * train.seq_len * world_size = 65536 * 128 * 262144" --config $T --set train.micro_batch=65536 --dry-run
+bounded_error "micro-batch tokens" 1 "65536 * 257 = 16842752 tokens per GPU micro-batch exceeds 16777216" \
+  --config $T --set train.micro_batch=65536 --set model.max_seq_len=512 --set train.seq_len=257 --dry-run
+bounded_error "derived FFN width" 1 "model.n_embd must be in [1, 65536] (got 600000000)" \
+  --config $T --set model.preset= --set model.n_embd=600000000 --dry-run
+bounded_error "FIFO as the config" 1 "config file 'fifo.json' is a FIFO (named pipe), not a regular file" \
+  --config fifo.json --dry-run
+bounded_error "directory as the config" 1 "config file '.' is a directory" --config . --dry-run
+
+# The extreme floats that fit still round-trip through --print-config.
+"$BIN" --config configs/gpt2_tiny_bf16.json --set model.norm_eps=1e-45 --set model.rope_theta=3.4e38 --print-config \
+  >"$WORK/extreme.json" || fail "--print-config of extreme floats"
+"$BIN" --config "$WORK/extreme.json" --print-config >"$WORK/extreme_again.json" || fail "--print-config of its output"
+cmp -s "$WORK/extreme.json" "$WORK/extreme_again.json" || fail "--print-config of extreme floats does not round-trip"
+
+# With a GPU: the token check before the first step. Five shards of 20,000 GPT-2 tokens, token 60000 (past the
+# vocabulary of 50257) in the middle of the third; two steps of 8 x 128 tokens read only the first shard.
+if nvidia-smi -L >/dev/null 2>&1 && [ "${CUDA_VISIBLE_DEVICES-unset}" != "" ]; then
+  python3 - "$WORK/shards" <<'PY'
+import os, struct, sys
+d = sys.argv[1]
+os.makedirs(d)
+for s in range(5):
+    tokens = [(s * 20000 + i) % 50000 for i in range(20000)]
+    if s == 2:
+        tokens[10000] = 60000
+    with open(f"{d}/bad_{s:06d}.bin", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+  gpu_run=(--config configs/gpt2_tiny_bf16.json --set "data.train=$WORK/shards/bad_*.bin" --set data.val= --set eval.every=0
+           --set sample.tokens=0 --set train.steps=2 --set train.warmup_steps=0 --set data.shuffle=false)
+  out=$("$BIN" "${gpu_run[@]}" 2>&1); rc=$?
+  [ $rc -eq 1 ] || fail "bad token: exit $rc, expected 1: $out"
+  grep -qF "bad_000002.bin': token 60000 at position 10000 is outside the model's vocabulary of 50257" <<<"$out" ||
+    fail "bad token: not reported with shard, position, value and vocabulary: $out"
+  grep -qE "^step [0-9]+/" <<<"$out" && fail "bad token: training started: $out"
+  out=$("$BIN" "${gpu_run[@]}" --set data.check_tokens=false 2>&1); rc=$?
+  [ $rc -eq 0 ] || fail "data.check_tokens=false: exit $rc: $out"
+  grep -qE "^step 2/2" <<<"$out" || fail "data.check_tokens=false: step 2 not reached: $out"
+else
+  echo "(no GPU: the token-check runs are skipped)"
+fi
 
 # Training without a GPU (GPUs hidden): the clear no-GPU message, nothing written.
 CUDA_VISIBLE_DEVICES="" expect_error "no GPU" 1 \

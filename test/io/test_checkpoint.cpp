@@ -1,8 +1,11 @@
 // test/io/test_checkpoint: CRC-32C vectors, atomic checkpoint writes, verification, find-latest and retention, the
 // leftovers of interrupted writes (*.tmp, no DONE, *.old), corruption (flipped byte, truncation, deleted file, bad
-// JSON) refused with a message naming the file while the previous checkpoint still verifies, and resume resolution.
+// JSON) refused with a message naming the file while the previous checkpoint still verifies, resume resolution, and
+// hostile trainer_state.json files (duplicate keys, deep nesting, numbers past their fields' types, a file past the
+// size bound) and FIFOs in a checkpoint, within time and memory bounds.
 #include <gtest/gtest.h>
 
+#include "test/support/bounded_run.h"
 #include "test/support/temp_dir.h"
 
 #include <filesystem>
@@ -286,7 +289,7 @@ TEST_F(CheckpointTest, CorruptionIsRefusedAndPreviousStillVerifies) {
   msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
   EXPECT_TRUE(contains(msg, state) && contains(msg, "corrupt")) << msg;
   msg = error_of([&] { llmc::load_trainer_state(step_path(300)); });
-  EXPECT_TRUE(contains(msg, state) && contains(msg, "not valid JSON")) << msg;
+  EXPECT_TRUE(contains(msg, state) && contains(msg, "corrupt") && contains(msg, "invalid JSON")) << msg;
 
   // Missing DONE: incomplete.
   write_checkpoint(300);
@@ -358,4 +361,64 @@ TEST_F(CheckpointTest, WorldSizeMismatch) {
   std::string msg = error_of([&] { llmc::check_world_size(st, 4, step_path(100)); });
   EXPECT_EQ(msg, llmc::world_size_mismatch_message(step_path(100), 2, 4));
   EXPECT_TRUE(contains(msg, "2 rank(s)") && contains(msg, "has 4") && contains(msg, "train.init_from")) << msg;
+}
+
+TEST_F(CheckpointTest, HostileTrainerStateIsRefused) {
+  fs::create_directories(run_ + "/manual");
+  const std::string dir = run_ + "/manual", state = dir + "/trainer_state.json";
+  auto error_for = [&](const std::string& text) {
+    std::ofstream(state, std::ios::trunc) << text;
+    return error_of([&] { llmc::load_trainer_state(dir); });
+  };
+  // A key twice (nlohmann kept the last silently), at the top and deeper.
+  EXPECT_TRUE(contains(error_for("{\"format_version\": 1, \"step\": 5,\n\"step\": 7, \"world_size\": 1, \"files\": []}"),
+                       "checkpoint file is corrupt: " + state + ": duplicate key 'step' (line 2)"));
+  EXPECT_TRUE(contains(error_for(R"({"format_version": 1, "step": 5, "world_size": 1, "files": [],)"
+                                 R"( "data": {"rank0": {"batch": 1, "batch": 2}}})"),
+                       "duplicate key 'data.rank0.batch'"));
+  // Deep nesting in an opaque field, within bounds (the fields are copied, which recurses).
+  llmc_test::expect_bounded_error(
+      [&] {
+        std::ofstream(state, std::ios::trunc) << R"({"format_version": 1, "step": 5, "world_size": 1, "files": [], )"
+                                              << "\"extra\": " << std::string(100000, '[') << "}";
+        llmc::load_trainer_state(dir);
+      },
+      {state, "nested deeper than 64 levels"});
+  // Numbers past their fields' types were truncated into valid-looking ones (format_version 2^32 + 1 read as 1,
+  // world_size 2^32 + 1 as 1, step 2^63 as a negative step).
+  EXPECT_TRUE(contains(error_for(R"({"format_version": 4294967297, "step": 5, "world_size": 1, "files": []})"),
+                       "format_version 4294967297"));
+  EXPECT_TRUE(contains(error_for(R"({"format_version": 1, "step": 5, "world_size": 4294967297, "files": []})"),
+                       "'world_size' missing or not a positive integer of at most 1048576"));
+  EXPECT_TRUE(contains(error_for(R"({"format_version": 1, "step": 9223372036854775808, "world_size": 1, "files": []})"),
+                       "'step' missing or not a non-negative integer of at most 1000000000"));
+  EXPECT_TRUE(contains(error_for(R"({"format_version": 1, "step": 1e999, "world_size": 1, "files": []})"),
+                       "the number 1e999 of 'step' does not fit"));
+  // A trainer_state.json past the size bound (sparse): refused before it is read.
+  std::ofstream(state, std::ios::trunc) << "{}";
+  fs::resize_file(state, 65ull << 20);
+  llmc_test::expect_bounded_error([&] { llmc::load_trainer_state(dir); }, {state, "more than the 67108864 bytes"}, 2,
+                                  64ull << 20);
+}
+
+TEST_F(CheckpointTest, FifosInACheckpointDoNotBlock) {
+  // trainer_state.json as a FIFO: an error naming it, at once.
+  fs::create_directories(run_ + "/fifo_state");
+  llmc_test::make_fifo(run_ + "/fifo_state/trainer_state.json");
+  llmc_test::expect_bounded_error([&] { llmc::load_trainer_state(run_ + "/fifo_state"); },
+                                  {"checkpoint file '" + run_ + "/fifo_state/trainer_state.json' is a FIFO"}, 2);
+  // DONE as a FIFO: named when it is read, and not a DONE marker for resume.
+  write_checkpoint(100);
+  const std::string done = step_path(100) + "/DONE";
+  fs::remove(done);
+  llmc_test::make_fifo(done);
+  llmc_test::expect_bounded_error([&] { llmc::verify_checkpoint(step_path(100)); }, {"'" + done + "' is a FIFO"}, 2);
+  llmc_test::expect_bounded_error([&] { llmc::resolve_resume(step_path(100), run_); }, {"incomplete"}, 2);
+  // A listed file replaced by a FIFO: refused, never opened for reading.
+  write_checkpoint(200);
+  const std::string model = step_path(200) + "/model.safetensors";
+  fs::remove(model);
+  llmc_test::make_fifo(model);
+  llmc_test::expect_bounded_error([&] { llmc::verify_checkpoint(step_path(200)); }, {model}, 2);
+  llmc_test::expect_bounded_error([&] { llmc::crc32c_file(model); }, {"'" + model + "' is a FIFO"}, 2);
 }

@@ -4,11 +4,16 @@
 // truncated, shorter than the header, extra bytes; messages name the file), DataLoader construction errors, windows
 // of T+1 tokens at stride T that never cross shards, batch order and epochs, disjoint equal slices for every rank
 // (with and without shuffle), seeds, position()/restore() (also across epochs, through JSON text, and refused for
-// other settings or malformed positions), the vocabulary guard, and shuffled_window_order.
+// other settings or malformed positions), the vocabulary guard, shuffled_window_order, the token check before the
+// first step (a bad token in the middle of the third shard found whatever the threads, chunks and ranks; the first bad
+// token reported; ranks cover every token once; progress lines; read errors; switched off, the batch check remains)
+// and hostile shard files (a header lying about its size, FIFOs and directories, within time and memory bounds).
 //
 // Every loop below runs a fixed number of iterations (a batch count known up front); nothing waits for a condition.
+// Checks that could block (FIFOs) run in a child process with a time limit.
 #include <gtest/gtest.h>
 
+#include "test/support/bounded_run.h"
 #include "test/support/temp_dir.h"
 
 #include <algorithm>
@@ -645,4 +650,190 @@ TEST_F(DataTest, VocabSizeGuardNamesTheShard) {
   ok.set_vocab_size(0);
   ok.reset();
   EXPECT_EQ(epoch_ids(ok, c, 1).size(), 19u);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The token check before the first step (DataLoader::check_tokens) and hostile shard files
+
+namespace {
+
+// Five uint16 (or uint32) shards of 100 tokens, all inside a vocabulary of V = 1000 (uint32: kBase32 + 1000, the
+// tokens shifted by kBase32), except the positions TokenCheckTest::make writes a bad value to.
+struct ScanCorpus {
+  std::string glob;
+  std::vector<std::string> paths;
+  int V = 1000;
+};
+
+}  // namespace
+
+class TokenCheckTest : public DataTest {
+ protected:
+  ScanCorpus make(const std::vector<std::pair<size_t, size_t>>& bad, uint32_t bad_value, bool u32 = false) {
+    ScanCorpus c;
+    c.glob = dir_ + "/scan_*.bin";
+    const uint32_t base = u32 ? kBase32 : 0;
+    c.V = static_cast<int>(base) + 1000;
+    for (size_t s = 0; s < 5; s++) {
+      std::vector<uint32_t> tokens(100);
+      for (size_t i = 0; i < tokens.size(); i++) tokens[i] = base + static_cast<uint32_t>((s * 100 + i) % 1000);
+      for (const auto& [shard, position] : bad)
+        if (shard == s) tokens[position] = bad_value;
+      c.paths.push_back(path("scan_00000" + std::to_string(s) + ".bin"));
+      write_shard(c.paths.back(), tokens, u32);
+    }
+    return c;
+  }
+};
+
+TEST_F(TokenCheckTest, BadTokenInTheMiddleOfTheThirdShardIsFoundUpFront) {
+  for (bool u32 : {false, true}) {
+    const uint32_t bad_value = u32 ? kBase32 + 1000 : 1000;  // the first id past the vocabulary
+    const ScanCorpus c = make({{2, 50}}, bad_value, u32);
+    // The loader builds without reading any token; the batches before the bad one are fine, so a run would have
+    // stopped only at the batch holding it (16 batches of 1 x 8 tokens in).
+    for (int threads : {1, 2, 3, 8}) {
+      for (size_t chunk : {size_t(1), size_t(7), size_t(64), size_t(1) << 22}) {
+        const llmc::DataLoader dl(c.glob, 1, 8, 0, 1, false, 0);
+        llmc::TokenCheckOptions options;
+        options.threads = threads;
+        options.chunk_tokens = chunk;
+        const std::string msg = error_of([&] { dl.check_tokens(c.V, options); });
+        const std::string where = "threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk);
+        EXPECT_TRUE(contains(msg, "data shard '" + c.paths[2] + "': token " + std::to_string(bad_value) +
+                                      " at position 50 is outside the model's vocabulary of " + std::to_string(c.V)))
+            << where << ": " << msg;
+      }
+    }
+    // The same corpus passes with a vocabulary that holds the value, and reports how many tokens it checked.
+    const llmc::DataLoader dl(c.glob, 1, 8, 0, 1, false, 0);
+    EXPECT_EQ(dl.check_tokens(c.V + 1), 500u);
+  }
+}
+
+TEST_F(TokenCheckTest, TheFirstBadTokenIsReportedWhateverTheThreadsFinishFirst) {
+  // Bad tokens late in shard 4, in the middle and near the start of shard 2 (the one reported), and at the last token
+  // of shard 3 (a token no window ever reads: the scan still sees it).
+  const ScanCorpus c = make({{4, 90}, {2, 60}, {2, 13}, {3, 99}}, 5000);
+  for (int threads : {1, 4, 16}) {
+    for (size_t chunk : {size_t(1), size_t(5), size_t(50), size_t(100), size_t(1000)}) {
+      const llmc::DataLoader dl(c.glob, 1, 8, 0, 1, false, 0);
+      llmc::TokenCheckOptions options;
+      options.threads = threads;
+      options.chunk_tokens = chunk;
+      const std::string msg = error_of([&] { dl.check_tokens(1000, options); });
+      EXPECT_TRUE(contains(msg, c.paths[2] + "': token 5000 at position 13 ")) << threads << "/" << chunk << ": " << msg;
+    }
+  }
+  const ScanCorpus tail = make({{3, 99}}, 5000);
+  const llmc::DataLoader dl(tail.glob, 1, 8, 0, 1, false, 0);
+  EXPECT_TRUE(contains(error_of([&] { dl.check_tokens(1000); }), tail.paths[3] + "': token 5000 at position 99 "));
+}
+
+TEST_F(TokenCheckTest, RanksShareTheScanAndTogetherCoverEveryToken) {
+  const ScanCorpus c = make({{2, 50}}, 1000);
+  for (int world : {1, 2, 3, 5}) {
+    for (size_t chunk : {size_t(10), size_t(30), size_t(100)}) {
+      size_t checked = 0;
+      int found = 0;
+      for (int rank = 0; rank < world; rank++) {
+        const llmc::DataLoader dl(c.glob, 1, 8, rank, world, false, 0);
+        llmc::TokenCheckOptions options;
+        options.chunk_tokens = chunk;
+        checked += dl.check_tokens(1001, options);  // every token is inside
+        std::string msg;  // stays empty when this rank's share has no bad token
+        try {
+          dl.check_tokens(1000, options);
+        } catch (const llmc::Error& e) {
+          msg = e.what();
+        }
+        if (!msg.empty()) {
+          found++;
+          EXPECT_TRUE(contains(msg, c.paths[2] + "': token 1000 at position 50 ")) << msg;
+          // The rank that owns the chunk: chunk k of all chunks (in shard order) belongs to rank k % world.
+          const size_t chunks_per_shard = (100 + chunk - 1) / chunk;
+          EXPECT_EQ(static_cast<size_t>(rank), (2 * chunks_per_shard + 50 / chunk) % static_cast<size_t>(world));
+        }
+      }
+      EXPECT_EQ(checked, 500u) << "world " << world << ", chunk " << chunk;
+      EXPECT_EQ(found, 1) << "world " << world << ", chunk " << chunk;
+    }
+  }
+}
+
+TEST_F(TokenCheckTest, SwitchedOffTheBatchCheckStillCatchesTheToken) {
+  // data.check_tokens = false: train_gpt does not call check_tokens; nothing else reads a token up front, and the
+  // per-batch guard still stops at the batch that holds the bad one (shard 2's windows are 24..35 at T = 8: the
+  // bad token at position 50 is in window 24 + 6 = 30).
+  const ScanCorpus c = make({{2, 50}}, 1000);
+  llmc::DataLoader dl(c.glob, 1, 8, 0, 1, false, 0);
+  dl.set_vocab_size(1000);
+  std::vector<int> in(8), tgt(8);
+  for (int b = 0; b < 30; b++) dl.next_batch(in.data(), tgt.data());
+  EXPECT_TRUE(contains(error_of([&] { dl.next_batch(in.data(), tgt.data()); }), c.paths[2] + "': token 1000 at "
+                                                                                            "position 50 "));
+  // uint16 shards cannot hold an id past a vocabulary of 65536 or more: nothing to scan.
+  EXPECT_EQ(llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0).check_tokens(65536), 0u);
+  EXPECT_EQ(llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0).check_tokens(65535), 500u);
+}
+
+TEST_F(TokenCheckTest, ProgressLinesForLongScans) {
+  const ScanCorpus c = make({}, 0);
+  const llmc::DataLoader dl(c.glob, 1, 8, 0, 1, false, 0);
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  llmc::TokenCheckOptions options;
+  options.threads = 1;
+  options.chunk_tokens = 50;
+  options.progress = out;
+  options.progress_interval_s = 0;  // a line after every chunk
+  options.progress_min_bytes = 0;
+  EXPECT_EQ(dl.check_tokens(1000, options), 500u);
+  std::rewind(out);
+  std::string text;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, out)) text += buf;
+  std::fclose(out);
+  EXPECT_TRUE(contains(text, "data: checking every token of 5 shard(s) matching '" + c.glob + "'")) << text;
+  EXPECT_TRUE(contains(text, "against the vocabulary of 1000 with 1 threads (data.check_tokens=false skips this)"))
+      << text;
+  EXPECT_TRUE(contains(text, "(50%")) << text;
+  EXPECT_TRUE(contains(text, "data: all 500 tokens checked")) << text;
+  // Below the size threshold: silent.
+  std::FILE* quiet = std::tmpfile();
+  options.progress = quiet;
+  options.progress_min_bytes = 1001;  // the corpus is 1000 bytes of tokens
+  dl.check_tokens(1000, options);
+  EXPECT_EQ(std::ftell(quiet), 0);
+  std::fclose(quiet);
+}
+
+TEST_F(TokenCheckTest, AShardTruncatedAfterOpeningIsAReadError) {
+  const ScanCorpus c = make({}, 0);
+  const llmc::DataLoader dl(c.glob, 1, 8, 0, 1, false, 0);
+  ASSERT_EQ(::truncate(c.paths[3].c_str(), 1024 + 100), 0);
+  const std::string msg = error_of([&] { dl.check_tokens(1000); });
+  EXPECT_TRUE(contains(msg, c.paths[3]) && contains(msg, "end of file")) << msg;
+}
+
+TEST_F(DataTest, LyingHeadersAreCheckedAgainstTheFileBeforeAnyAllocation) {
+  // A 1 KB file whose header claims 2^31 - 1 tokens: refused from the file size, quickly and without allocating.
+  write_raw_shard(path("lying.bin"), kMagic32, kVersion32, INT32_MAX, {}, 4);
+  llmc_test::expect_bounded_error([&] { llmc::read_shard_header(path("lying.bin")); },
+                                  {path("lying.bin"), "truncated or corrupt"}, 1, 64ull << 20);
+  llmc_test::expect_bounded_error([&] { llmc::DataLoader(dir_ + "/lying*.bin", 1, 8, 0, 1, false, 0); },
+                                  {path("lying.bin"), "truncated or corrupt"}, 1, 64ull << 20);
+}
+
+TEST_F(DataTest, FifosAndDirectoriesAreRefusedWithoutBlocking) {
+  write_shard(path("ok_000000.bin"), counting_tokens(0, 100), false);
+  llmc_test::make_fifo(path("ok_000001.bin"));
+  llmc_test::expect_bounded_error([&] { llmc::read_shard_header(path("ok_000001.bin")); },
+                                  {"data shard '" + path("ok_000001.bin") + "' is a FIFO (named pipe), not a regular "
+                                   "file"}, 2);
+  llmc_test::expect_bounded_error([&] { llmc::DataLoader(dir_ + "/ok_*.bin", 1, 8, 0, 1, false, 0); },
+                                  {path("ok_000001.bin"), "is a FIFO"}, 2);
+  ASSERT_TRUE(fs::create_directory(path("dir_000000.bin")));
+  llmc_test::expect_bounded_error([&] { llmc::DataLoader(dir_ + "/dir_*.bin", 1, 8, 0, 1, false, 0); },
+                                  {path("dir_000000.bin"), "is a directory"}, 2);
 }

@@ -4,9 +4,12 @@
 // export rounds once to nearest even and is then stable; sharded and Hub-style (unprefixed, buffers, saved tied
 // lm_head) Hugging Face directories import; every kind of bad input (unknown architecture, missing / unexpected
 // tensor, wrong shape or dtype, bad magic, truncation, a config describing another model) is an error naming the
-// file and the tensor or key; the weights a run starts from (checkpoint, init_from, seed).
+// file and the tensor or key; the weights a run starts from (checkpoint, init_from, seed); hostile files (llm.c headers
+// and config.json sizes that lie about the weights, refused before anything is allocated, within time and memory
+// bounds; duplicate keys, deep nesting and overflowing numbers in config.json and the index; FIFOs as model files).
 #include <gtest/gtest.h>
 
+#include "test/support/bounded_run.h"
 #include "test/support/temp_dir.h"
 
 #include <cmath>
@@ -871,3 +874,119 @@ TEST_F(InteropTest, RunStartWeightsFollowTheTrainersOrder) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------------------------------------------------
+// Hostile files: sizes that lie about the file, JSON that is too deep or repeats a key, FIFOs. Each check runs in a
+// child process with a time and an address-space limit: the sizes used to be allocated before they were checked.
+
+// An llm.c header (FP32) with the given maxT, V, L, NH, C, Vp and nothing after it.
+std::string llmc_header(int32_t max_t, int32_t v, int32_t l, int32_t nh, int32_t c, int32_t vp) {
+  std::string bytes(1024, '\0');
+  const int32_t fields[] = {kLlmcModelMagic, kLlmcVersionF32, max_t, v, l, nh, c, vp};
+  std::memcpy(&bytes[0], fields, sizeof fields);
+  return bytes;
+}
+
+TEST_F(InteropTest, LlmcHeadersThatLieAboutTheFileAllocateNothing) {
+  const std::string file = path("lying.bin");
+  // 2^24 layers in a 1 KB file (was 6 GB and 20 s of parameter table before std::bad_alloc).
+  write_file(file, llmc_header(1024, 50257, 1 << 24, 12, 768, 50304));
+  llmc_test::expect_bounded_error([&] { import_llmc(file); },
+                                  {file, "the model's n_layer is 16777216, more than the 1024"}, 1, 256ull << 20);
+  // Every size within its bound, the file far too short: refused from its size before the weights are allocated.
+  write_file(file, llmc_header(1 << 20, 1 << 24, 1024, 1024, 65536, 1 << 24));
+  llmc_test::expect_bounded_error([&] { import_llmc(file); }, {file, "is 1024 bytes", "truncated"}, 2, 256ull << 20);
+  write_file(file, llmc_header(1024, 50257, 12, 1024, 1 << 24, 50304));
+  llmc_test::expect_bounded_error([&] { import_llmc(file); }, {file, "n_embd is 16777216, more than the 65536"}, 1,
+                                  256ull << 20);
+  // Through load_weights (train.init_from) too.
+  const RunConfig cfg = tiny_config();
+  llmc_test::expect_bounded_error([&] { load_weights(file, cfg.model, nullptr); }, {file, "more than the 65536"}, 1,
+                                  256ull << 20);
+}
+
+TEST_F(InteropTest, HfConfigsThatLieAboutTheWeightsAllocateNothing) {
+  const ModelSpec spec = gpt2_spec(2, 2, 128, 1000, 64);
+  const std::vector<float> w = random_weights(spec, 61);
+  const std::string hf = path("hf");
+  export_hf(hf, spec, w.data(), WeightDtype::F32);
+  const json good = read_json(hf + "/config.json");
+  auto import_with = [&](const std::function<void(json&)>& edit) {
+    json c = good;
+    edit(c);
+    write_json(hf + "/config.json", c);
+    return [&] { import_hf(hf); };
+  };
+  // A one-line config with 2^30 layers: refused from the bound (was the parameter table, then std::bad_alloc).
+  llmc_test::expect_bounded_error(import_with([](json& c) { c["n_layer"] = 1 << 30; }),
+                                  {"config.json: 'n_layer' must be a positive integer of at most 16777216"}, 1,
+                                  256ull << 20);
+  llmc_test::expect_bounded_error(import_with([](json& c) { c["n_layer"] = 100000; }),
+                                  {"config.json: the model's n_layer is 100000, more than the 1024"}, 1, 256ull << 20);
+  // n_embd whose 4 * n_embd default FFN width wrapped an int.
+  llmc_test::expect_bounded_error(import_with([](json& c) { c.erase("n_inner"); c["n_embd"] = 1 << 30; }),
+                                  {"'n_embd' must be a positive integer of at most 16777216"}, 1, 256ull << 20);
+  // Sizes within the bounds describing ~2^41 bytes of weights, next to a file of a few hundred KB: refused before
+  // the weights are allocated.
+  llmc_test::expect_bounded_error(import_with([](json& c) {
+                                    c["n_layer"] = 1024;
+                                    c["n_embd"] = 65536;
+                                    c["n_head"] = 1024;
+                                    c["n_inner"] = 262144;
+                                    c["vocab_size"] = 16777216;
+                                  }),
+                                  {"needs at least", "bytes of weights, but the files hold",
+                                   "config.json does not describe these weights"},
+                                  2, 256ull << 20);
+}
+
+TEST_F(InteropTest, HfJsonFilesAreReadWithTheChecks) {
+  const ModelSpec spec = gpt2_spec(2, 2, 128, 1000, 64);
+  const std::vector<float> w = random_weights(spec, 67);
+  const std::string hf = path("hf");
+  export_hf(hf, spec, w.data(), WeightDtype::F32);
+  const std::string config_text = read_file(hf + "/config.json");
+  // A key twice (the last won silently), deep nesting, a number that does not fit.
+  write_file(hf + "/config.json", "{\"n_layer\": 2,\n\"n_layer\": 12," + config_text.substr(1));
+  EXPECT_TRUE(contains(error_of([&] { import_hf(hf); }), hf + "/config.json: duplicate key 'n_layer' (line 2)"));
+  write_file(hf + "/config.json", "{\"task_specific_params\": " + std::string(100000, '[') + "}");
+  llmc_test::expect_bounded_error([&] { import_hf(hf); }, {"config.json: JSON nested deeper than 64 levels"}, 2);
+  write_file(hf + "/config.json", "{\"layer_norm_epsilon\": 1e999," + config_text.substr(1));
+  EXPECT_TRUE(contains(error_of([&] { import_hf(hf); }), "the number 1e999 of 'layer_norm_epsilon'"));
+  // config.json as a FIFO: refused, never opened for reading.
+  fs::remove(hf + "/config.json");
+  llmc_test::make_fifo(hf + "/config.json");
+  llmc_test::expect_bounded_error([&] { import_hf(hf); }, {"config.json' is a FIFO"}, 2);
+  fs::remove(hf + "/config.json");
+  write_file(hf + "/config.json", config_text);
+
+  // A sharded checkpoint whose index maps a tensor twice, or whose shard is a FIFO.
+  const std::string weights = hf + "/model.safetensors", shard = hf + "/model-00001-of-00001.safetensors";
+  fs::rename(weights, shard);
+  json map = json::object();
+  const SafetensorsReader shard_reader(shard);
+  for (const TensorEntry& e : shard_reader.tensors()) map[e.name] = fs::path(shard).filename().string();
+  const std::string index = json{{"weight_map", map}}.dump(1);
+  write_file(hf + "/model.safetensors.index.json",
+             "{\"weight_map\": {\"transformer.wpe.weight\": \"x\",\n" + index.substr(index.find('{', 1) + 1));
+  EXPECT_TRUE(contains(error_of([&] { import_hf(hf); }), "duplicate key 'weight_map.transformer.wpe.weight'"));
+  write_file(hf + "/model.safetensors.index.json", index);
+  EXPECT_NO_THROW(import_hf(hf));
+  fs::remove(shard);
+  llmc_test::make_fifo(shard);
+  llmc_test::expect_bounded_error([&] { import_hf(hf); }, {shard, "is a FIFO"}, 2);
+}
+
+TEST_F(InteropTest, FifosAsModelFilesAreRefusedWithoutBlocking) {
+  const RunConfig cfg = tiny_config();
+  const std::string fifo = path("model.bin");
+  llmc_test::make_fifo(fifo);
+  llmc_test::expect_bounded_error([&] { import_llmc(fifo); }, {"llm.c model file '" + fifo + "' is a FIFO"}, 2);
+  llmc_test::expect_bounded_error([&] { detect_weights_format(fifo); }, {"model file '" + fifo + "' is a FIFO"}, 2);
+  llmc_test::expect_bounded_error([&] { load_weights(fifo, cfg.model, nullptr); }, {fifo, "is a FIFO"}, 2);
+  // A step directory whose model.safetensors is a FIFO.
+  fs::create_directories(path("step"));
+  llmc_test::make_fifo(path("step/model.safetensors"));
+  llmc_test::expect_bounded_error([&] { load_weights(path("step"), cfg.model, nullptr); },
+                                  {path("step/model.safetensors"), "is a FIFO"}, 2);
+}

@@ -1,7 +1,11 @@
 // test/io/test_safetensors: round trips through our safetensors writer and reader (every dtype, metadata, scalars,
-// empty tensors, a multi-MB tensor), element conversions, and one hand-crafted corrupt file per validation rule.
+// empty tensors, a multi-MB tensor), element conversions, one hand-crafted corrupt file per validation rule, and
+// hostile files: header lengths and tensor extents that lie about the file (refused before anything is allocated,
+// within time and memory bounds), deep nesting, duplicate keys at every depth, numbers that overflow, FIFOs and
+// directories.
 #include <gtest/gtest.h>
 
+#include "test/support/bounded_run.h"
 #include "test/support/temp_dir.h"
 
 #include <cmath>
@@ -234,7 +238,7 @@ TEST_F(SafetensorsTest, CorruptFilesAreRejected) {
     out.close();
     expect_rejected(p, "beyond the end of the file");
   }
-  expect_rejected(write_raw("notjson.safetensors", "{\"a\": [", 0), "not valid JSON");
+  expect_rejected(write_raw("notjson.safetensors", "{\"a\": [", 0), "header: invalid JSON");
   expect_rejected(write_raw("array.safetensors", "[1, 2]", 0), "not a JSON object");
   expect_rejected(write_raw("overlap.safetensors",
                             R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
@@ -258,7 +262,7 @@ TEST_F(SafetensorsTest, CorruptFilesAreRejected) {
                             R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
                             R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
                             2),
-                  "duplicate tensor name 'a'");
+                  "header: duplicate key 'a'");
   expect_rejected(write_raw("meta.safetensors", R"({"__metadata__":{"k":1}})", 0), "not a string");
   expect_rejected(write_raw("offs.safetensors", R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0]}})", 1),
                   "data_offsets");
@@ -359,4 +363,58 @@ save_file({"w": np.arange(12, dtype=np.float32).reshape(3, 4),
   EXPECT_EQ(s, 3);
   EXPECT_TRUE(r.entry("s").shape.empty());
   EXPECT_EQ(r.entry("z").nbytes, 0u);
+}
+
+TEST_F(SafetensorsTest, LyingHeaderLengthsAndExtentsAllocateNothing) {
+  // A header length of 2^63 - 1, and of 90 MB, in files of a few bytes: refused from the file size before the header
+  // is read or allocated.
+  for (uint64_t claimed : {uint64_t(INT64_MAX), uint64_t(90) << 20, uint64_t(200) << 20}) {
+    const std::string p = path("lying_" + std::to_string(claimed) + ".safetensors");
+    {
+      std::ofstream out(p, std::ios::binary);
+      for (int i = 0; i < 8; i++) out.put(char((claimed >> (8 * i)) & 0xff));
+      out << "{}";
+    }
+    llmc_test::expect_bounded_error([&] { SafetensorsReader r(p); }, {p, "beyond the end of the file"}, 1, 64ull << 20);
+  }
+  // A tensor whose shape and offsets claim far more than the file holds.
+  const std::string huge = write_raw("huge_tensor.safetensors",
+                                     R"({"a":{"dtype":"F32","shape":[4611686018427387904],)"
+                                     R"("data_offsets":[0,18446744073709551615]}})",
+                                     8);
+  llmc_test::expect_bounded_error([&] { SafetensorsReader r(huge); }, {huge, "out of bounds"}, 1, 64ull << 20);
+  const std::string shape = write_raw("shape_overflow.safetensors",
+                                      R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],)"
+                                      R"("data_offsets":[0,8]}})",
+                                      8);
+  llmc_test::expect_bounded_error([&] { SafetensorsReader r(shape); }, {shape, "invalid shape"}, 1, 64ull << 20);
+  const std::string wide = write_raw("shape_wide.safetensors",
+                                     R"({"a":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,8]}})", 8);
+  llmc_test::expect_bounded_error([&] { SafetensorsReader r(wide); }, {wide, "invalid shape"}, 1, 64ull << 20);
+}
+
+TEST_F(SafetensorsTest, HostileHeaderJson) {
+  // Nesting: 100 KB of brackets in a metadata value.
+  const std::string deep =
+      write_raw("deep.safetensors", "{\"__metadata__\": {\"k\": " + std::string(100000, '[') + "}}", 0);
+  llmc_test::expect_bounded_error([&] { SafetensorsReader r(deep); }, {deep, "header: JSON nested deeper than 64"}, 2);
+  // Duplicate keys inside an entry and inside the metadata (the top level is covered above).
+  expect_rejected(write_raw("dup_field.safetensors",
+                            R"({"a":{"dtype":"U8","shape":[1],"dtype":"F32","data_offsets":[0,1]}})", 1),
+                  "header: duplicate key 'a.dtype'");
+  expect_rejected(write_raw("dup_meta.safetensors", R"({"__metadata__":{"k":"1","k":"2"}})", 0),
+                  "header: duplicate key '__metadata__.k'");
+  // A number that does not fit a double.
+  expect_rejected(write_raw("overflow.safetensors", R"({"a":{"dtype":"U8","shape":[1e999],"data_offsets":[0,1]}})", 1),
+                  "the number 1e999 of 'a.shape[0]' does not fit");
+}
+
+TEST_F(SafetensorsTest, FifosAndDirectoriesAreRefusedWithoutBlocking) {
+  const std::string fifo = path("weights.safetensors");
+  llmc_test::make_fifo(fifo);
+  llmc_test::expect_bounded_error([&] { SafetensorsReader r(fifo); },
+                                  {"safetensors file '" + fifo + "' is a FIFO (named pipe), not a regular file"}, 2);
+  llmc_test::expect_bounded_error([&] { SafetensorsReader r(dir_); }, {dir_, "is a directory"}, 2);
+  llmc_test::expect_bounded_error([&] { SafetensorsReader r(path("missing.safetensors")); },
+                                  {"cannot open safetensors file", "missing.safetensors"}, 2);
 }

@@ -2,9 +2,12 @@
 // vocabulary size and <|endoftext|>, known GPT-2 ids, sequence decoding as concatenation, the 256 byte tokens in
 // GPT-2's bytes_to_unicode order (recomputed here independently), tokens holding partial UTF-8 characters decoded
 // to raw bytes, invalid ids refused, and broken vocabulary files (missing, not JSON, duplicate / missing / bad ids,
-// no <|endoftext|>, characters outside the byte map) refused with llmc::Error naming the file.
+// no <|endoftext|>, characters outside the byte map) refused with llmc::Error naming the file; hostile ones (a token
+// string twice, deep nesting, overflowing numbers, FIFOs and devices, a file past the size bound) within time and
+// memory bounds.
 #include <gtest/gtest.h>
 
+#include "test/support/bounded_run.h"
 #include "test/support/temp_dir.h"
 
 #include <filesystem>
@@ -194,4 +197,31 @@ TEST_F(TokenizerFiles, BrokenFilesNameTheFile) {
   EXPECT_TRUE(contains(msg, missing)) << msg;
   const std::string directory = error_of([&] { llmc::GPT2Tokenizer tok(dir_); });
   EXPECT_TRUE(contains(directory, dir_)) << directory;
+}
+
+TEST_F(TokenizerFiles, HostileFilesAreRefusedWithinBounds) {
+  // A token string given twice (nlohmann kept the last id silently), at the line it is on.
+  const std::string dup = write("dup_token.json", "{\"!\": 0,\n\"<|endoftext|>\": 1,\n\"!\": 2}");
+  EXPECT_TRUE(contains(error_of([&] { llmc::GPT2Tokenizer tok(dup); }), dup + ": duplicate key '!' (line 3)"));
+  // Deep nesting, and a number that does not fit.
+  const std::string deep = write("deep.json", "{\"!\": " + std::string(100000, '[') + "}");
+  llmc_test::expect_bounded_error([&] { llmc::GPT2Tokenizer tok(deep); }, {deep, "nested deeper than 64 levels"}, 2);
+  const std::string overflow = write("overflow.json", R"({"!": 1e999, "<|endoftext|>": 1})");
+  EXPECT_TRUE(contains(error_of([&] { llmc::GPT2Tokenizer tok(overflow); }), "the number 1e999 of '!'"));
+  // An id past the vocabulary: refused before anything is sized by it.
+  const std::string big_id = write("big_id.json", R"({"!": 9223372036854775807, "<|endoftext|>": 1})");
+  llmc_test::expect_bounded_error([&] { llmc::GPT2Tokenizer tok(big_id); }, {big_id, "ids must be 0..1"}, 2,
+                                  64ull << 20);
+  // A FIFO or a device as data.tokenizer: refused at once instead of blocking or reading forever.
+  llmc_test::make_fifo(dir_ + "/encoder.fifo");
+  llmc_test::expect_bounded_error([&] { llmc::GPT2Tokenizer tok(dir_ + "/encoder.fifo"); },
+                                  {"tokenizer file '" + dir_ + "/encoder.fifo' is a FIFO (named pipe), not a regular file"},
+                                  2);
+  llmc_test::expect_bounded_error([&] { llmc::GPT2Tokenizer tok("/dev/zero"); }, {"/dev/zero", "character device"}, 2);
+  // A file past the size bound (sparse: nothing is written or read).
+  const std::string huge = dir_ + "/huge.json";
+  std::ofstream(huge) << "{}";
+  fs::resize_file(huge, 65ull << 20);
+  llmc_test::expect_bounded_error([&] { llmc::GPT2Tokenizer tok(huge); }, {huge, "more than the 67108864 bytes"}, 2,
+                                  64ull << 20);
 }

@@ -1,15 +1,23 @@
 // test/run/test_config: the run config: parsing, defaults, presets, --set overrides (with type conversion), the
-// resolved-config round trip, every validation error (message names the key, unknown keys get a suggestion), the
-// shipped configs/*.json and the key reference in configs/README.md.
+// resolved-config round trip, every validation error (message names the key, unknown keys get a suggestion), hostile
+// input (deep nesting in files, --set values and built documents; duplicate keys at several depths; numbers that do
+// not fit; the upper bound of every size key and the checked derived sizes; the largest config's exact sizes; FIFOs,
+// directories and devices as config paths; time and memory bounds where the old failure was a blow-up), the shipped
+// configs/*.json and the key reference in configs/README.md.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iterator>
 #include <fstream>
 #include <sstream>
 
 #include "llmc/core/common.h"
+#include "llmc/model/model_spec.h"
+#include "llmc/run/cli.h"
 #include "llmc/run/config.h"
+#include "test/support/bounded_run.h"
+#include "test/support/temp_dir.h"
 
 using llmc::RunConfig;
 using nlohmann::json;
@@ -25,6 +33,17 @@ json base_config() {
     "data": {"train": "data/x/x_train_*.bin", "val": "data/x/x_val_*.bin"},
     "train": {"micro_batch": 2, "seq_len": 64, "steps": 10, "warmup_steps": 1}
   })");
+}
+
+// The message of the llmc::Error that f throws, or "" when it throws none.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const llmc::Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // The message of the llmc::Error that loading throws, or "" when it loads.
@@ -94,7 +113,7 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 74u);  // 13 model keys + 17 precision keys + the 44 fields of the other sections
+  EXPECT_EQ(docs.size(), 75u);  // 13 model keys + 17 precision keys + the 45 fields of the other sections
   EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
   EXPECT_EQ(doc("precision.bf16_layers").default_value, "[]");
   EXPECT_EQ(doc("precision.dy_format").default_value, "\"e5m2\"");
@@ -391,13 +410,13 @@ TEST(ConfigErrors, OutOfRange) {
     const char* expect;
   };
   const Case cases[] = {
-      {"train", "micro_batch", 0, "train.micro_batch must be >= 1 (got 0)"},
-      {"train", "seq_len", -4, "train.seq_len must be >= 1"},
-      {"train", "steps", 0, "train.steps must be >= 1"},
+      {"train", "micro_batch", 0, "train.micro_batch must be in [1, 65536] (got 0)"},
+      {"train", "seq_len", -4, "train.seq_len must be in [1, 1048576]"},
+      {"train", "steps", 0, "train.steps must be in [1, 1000000000]"},
       {"train", "lr", 0.0, "train.lr must be > 0"},
       {"train", "lr", -1e-3, "train.lr must be > 0"},
-      {"train", "warmup_steps", -1, "train.warmup_steps must be >= 0"},
-      {"train", "global_batch_tokens", -1024, "train.global_batch_tokens must be >= 0"},
+      {"train", "warmup_steps", -1, "train.warmup_steps must be in [0, 1000000000]"},
+      {"train", "global_batch_tokens", -1024, "train.global_batch_tokens must be in [0, 1099511627776]"},
       {"train", "final_lr_frac", 1.5, "train.final_lr_frac must be in [0, 1]"},
       {"train", "wsd_decay_frac", -0.1, "train.wsd_decay_frac must be in [0, 1]"},
       {"train", "grad_clip", -1.0, "train.grad_clip must be >= 0"},
@@ -410,21 +429,21 @@ TEST(ConfigErrors, OutOfRange) {
       {"optimizer", "weight_decay", -0.1, "optimizer.weight_decay must be >= 0"},
       {"optimizer", "type", "sgd", "optimizer.type must be one of adamw"},
       {"sample", "temperature", 0.0, "sample.temperature must be > 0"},
-      {"sample", "top_k", -1, "sample.top_k must be >= 0"},
-      {"sample", "tokens", -1, "sample.tokens must be >= 0"},
-      {"eval", "batches", 0, "eval.batches must be >= 1"},
-      {"eval", "every", -1, "eval.every must be >= 0"},
-      {"log", "every", 0, "log.every must be >= 1"},
+      {"sample", "top_k", -1, "sample.top_k must be in [0, 16777216]"},
+      {"sample", "tokens", -1, "sample.tokens must be in [0, 1000000]"},
+      {"eval", "batches", 0, "eval.batches must be in [1, 1000000]"},
+      {"eval", "every", -1, "eval.every must be in [0, 1000000000]"},
+      {"log", "every", 0, "log.every must be in [1, 1000000000]"},
       {"parallel", "init", "slurm", "parallel.init must be one of auto, mpi, tcp, fs, none"},
       {"parallel", "zero_stage", 2, "parallel.zero_stage must be in [0, 1]"},
       {"parallel", "timeout_s", 0, "parallel.timeout_s must be >= 1"},
-      {"checkpoint", "every", -5, "checkpoint.every must be >= 0"},
-      {"checkpoint", "keep", -1, "checkpoint.keep must be >= 0"},
-      {"model", "n_layer", 0, "model.n_layer must be >= 1"},
-      {"model", "vocab_size", 0, "model.vocab_size must be >= 1"},
-      {"model", "padded_vocab_multiple", 0, "model.padded_vocab_multiple must be >= 1"},
+      {"checkpoint", "every", -5, "checkpoint.every must be in [0, 1000000000]"},
+      {"checkpoint", "keep", -1, "checkpoint.keep must be in [0, 1000000]"},
+      {"model", "n_layer", 0, "model.n_layer must be in [1, 1024]"},
+      {"model", "vocab_size", 0, "model.vocab_size must be in [1, 16777216]"},
+      {"model", "padded_vocab_multiple", 0, "model.padded_vocab_multiple must be in [1, 65536]"},
       {"model", "norm_eps", 0.0, "model.norm_eps must be > 0"},
-      {"model", "n_kv_head", 0, "model.n_kv_head must be >= 1"},
+      {"model", "n_kv_head", 0, "model.n_kv_head must be in [1, 1024]"},
       {"model", "rope_theta", 0.0, "model.rope_theta must be > 0"},
       {"model", "rope_theta", -1.0, "model.rope_theta must be > 0"},
       {"data", "seed", -1, "data.seed must be >= 0"},
@@ -571,6 +590,309 @@ TEST(ConfigErrors, FilesNameThemselves) {
   } catch (const llmc::Error& e) {
     expect_error(e.what(), {invalid + ": train.seq_len = 4096 exceeds model.max_seq_len = 1024"});
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Hostile input: deep nesting, duplicate keys, numbers that do not fit, size bounds and derived sizes, non-regular
+// files. Where the old failure was a crash, a hang or a blow-up, the check runs in a child process with a time and an
+// address-space limit (test/support/bounded_run.h).
+
+namespace {
+
+// A config file written as is.
+std::string write_config(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// `depth` nested arrays around 1, as text ("[[[1]]]").
+std::string nested_arrays(size_t depth) { return std::string(depth, '[') + "1" + std::string(depth, ']'); }
+
+// The same as a JSON value, built without recursion (nlohmann destroys values iteratively).
+json nested_value(size_t depth) {
+  json root = json::array();
+  json* inner = &root;
+  for (size_t i = 1; i < depth; i++) {
+    inner->push_back(json::array());
+    inner = &inner->back();
+  }
+  return root;
+}
+
+}  // namespace
+
+class ConfigHostile : public llmc_test::TempDirTest {};
+
+TEST_F(ConfigHostile, DeepNestingIsRefusedInEveryEntryPoint) {
+  // A 200 KB config of nested arrays used to overflow the stack (the copy in load_config recurses).
+  const std::string deep = write_config(dir_, "deep.json", "{\"model\": {\"n_layer\": " + nested_arrays(100000) + "}}");
+  llmc_test::expect_bounded_error([&] { llmc::load_config(deep, {}); },
+                                  {deep, "JSON nested deeper than 64 levels", "at 'model.n_layer[0]"});
+  // The same nesting under an unknown key, and as a whole document of objects.
+  std::string objects;
+  for (int i = 0; i < 50000; i++) objects += "{\"a\":";
+  objects += "1" + std::string(50000, '}');
+  const std::string deep_objects = write_config(dir_, "objects.json", objects);
+  llmc_test::expect_bounded_error([&] { llmc::load_config(deep_objects, {}); },
+                                  {deep_objects, "nested deeper than 64 levels"});
+  // In a --set value.
+  llmc_test::expect_bounded_error(
+      [&] { llmc::load_config_json(base_config(), {"precision.bf16_layers=" + nested_arrays(100000)}); },
+      {"--set 'precision.bf16_layers=[[[", "nested deeper than 64 levels"});
+  // A document built in code (e.g. a checkpoint's config) is checked before it is copied.
+  llmc_test::expect_bounded_error(
+      [&] {
+        json j = base_config();
+        j["model"]["n_layer"] = nested_value(100000);
+        llmc::load_config_json(j, {});
+      },
+      {"config: JSON nested deeper than 64 levels"});
+  // The lenient reader of the parallel section keeps its defaults.
+  const llmc_test::BoundedResult r = llmc_test::run_bounded([&] {
+    const llmc::ParallelConfig p = llmc::bootstrap_parallel_config(deep, {"parallel.timeout_s=" + nested_arrays(100000)});
+    if (p.timeout_s != llmc::ParallelConfig().timeout_s) throw llmc::Error("defaults changed");
+  });
+  EXPECT_EQ(r.end, llmc_test::BoundedResult::End::Returned) << r.describe();
+  // Within the limit it is only a wrong type.
+  expect_error(load_error(base_config(), {"precision.bf16_layers=" + nested_arrays(60)}),
+               {"precision.bf16_layers: expected a list of integers"});
+}
+
+TEST_F(ConfigHostile, DuplicateKeysAreRefusedNamingTheKeyAndLine) {
+  const std::string in_section = write_config(dir_, "dup_key.json", R"({
+  "model": {"preset": "gpt2-tiny"},
+  "data": {"train": "a_*.bin"},
+  "train": {
+    "lr": 1e-3,
+    "steps": 10,
+    "lr": 3e-4
+  }
+})");
+  expect_error(error_of([&] { llmc::load_config(in_section, {}); }),
+               {in_section + ": duplicate key 'train.lr' (line 7)"});
+  const std::string section = write_config(dir_, "dup_section.json",
+                                           "{\"train\": {\"lr\": 1e-3},\n\"data\": {},\n\"train\": {\"steps\": 5}}\n");
+  expect_error(error_of([&] { llmc::load_config(section, {}); }), {section + ": duplicate key 'train' (line 3)"});
+  const std::string nested = write_config(dir_, "dup_nested.json",
+                                          "{\"model\": {\"x\": [0, {\"a\": 1,\n \"a\": 2}]}}");
+  expect_error(error_of([&] { llmc::load_config(nested, {}); }), {"duplicate key 'model.x[1].a' (line 2)"});
+  // Comments do not hide a duplicate.
+  const std::string commented = write_config(dir_, "dup_comment.json",
+                                             "{\"data\": {\"train\": \"a\", // first\n /* second */ \"train\": \"b\"}}");
+  expect_error(error_of([&] { llmc::load_config(commented, {}); }), {"duplicate key 'data.train' (line 2)"});
+  // In a --set value (an object is the wrong type, but the duplicate is what is wrong first).
+  expect_error(load_error(base_config(), {R"(train.lr={"a": 1, "a": 2})"}), {"--set", "duplicate key 'a'"});
+}
+
+TEST_F(ConfigHostile, NumbersThatDoNotFitNameTheKey) {
+  // In a file: was an "internal error" (nlohmann's out_of_range escaped).
+  for (const char* number : {"1e309", "-1e309", "123e4567"}) {
+    const std::string path = write_config(dir_, "overflow.json",
+                                          std::string("{\"data\": {\"train\": \"a\"},\n\"train\": {\"lr\": ") + number +
+                                              "}}");
+    expect_error(error_of([&] { llmc::load_config(path, {}); }),
+                 {path + ": the number " + number + " of 'train.lr' (line 2) does not fit a 64-bit float"});
+    const std::string int_key = write_config(dir_, "overflow_int.json",
+                                             std::string("{\"train\": {\"steps\": ") + number + "}}");
+    expect_error(error_of([&] { llmc::load_config(int_key, {}); }), {"of 'train.steps' does not fit a 64-bit float"});
+  }
+  // In --set, for float and int keys.
+  expect_error(load_error(base_config(), {"train.lr=1e309"}),
+               {"--set 'train.lr=1e309': the number 1e309 does not fit a 64-bit float"});
+  expect_error(load_error(base_config(), {"train.steps=-1e309"}),
+               {"--set 'train.steps=-1e309': the number -1e309 does not fit a 64-bit float"});
+  // NaN-like words are not JSON numbers: the type error names the key.
+  for (const char* word : {"nan", "NaN", "inf", "-inf", "Infinity"}) {
+    expect_error(load_error(base_config(), {std::string("train.lr=") + word}), {"train.lr: expected a number, got string"});
+    expect_error(load_error(base_config(), {std::string("train.steps=") + word}),
+                 {"train.steps: expected an integer, got string"});
+  }
+  // Non-finite values in a document built in code.
+  expect_error(load_error(with("train", "lr", std::nan(""))), {"train.lr:", "not a finite number"});
+  expect_error(load_error(with("train", "lr", INFINITY)), {"train.lr:", "not a finite number"});
+  expect_error(load_error(with("train", "steps", -INFINITY)), {"train.steps: expected an integer, got number -inf"});
+  // Integers past the key's type.
+  expect_error(load_error(with("train", "steps", 1e10)), {"train.steps: 10000000000.0 is out of range for an integer"});
+  expect_error(load_error(with("train", "steps", 18446744073709551615ull)), {"train.steps:", "out of range"});
+  expect_error(load_error(with("train", "global_batch_tokens", 18446744073709551615ull)),
+               {"train.global_batch_tokens:", "out of range"});
+  expect_error(load_error(with("precision", "bf16_layers", json::array({0, 4294967296ll}))),
+               {"precision.bf16_layers: 4294967296 is out of range for an integer"});
+}
+
+TEST(ConfigHostileFloats, Float32KeysRefuseOverflowAndUnderflow) {
+  // model.norm_eps and model.rope_theta are 32-bit floats: 1e39 became inf, passed "> 0" and printed as null.
+  expect_error(load_error(with("model", "norm_eps", 1e39)),
+               {"model.norm_eps = 1e+39 does not fit the key's 32-bit float"});
+  expect_error(load_error(with("model", "rope_theta", -1e300)),
+               {"model.rope_theta = -1e+300 does not fit the key's 32-bit float"});
+  expect_error(load_error(with("model", "norm_eps", 1e-50)), {"model.norm_eps = 1e-50 is too small", "it would be 0"});
+  // The largest values that fit round-trip through --print-config's JSON.
+  json j = with("model", "rope_theta", 3.4e38);
+  j["model"]["norm_eps"] = 1e-45;  // rounds to the smallest subnormal float
+  const RunConfig cfg = llmc::load_config_json(j, {});
+  const json printed = llmc::config_to_json(cfg);
+  EXPECT_TRUE(std::isfinite(printed["model"]["rope_theta"].get<double>()));
+  EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(json::parse(printed.dump()), {})), printed);
+}
+
+TEST(ConfigHostileSizes, EverySizeKeyHasAnUpperBound) {
+  struct Bound {
+    const char* section;
+    const char* key;
+    long long max;
+  };
+  const Bound bounds[] = {
+      {"model", "n_layer", 1024},          {"model", "n_head", 1024},
+      {"model", "n_kv_head", 1024},        {"model", "n_embd", 65536},
+      {"model", "vocab_size", 16777216},   {"model", "padded_vocab_multiple", 65536},
+      {"model", "max_seq_len", 1048576},   {"model", "ffn_hidden", 262144},
+      {"train", "micro_batch", 65536},     {"train", "seq_len", 1048576},
+      {"train", "global_batch_tokens", 1099511627776ll},
+      {"train", "steps", 1000000000},      {"train", "warmup_steps", 1000000000},
+      {"train", "max_skipped_steps", 1000000000},
+      {"precision", "amax_history_len", 1000000},
+      {"checkpoint", "every", 1000000000}, {"checkpoint", "keep", 1000000},
+      {"eval", "every", 1000000000},       {"eval", "batches", 1000000},
+      {"sample", "every", 1000000000},     {"sample", "tokens", 1000000},
+      {"sample", "top_k", 16777216},       {"log", "every", 1000000000},
+      {"log", "numerics_every", 1000000000},
+  };
+  for (const Bound& b : bounds) {
+    const std::string name = std::string(b.section) + "." + b.key;
+    expect_error(load_error(with(b.section, b.key, b.max + 1)),
+                 {name + " must be in [", ", " + std::to_string(b.max) + "] (got " + std::to_string(b.max + 1) + ")"});
+    expect_error(load_error(with(b.section, b.key, 2147483647)), {name});
+    // The documentation shows the bound.
+    bool documented = false;
+    for (const auto& d : llmc::config_key_docs())
+      if (d.key == name) documented = d.help.find(", " + std::to_string(b.max) + "]") != std::string::npos;
+    EXPECT_TRUE(documented) << name;
+  }
+  // global_batch_tokens near 2^63 was "valid" (its accumulation count wrapped in 32 bits).
+  expect_error(load_error(with("train", "global_batch_tokens", 4611686018427387904ll)),
+               {"train.global_batch_tokens must be in [0, 1099511627776]"});
+  expect_error(load_error(with("train", "global_batch_tokens", 9223372036854775807ll)),
+               {"train.global_batch_tokens:", "out of range"});
+}
+
+TEST(ConfigHostileSizes, DerivedSizesAreCheckedAndNameTheKeys) {
+  // B * T per GPU.
+  json j = with("train", "micro_batch", 65536);
+  j["train"]["seq_len"] = 256;  // 2^24 tokens: the largest micro-batch
+  EXPECT_EQ(load_error(j), "");
+  j["train"]["seq_len"] = 257;
+  j["model"]["max_seq_len"] = 1024;
+  expect_error(load_error(j), {"train.micro_batch * train.seq_len = 65536 * 257 = 16842752 tokens per GPU "
+                               "micro-batch exceeds 16777216"});
+  // B * T * world_size (the world size comes from the launcher).
+  json w = with("train", "micro_batch", 65536);
+  w["train"]["seq_len"] = 128;  // 2^23 tokens per GPU
+  expect_error(load_error(w, {}, 1 << 18), {"train.micro_batch * train.seq_len * world_size = 65536 * 128 * 262144",
+                                            "exceeds 1099511627776"});
+  // Accumulation micro-steps per optimizer step.
+  json a = with("train", "global_batch_tokens", 1099511627776ll);
+  a["train"]["micro_batch"] = 1;
+  expect_error(load_error(a), {"= 1099511627776 / 64 = 17179869184 accumulation micro-steps", "more than 16777216"});
+  a["train"]["micro_batch"] = 16384;  // 2^20 tokens per micro-step: 2^20 micro-steps is within the bound
+  a["model"]["max_seq_len"] = 64;
+  EXPECT_EQ(llmc::load_config_json(a, {}).grad_accum_steps, 1048576);
+  // The derived FFN width: n_embd past its bound is reported as n_embd (4 * n_embd used to wrap into a negative
+  // model.ffn_hidden error).
+  for (const char* arch : {"gpt2", "llama"}) {
+    json f = base_config();
+    f["model"] = {{"arch", arch}, {"n_embd", 600000000}, {"n_head", 2}};
+    expect_error(load_error(f), {"model.n_embd must be in [1, 65536] (got 600000000)"});
+    EXPECT_EQ(load_error(f).find("ffn_hidden"), std::string::npos) << load_error(f);
+  }
+  // The padded vocabulary at its extremes, exactly.
+  json v = with("model", "vocab_size", 16777215);
+  v["model"]["padded_vocab_multiple"] = 65535;
+  EXPECT_EQ(llmc::load_config_json(v, {}).model.padded_vocab_size, 256 * 65535 + 65535);
+  v["model"]["padded_vocab_multiple"] = 65536;
+  EXPECT_EQ(llmc::load_config_json(v, {}).model.padded_vocab_size, 16777216);
+  expect_error(load_error(with("model", "vocab_size", 2147483647)), {"model.vocab_size must be in [1, 16777216]"});
+}
+
+// The largest model and batch every bound allows: loads, and the dry run's parameter count and memory estimate are
+// exact (no 64-bit wrap: each is compared with 128-bit arithmetic), within a second and without a big allocation.
+TEST(ConfigHostileSizes, TheLargestConfigHasExactDerivedSizes) {
+  for (const char* arch : {"gpt2", "llama"}) {
+    json j = base_config();
+    j["model"] = {{"arch", arch},        {"n_layer", 1024},        {"n_head", 1024},        {"n_embd", 65536},
+                  {"vocab_size", 16777215}, {"padded_vocab_multiple", 65536}, {"max_seq_len", 1048576},
+                  {"ffn_hidden", 262144}, {"tied_embeddings", std::string(arch) == "gpt2"}};
+    j["train"] = {{"micro_batch", 16}, {"seq_len", 1048576}, {"global_batch_tokens", 1099511627776ll},
+                  {"steps", 1000000000}};
+    const RunConfig cfg = llmc::load_config_json(j, {});
+    EXPECT_EQ(cfg.grad_accum_steps, 65536);
+    const llmc::ModelSpec& m = cfg.model;
+    const llmc::ParamTable table = llmc::build_param_table(m);
+    unsigned __int128 elements = 0;
+    for (const llmc::ParamInfo& p : table.params) {
+      unsigned __int128 numel = 1;
+      for (int64_t d : p.shape) numel *= static_cast<unsigned __int128>(d);
+      elements += numel;
+    }
+    EXPECT_TRUE(elements == table.num_parameters) << arch;
+    EXPECT_EQ(llmc::count_parameters(m, true), table.num_parameters);
+    // The estimate is linear in the tokens of the micro-batch: B*T times the one-token estimate, in 128 bits.
+    const llmc::MemoryEstimate one = llmc::estimate_memory(m, 1, 1, false, 1, 1);
+    const llmc::MemoryEstimate full = llmc::estimate_memory(m, 16, 1048576, false, 1, 1);
+    const unsigned __int128 tokens = 16ull * 1048576ull;
+    EXPECT_TRUE(static_cast<unsigned __int128>(one.activations_bytes) * tokens == full.activations_bytes) << arch;
+    const size_t workspace_fixed = 32ull << 20;
+    EXPECT_TRUE(static_cast<unsigned __int128>(one.workspace_bytes - workspace_fixed) * tokens ==
+                full.workspace_bytes - workspace_fixed) << arch;
+    unsigned __int128 total = 0;
+    for (size_t part : {full.params_bytes, full.grads_bytes, full.master_bytes, full.optimizer_bytes,
+                        full.activations_bytes, full.workspace_bytes})
+      total += part;
+    EXPECT_TRUE(total == full.total()) << arch;
+    // The dry run (which builds the parameter table) stays small and quick.
+    const llmc_test::BoundedResult r =
+        llmc_test::run_bounded([&] { llmc::dry_run_report(cfg, 1); }, /*seconds=*/5, /*extra_bytes=*/512ull << 20);
+    EXPECT_EQ(r.end, llmc_test::BoundedResult::End::Returned) << r.describe();
+  }
+}
+
+TEST_F(ConfigHostile, OneLineConfigsAllocateNothingBig) {
+  // Sizes from a one-line config used to reach the parameter table before any bound (6 GB, 20 s, std::bad_alloc).
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"model": {"n_layer": 2147483647}, "data": {"train": "a"}})",
+       "model.n_layer must be in [1, 1024] (got 2147483647)"},
+      {R"({"model": {"n_embd": 2147483584, "n_head": 33554431}, "data": {"train": "a"}})",
+       "model.n_embd must be in [1, 65536] (got 2147483584)"},
+      {R"({"model": {"vocab_size": 2147483647}, "data": {"train": "a"}})",
+       "model.vocab_size must be in [1, 16777216] (got 2147483647)"},
+      {R"({"model": {"max_seq_len": 2147483647}, "train": {"seq_len": 2147483647}, "data": {"train": "a"}})",
+       "model.max_seq_len must be in [1, 1048576] (got 2147483647)"},
+      {R"({"train": {"micro_batch": 2147483647}, "data": {"train": "a"}})",
+       "train.micro_batch must be in [1, 65536] (got 2147483647)"},
+  };
+  for (const auto& [text, expect] : cases) {
+    const std::string huge = write_config(dir_, "huge.json", text);
+    llmc_test::expect_bounded_error(
+        [&] {
+          const RunConfig cfg = llmc::load_config(huge, {});
+          llmc::dry_run_report(cfg, 1);
+        },
+        {huge, expect}, /*seconds=*/2, /*extra_bytes=*/256ull << 20);
+  }
+}
+
+TEST_F(ConfigHostile, NonRegularConfigFilesAreRefused) {
+  const std::string fifo = path("config.fifo");
+  llmc_test::make_fifo(fifo);
+  llmc_test::expect_bounded_error([&] { llmc::load_config(fifo, {}); },
+                                  {"config file '" + fifo + "' is a FIFO (named pipe), not a regular file"});
+  llmc_test::expect_bounded_error([&] { llmc::load_config(dir_, {}); },
+                                  {"config file '" + dir_ + "' is a directory, not a regular file"});
+  llmc_test::expect_bounded_error([&] { llmc::load_config("/dev/zero", {}); },
+                                  {"'/dev/zero' is a character device, not a regular file"});
+  const llmc_test::BoundedResult r = llmc_test::run_bounded([&] { llmc::bootstrap_parallel_config(fifo, {}); });
+  EXPECT_EQ(r.end, llmc_test::BoundedResult::End::Returned) << r.describe();
 }
 
 // ---------------------------------------------------------------------------------------------------------------
