@@ -271,6 +271,10 @@ const std::vector<KeySchema>& schema() {
       row("checkpoint", "resume", T::String,
           "auto = newest complete checkpoint in dir if any | none | path to a step directory",
           LLMC_ACCESS(checkpoint.resume)),
+      row("checkpoint", "overwrite", T::Bool,
+          "a new run (resume none, or a step directory from elsewhere) in a dir that holds checkpoints moves them into "
+          "dir/abandoned/<time>/ (kept, never deleted) and starts over; false = stop with an error before training",
+          LLMC_ACCESS(checkpoint.overwrite)),
 
       at_least(row("eval", "every", T::Int, "validation loss every N steps (0 = off; also at the end if data.val is set)",
                    LLMC_ACCESS(eval.every)), 0),

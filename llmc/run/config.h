@@ -50,6 +50,7 @@ struct CheckpointConfig {
   int every = 0;                  // write a checkpoint every N steps (0 = only at the end when dir is set)
   int keep = 3;                   // keep the newest N complete checkpoints (0 = keep all)
   std::string resume = "auto";    // auto = newest complete checkpoint in dir if any | none | path to a step dir
+  bool overwrite = false;         // a new run in a dir holding checkpoints moves them into dir/abandoned/ (else: error)
 };
 
 struct EvalConfig {

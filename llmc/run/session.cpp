@@ -85,15 +85,15 @@ long long TrainingSession::tokens_per_step() const {
 }
 
 void TrainingSession::start() {
-  // Rank 0 picks and verifies the checkpoint; every rank loads it.
+  // Rank 0 picks and verifies the checkpoint and applies the lineage rules to the run directory (rollbacks, a new
+  // run in a directory holding checkpoints: llmc/io/checkpoint.h); every rank loads the checkpoint.
   std::optional<std::string> dir;
   comm_.check_all_ok(capture_error([&] {
                        if (!comm_.is_root()) return;
-                       std::vector<std::string> notes;
-                       if (!cfg_.checkpoint.dir.empty() ||
-                           (cfg_.checkpoint.resume != "auto" && cfg_.checkpoint.resume != "none"))
-                         dir = resolve_resume(cfg_.checkpoint.resume, cfg_.checkpoint.dir, &notes);
-                       for (const std::string& note : notes) std::printf("checkpoint: %s\n", note.c_str());
+                       RunStart run = start_run(cfg_.checkpoint.resume, cfg_.checkpoint.dir, cfg_.checkpoint.overwrite);
+                       for (const std::string& note : run.notes) std::printf("checkpoint: %s\n", note.c_str());
+                       dir = run.resume_dir;
+                       lineage_ = std::move(run.lineage);
                      }),
                      "finding the checkpoint to resume from");
   if (const std::string chosen = comm_.broadcast_text(dir.value_or(""), "the checkpoint to resume from");
@@ -186,7 +186,9 @@ std::string TrainingSession::save(int step) {
                                       {"skipped_steps", skipped_steps_},
                                       {"optimizer", describe_optimizer_snapshot(snapshot)}};
                        if (has_precision) state.extra["precision"] = precision->describe();
-                       dir = writer->commit(state, cfg_.checkpoint.keep);
+                       std::vector<std::string> notes;
+                       dir = writer->commit(state, cfg_.checkpoint.keep, &lineage_, &notes);
+                       for (const std::string& note : notes) std::printf("checkpoint: %s\n", note.c_str());
                      }),
                      "committing the checkpoint");
   return dir;
