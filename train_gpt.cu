@@ -122,7 +122,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
     mopt.writer = comm.is_root();
     mopt.jsonl_path = !cfg.log.jsonl.empty() ? cfg.log.jsonl
                       : !cfg.checkpoint.dir.empty() ? cfg.checkpoint.dir + "/metrics.jsonl" : "";
-    mopt.append = session.resumed_from().has_value();
+    mopt.resume_step = session.resumed_from() ? start_step : -1;  // records after the checkpoint move to a side file
     mopt.total_steps = cfg.train.steps;
     mopt.console_every = cfg.log.every;
     mopt.flops_per_token = flops_per_token(spec, cfg.train.seq_len);
