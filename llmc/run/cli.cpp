@@ -63,7 +63,13 @@ int parse_cli(int argc, char** argv, CliOptions* out) {
       "  train_gpt --config configs/gpt2_124m_bf16.json --set train.lr=3e-4 --set train.micro_batch=8 --dry-run\n"
       "  train_gpt --config configs/gpt2_mini_bf16.json --export-hf runs/gpt2_mini_hf   (from the newest checkpoint)\n"
       "  train_gpt --config configs/gpt2_tiny_bf16.json --set train.init_from=runs/hf --export-llmc gpt2_tiny.bin\n"
-      "One process trains on one GPU (multi-GPU data parallelism is not in this build yet).\n"
+      "One process trains on one GPU. Data parallelism over several GPUs and nodes (NCCL, ZeRO-1) runs one process "
+      "per GPU:\n"
+      "  scripts/run_local.sh 2 configs/gpt2_124m_bf16.json       the GPUs of this machine\n"
+      "  scripts/run_mpi.sh 8 configs/gpt2_350m_bf16.json         Open MPI (mpirun -np 8)\n"
+      "  sbatch scripts/slurm_srun.sbatch configs/gpt2_774m_bf16.json   Slurm (srun)\n"
+      "  or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (see the parallel.* keys\n"
+      "  and the README, Multi-GPU and multi-node).\n"
       "Config keys and presets: train_gpt --list-keys, and configs/README.md.");
 
   try {

@@ -40,6 +40,12 @@ help=$("$BIN" --help) || fail "--help exit code"
 for flag in --help --config --set --dry-run --print-config --list-keys --stop-at-step; do
   grep -qF -- "$flag" <<<"$help" || fail "--help does not list $flag"
 done
+# ... and says how to train on several GPUs (the build has it), as the README does.
+grep -qF "not in this build" <<<"$help" && fail "--help says multi-GPU training is not in this build"
+for script in scripts/run_local.sh scripts/run_mpi.sh scripts/slurm_srun.sbatch; do
+  grep -qF "$script" <<<"$help" || fail "--help does not name $script"
+  [ -f "$script" ] || fail "--help names $script, which is not there"
+done
 
 # --list-keys: a header and one line per key, every section present.
 keys=$("$BIN" --list-keys) || fail "--list-keys exit code"

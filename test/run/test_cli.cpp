@@ -84,6 +84,17 @@ TEST(Cli, ExitCodes) {
   for (const auto& doc : llmc::config_key_docs()) EXPECT_NE(keys.find(doc.key), std::string::npos) << doc.key;
 }
 
+TEST(Cli, HelpDescribesMultiGpuTraining) {
+  llmc::CliOptions o;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(parse({"--help"}, &o), 0);
+  const std::string help = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(help.find("not in this build"), std::string::npos) << help;
+  for (const char* part : {"process per GPU", "scripts/run_local.sh", "scripts/run_mpi.sh",
+                           "scripts/slurm_srun.sbatch", "MASTER_ADDR", "Multi-GPU and multi-node"})
+    EXPECT_NE(help.find(part), std::string::npos) << part << " not in:\n" << help;
+}
+
 TEST(Cli, DryRunReport) {
   nlohmann::json j = {{"model", {{"preset", "gpt2-124m"}}},
                       {"data", {{"train", "a_*.bin"}}},
