@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
       if (options.print_config || options.dry_run) return 0;
       // the start weights, written in other formats
       return llmc::export_run_weights(cfg, options.export_hf, options.export_llmc,
-                                      llmc::parse_weight_dtype(options.export_dtype));
+                                      llmc::parse_weight_dtype(options.export_dtype), options.force);
     }
     const llmc::LaunchInfo launch = llmc::detect_launch();
     llmc::set_error_rank(launch.rank, launch.world_size);

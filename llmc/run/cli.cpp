@@ -55,6 +55,9 @@ int parse_cli(int argc, char** argv, CliOptions* out) {
                  "dtype of the exported tensors (bfloat16 rounds the FP32 weights to nearest even once)")
       ->type_name("float32|bfloat16")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_flag("--force", out->force,
+               "let --export-hf write into a non-empty directory and --export-llmc over an existing file (never into "
+               "a checkpoint step directory)");
   export_hf->excludes("--dry-run")->excludes("--print-config");
   export_llmc->excludes("--dry-run")->excludes("--print-config");
   app.footer(

@@ -19,6 +19,7 @@ struct CliOptions {
   std::string export_hf;               // --export-hf DIR: write the run's start weights as a Hugging Face model, exit
   std::string export_llmc;             // --export-llmc FILE: write them as an llm.c model file (GPT-2), exit
   std::string export_dtype = "float32";  // --export-dtype float32|bfloat16
+  bool force = false;                  // --force: exports may write into a non-empty directory / over a file
   bool exporting() const { return !export_hf.empty() || !export_llmc.empty(); }
 };
 

@@ -196,6 +196,9 @@ const std::vector<KeySchema>& schema() {
       at_least(row("train", "max_skipped_steps", T::Int,
                    "divergence guard: a step whose loss or gradient norm is not finite is skipped (no update); stop "
                    "after this many consecutive skips", LLMC_ACCESS(train.max_skipped_steps)), 1),
+      row("train", "allow_nonfinite_init", T::Bool,
+          "load train.init_from weights that hold NaN or Inf (by default such weights are refused, naming the tensor "
+          "and the element)", LLMC_ACCESS(train.allow_nonfinite_init)),
 
       one_of(row("optimizer", "type", T::String, "optimizer", LLMC_ACCESS(optimizer.type)), {"adamw"}),
       open_unit(row("optimizer", "beta1", T::Float, "AdamW first-moment decay", LLMC_ACCESS(optimizer.beta1))),

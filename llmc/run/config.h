@@ -40,6 +40,7 @@ struct TrainConfig {
   bool deterministic = true;      // bit-identical runs (deterministic kernels and GEMM algorithms)
   std::string init_from = "";     // "" = random init; else llm8 weights, a Hugging Face directory or an llm.c .bin
   int max_skipped_steps = 5;      // divergence guard: stop after this many consecutive skipped (non-finite) steps
+  bool allow_nonfinite_init = false;  // load init_from weights holding NaN / Inf instead of refusing them
 };
 
 

@@ -13,6 +13,7 @@
 #include "llmc/io/optimizer_files.h"
 #include "llmc/io/precision_files.h"
 #include "llmc/precision/gemm.h"
+#include "llmc/run/start_weights.h"
 
 namespace llmc {
 
@@ -110,8 +111,8 @@ void TrainingSession::start() {
 void TrainingSession::initialise_weights() {
   const ParamTable& table = model_->table();
   std::vector<float> master(table.total_elements, 0.0f);
-  if (!cfg_.train.init_from.empty()) {  // an llm8 checkpoint, a Hugging Face directory or an llm.c model file
-    std::printf("init: weights from %s\n", load_weights(cfg_.train.init_from, cfg_.model, master.data()).c_str());
+  if (!cfg_.train.init_from.empty()) {  // an llm8 checkpoint (verified), a Hugging Face directory or an llm.c file
+    std::printf("init: weights from %s\n", load_init_from(cfg_, master.data()).c_str());
   } else {
     init_parameters(table, static_cast<uint64_t>(cfg_.train.seed), master.data());
   }
@@ -261,12 +262,8 @@ std::string TrainingSession::first_nonfinite_gradient() {
   const ParamTable& table = model_->table();
   std::vector<float> grads(table.total_elements);
   CUDA_CHECK(cudaMemcpy(grads.data(), model_->grads(), grads.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  for (auto it = table.params.rbegin(); it != table.params.rend(); ++it) {
-    const float* g = grads.data() + it->offset;
-    for (size_t i = 0; i < it->numel; i++)
-      if (!std::isfinite(g[i])) return strformat("%s (element %zu = %g)", it->name.c_str(), i, g[i]);
-  }
-  return "none (the loss itself was not finite)";
+  const std::string found = first_nonfinite_element(table, grads.data(), /*output_side_first=*/true);
+  return found.empty() ? "none (the loss itself was not finite)" : found;
 }
 
 double TrainingSession::evaluate() {

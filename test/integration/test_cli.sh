@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# test/integration/test_cli: the train_gpt command line end to end: --help lists every flag, --list-keys, --dry-run
-# sizes, --print-config round trip, and every kind of bad input exits non-zero with a message naming the problem,
-# prints nothing on stdout and writes nothing. Usage: test_cli.sh path/to/train_gpt (run from the repository root).
+# test/integration/test_cli: the train_gpt command line end to end: --help lists every flag and says how to train on
+# several GPUs, --list-keys, --dry-run sizes, --print-config round trip, exports that refuse to overwrite (--force),
+# and every kind of bad input exits non-zero with a message naming the problem, prints nothing on stdout and writes
+# nothing. Usage: test_cli.sh path/to/train_gpt (run from the repository root).
 set -u
 BIN=$(realpath "$1")
 ROOT=$(pwd)
@@ -109,6 +110,24 @@ expect_error "bad --set without section" 1 "must be section.key" --config $T --s
 WORLD_SIZE=two expect_error "bad world size" 1 "WORLD_SIZE='two'" --config $T --dry-run
 expect_error "unknown flag" 2 "--bogus" --config $T --bogus
 expect_error "no --config" 2 "--config" --dry-run
+
+# Exports never write into a checkpoint step directory; into a non-empty directory or over a file only with --force.
+mkdir -p "$WORK/run/ck/step_00000003" "$WORK/run/full"
+echo '{}' >"$WORK/run/ck/step_00000003/trainer_state.json"
+echo mine >"$WORK/run/full/notes.txt"
+echo mine >"$WORK/run/old.bin"
+expect_error "export into a step dir" 1 "--export-hf ck/step_00000003 is a checkpoint step directory" \
+  --config $T --export-hf ck/step_00000003 --force
+expect_error "export llm.c into a step dir" 1 "would write into the checkpoint step directory ck/step_00000003" \
+  --config $T --export-llmc ck/step_00000003/m.bin --force
+expect_error "export into a non-empty dir" 1 "--export-hf full is not empty: choose another path, or add --force" \
+  --config $T --export-hf full
+expect_error "export over a file" 1 "--export-llmc old.bin exists" --config $T --export-llmc old.bin
+(cd "$WORK/run" && "$BIN" --config $T --export-hf full --export-llmc old.bin --force >"$WORK/stdout" 2>"$WORK/stderr") ||
+  fail "export with --force: $(cat "$WORK/stderr")"
+[ -f "$WORK/run/full/config.json" ] && [ -f "$WORK/run/full/notes.txt" ] || fail "export with --force: files"
+[ "$(head -c 4 "$WORK/run/old.bin" | od -An -tu4 | tr -d ' ')" = 20240326 ] || fail "export with --force: llm.c magic"
+rm -rf "$WORK/run/ck" "$WORK/run/full" "$WORK/run/old.bin"
 
 # Training without a GPU (GPUs hidden): the clear no-GPU message, nothing written.
 CUDA_VISIBLE_DEVICES="" expect_error "no GPU" 1 \
