@@ -198,7 +198,17 @@ int main(int argc, char** argv) {
     if (options.print_config || options.dry_run || options.exporting()) {  // no GPU, no launcher needed
       const llmc::RunConfig cfg = llmc::load_config(options.config_path, options.overrides, world_size);
       if (options.print_config) std::printf("%s\n", llmc::config_to_json(cfg).dump(2).c_str());
-      if (options.dry_run) std::printf("%s", llmc::dry_run_report(cfg, world_size).c_str());
+      if (options.dry_run) {
+        std::printf("%s", llmc::dry_run_report(cfg, world_size).c_str());
+        const llmc::DryRunChecks checks = llmc::dry_run_checks(cfg);  // data, checkpoint.dir, ...: what a run needs
+        for (const std::string& line : checks.passed) std::printf("checked: %s\n", line.c_str());
+        if (!checks.problems.empty()) {
+          std::string list;
+          for (const std::string& problem : checks.problems) list += "\n  - " + problem;
+          llmc::throw_error("dry run: the config is valid, but a run would stop at %zu problem(s):%s",
+                            checks.problems.size(), list.c_str());
+        }
+      }
       if (options.print_config || options.dry_run) return 0;
       // the start weights, written in other formats
       return llmc::export_run_weights(cfg, options.export_hf, options.export_llmc,

@@ -254,21 +254,6 @@ std::string utc_stamp() {
   return buf;
 }
 
-// Every complete checkpoint of a run dir, ascending by step: step dirs with DONE and complete step_N.old fallbacks.
-std::vector<CheckpointInfo> list_complete_checkpoints(const std::string& run_dir) {
-  std::vector<CheckpointInfo> out;
-  for (const CheckpointInfo& c : list_checkpoints(run_dir))
-    if (c.complete) out.push_back(c);
-  std::error_code ec;
-  if (!run_dir.empty() && is_dir(run_dir))
-    for (const auto& entry : fs::directory_iterator(run_dir, ec))
-      if (auto step = parse_step_name_with_suffix(entry.path().filename().string(), ".old");
-          step && entry.is_directory() && has_done(entry.path().string()))
-        out.push_back({*step, entry.path().string(), true});
-  std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
-  return out;
-}
-
 std::string names_of(const std::vector<CheckpointInfo>& dirs) {
   std::string out;
   for (const CheckpointInfo& c : dirs) out += (out.empty() ? "" : ", ") + fs::path(c.path).filename().string();
@@ -511,6 +496,20 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& run_dir) {
     if (auto step = parse_step_dir_name(entry.path().filename().string())) out.push_back({*step, path, has_done(path)});
   }
   std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+  return out;
+}
+
+std::vector<CheckpointInfo> list_complete_checkpoints(const std::string& run_dir) {
+  std::vector<CheckpointInfo> out;
+  for (const CheckpointInfo& c : list_checkpoints(run_dir))
+    if (c.complete) out.push_back(c);
+  std::error_code ec;
+  if (!run_dir.empty() && is_dir(run_dir))
+    for (const auto& entry : fs::directory_iterator(run_dir, ec))
+      if (auto step = parse_step_name_with_suffix(entry.path().filename().string(), ".old");
+          step && entry.is_directory() && has_done(entry.path().string()))
+        out.push_back({*step, entry.path().string(), true});
+  std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
   return out;
 }
 

@@ -162,6 +162,8 @@ struct CheckpointInfo {
 
 // Every step_NNNNNNNN dir of the run (not *.tmp / *.old), ascending by step. Missing run dir → empty.
 std::vector<CheckpointInfo> list_checkpoints(const std::string& run_dir);
+// Every complete checkpoint of the run (step dirs with DONE, and complete step_N.old fallbacks), ascending by step.
+std::vector<CheckpointInfo> list_complete_checkpoints(const std::string& run_dir);
 
 // Retention after the checkpoint of `current_step` was written, decided from the run dir's step dirs (`listing`, as
 // list_checkpoints) without touching the file system: the current checkpoint counts as kept; then, newest first,

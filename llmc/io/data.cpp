@@ -23,6 +23,8 @@ constexpr int32_t kMagicUint16 = 20240520, kVersionUint16 = 1;
 constexpr int32_t kMagicUint32 = 20240801, kVersionUint32 = 7;
 const char* kPrepareHint = "python3 dev/data/prepare.py (e.g. --kjv for data/kjv/kjv_{train,val}_*.bin)";
 
+}  // namespace
+
 std::vector<std::string> expand_glob(const std::string& pattern) {
   glob_t g;
   std::memset(&g, 0, sizeof(g));
@@ -35,6 +37,8 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
   std::sort(paths.begin(), paths.end());  // byte order, independent of the locale
   return paths;
 }
+
+namespace {
 
 // splitmix64: a tiny, well-mixed 64-bit generator (Steele et al.); the same sequence everywhere.
 uint64_t splitmix64_next(uint64_t& state) {

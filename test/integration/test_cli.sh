@@ -58,7 +58,30 @@ documented=$(grep -cE '^\| `(model|data|train|optimizer|precision|parallel|check
 [ "$(wc -l <<<"$keys")" -eq $((documented + 1)) ] ||
   fail "--list-keys: expected the $documented keys of configs/README.md + header, got $(wc -l <<<"$keys") lines"
 
-# Dry runs need no GPU and report the size.
+# Dry runs need no GPU and report the size. They also check the data (globs and shard headers) and checkpoint.dir, so
+# they run in a tree with small valid shards for the configs' globs (and the repository's configs and tokenizer).
+TREE=$WORK/tree
+mkdir -p "$TREE"
+ln -s "$ROOT/configs" "$TREE/configs"
+ln -s "$ROOT/dev" "$TREE/dev"
+python3 - "$TREE" configs/*.json <<'PY' || fail "writing the shards for the dry runs"
+import glob, json, os, struct, sys
+tree = sys.argv[1]
+for config in sys.argv[2:]:
+    data = json.load(open(config))["data"]
+    for key in ("train", "val"):
+        if data.get(key):
+            path = os.path.join(tree, data[key].replace("*", "000000"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:  # 4096 uint16 tokens after llm.c's 256-int32 header
+                f.write(struct.pack("<256i", 20240520, 1, 4096, *([0] * 253)) + bytes(2 * 4096))
+PY
+cd "$TREE" || exit 1
+expect_ok "dry-run checks" "checked: data.train: 1 shard(s) match 'data/kjv/kjv_train_*.bin', 4,096 tokens" \
+  --config configs/gpt2_tiny_bf16.json --dry-run
+expect_ok "dry-run checkpoint.dir" "checked: checkpoint.dir runs/gpt2_mini_bf16: can be created" \
+  --config configs/gpt2_mini_bf16.json --dry-run
+[ -e runs ] && fail "a dry run created runs/"
 expect_ok "dry-run 124m" "124,475,904" --config configs/gpt2_124m_bf16.json --dry-run
 expect_ok "dry-run 124m accumulation" "32 accumulation steps" --config configs/gpt2_124m_bf16.json --dry-run
 expect_ok "dry-run tiny" "gpt2-tiny" --config configs/gpt2_tiny_bf16.json --dry-run
@@ -70,6 +93,20 @@ expect_ok "dry-run llama-1b shape" "8 kv heads, RoPE theta 500000, tied lm_head"
 expect_ok "dry-run llama-1b vocab 128256" "1,235,814,400" --config configs/llama_1b_bf16.json \
   --set model.vocab_size=128256 --dry-run
 expect_ok "dry-run llama-tiny untied" "untied lm_head" --config configs/llama_tiny_bf16.json --dry-run
+cd "$ROOT" || exit 1
+
+# A dry run that finds problems prints its report, then exits 1 naming each problem; it writes nothing.
+: >"$WORK/cfile"
+out=$("$BIN" --config configs/gpt2_tiny_bf16.json --set "data.train=$WORK/none_*.bin" \
+      --set "data.val=$WORK/none_val_*.bin" --set "checkpoint.dir=$WORK/cfile/run" --dry-run 2>"$WORK/stderr"); rc=$?
+[ $rc -eq 1 ] || fail "dry run with problems: exit $rc, expected 1"
+grep -qF "parameters" <<<"$out" || fail "dry run with problems: no report on stdout"
+for needle in "error: dry run: the config is valid, but a run would stop at 3 problem(s):" \
+              "data.train: no files match '$WORK/none_*.bin'" "data.val: no files match '$WORK/none_val_*.bin'" \
+              "checkpoint.dir $WORK/cfile/run: it cannot be created: $WORK/cfile is not a directory"; do
+  grep -qF -- "$needle" "$WORK/stderr" || fail "dry run with problems: '$needle' not in: $(cat "$WORK/stderr")"
+done
+[ -f "$WORK/cfile" ] && [ ! -s "$WORK/cfile" ] || fail "dry run with problems: $WORK/cfile changed"
 
 # --print-config output is a valid config that resolves to itself.
 "$BIN" --config configs/gpt2_mini_bf16.json --set train.steps=77 --print-config >"$WORK/resolved.json" ||
