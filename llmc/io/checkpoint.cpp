@@ -7,9 +7,9 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <ctime>
 #include <map>
 #include <random>
 #include <sstream>
