@@ -166,6 +166,15 @@ std::vector<int> range(int first, int last) {
   return out;
 }
 
+// A logger's options writing to path, printing nothing.
+llmc::MetricsOptions jsonl_options(const std::string& path) {
+  llmc::MetricsOptions opt;
+  opt.jsonl_path = path;
+  opt.total_steps = 100;
+  opt.console = nullptr;
+  return opt;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -175,10 +184,7 @@ std::string read_text(const std::string& path) {
 
 TEST_F(MetricsTest, AFreshRunRotatesAnExistingLogInsteadOfTruncatingIt) {
   const std::string path = TempDirTest::path("metrics.jsonl");
-  llmc::MetricsOptions opt;
-  opt.jsonl_path = path;
-  opt.total_steps = 100;
-  opt.console = nullptr;
+  llmc::MetricsOptions opt = jsonl_options(path);
   log_steps(opt, 1, 3);
   log_steps(opt, 1, 2);  // a second fresh run in the same place
   log_steps(opt, 1, 4);  // and a third
@@ -195,10 +201,7 @@ TEST_F(MetricsTest, AFreshRunRotatesAnExistingLogInsteadOfTruncatingIt) {
 TEST_F(MetricsTest, AResumeMovesTheRecordsAfterItsCheckpointToASideFile) {
   const std::string path = TempDirTest::path("metrics.jsonl");
   const std::string console_path = TempDirTest::path("console.txt");
-  llmc::MetricsOptions opt;
-  opt.jsonl_path = path;
-  opt.total_steps = 100;
-  opt.console = nullptr;
+  llmc::MetricsOptions opt = jsonl_options(path);
   log_steps(opt, 1, 13);  // checkpoint at step 10, crash after step 13
   {  // the resumed run's "resume" record, then steps 11..20
     opt.resume_step = 10;
@@ -246,10 +249,7 @@ TEST_F(MetricsTest, AResumeMovesTheRecordsAfterItsCheckpointToASideFile) {
 }
 
 TEST_F(MetricsTest, AWriteErrorStopsTheRunNamingTheFile) {
-  llmc::MetricsOptions opt;
-  opt.total_steps = 10;
-  opt.console = nullptr;
-  opt.jsonl_path = "/dev/full";  // every write fails with ENOSPC (and a device is never rotated)
+  llmc::MetricsOptions opt = jsonl_options("/dev/full");  // every write fails with ENOSPC (a device is never rotated)
   for (int resume_step : {-1, 3}) {
     opt.resume_step = resume_step;
     llmc::MetricsLogger log(opt);
@@ -267,10 +267,7 @@ TEST_F(MetricsTest, AWriteErrorStopsTheRunNamingTheFile) {
 
 TEST_F(MetricsTest, TheLogRemovedOrReplacedDuringTheRunStopsIt) {
   const std::string path = TempDirTest::path("metrics.jsonl");
-  llmc::MetricsOptions opt;
-  opt.jsonl_path = path;
-  opt.total_steps = 10;
-  opt.console = nullptr;
+  llmc::MetricsOptions opt = jsonl_options(path);
   {
     llmc::MetricsLogger log(opt);
     log.log_eval(1, 2.0);
@@ -293,10 +290,7 @@ TEST_F(MetricsTest, TheLogRemovedOrReplacedDuringTheRunStopsIt) {
 }
 
 TEST_F(MetricsTest, ADeviceIsWrittenAsIs) {
-  llmc::MetricsOptions opt;
-  opt.jsonl_path = "/dev/null";
-  opt.total_steps = 10;
-  opt.console = nullptr;
+  llmc::MetricsOptions opt = jsonl_options("/dev/null");
   for (int resume_step : {-1, 5}) {
     opt.resume_step = resume_step;
     llmc::MetricsLogger log(opt);
