@@ -19,8 +19,9 @@ PYTHON ?= python3
 # -Xcompiler splits its argument at them). GCC 12 reports false -Wmaybe-uninitialized in libstdc++'s <regex> under
 # -fsanitize=address, so the C++ files of this build leave that warning out.
 SANITIZE_FLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-SANITIZE_ENV := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:strict_string_checks=1:detect_stack_use_after_return=1 \
-                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+SANITIZE_ENV := \
+  ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:strict_string_checks=1:detect_stack_use_after_return=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # What it builds: the CPU GoogleTest binaries (test/<layer>/test_*.cpp) and the trainer the integration tests drive.
 SANITIZE_TARGETS := train_gpt $(sort $(basename $(notdir $(wildcard test/*/test_*.cpp))))
 

@@ -297,8 +297,8 @@ void apply_retention(const std::string& run_dir, int64_t current_step, int keep,
   std::vector<std::string> to_remove;
   for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && (parse_step_name_with_suffix(name, ".tmp") || parse_step_name_with_suffix(name, ".old")) &&
-        !same_dir(entry.path().string(), resumed_from))
+    const bool stale = parse_step_name_with_suffix(name, ".tmp") || parse_step_name_with_suffix(name, ".old");
+    if (entry.is_directory() && stale && !same_dir(entry.path().string(), resumed_from))
       to_remove.push_back(entry.path().string());
   }
   const std::vector<CheckpointInfo> listing = list_checkpoints(run_dir);
@@ -509,7 +509,8 @@ std::vector<CheckpointInfo> list_complete_checkpoints(const std::string& run_dir
       if (auto step = parse_step_name_with_suffix(entry.path().filename().string(), ".old");
           step && entry.is_directory() && has_done(entry.path().string()))
         out.push_back({*step, entry.path().string(), true});
-  std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
   return out;
 }
 
@@ -526,7 +527,8 @@ std::vector<std::string> retention_removals(const std::vector<CheckpointInfo>& l
       remove.push_back(c.path);  // its write never finished: nothing in it is usable
   }
   if (keep == 0) return remove;
-  std::sort(complete.begin(), complete.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step > b.step; });
+  std::sort(complete.begin(), complete.end(),
+            [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step > b.step; });
   int kept = 1;  // the current checkpoint
   for (const CheckpointInfo& c : complete) {
     if (kept >= keep)

@@ -54,7 +54,8 @@ for key in model.preset model.padded_vocab_multiple data.train train.global_batc
            precision.recipe parallel.zero_stage checkpoint.resume eval.batches sample.top_k log.jsonl; do
   grep -qE "^$key " <<<"$keys" || fail "--list-keys lacks $key"
 done
-documented=$(grep -cE '^\| `(model|data|train|optimizer|precision|parallel|checkpoint|eval|sample|log)\.[a-z_0-9]+` \|' configs/README.md)
+sections='model|data|train|optimizer|precision|parallel|checkpoint|eval|sample|log'
+documented=$(grep -cE "^\| \`($sections)\.[a-z_0-9]+\` \|" configs/README.md)
 [ "$(wc -l <<<"$keys")" -eq $((documented + 1)) ] ||
   fail "--list-keys: expected the $documented keys of configs/README.md + header, got $(wc -l <<<"$keys") lines"
 
@@ -160,8 +161,8 @@ expect_error "export llm.c into a step dir" 1 "would write into the checkpoint s
 expect_error "export into a non-empty dir" 1 "--export-hf full is not empty: choose another path, or add --force" \
   --config $T --export-hf full
 expect_error "export over a file" 1 "--export-llmc old.bin exists" --config $T --export-llmc old.bin
-(cd "$WORK/run" && "$BIN" --config $T --export-hf full --export-llmc old.bin --force >"$WORK/stdout" 2>"$WORK/stderr") ||
-  fail "export with --force: $(cat "$WORK/stderr")"
+(cd "$WORK/run" && "$BIN" --config $T --export-hf full --export-llmc old.bin --force \
+  >"$WORK/stdout" 2>"$WORK/stderr") || fail "export with --force: $(cat "$WORK/stderr")"
 [ -f "$WORK/run/full/config.json" ] && [ -f "$WORK/run/full/notes.txt" ] || fail "export with --force: files"
 [ "$(head -c 4 "$WORK/run/old.bin" | od -An -tu4 | tr -d ' ')" = 20240326 ] || fail "export with --force: llm.c magic"
 rm -rf "$WORK/run/ck" "$WORK/run/full" "$WORK/run/old.bin"

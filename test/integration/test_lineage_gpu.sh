@@ -31,7 +31,8 @@ run() {  # run NAME EXPECTED_RC ARGS...
 echo "== 1. rollback"
 run first 0 --stop-at-step 10
 run rollback 0 --set "checkpoint.resume=$RUN/step_00000004"
-grep -q "checkpoint: rollback: resuming from step 4" "$TMP/rollback.log" || { echo "FAIL: no rollback message"; fail=1; }
+grep -q "checkpoint: rollback: resuming from step 4" "$TMP/rollback.log" ||
+  { echo "FAIL: no rollback message"; fail=1; }
 grep -q "metrics: 6 record(s) of $RUN/metrics.jsonl written after the checkpoint of step 4" "$TMP/rollback.log" ||
   { echo "FAIL: no metrics side-file message"; cat "$TMP/rollback.log"; fail=1; }
 python3 - "$RUN" <<'PY' || fail=1

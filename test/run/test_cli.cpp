@@ -166,7 +166,8 @@ TEST_F(DryRunChecksTest, DataGlobsAndShardHeaders) {
   write_shard(path("val_000.bin"), 300);
   c = llmc::dry_run_checks(config({}));
   EXPECT_TRUE(c.problems.empty()) << joined(c.problems);
-  EXPECT_TRUE(has(c.passed, "data.train: 2 shard(s) match '" + path("train_*.bin") + "', 1,500 tokens")) << joined(c.passed);
+  EXPECT_TRUE(has(c.passed, "data.train: 2 shard(s) match '" + path("train_*.bin") + "', 1,500 tokens"))
+      << joined(c.passed);
   EXPECT_TRUE(has(c.passed, "data.val: 1 shard(s)")) << joined(c.passed);
   // A truncated shard and one with a bad magic: each named.
   write_shard(path("train_002.bin"), 100, 20240520, /*bytes_short=*/6);
@@ -174,7 +175,8 @@ TEST_F(DryRunChecksTest, DataGlobsAndShardHeaders) {
   c = llmc::dry_run_checks(config({}));
   EXPECT_TRUE(has(c.problems, "data.train: data shard '" + path("train_002.bin") + "'")) << joined(c.problems);
   EXPECT_TRUE(has(c.problems, "truncated")) << joined(c.problems);
-  EXPECT_TRUE(has(c.problems, "data.val: data shard '" + path("val_001.bin") + "': bad magic 12345")) << joined(c.problems);
+  EXPECT_TRUE(has(c.problems, "data.val: data shard '" + path("val_001.bin") + "': bad magic 12345"))
+      << joined(c.problems);
 }
 
 TEST_F(DryRunChecksTest, CheckpointDirIsWritableAndNothingIsCreated) {
