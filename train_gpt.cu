@@ -122,7 +122,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
     mopt.writer = comm.is_root();
     mopt.jsonl_path = !cfg.log.jsonl.empty() ? cfg.log.jsonl
                       : !cfg.checkpoint.dir.empty() ? cfg.checkpoint.dir + "/metrics.jsonl" : "";
-    mopt.append = session.resumed_from().has_value();
+    mopt.resume_step = session.resumed_from() ? start_step : -1;  // records after the checkpoint move to a side file
     mopt.total_steps = cfg.train.steps;
     mopt.console_every = cfg.log.every;
     mopt.flops_per_token = flops_per_token(spec, cfg.train.seq_len);
@@ -198,11 +198,21 @@ int main(int argc, char** argv) {
     if (options.print_config || options.dry_run || options.exporting()) {  // no GPU, no launcher needed
       const llmc::RunConfig cfg = llmc::load_config(options.config_path, options.overrides, world_size);
       if (options.print_config) std::printf("%s\n", llmc::config_to_json(cfg).dump(2).c_str());
-      if (options.dry_run) std::printf("%s", llmc::dry_run_report(cfg, world_size).c_str());
+      if (options.dry_run) {
+        std::printf("%s", llmc::dry_run_report(cfg, world_size).c_str());
+        const llmc::DryRunChecks checks = llmc::dry_run_checks(cfg);  // data, checkpoint.dir, ...: what a run needs
+        for (const std::string& line : checks.passed) std::printf("checked: %s\n", line.c_str());
+        if (!checks.problems.empty()) {
+          std::string list;
+          for (const std::string& problem : checks.problems) list += "\n  - " + problem;
+          llmc::throw_error("dry run: the config is valid, but a run would stop at %zu problem(s):%s",
+                            checks.problems.size(), list.c_str());
+        }
+      }
       if (options.print_config || options.dry_run) return 0;
       // the start weights, written in other formats
       return llmc::export_run_weights(cfg, options.export_hf, options.export_llmc,
-                                      llmc::parse_weight_dtype(options.export_dtype));
+                                      llmc::parse_weight_dtype(options.export_dtype), options.force);
     }
     const llmc::LaunchInfo launch = llmc::detect_launch();
     llmc::set_error_rank(launch.rank, launch.world_size);

@@ -38,4 +38,10 @@ struct ParamTable {
   const ParamInfo* find(const std::string& name) const;  // nullptr if absent
 };
 
+// The first NaN or Inf of the table's tensors in `values` (a flat buffer laid out by the table: weights, gradients),
+// in storage order or, with output_side_first, from the last tensor backwards (the order backward finishes
+// gradients), as "name[i, j] = nan" (the element's index in the tensor's shape); "" when every element is finite.
+// The alignment gaps between tensors are not looked at.
+std::string first_nonfinite_element(const ParamTable& table, const float* values, bool output_side_first = false);
+
 }  // namespace llmc

@@ -1,13 +1,17 @@
-// llmc/io/checkpoint.cpp: implementation of CRC-32C, the atomic checkpoint writer, retention, verification and resume
-// (layout and protocol documented in checkpoint.h).
+// llmc/io/checkpoint.cpp: implementation of CRC-32C, the atomic checkpoint writer, verification, resume, the lineage
+// of a run's checkpoints (run start, rollbacks, checkpoints set aside) and retention (layout and protocol documented
+// in checkpoint.h).
 #include "llmc/io/checkpoint.h"
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
+#include <random>
+#include <sstream>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -38,6 +42,8 @@ constexpr int kStepDigits = 8;
 constexpr uint64_t kMaxTextFileBytes = 64u << 20;  // trainer_state.json holds the config and the data positions
 constexpr int64_t kMaxWorldSize = 1 << 20;          // ranks a trainer_state.json may name
 static_assert(size_limits::kSteps == 1000000000 && kMaxWorldSize == 1048576, "quoted in load_trainer_state's errors");
+constexpr const char* kAbandonedDir = "abandoned";       // <run>/abandoned/<UTC time>/: checkpoints set aside
+constexpr const char* kSetAsideFile = "set_aside.json";  // in each of them: why, when, by which run
 
 // tables[k][b]: CRC contribution of byte b followed by k zero bytes (slicing-by-8).
 struct Crc32cTables {
@@ -213,22 +219,6 @@ std::optional<int64_t> parse_step_name_with_suffix(const std::string& name, cons
 
 bool has_done(const std::string& step_dir) { return is_file(join(step_dir, kDoneFile)); }
 
-// Cheap usability check of a complete checkpoint (no checksums): DONE, trainer_state.json, files with the right sizes.
-bool looks_usable(const std::string& step_dir) {
-  if (!has_done(step_dir)) return false;
-  try {
-    TrainerState st = load_trainer_state(step_dir);
-    for (const CheckpointFile& f : st.files) {
-      std::error_code ec;
-      uint64_t size = fs::file_size(join(step_dir, f.name), ec);
-      if (ec || size != f.bytes) return false;
-    }
-  } catch (const Error&) {
-    return false;
-  }
-  return true;
-}
-
 // The step of a step dir path (its last component, with an optional .old suffix), if it is named like one.
 std::optional<int64_t> step_of_dir(const std::string& step_dir) {
   std::string name = fs::path(step_dir).lexically_normal().filename().string();
@@ -237,46 +227,104 @@ std::optional<int64_t> step_of_dir(const std::string& step_dir) {
   return parse_step_name_with_suffix(name, ".old");
 }
 
-// The end of a "checkpoint X is corrupt" message: what the user can do instead.
-std::string previous_checkpoint_hint(const std::string& step_dir) {
+// The run directory a step dir lies in ("." for a bare name).
+std::string run_dir_of(const std::string& step_dir) {
   fs::path normal = fs::path(step_dir).lexically_normal();
   if (normal.filename().empty()) normal = normal.parent_path();
-  const std::string run_dir = normal.parent_path().empty() ? "." : normal.parent_path().string();
+  return normal.parent_path().empty() ? "." : normal.parent_path().string();
+}
+
+// The key a path has in RunLineage::verified: the same directory named two ways gets one key.
+std::string canonical_key(const std::string& path) {
+  std::error_code ec;
+  const fs::path canonical = fs::weakly_canonical(path, ec);
+  return ec ? fs::path(path).lexically_normal().string() : canonical.string();
+}
+
+bool same_dir(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return !a.empty() && !b.empty() && fs::equivalent(a, b, ec) && !ec;
+}
+
+// "20250611T142233Z"
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
+std::string names_of(const std::vector<CheckpointInfo>& dirs) {
+  std::string out;
+  for (const CheckpointInfo& c : dirs) out += (out.empty() ? "" : ", ") + fs::path(c.path).filename().string();
+  return out;
+}
+
+// verify_checkpoint without the hint about an older usable checkpoint (defined with the readers below).
+TrainerState verify_contents(const std::string& step_dir);
+
+bool checkpoint_verifies(const std::string& step_dir) {
+  try {
+    verify_contents(step_dir);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The end of a "checkpoint X is corrupt" message: the newest older checkpoint that verifies in full, or that none does.
+std::string previous_checkpoint_hint(const std::string& step_dir) {
+  const std::string run_dir = run_dir_of(step_dir);
   const std::optional<int64_t> step = step_of_dir(step_dir);
   std::vector<CheckpointInfo> all = list_checkpoints(run_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (step && it->step >= *step) continue;
-    if (it->complete && looks_usable(it->path))
-      return strformat(": the previous checkpoint %s is still usable, remove the corrupt directory %s or set "
-                       "checkpoint.resume to it",
+    if (it->complete && checkpoint_verifies(it->path))
+      return strformat(": the previous checkpoint %s is still usable (its checksums verify), remove the corrupt "
+                       "directory %s or set checkpoint.resume to it",
                        it->path.c_str(), step_dir.c_str());
   }
-  return strformat(": no earlier usable checkpoint exists in %s; remove the corrupt directory %s and start over "
+  return strformat(": no earlier checkpoint in %s verifies; remove the corrupt directory %s and start over "
                    "(checkpoint.resume=none)",
                    run_dir.c_str(), step_dir.c_str());
 }
 
-// Retention after a successful commit (see checkpoint.h). The checkpoint just written is always kept.
-void apply_retention(const std::string& run_dir, int64_t current_step, int keep) {
+// Retention after a successful commit (see checkpoint.h): stale *.tmp / *.old dirs, then retention_removals.
+void apply_retention(const std::string& run_dir, int64_t current_step, int keep, RunLineage* lineage,
+                     std::vector<std::string>* notes) {
+  const std::string resumed_from = lineage ? lineage->resumed_from : "";
   std::error_code ec;
   std::vector<std::string> to_remove;
-  std::vector<CheckpointInfo> complete;
   for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
-    if (!entry.is_directory()) continue;
     const std::string name = entry.path().filename().string();
-    const std::string path = entry.path().string();
-    if (parse_step_name_with_suffix(name, ".tmp") || parse_step_name_with_suffix(name, ".old")) {
-      to_remove.push_back(path);
-    } else if (auto step = parse_step_dir_name(name)) {
-      if (!has_done(path))
-        to_remove.push_back(path);
-      else if (*step != current_step)
-        complete.push_back({*step, path, true});
-    }
+    const bool stale = parse_step_name_with_suffix(name, ".tmp") || parse_step_name_with_suffix(name, ".old");
+    if (entry.is_directory() && stale && !same_dir(entry.path().string(), resumed_from))
+      to_remove.push_back(entry.path().string());
   }
-  std::sort(complete.begin(), complete.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step > b.step; });
-  if (keep > 0)
-    for (size_t i = size_t(keep - 1); i < complete.size(); i++) to_remove.push_back(complete[i].path);
+  const std::vector<CheckpointInfo> listing = list_checkpoints(run_dir);
+  std::string protected_dir;
+  for (const CheckpointInfo& c : listing)
+    if (same_dir(c.path, resumed_from)) protected_dir = c.path;
+  auto verifies = [&](const std::string& path) {
+    const std::string key = canonical_key(path);
+    if (lineage)
+      if (auto it = lineage->verified.find(key); it != lineage->verified.end()) return it->second;
+    std::string problem;
+    try {
+      verify_contents(path);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    if (!problem.empty() && notes)
+      notes->push_back(strformat("%s does not verify (%s): it is not counted for checkpoint.keep, and stays until %d "
+                                 "newer checkpoints verify", path.c_str(), problem.c_str(), keep));
+    if (lineage) lineage->verified[key] = problem.empty();
+    return problem.empty();
+  };
+  for (const std::string& path : retention_removals(listing, current_step, keep, protected_dir, verifies))
+    to_remove.push_back(path);
   for (const std::string& path : to_remove) remove_tree(path);
   if (!to_remove.empty()) fsync_dir(run_dir);
 }
@@ -305,6 +353,15 @@ std::optional<int64_t> parse_step_dir_name(const std::string& name) {
   for (char c : digits)
     if (c < '0' || c > '9') return std::nullopt;
   return std::stoll(digits);
+}
+
+bool is_checkpoint_step_dir(const std::string& path) {
+  return is_dir(path) && (is_file(join(path, kTrainerStateFile)) || is_file(join(path, kDoneFile)));
+}
+
+std::string new_run_id() {
+  std::random_device entropy;
+  return utc_stamp() + "-" + strformat("%08x", static_cast<unsigned>(entropy()));
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -350,13 +407,18 @@ void CheckpointWriter::add_json(const std::string& name, const nlohmann::json& j
   add_bytes(name, text.data(), text.size());
 }
 
-std::string CheckpointWriter::commit(TrainerState state, int keep) {
+std::string CheckpointWriter::commit(TrainerState state, int keep, RunLineage* lineage,
+                                    std::vector<std::string>* notes) {
   if (committed_) throw_error("checkpoint: %s is already committed", final_dir_.c_str());
   if (state.step != step_)
     throw_error("checkpoint: trainer state step %lld differs from the writer's step %lld", (long long)state.step,
                 (long long)step_);
   if (state.world_size < 1) throw_error("checkpoint: world_size must be >= 1 (got %d)", state.world_size);
   if (keep < 0) throw_error("checkpoint: checkpoint.keep must be >= 0 (got %d)", keep);
+  if (lineage) {
+    state.run_id = lineage->run_id;
+    state.parent = lineage->parent;
+  }
 
   // 1. Checksum and fsync every file the caller (and other ranks) wrote.
   std::vector<std::string> names;
@@ -384,6 +446,8 @@ std::string CheckpointWriter::commit(TrainerState state, int keep) {
   j["format_version"] = kCheckpointFormatVersion;
   j["step"] = state.step;
   j["world_size"] = state.world_size;
+  j["run_id"] = state.run_id;
+  j["parent"] = state.parent.empty() ? json(nullptr) : json(state.parent);
   j["rng"] = state.rng;
   j["data"] = state.data;
   j["config"] = state.config;
@@ -412,8 +476,12 @@ std::string CheckpointWriter::commit(TrainerState state, int keep) {
   fsync_dir(final_dir_);
   fsync_dir(run_dir_);
 
-  // 4. Retention (also removes the replaced .old and stale *.tmp dirs).
-  apply_retention(run_dir_, step_, keep);
+  // 4. The lineage moves on; retention (also removes the replaced .old and stale *.tmp dirs).
+  if (lineage) {
+    lineage->parent = final_dir_;
+    lineage->verified[canonical_key(final_dir_)] = true;  // its checksums were computed from the files just now
+  }
+  apply_retention(run_dir_, step_, keep, lineage, notes);
   return final_dir_;
 }
 
@@ -431,6 +499,139 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& run_dir) {
   }
   std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
   return out;
+}
+
+std::vector<CheckpointInfo> list_complete_checkpoints(const std::string& run_dir) {
+  std::vector<CheckpointInfo> out;
+  for (const CheckpointInfo& c : list_checkpoints(run_dir))
+    if (c.complete) out.push_back(c);
+  std::error_code ec;
+  if (!run_dir.empty() && is_dir(run_dir))
+    for (const auto& entry : fs::directory_iterator(run_dir, ec))
+      if (auto step = parse_step_name_with_suffix(entry.path().filename().string(), ".old");
+          step && entry.is_directory() && has_done(entry.path().string()))
+        out.push_back({*step, entry.path().string(), true});
+  std::stable_sort(out.begin(), out.end(),
+                   [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+  return out;
+}
+
+std::vector<std::string> retention_removals(const std::vector<CheckpointInfo>& listing, int64_t current_step, int keep,
+                                            const std::string& protected_dir,
+                                            const std::function<bool(const std::string&)>& verifies) {
+  std::vector<std::string> remove;
+  std::vector<CheckpointInfo> complete;
+  for (const CheckpointInfo& c : listing) {
+    if (c.step == current_step || c.path == protected_dir) continue;
+    if (c.complete)
+      complete.push_back(c);
+    else
+      remove.push_back(c.path);  // its write never finished: nothing in it is usable
+  }
+  if (keep == 0) return remove;
+  std::sort(complete.begin(), complete.end(),
+            [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step > b.step; });
+  int kept = 1;  // the current checkpoint
+  for (const CheckpointInfo& c : complete) {
+    if (kept >= keep)
+      remove.push_back(c.path);
+    else if (verifies(c.path))
+      kept++;
+  }
+  return remove;
+}
+
+std::vector<CheckpointInfo> checkpoints_left_behind(const std::vector<CheckpointInfo>& complete,
+                                                    std::optional<int64_t> resume_step, bool resume_in_run_dir,
+                                                    bool overwrite, const std::string& run_dir,
+                                                    const std::string& resume_mode) {
+  std::vector<CheckpointInfo> left;
+  if (resume_step && resume_in_run_dir) {  // newer checkpoints than the resumed one: a rollback abandons them
+    for (const CheckpointInfo& c : complete)
+      if (c.step > *resume_step) left.push_back(c);
+    return left;
+  }
+  if (complete.empty() || overwrite) return complete;
+  const std::string what =
+      resume_step ? strformat("checkpoint.resume = \"%s\" continues a checkpoint of another directory",
+                              resume_mode.c_str())
+                  : strformat("checkpoint.resume = \"%s\" starts a new run", resume_mode.c_str());
+  throw_error("checkpoint.dir %s already holds %zu checkpoint(s) (the newest: %s) and %s: its checkpoints would mix "
+              "with them and retention would remove them. Continue that run (checkpoint.resume=auto), choose another "
+              "checkpoint.dir, or set checkpoint.overwrite=true to move them into %s (kept) and start over",
+              run_dir.c_str(), complete.size(), complete.back().path.c_str(), what.c_str(),
+              join(run_dir, kAbandonedDir).c_str());
+}
+
+std::string set_aside_checkpoints(const std::string& run_dir, const std::vector<CheckpointInfo>& dirs,
+                                  const nlohmann::json& why) {
+  const std::string parent = join(run_dir, kAbandonedDir);
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw_error("checkpoint: cannot create %s: %s (nothing was moved)", parent.c_str(), ec.message().c_str());
+  const std::string stamp = utc_stamp();
+  std::string aside = join(parent, stamp);
+  for (int i = 2; fs::exists(aside, ec); i++) aside = join(parent, strformat("%s-%d", stamp.c_str(), i));
+  if (!fs::create_directory(aside, ec) || ec)
+    throw_error("checkpoint: cannot create %s: %s (nothing was moved)", aside.c_str(), ec.message().c_str());
+  json note = why;
+  note["time"] = stamp;
+  note["moved"] = json::array();
+  for (const CheckpointInfo& c : dirs) note["moved"].push_back(fs::path(c.path).filename().string());
+  const std::string text = note.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  write_file_synced(join(aside, kSetAsideFile), text.data(), text.size());
+  for (const CheckpointInfo& c : dirs) {
+    const std::string to = join(aside, fs::path(c.path).filename().string());
+    if (::rename(c.path.c_str(), to.c_str()) != 0)
+      throw_error("checkpoint: cannot move %s to %s: %s (nothing was deleted; move it by hand or fix the permissions)",
+                  c.path.c_str(), to.c_str(), std::strerror(errno));
+  }
+  fsync_dir(aside);
+  fsync_dir(run_dir);
+  return aside;
+}
+
+RunStart start_run(const std::string& resume_mode, const std::string& run_dir, bool overwrite) {
+  RunStart start;
+  if (!run_dir.empty() || (resume_mode != "auto" && resume_mode != "none"))
+    start.resume_dir = resolve_resume(resume_mode, run_dir, &start.notes);
+  std::optional<int64_t> resume_step;
+  RunLineage& lineage = start.lineage;
+  if (start.resume_dir) {
+    const TrainerState state = load_trainer_state(*start.resume_dir);
+    resume_step = state.step;
+    lineage.run_id = state.run_id;
+    lineage.resumed_from = lineage.parent = *start.resume_dir;
+    lineage.verified[canonical_key(*start.resume_dir)] = true;  // resolve_resume verified it
+  }
+  if (lineage.run_id.empty()) {
+    lineage.run_id = new_run_id();
+    if (start.resume_dir)
+      start.notes.push_back(strformat("%s records no run id (written before checkpoints recorded their lineage): "
+                                      "this run continues as run %s", start.resume_dir->c_str(),
+                                      lineage.run_id.c_str()));
+  }
+  if (run_dir.empty()) return start;
+
+  const bool resume_in_run_dir = start.resume_dir && same_dir(run_dir_of(*start.resume_dir), run_dir);
+  const std::vector<CheckpointInfo> left = checkpoints_left_behind(
+      list_complete_checkpoints(run_dir), resume_step, resume_in_run_dir, overwrite, run_dir, resume_mode);
+  if (left.empty()) return start;
+  const bool rollback = resume_step && resume_in_run_dir;
+  json why = {{"reason", rollback ? "rollback" : "overwrite"},
+              {"run_id", lineage.run_id},
+              {"resumed_from", start.resume_dir ? json(*start.resume_dir) : json(nullptr)}};
+  const std::string aside = set_aside_checkpoints(run_dir, left, why);
+  if (rollback)
+    start.notes.push_back(strformat("rollback: resuming from step %lld, older than the newest checkpoint of %s; the "
+                                    "line it abandons (%s) is moved to %s (kept, never resumed from automatically)",
+                                    static_cast<long long>(*resume_step), run_dir.c_str(), names_of(left).c_str(),
+                                    aside.c_str()));
+  else
+    start.notes.push_back(strformat("checkpoint.overwrite: the %zu checkpoint(s) already in %s (%s) are moved to %s "
+                                    "(kept); this run starts over as run %s", left.size(), run_dir.c_str(),
+                                    names_of(left).c_str(), aside.c_str(), lineage.run_id.c_str()));
+  return start;
 }
 
 std::optional<std::string> find_latest_checkpoint(const std::string& run_dir, std::vector<std::string>* notes) {
@@ -515,6 +716,13 @@ TrainerState load_trainer_state(const std::string& step_dir) {
       {"rng", &st.rng}, {"data", &st.data}, {"config", &st.config}, {"extra", &st.extra}};
   for (const auto& [key, field] : opaque_fields)
     if (j.contains(key)) *field = j[key];
+  // Lineage (absent in checkpoints that predate it).
+  if (j.contains("run_id") && !j["run_id"].is_string())
+    throw_error("checkpoint file %s is corrupt ('run_id' is not a string)", path.c_str());
+  if (j.contains("parent") && !j["parent"].is_string() && !j["parent"].is_null())
+    throw_error("checkpoint file %s is corrupt ('parent' is neither a string nor null)", path.c_str());
+  st.run_id = j.value("run_id", std::string());
+  if (j.contains("parent") && j["parent"].is_string()) st.parent = j["parent"].get<std::string>();
   for (const json& f : j["files"]) {
     if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
         !f["bytes"].is_number_unsigned() || !f.contains("crc32c") || !f["crc32c"].is_string())
@@ -536,43 +744,45 @@ TrainerState load_trainer_state(const std::string& step_dir) {
   return st;
 }
 
-TrainerState verify_checkpoint(const std::string& step_dir) {
-  if (!is_dir(step_dir)) throw_error("checkpoint directory %s does not exist", step_dir.c_str());
+namespace {
+
+TrainerState verify_contents(const std::string& step_dir) {
   const std::string done_path = join(step_dir, kDoneFile);
   const std::string state_path = join(step_dir, kTrainerStateFile);
   std::string done;
   if (!read_text_file(done_path, &done))
-    throw_error("checkpoint %s is incomplete (no DONE marker: its write did not finish)%s", step_dir.c_str(),
-                previous_checkpoint_hint(step_dir).c_str());
+    throw_error("checkpoint %s is incomplete (no DONE marker: its write did not finish)", step_dir.c_str());
   std::string state_text;
-  if (!read_text_file(state_path, &state_text))
-    throw_error("checkpoint file %s is missing%s", state_path.c_str(), previous_checkpoint_hint(step_dir).c_str());
+  if (!read_text_file(state_path, &state_text)) throw_error("checkpoint file %s is missing", state_path.c_str());
   if (done != done_contents(crc32c(state_text.data(), state_text.size())))
-    throw_error("checkpoint file %s is corrupt (checksum mismatch with the DONE marker)%s", state_path.c_str(),
-                previous_checkpoint_hint(step_dir).c_str());
-  TrainerState st;
-  try {
-    st = load_trainer_state(step_dir);
-  } catch (const Error& e) {
-    throw Error(std::string(e.what()) + previous_checkpoint_hint(step_dir));
-  }
+    throw_error("checkpoint file %s is corrupt (checksum mismatch with the DONE marker)", state_path.c_str());
+  TrainerState st = load_trainer_state(step_dir);
   if (auto dir_step = step_of_dir(step_dir); dir_step && *dir_step != st.step)
-    throw_error("checkpoint file %s is corrupt (step %lld, but the directory is named for step %lld)%s",
-                state_path.c_str(), (long long)st.step, (long long)*dir_step, previous_checkpoint_hint(step_dir).c_str());
+    throw_error("checkpoint file %s is corrupt (step %lld, but the directory is named for step %lld)",
+                state_path.c_str(), (long long)st.step, (long long)*dir_step);
   for (const CheckpointFile& f : st.files) {
     const std::string path = join(step_dir, f.name);
-    if (!is_file(path))
-      throw_error("checkpoint file %s is missing%s", path.c_str(), previous_checkpoint_hint(step_dir).c_str());
+    if (!is_file(path)) throw_error("checkpoint file %s is missing", path.c_str());
     std::error_code ec;
     const uint64_t size = fs::file_size(path, ec);
     if (ec || size != f.bytes)
-      throw_error("checkpoint file %s is corrupt (%llu bytes, expected %llu: truncated?)%s", path.c_str(),
-                  (unsigned long long)size, (unsigned long long)f.bytes, previous_checkpoint_hint(step_dir).c_str());
+      throw_error("checkpoint file %s is corrupt (%llu bytes, expected %llu: truncated?)", path.c_str(),
+                  (unsigned long long)size, (unsigned long long)f.bytes);
     if (checksum_file(path, nullptr, /*fsync_it=*/false) != f.crc32c)
-      throw_error("checkpoint file %s is corrupt (checksum mismatch)%s", path.c_str(),
-                  previous_checkpoint_hint(step_dir).c_str());
+      throw_error("checkpoint file %s is corrupt (checksum mismatch)", path.c_str());
   }
   return st;
+}
+
+}  // namespace
+
+TrainerState verify_checkpoint(const std::string& step_dir) {
+  if (!is_dir(step_dir)) throw_error("checkpoint directory %s does not exist", step_dir.c_str());
+  try {
+    return verify_contents(step_dir);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + previous_checkpoint_hint(step_dir));
+  }
 }
 
 std::optional<std::string> resolve_resume(const std::string& mode, const std::string& run_dir,

@@ -30,6 +30,8 @@ constexpr int32_t kMagicUint16 = 20240520, kVersionUint16 = 1;
 constexpr int32_t kMagicUint32 = 20240801, kVersionUint32 = 7;
 const char* kPrepareHint = "python3 dev/data/prepare.py (e.g. --kjv for data/kjv/kjv_{train,val}_*.bin)";
 
+}  // namespace
+
 std::vector<std::string> expand_glob(const std::string& pattern) {
   glob_t g;
   std::memset(&g, 0, sizeof(g));
@@ -42,6 +44,8 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
   std::sort(paths.begin(), paths.end());  // byte order, independent of the locale
   return paths;
 }
+
+namespace {
 
 // Reads `count` tokens of a shard from token `first_token` into bytes (little-endian, info.bytes_per_token each).
 void pread_tokens(int fd, const ShardInfo& info, size_t first_token, size_t count, std::vector<unsigned char>& bytes) {

@@ -32,6 +32,9 @@ struct ShardInfo {
   size_t num_windows = 0;   // windows of T+1 tokens at stride T: (num_tokens - 1) / T
 };
 
+// The files matching a glob pattern, sorted in byte order (the shard order); empty when none match.
+std::vector<std::string> expand_glob(const std::string& pattern);
+
 // Reads and validates one shard's header against its file size; throws llmc::Error naming the file (also for a path
 // that is not a regular file: a FIFO, a directory). num_windows is left 0 (it depends on T).
 ShardInfo read_shard_header(const std::string& path);

@@ -1,16 +1,21 @@
 // llmc/run/cli.cpp: the train_gpt command line. The CLI11 definitions below are the only description of the flags: --help is
-// generated from them. Also the world-size detection and the --dry-run report (which needs no GPU).
+// generated from them. Also the world-size detection and the --dry-run report and checks (which need no GPU).
 #include "llmc/run/cli.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
 #include "llmc/core/common.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/data.h"
 #include "llmc/model/family.h"
 
 namespace llmc {
@@ -28,8 +33,9 @@ int parse_cli(int argc, char** argv, CliOptions* out) {
       ->type_name("SECTION.KEY=VALUE")
       ->allow_extra_args(false);
   app.add_flag("--dry-run", out->dry_run,
-               "validate the config, print the model size, FLOPs/token and a memory estimate, and exit (no GPU "
-               "needed)");
+               "validate the config, print the model size, FLOPs/token and a memory estimate, check that the data "
+               "globs match valid shards (headers only) and that checkpoint.dir can be written, and exit: 0, or 1 "
+               "naming each problem a run would stop at (no GPU needed, nothing written)");
   app.add_flag("--print-config", out->print_config,
                "print the resolved config (presets expanded, every key) as JSON and exit; the output is a valid "
                "--config file");
@@ -55,6 +61,9 @@ int parse_cli(int argc, char** argv, CliOptions* out) {
                  "dtype of the exported tensors (bfloat16 rounds the FP32 weights to nearest even once)")
       ->type_name("float32|bfloat16")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_flag("--force", out->force,
+               "let --export-hf write into a non-empty directory and --export-llmc over an existing file (never into "
+               "a checkpoint step directory)");
   export_hf->excludes("--dry-run")->excludes("--print-config");
   export_llmc->excludes("--dry-run")->excludes("--print-config");
   app.footer(
@@ -63,7 +72,13 @@ int parse_cli(int argc, char** argv, CliOptions* out) {
       "  train_gpt --config configs/gpt2_124m_bf16.json --set train.lr=3e-4 --set train.micro_batch=8 --dry-run\n"
       "  train_gpt --config configs/gpt2_mini_bf16.json --export-hf runs/gpt2_mini_hf   (from the newest checkpoint)\n"
       "  train_gpt --config configs/gpt2_tiny_bf16.json --set train.init_from=runs/hf --export-llmc gpt2_tiny.bin\n"
-      "One process trains on one GPU (multi-GPU data parallelism is not in this build yet).\n"
+      "One process trains on one GPU. Data parallelism over several GPUs and nodes (NCCL, ZeRO-1) runs one process "
+      "per GPU:\n"
+      "  scripts/run_local.sh 2 configs/gpt2_124m_bf16.json       the GPUs of this machine\n"
+      "  scripts/run_mpi.sh 8 configs/gpt2_350m_bf16.json         Open MPI (mpirun -np 8)\n"
+      "  sbatch scripts/slurm_srun.sbatch configs/gpt2_774m_bf16.json   Slurm (srun)\n"
+      "  or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (see the parallel.* keys\n"
+      "  and the README, Multi-GPU and multi-node).\n"
       "Config keys and presets: train_gpt --list-keys, and configs/README.md.");
 
   try {
@@ -170,6 +185,95 @@ std::string dry_run_report(const RunConfig& cfg, int world_size) {
     r += line + "\n";
   }
   return r;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// "" when the run can write into dir as it would (create_directories, then files): an existing writable directory, or
+// a missing one whose nearest existing parent is a writable directory; else what is wrong.
+std::string directory_write_problem(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::path(dir).lexically_normal();
+  if (fs::exists(p, ec)) {
+    if (!fs::is_directory(p, ec)) return "it exists and is not a directory";
+    if (::access(p.c_str(), W_OK | X_OK) != 0) return strformat("it is not writable (%s)", std::strerror(errno));
+    return "";
+  }
+  while (!p.empty() && !fs::exists(p, ec)) p = p.parent_path();
+  if (p.empty()) p = ".";
+  if (!fs::is_directory(p, ec)) return strformat("it cannot be created: %s is not a directory", p.c_str());
+  if (::access(p.c_str(), W_OK | X_OK) != 0)
+    return strformat("it cannot be created: %s is not writable (%s)", p.c_str(), std::strerror(errno));
+  return "";
+}
+
+void check_shards(const char* key, const std::string& glob, DryRunChecks* out) {
+  const std::vector<std::string> paths = expand_glob(glob);
+  if (paths.empty()) {
+    out->problems.push_back(strformat("%s: no files match '%s' (check the path, or prepare shards with "
+                                      "dev/data/prepare.py)", key, glob.c_str()));
+    return;
+  }
+  size_t tokens = 0, bad = 0;
+  for (const std::string& path : paths) {
+    try {
+      tokens += read_shard_header(path).num_tokens;
+    } catch (const Error& e) {
+      out->problems.push_back(strformat("%s: %s", key, e.what()));
+      bad++;
+    }
+  }
+  if (bad == 0)
+    out->passed.push_back(strformat("%s: %zu shard(s) match '%s', %s tokens (headers and sizes valid)", key,
+                                    paths.size(), glob.c_str(), with_thousands(tokens).c_str()));
+}
+
+}  // namespace
+
+DryRunChecks dry_run_checks(const RunConfig& cfg) {
+  DryRunChecks out;
+  check_shards("data.train", cfg.data.train, &out);
+  if (!cfg.data.val.empty()) check_shards("data.val", cfg.data.val, &out);
+  std::error_code ec;
+  if (cfg.sample.tokens > 0 && !fs::is_regular_file(cfg.data.tokenizer, ec))
+    out.problems.push_back(strformat("data.tokenizer: %s is not a file (sampling decodes with it; set sample.tokens=0 "
+                                     "to sample nothing)", cfg.data.tokenizer.c_str()));
+
+  const CheckpointConfig& ck = cfg.checkpoint;
+  if (!ck.dir.empty()) {
+    if (const std::string problem = directory_write_problem(ck.dir); !problem.empty())
+      out.problems.push_back(strformat("checkpoint.dir %s: %s", ck.dir.c_str(), problem.c_str()));
+    else
+      out.passed.push_back(strformat("checkpoint.dir %s: %s", ck.dir.c_str(),
+                                     fs::exists(ck.dir, ec) ? "writable" : "can be created"));
+    if (ck.resume == "none") {
+      try {
+        const size_t n = checkpoints_left_behind(list_complete_checkpoints(ck.dir), std::nullopt, false, ck.overwrite,
+                                                 ck.dir, ck.resume).size();
+        if (n > 0)
+          out.passed.push_back(strformat("checkpoint.overwrite: the %zu checkpoint(s) in %s would be moved into "
+                                         "%s/abandoned/", n, ck.dir.c_str(), ck.dir.c_str()));
+      } catch (const Error& e) {
+        out.problems.push_back(e.what());
+      }
+    }
+  }
+  if (ck.resume != "auto" && ck.resume != "none" && !is_checkpoint_step_dir(ck.resume))
+    out.problems.push_back(strformat("checkpoint.resume: %s is not a checkpoint step directory (use auto, none, or a "
+                                     "<run>/step_NNNNNNNN directory)", ck.resume.c_str()));
+  if (!cfg.train.init_from.empty() && !fs::exists(cfg.train.init_from, ec))
+    out.problems.push_back(strformat("train.init_from: %s does not exist", cfg.train.init_from.c_str()));
+  if (!cfg.log.jsonl.empty()) {
+    const std::string parent = fs::path(cfg.log.jsonl).parent_path().string();
+    if (fs::is_directory(cfg.log.jsonl, ec))
+      out.problems.push_back(strformat("log.jsonl %s is a directory", cfg.log.jsonl.c_str()));
+    else if (const std::string problem = directory_write_problem(parent.empty() ? "." : parent); !problem.empty())
+      out.problems.push_back(strformat("log.jsonl %s: its directory %s: %s", cfg.log.jsonl.c_str(),
+                                       parent.empty() ? "." : parent.c_str(), problem.c_str()));
+  }
+  return out;
 }
 
 }  // namespace llmc

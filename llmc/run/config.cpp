@@ -219,6 +219,9 @@ const std::vector<KeySchema>& schema() {
       between(row("train", "max_skipped_steps", T::Int,
                   "divergence guard: a step whose loss or gradient norm is not finite is skipped (no update); stop "
                   "after this many consecutive skips", LLMC_ACCESS(train.max_skipped_steps)), 1, L::kSteps),
+      row("train", "allow_nonfinite_init", T::Bool,
+          "load train.init_from weights that hold NaN or Inf (by default such weights are refused, naming the tensor "
+          "and the element)", LLMC_ACCESS(train.allow_nonfinite_init)),
 
       one_of(row("optimizer", "type", T::String, "optimizer", LLMC_ACCESS(optimizer.type)), {"adamw"}),
       open_unit(row("optimizer", "beta1", T::Float, "AdamW first-moment decay", LLMC_ACCESS(optimizer.beta1))),
@@ -294,6 +297,10 @@ const std::vector<KeySchema>& schema() {
       row("checkpoint", "resume", T::String,
           "auto = newest complete checkpoint in dir if any | none | path to a step directory",
           LLMC_ACCESS(checkpoint.resume)),
+      row("checkpoint", "overwrite", T::Bool,
+          "a new run (resume none, or a step directory from elsewhere) in a dir that holds checkpoints moves them into "
+          "dir/abandoned/<time>/ (kept, never deleted) and starts over; false = stop with an error before training",
+          LLMC_ACCESS(checkpoint.overwrite)),
 
       between(row("eval", "every", T::Int, "validation loss every N steps (0 = off; also at the end if data.val is set)",
                   LLMC_ACCESS(eval.every)), 0, L::kSteps),

@@ -41,6 +41,7 @@ struct TrainConfig {
   bool deterministic = true;      // bit-identical runs (deterministic kernels and GEMM algorithms)
   std::string init_from = "";     // "" = random init; else llm8 weights, a Hugging Face directory or an llm.c .bin
   int max_skipped_steps = 5;      // divergence guard: stop after this many consecutive skipped (non-finite) steps
+  bool allow_nonfinite_init = false;  // load init_from weights holding NaN / Inf instead of refusing them
 };
 
 
@@ -51,6 +52,7 @@ struct CheckpointConfig {
   int every = 0;                  // write a checkpoint every N steps (0 = only at the end when dir is set)
   int keep = 3;                   // keep the newest N complete checkpoints (0 = keep all)
   std::string resume = "auto";    // auto = newest complete checkpoint in dir if any | none | path to a step dir
+  bool overwrite = false;         // a new run in a dir holding checkpoints moves them into dir/abandoned/ (else: error)
 };
 
 struct EvalConfig {

@@ -7,6 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "llmc/core/common.h"
 
@@ -68,15 +73,110 @@ std::string format_duration(double seconds) {
   return strformat("%lldd%02lldh", s / 86400, (s % 86400) / 3600);
 }
 
+namespace {
+
+bool is_regular_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The first of base, base.2, base.3, ... that does not exist.
+std::string first_free_name(const std::string& base) {
+  std::error_code ec;
+  std::string name = base;
+  for (int k = 2; std::filesystem::exists(name, ec); k++) name = strformat("%s.%d", base.c_str(), k);
+  return name;
+}
+
+// The "step" of a JSONL record, or nullopt (no integer step, or not a JSON object).
+std::optional<long long> record_step(const std::string& line) {
+  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return std::nullopt;
+  return j["step"].get<long long>();
+}
+
+[[noreturn]] void fail_file(const char* what, const std::string& path, int err) {
+  throw_error("metrics: %s %s (log.jsonl): %s (the run stops rather than lose records; hint: is the disk full?)", what,
+              path.c_str(), std::strerror(err));
+}
+
+// Copies bytes [offset, end) of `from` into the new file `to`, fsynced.
+void copy_tail(const std::string& from, size_t offset, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in) fail_file("cannot read the JSONL metrics file", from, errno);
+  in.seekg(static_cast<std::streamoff>(offset));
+  FILE* out = std::fopen(to.c_str(), "wx");
+  if (!out) fail_file("cannot create the side file", to, errno);
+  std::vector<char> buf(size_t(1) << 20);
+  bool ok = true;
+  while (ok && in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const size_t n = static_cast<size_t>(in.gcount());
+    ok = std::fwrite(buf.data(), 1, n, out) == n;
+  }
+  ok = ok && !in.bad() && std::fflush(out) == 0 && ::fsync(fileno(out)) == 0;
+  const int err = errno;
+  if (std::fclose(out) != 0 || !ok) fail_file("cannot write the side file", to, ok ? errno : err);
+}
+
+}  // namespace
+
 MetricsLogger::MetricsLogger(const MetricsOptions& options) : options_(options) {
   if (!options_.writer || options_.jsonl_path.empty()) return;
-  const std::filesystem::path parent = std::filesystem::path(options_.jsonl_path).parent_path();
+  const std::string& path = options_.jsonl_path;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  jsonl_ = std::fopen(options_.jsonl_path.c_str(), options_.append ? "a" : "w");
-  if (!jsonl_)
-    throw_error("metrics: cannot open the JSONL metrics file %s (log.jsonl): %s", options_.jsonl_path.c_str(),
-                std::strerror(errno));
+  if (is_regular_file(path)) prepare_file();
+  jsonl_ = std::fopen(path.c_str(), "a");
+  if (!jsonl_) fail_file("cannot open the JSONL metrics file", path, errno);
+  struct stat st;
+  if (::fstat(fileno(jsonl_), &st) == 0 && S_ISREG(st.st_mode)) {
+    jsonl_dev_ = st.st_dev;
+    jsonl_ino_ = st.st_ino;
+  }
+}
+
+void MetricsLogger::prepare_file() {
+  const std::string& path = options_.jsonl_path;
+  if (options_.resume_step < 0) {  // a fresh run: the old log is kept under the first free number
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) == 0 || ec) return;
+    std::string rotated = path + ".1";
+    for (int k = 2; std::filesystem::exists(rotated, ec); k++) rotated = strformat("%s.%d", path.c_str(), k);
+    if (::rename(path.c_str(), rotated.c_str()) != 0) fail_file("cannot rotate the JSONL metrics file", path, errno);
+    say(strformat("the existing %s is kept as %s (a new run starts a new log)", path.c_str(), rotated.c_str()));
+    return;
+  }
+  // Resuming from step S: the records after the checkpoint start at the first record whose step exceeds S (or at a
+  // last line cut short by a crash).
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_file("cannot read the JSONL metrics file", path, errno);
+  size_t offset = 0, cut = std::string::npos, moved = 0;
+  for (std::string line; std::getline(in, line);) {
+    const bool partial = in.eof();  // no newline after it
+    if (cut == std::string::npos) {
+      const std::optional<long long> step = record_step(line);
+      if (partial || (step && *step > options_.resume_step)) cut = offset;
+    }
+    if (cut != std::string::npos) moved++;
+    offset += line.size() + (partial ? 0 : 1);
+  }
+  if (in.bad()) fail_file("cannot read the JSONL metrics file", path, errno);
+  in.close();
+  if (cut == std::string::npos) return;
+  const std::string side = first_free_name(strformat("%s.after-step-%d", path.c_str(), options_.resume_step));
+  copy_tail(path, cut, side);  // the copy first (fsynced), then the cut: a crash in between loses nothing
+  if (::truncate(path.c_str(), static_cast<off_t>(cut)) != 0)
+    fail_file("cannot truncate the JSONL metrics file", path, errno);
+  say(strformat("%zu record(s) of %s written after the checkpoint of step %d are moved to %s (the log continues from "
+                "that checkpoint)", moved, path.c_str(), options_.resume_step, side.c_str()));
+}
+
+void MetricsLogger::say(const std::string& message) const {
+  if (!options_.console) return;
+  std::fprintf(options_.console, "metrics: %s\n", message.c_str());
+  std::fflush(options_.console);
 }
 
 MetricsLogger::~MetricsLogger() {
@@ -87,9 +187,18 @@ MetricsLogger::~MetricsLogger() {
 template <class Json>
 void MetricsLogger::write_line(const Json& record) {
   if (!jsonl_) return;
+  const std::string& path = options_.jsonl_path;
   const std::string line = record.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
-  std::fwrite(line.data(), 1, line.size(), jsonl_);
-  std::fflush(jsonl_);
+  errno = 0;
+  if (std::fwrite(line.data(), 1, line.size(), jsonl_) != line.size() || std::fflush(jsonl_) != 0)
+    fail_file("cannot write the JSONL metrics file", path, errno ? errno : EIO);
+  if (jsonl_ino_ != 0) {  // a regular file: is it still the one at the path?
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0 || st.st_dev != jsonl_dev_ || st.st_ino != jsonl_ino_)
+      throw_error("metrics: the JSONL metrics file %s (log.jsonl) was removed or replaced while the run wrote it: the "
+                  "run stops rather than write records nobody can read (restore the file, or resume from the last "
+                  "checkpoint)", path.c_str());
+  }
 }
 
 std::string MetricsLogger::log_train(const TrainStepMetrics& m) {

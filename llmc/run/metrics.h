@@ -13,13 +13,21 @@
 //   {"type":"eval","step":250,"val_loss":3.31}
 //   {"type":"sample","step":250,"text":"..."}          (invalid UTF-8 in the text is replaced by U+FFFD)
 //   any other record through log_record (e.g. {"type":"telemetry",...} or {"type":"resume","step":200})
-// The file is truncated for a fresh run and opened in append mode when resuming. Only the writer (rank 0) prints or
-// writes anything; on other ranks every call is a no-op apart from the throughput bookkeeping.
+// The file is never truncated: a fresh run rotates an existing non-empty log to <file>.1 (the first free <file>.K, so
+// .1 is the oldest), and a run resuming from the checkpoint of step S moves the records written after that checkpoint
+// (from the first record whose "step" exceeds S, or a partial last line, to the end) to <file>.after-step-S (the
+// first free name: .after-step-S.2, ...) and appends, so the log holds each step once. Every write and flush is
+// checked, and so is the file itself (removed or replaced while the run writes it): a failure is an llmc::Error naming
+// the file, which stops the run rather than losing records. Only regular files are rotated or split (a device such as
+// /dev/null is written as is). Only the writer (rank 0) prints or writes anything; on other ranks every call is a
+// no-op apart from the throughput bookkeeping.
 #pragma once
 
 #include <cstdio>
 #include <optional>
 #include <string>
+
+#include <sys/types.h>
 
 #include <nlohmann/json.hpp>
 
@@ -44,7 +52,7 @@ std::string format_duration(double seconds);
 struct MetricsOptions {
   bool writer = true;             // rank 0: only it prints and writes
   std::string jsonl_path = "";    // "" = no JSONL file; parent directories are created
-  bool append = false;            // resuming: append to the existing file instead of truncating it
+  int resume_step = -1;           // >= 0: resuming from the checkpoint of this step (see above); < 0: a fresh run
   int total_steps = 0;            // for "step i/N" and the ETA
   int console_every = 1;          // console line every N steps (and at the last step)
   double flops_per_token = 0;     // model FLOPs per token (6N + 6LCT); 0 = no MFU
@@ -82,8 +90,12 @@ class MetricsLogger {
  private:
   template <class Json>
   void write_line(const Json& record);
+  void prepare_file();  // rotation (fresh run) or the records after the checkpoint moved aside (resume)
+  void say(const std::string& message) const;  // a "metrics: ..." console line (writer only)
   MetricsOptions options_;
   FILE* jsonl_ = nullptr;
+  dev_t jsonl_dev_ = 0;         // the file opened (regular files): writes check it is still the one at jsonl_path
+  ino_t jsonl_ino_ = 0;
   int steps_seen_ = 0;          // log_train calls since construction
   int ema_samples_ = 0;         // steps folded into the average (the first one is skipped)
   double ema_tok_s_ = 0;        // raw EMA (before bias correction)

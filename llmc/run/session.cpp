@@ -13,6 +13,7 @@
 #include "llmc/io/optimizer_files.h"
 #include "llmc/io/precision_files.h"
 #include "llmc/precision/gemm.h"
+#include "llmc/run/start_weights.h"
 
 namespace llmc {
 
@@ -91,15 +92,15 @@ long long TrainingSession::tokens_per_step() const {
 }
 
 void TrainingSession::start() {
-  // Rank 0 picks and verifies the checkpoint; every rank loads it.
+  // Rank 0 picks and verifies the checkpoint and applies the lineage rules to the run directory (rollbacks, a new
+  // run in a directory holding checkpoints: llmc/io/checkpoint.h); every rank loads the checkpoint.
   std::optional<std::string> dir;
   comm_.check_all_ok(capture_error([&] {
                        if (!comm_.is_root()) return;
-                       std::vector<std::string> notes;
-                       if (!cfg_.checkpoint.dir.empty() ||
-                           (cfg_.checkpoint.resume != "auto" && cfg_.checkpoint.resume != "none"))
-                         dir = resolve_resume(cfg_.checkpoint.resume, cfg_.checkpoint.dir, &notes);
-                       for (const std::string& note : notes) std::printf("checkpoint: %s\n", note.c_str());
+                       RunStart run = start_run(cfg_.checkpoint.resume, cfg_.checkpoint.dir, cfg_.checkpoint.overwrite);
+                       for (const std::string& note : run.notes) std::printf("checkpoint: %s\n", note.c_str());
+                       dir = run.resume_dir;
+                       lineage_ = std::move(run.lineage);
                      }),
                      "finding the checkpoint to resume from");
   if (const std::string chosen = comm_.broadcast_text(dir.value_or(""), "the checkpoint to resume from");
@@ -116,8 +117,8 @@ void TrainingSession::start() {
 void TrainingSession::initialise_weights() {
   const ParamTable& table = model_->table();
   std::vector<float> master(table.total_elements, 0.0f);
-  if (!cfg_.train.init_from.empty()) {  // an llm8 checkpoint, a Hugging Face directory or an llm.c model file
-    std::printf("init: weights from %s\n", load_weights(cfg_.train.init_from, cfg_.model, master.data()).c_str());
+  if (!cfg_.train.init_from.empty()) {  // an llm8 checkpoint (verified), a Hugging Face directory or an llm.c file
+    std::printf("init: weights from %s\n", load_init_from(cfg_, master.data()).c_str());
   } else {
     init_parameters(table, static_cast<uint64_t>(cfg_.train.seed), master.data());
   }
@@ -192,7 +193,9 @@ std::string TrainingSession::save(int step) {
                                       {"skipped_steps", skipped_steps_},
                                       {"optimizer", describe_optimizer_snapshot(snapshot)}};
                        if (has_precision) state.extra["precision"] = precision->describe();
-                       dir = writer->commit(state, cfg_.checkpoint.keep);
+                       std::vector<std::string> notes;
+                       dir = writer->commit(state, cfg_.checkpoint.keep, &lineage_, &notes);
+                       for (const std::string& note : notes) std::printf("checkpoint: %s\n", note.c_str());
                      }),
                      "committing the checkpoint");
   return dir;
@@ -265,12 +268,8 @@ std::string TrainingSession::first_nonfinite_gradient() {
   const ParamTable& table = model_->table();
   std::vector<float> grads(table.total_elements);
   CUDA_CHECK(cudaMemcpy(grads.data(), model_->grads(), grads.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  for (auto it = table.params.rbegin(); it != table.params.rend(); ++it) {
-    const float* g = grads.data() + it->offset;
-    for (size_t i = 0; i < it->numel; i++)
-      if (!std::isfinite(g[i])) return strformat("%s (element %zu = %g)", it->name.c_str(), i, g[i]);
-  }
-  return "none (the loss itself was not finite)";
+  const std::string found = first_nonfinite_element(table, grads.data(), /*output_side_first=*/true);
+  return found.empty() ? "none (the loss itself was not finite)" : found;
 }
 
 double TrainingSession::evaluate() {

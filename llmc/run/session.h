@@ -19,6 +19,7 @@
 
 #include "llmc/distributed/comm.h"
 #include "llmc/distributed/zero.h"
+#include "llmc/io/checkpoint.h"
 #include "llmc/io/data.h"
 #include "llmc/io/tokenizer.h"
 #include "llmc/model/model.h"
@@ -52,7 +53,9 @@ class TrainingSession {
   TrainingSession& operator=(const TrainingSession&) = delete;
 
   // The run's starting point: the checkpoint checkpoint.resume resolves to (restore), else the weights of
-  // train.init_from, else the initialisation from train.seed. Prints what it did.
+  // train.init_from, else the initialisation from train.seed. Before that, rank 0 applies the lineage rules to
+  // checkpoint.dir (start_run: a rollback moves the abandoned line aside; a new run in a directory holding
+  // checkpoints stops unless checkpoint.overwrite). Prints what it did.
   void start();
   int start_step() const { return start_step_; }
   const std::optional<std::string>& resumed_from() const { return resumed_from_; }
@@ -97,6 +100,7 @@ class TrainingSession {
   std::vector<int> eval_inputs_, eval_targets_;  // (B, T)
   int start_step_ = 0;
   std::optional<std::string> resumed_from_;
+  RunLineage lineage_;  // rank 0: the run id and parent its checkpoints record, what retention must keep
   long long optimizer_updates_ = 0;  // applied AdamW steps: the bias-correction count (skipped steps do not count)
   long long skipped_steps_ = 0;      // steps the divergence guard skipped, in total
   int consecutive_skips_ = 0;

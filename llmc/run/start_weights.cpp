@@ -31,14 +31,57 @@ std::string run_start_weights(const RunConfig& cfg, float* values, std::vector<s
     load_weights(*resume_dir, cfg.model, values);  // the step directory's model.safetensors
     return strformat("checkpoint %s (step %lld)", resume_dir->c_str(), static_cast<long long>(state.step));
   }
-  if (!cfg.train.init_from.empty()) return "train.init_from: " + load_weights(cfg.train.init_from, cfg.model, values);
+  if (!cfg.train.init_from.empty()) return "train.init_from: " + load_init_from(cfg, values);
   init_parameters(table, static_cast<uint64_t>(cfg.train.seed), values);
   return strformat("fresh initialisation (train.seed = %d)", cfg.train.seed);
 }
 
+std::string load_init_from(const RunConfig& cfg, float* values) {
+  const std::string& path = cfg.train.init_from;
+  std::error_code ec;
+  const std::string step_dir = fs::is_directory(path, ec) ? path : fs::path(path).parent_path().string();
+  if (!step_dir.empty() && is_checkpoint_step_dir(step_dir)) {
+    try {
+      verify_checkpoint(step_dir);
+    } catch (const Error& e) {
+      throw_error("train.init_from: %s", e.what());
+    }
+  }
+  const std::string source = load_weights(path, cfg.model, values);
+  if (!cfg.train.allow_nonfinite_init)
+    if (const std::string bad = first_nonfinite_element(build_param_table(cfg.model), values); !bad.empty())
+      throw_error("train.init_from: %s holds a value that is not finite: %s (broken weights would train to NaN; set "
+                  "train.allow_nonfinite_init=true to load them anyway)", source.c_str(), bad.c_str());
+  return source;
+}
+
+void check_export_targets(const std::string& hf_dir, const std::string& llmc_path, bool force) {
+  const char* redo = "choose another path, or add --force to overwrite it";
+  std::error_code ec;
+  if (!hf_dir.empty()) {
+    if (is_checkpoint_step_dir(hf_dir))
+      throw_error("--export-hf %s is a checkpoint step directory: the export would overwrite its checksummed "
+                  "model.safetensors (even with --force); choose another directory", hf_dir.c_str());
+    if (fs::exists(hf_dir, ec) && !fs::is_directory(hf_dir, ec))
+      throw_error("--export-hf %s exists and is not a directory", hf_dir.c_str());
+    if (fs::is_directory(hf_dir, ec) && !fs::is_empty(hf_dir, ec) && !force)
+      throw_error("--export-hf %s is not empty: %s", hf_dir.c_str(), redo);
+  }
+  if (!llmc_path.empty()) {
+    const std::string parent = fs::path(llmc_path).parent_path().string();
+    if (!parent.empty() && is_checkpoint_step_dir(parent))
+      throw_error("--export-llmc %s would write into the checkpoint step directory %s (even with --force); choose "
+                  "another path", llmc_path.c_str(), parent.c_str());
+    if (fs::exists(fs::symlink_status(llmc_path, ec)) && !fs::is_regular_file(llmc_path, ec))
+      throw_error("--export-llmc %s exists and is not a regular file; choose another path", llmc_path.c_str());
+    if (fs::exists(llmc_path, ec) && !force) throw_error("--export-llmc %s exists: %s", llmc_path.c_str(), redo);
+  }
+}
+
 int export_run_weights(const RunConfig& cfg, const std::string& hf_dir, const std::string& llmc_path,
-                       WeightDtype dtype) {
-  check_exportable(cfg.model, llmc_path, dtype);  // before anything is read or written
+                       WeightDtype dtype, bool force) {
+  check_export_targets(hf_dir, llmc_path, force);  // before anything is read or written
+  check_exportable(cfg.model, llmc_path, dtype);
   const ParamTable table = build_param_table(cfg.model);
   std::vector<float> values(table.total_elements, 0.0f);
   std::vector<std::string> notes;

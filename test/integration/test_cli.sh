@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# test/integration/test_cli: the train_gpt command line end to end: --help lists every flag, --list-keys, --dry-run
-# sizes, --print-config round trip, and every kind of bad input exits non-zero with a message naming the problem,
-# prints nothing on stdout and writes nothing; hostile input (deep nesting, duplicate keys, numbers that do not fit,
-# sizes past their bounds, a FIFO or a directory as the config) does so within 10 s and 4 GiB of address space. With
-# a GPU: a bad token in the middle of the third shard stops the run before step 1, and data.check_tokens=false lets it
-# train. Usage: test_cli.sh path/to/train_gpt (run from the repository root).
+# test/integration/test_cli: the train_gpt command line end to end: --help lists every flag and says how to train on
+# several GPUs, --list-keys, --dry-run sizes, --print-config round trip, exports that refuse to overwrite (--force),
+# and every kind of bad input exits non-zero with a message naming the problem, prints nothing on stdout and writes
+# nothing; hostile input (deep nesting, duplicate keys, numbers that do not fit, sizes past their bounds, a FIFO or a
+# directory as the config) does so within 10 s and 4 GiB of address space. With a GPU: a bad token in the middle of
+# the third shard stops the run before step 1, and data.check_tokens=false lets it train.
+# Usage: test_cli.sh path/to/train_gpt (run from the repository root).
 set -u
 BIN=$(realpath "$1")
 ROOT=$(pwd)
@@ -43,6 +44,12 @@ help=$("$BIN" --help) || fail "--help exit code"
 for flag in --help --config --set --dry-run --print-config --list-keys --stop-at-step; do
   grep -qF -- "$flag" <<<"$help" || fail "--help does not list $flag"
 done
+# ... and says how to train on several GPUs (the build has it), as the README does.
+grep -qF "not in this build" <<<"$help" && fail "--help says multi-GPU training is not in this build"
+for script in scripts/run_local.sh scripts/run_mpi.sh scripts/slurm_srun.sbatch; do
+  grep -qF "$script" <<<"$help" || fail "--help does not name $script"
+  [ -f "$script" ] || fail "--help names $script, which is not there"
+done
 
 # --list-keys: a header and one line per key, every section present.
 keys=$("$BIN" --list-keys) || fail "--list-keys exit code"
@@ -50,9 +57,35 @@ for key in model.preset model.padded_vocab_multiple data.train train.global_batc
            precision.recipe parallel.zero_stage checkpoint.resume eval.batches sample.top_k log.jsonl; do
   grep -qE "^$key " <<<"$keys" || fail "--list-keys lacks $key"
 done
-[ "$(wc -l <<<"$keys")" -eq 76 ] || fail "--list-keys: expected 75 keys + header, got $(wc -l <<<"$keys") lines"
+sections='model|data|train|optimizer|precision|parallel|checkpoint|eval|sample|log'
+documented=$(grep -cE "^\| \`($sections)\.[a-z_0-9]+\` \|" configs/README.md)
+[ "$(wc -l <<<"$keys")" -eq $((documented + 1)) ] ||
+  fail "--list-keys: expected the $documented keys of configs/README.md + header, got $(wc -l <<<"$keys") lines"
 
-# Dry runs need no GPU and report the size.
+# Dry runs need no GPU and report the size. They also check the data (globs and shard headers) and checkpoint.dir, so
+# they run in a tree with small valid shards for the configs' globs (and the repository's configs and tokenizer).
+TREE=$WORK/tree
+mkdir -p "$TREE"
+ln -s "$ROOT/configs" "$TREE/configs"
+ln -s "$ROOT/dev" "$TREE/dev"
+python3 - "$TREE" configs/*.json <<'PY' || fail "writing the shards for the dry runs"
+import glob, json, os, struct, sys
+tree = sys.argv[1]
+for config in sys.argv[2:]:
+    data = json.load(open(config))["data"]
+    for key in ("train", "val"):
+        if data.get(key):
+            path = os.path.join(tree, data[key].replace("*", "000000"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:  # 4096 uint16 tokens after llm.c's 256-int32 header
+                f.write(struct.pack("<256i", 20240520, 1, 4096, *([0] * 253)) + bytes(2 * 4096))
+PY
+cd "$TREE" || exit 1
+expect_ok "dry-run checks" "checked: data.train: 1 shard(s) match 'data/kjv/kjv_train_*.bin', 4,096 tokens" \
+  --config configs/gpt2_tiny_bf16.json --dry-run
+expect_ok "dry-run checkpoint.dir" "checked: checkpoint.dir runs/gpt2_mini_bf16: can be created" \
+  --config configs/gpt2_mini_bf16.json --dry-run
+[ -e runs ] && fail "a dry run created runs/"
 expect_ok "dry-run 124m" "124,475,904" --config configs/gpt2_124m_bf16.json --dry-run
 expect_ok "dry-run 124m accumulation" "32 accumulation steps" --config configs/gpt2_124m_bf16.json --dry-run
 expect_ok "dry-run tiny" "gpt2-tiny" --config configs/gpt2_tiny_bf16.json --dry-run
@@ -64,6 +97,20 @@ expect_ok "dry-run llama-1b shape" "8 kv heads, RoPE theta 500000, tied lm_head"
 expect_ok "dry-run llama-1b vocab 128256" "1,235,814,400" --config configs/llama_1b_bf16.json \
   --set model.vocab_size=128256 --dry-run
 expect_ok "dry-run llama-tiny untied" "untied lm_head" --config configs/llama_tiny_bf16.json --dry-run
+cd "$ROOT" || exit 1
+
+# A dry run that finds problems prints its report, then exits 1 naming each problem; it writes nothing.
+: >"$WORK/cfile"
+out=$("$BIN" --config configs/gpt2_tiny_bf16.json --set "data.train=$WORK/none_*.bin" \
+      --set "data.val=$WORK/none_val_*.bin" --set "checkpoint.dir=$WORK/cfile/run" --dry-run 2>"$WORK/stderr"); rc=$?
+[ $rc -eq 1 ] || fail "dry run with problems: exit $rc, expected 1"
+grep -qF "parameters" <<<"$out" || fail "dry run with problems: no report on stdout"
+for needle in "error: dry run: the config is valid, but a run would stop at 3 problem(s):" \
+              "data.train: no files match '$WORK/none_*.bin'" "data.val: no files match '$WORK/none_val_*.bin'" \
+              "checkpoint.dir $WORK/cfile/run: it cannot be created: $WORK/cfile is not a directory"; do
+  grep -qF -- "$needle" "$WORK/stderr" || fail "dry run with problems: '$needle' not in: $(cat "$WORK/stderr")"
+done
+[ -f "$WORK/cfile" ] && [ ! -s "$WORK/cfile" ] || fail "dry run with problems: $WORK/cfile changed"
 
 # --print-config output is a valid config that resolves to itself.
 "$BIN" --config configs/gpt2_mini_bf16.json --set train.steps=77 --print-config >"$WORK/resolved.json" ||
@@ -183,6 +230,24 @@ PY
 else
   echo "(no GPU: the token-check runs are skipped)"
 fi
+
+# Exports never write into a checkpoint step directory; into a non-empty directory or over a file only with --force.
+mkdir -p "$WORK/run/ck/step_00000003" "$WORK/run/full"
+echo '{}' >"$WORK/run/ck/step_00000003/trainer_state.json"
+echo mine >"$WORK/run/full/notes.txt"
+echo mine >"$WORK/run/old.bin"
+expect_error "export into a step dir" 1 "--export-hf ck/step_00000003 is a checkpoint step directory" \
+  --config $T --export-hf ck/step_00000003 --force
+expect_error "export llm.c into a step dir" 1 "would write into the checkpoint step directory ck/step_00000003" \
+  --config $T --export-llmc ck/step_00000003/m.bin --force
+expect_error "export into a non-empty dir" 1 "--export-hf full is not empty: choose another path, or add --force" \
+  --config $T --export-hf full
+expect_error "export over a file" 1 "--export-llmc old.bin exists" --config $T --export-llmc old.bin
+(cd "$WORK/run" && "$BIN" --config $T --export-hf full --export-llmc old.bin --force \
+  >"$WORK/stdout" 2>"$WORK/stderr") || fail "export with --force: $(cat "$WORK/stderr")"
+[ -f "$WORK/run/full/config.json" ] && [ -f "$WORK/run/full/notes.txt" ] || fail "export with --force: files"
+[ "$(head -c 4 "$WORK/run/old.bin" | od -An -tu4 | tr -d ' ')" = 20240326 ] || fail "export with --force: llm.c magic"
+rm -rf "$WORK/run/ck" "$WORK/run/full" "$WORK/run/old.bin"
 
 # Training without a GPU (GPUs hidden): the clear no-GPU message, nothing written.
 CUDA_VISIBLE_DEVICES="" expect_error "no GPU" 1 \

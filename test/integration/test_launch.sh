@@ -81,7 +81,11 @@ RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$BIN" "${CFG[@]}" --set parallel.init=none >/d
 expect "$WORK/e8" "[rank 0] error: parallel.init = none, but the launcher started 2 processes" "vars"
 RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$BIN" "${CFG[@]}" >/dev/null 2>"$WORK/e9"
 expect "$WORK/e9" "no way to exchange the NCCL id: set MASTER_ADDR and MASTER_PORT" "vars"
-WORLD_SIZE=2 "$BIN" "${CFG[@]}" --dry-run >/dev/null 2>&1 || fail "vars: --dry-run with WORLD_SIZE alone must work"
+# the dry run checks the data: one valid shard
+python3 -c 'import struct, sys; open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, 4096, *[0] * 253)
+                                                               + bytes(8192))' "$WORK/shard.bin"
+WORLD_SIZE=2 "$BIN" "${CFG[@]}" --set "data.train=$WORK/shard.bin" --set "data.val=$WORK/shard.bin" --dry-run \
+  >/dev/null 2>&1 || fail "vars: --dry-run with WORLD_SIZE alone must work"
 [ $failures -eq $before ] && pass "inconsistent launcher variables are refused with a message naming them"
 
 # 6. mpirun, when installed: the same fast failure through Open MPI.

@@ -1,8 +1,12 @@
 // test/io/test_checkpoint: CRC-32C vectors, atomic checkpoint writes, verification, find-latest and retention, the
 // leftovers of interrupted writes (*.tmp, no DONE, *.old), corruption (flipped byte, truncation, deleted file, bad
-// JSON) refused with a message naming the file while the previous checkpoint still verifies, resume resolution, and
-// hostile trainer_state.json files (duplicate keys, deep nesting, numbers past their fields' types, a file past the
-// size bound) and FIFOs in a checkpoint, within time and memory bounds.
+// JSON) refused with a message naming the file and the previous checkpoint only once that one verifies, resume
+// resolution, and lineage: run id and parent recorded (checkpoints without them still load), a rollback moves the
+// abandoned line aside so that resume "auto" continues the rollback line, a new run in a directory holding
+// checkpoints stops unless checkpoint.overwrite (then they are moved aside, not deleted), retention never removes the
+// resumed checkpoint nor a verified checkpoint in favour of one that does not verify; and hostile trainer_state.json
+// files (duplicate keys, deep nesting, numbers past their fields' types, a file past the size bound) and FIFOs in a
+// checkpoint, within time and memory bounds.
 #include <gtest/gtest.h>
 
 #include "test/support/bounded_run.h"
@@ -31,7 +35,8 @@ class CheckpointTest : public llmc_test::TempDirTest {
   }
 
   // A checkpoint like the trainer's: model.safetensors (weights filled with `fill`), two optimizer shards, a JSON file.
-  std::string write_checkpoint(int64_t step, int keep = 0, float fill = 1.0f) {
+  std::string write_checkpoint(int64_t step, int keep = 0, float fill = 1.0f, llmc::RunLineage* lineage = nullptr,
+                               std::vector<std::string>* notes = nullptr) {
     llmc::CheckpointWriter w(run_, step);
     std::vector<float> weights(1000, fill);
     llmc::SafetensorsWriter model;
@@ -54,7 +59,32 @@ class CheckpointTest : public llmc_test::TempDirTest {
     st.data = {{"rank0", {{"shard", 1}, {"pos", 4096}}}};
     st.config = {{"train", {{"lr", 6e-4}}}};
     st.extra = {{"tokens_seen", step * 1000}};
-    return w.commit(st, keep);
+    return w.commit(st, keep, lineage, notes);
+  }
+
+  // Flips one byte of a checkpoint's model.safetensors: the checkpoint no longer verifies.
+  void corrupt(int64_t step) {
+    std::fstream f(step_path(step) + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(2000);
+    char c;
+    f.get(c);
+    f.seekp(2000);
+    f.put(char(c ^ 0x10));
+  }
+
+  // The subdirectories of <run>/abandoned/ (one per set-aside event).
+  std::vector<std::string> abandoned_dirs() const {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(run_ + "/abandoned", ec)) out.push_back(e.path().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  std::vector<int64_t> steps() const {
+    std::vector<int64_t> out;
+    for (const auto& c : llmc::list_checkpoints(run_)) out.push_back(c.step);
+    return out;
   }
 
   std::string step_path(int64_t step) const { return llmc::step_dir_path(run_, step); }
@@ -303,7 +333,7 @@ TEST_F(CheckpointTest, CorruptOnlyCheckpointSaysStartOver) {
   write_checkpoint(100);
   fs::resize_file(step_path(100) + "/notes.bin", 1);
   std::string msg = error_of([&] { llmc::verify_checkpoint(step_path(100)); });
-  EXPECT_TRUE(contains(msg, "notes.bin") && contains(msg, "no earlier usable checkpoint")) << msg;
+  EXPECT_TRUE(contains(msg, "notes.bin") && contains(msg, "no earlier checkpoint in " + run_ + " verifies")) << msg;
 }
 
 TEST_F(CheckpointTest, TrainerStateValidation) {
@@ -361,6 +391,303 @@ TEST_F(CheckpointTest, WorldSizeMismatch) {
   std::string msg = error_of([&] { llmc::check_world_size(st, 4, step_path(100)); });
   EXPECT_EQ(msg, llmc::world_size_mismatch_message(step_path(100), 2, 4));
   EXPECT_TRUE(contains(msg, "2 rank(s)") && contains(msg, "has 4") && contains(msg, "train.init_from")) << msg;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// The "previous checkpoint is still usable" hint
+
+TEST_F(CheckpointTest, PreviousCheckpointHintIsVerifiedNotGuessed) {
+  write_checkpoint(100);
+  write_checkpoint(200);
+  write_checkpoint(300);
+  corrupt(300);
+  corrupt(200);  // the same size as a good one: a size check would call it usable
+  std::string msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  EXPECT_TRUE(contains(msg, "the previous checkpoint " + step_path(100) + " is still usable")) << msg;
+  EXPECT_FALSE(contains(msg, step_path(200))) << msg;
+  corrupt(100);
+  msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  EXPECT_TRUE(contains(msg, "no earlier checkpoint in " + run_ + " verifies")) << msg;
+  EXPECT_FALSE(contains(msg, "still usable")) << msg;
+  // The same for an incomplete checkpoint given to resume.
+  write_checkpoint(50);
+  fs::remove(step_path(300) + "/DONE");
+  msg = error_of([&] { llmc::resolve_resume(step_path(300), run_); });
+  EXPECT_TRUE(contains(msg, "incomplete") && contains(msg, "the previous checkpoint " + step_path(50))) << msg;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Lineage: run id and parent
+
+TEST_F(CheckpointTest, LineageIsRecordedAndOlderCheckpointsStillLoad) {
+  const std::string id = llmc::new_run_id();
+  EXPECT_EQ(id.size(), std::string("20250611T142233Z-3f9a1c2b").size()) << id;
+  EXPECT_NE(id, llmc::new_run_id());  // 32 random bits
+
+  llmc::RunStart start = llmc::start_run("auto", run_, false);  // nothing to resume: a fresh run
+  EXPECT_FALSE(start.resume_dir);
+  const std::string run_id = start.lineage.run_id;
+  EXPECT_FALSE(run_id.empty());
+  write_checkpoint(100, 0, 1.0f, &start.lineage);
+  write_checkpoint(200, 0, 1.0f, &start.lineage);
+  llmc::TrainerState s100 = llmc::verify_checkpoint(step_path(100)), s200 = llmc::verify_checkpoint(step_path(200));
+  EXPECT_EQ(s100.run_id, run_id);
+  EXPECT_EQ(s100.parent, "");
+  EXPECT_TRUE(s100.raw["parent"].is_null());
+  EXPECT_EQ(s200.run_id, run_id);
+  EXPECT_EQ(s200.parent, step_path(100));
+
+  // Resuming keeps the run id; the next checkpoint's parent is the resumed one.
+  llmc::RunStart resumed = llmc::start_run("auto", run_, false);
+  ASSERT_TRUE(resumed.resume_dir);
+  EXPECT_EQ(*resumed.resume_dir, step_path(200));
+  EXPECT_EQ(resumed.lineage.run_id, run_id);
+  EXPECT_EQ(resumed.lineage.resumed_from, step_path(200));
+  write_checkpoint(300, 0, 1.0f, &resumed.lineage);
+  EXPECT_EQ(llmc::load_trainer_state(step_path(300)).parent, step_path(200));
+
+  // A checkpoint written before lineage was recorded (no run_id / parent keys) verifies, resumes, and the run gets a
+  // new id.
+  const std::string state_path = step_path(300) + "/trainer_state.json";
+  json j = json::parse(std::ifstream(state_path));
+  j.erase("run_id");
+  j.erase("parent");
+  const std::string text = j.dump(2) + "\n";
+  std::ofstream(state_path, std::ios::trunc) << text;
+  std::ofstream(step_path(300) + "/DONE", std::ios::trunc)
+      << "trainer_state.json crc32c " << llmc::crc32c_hex(llmc::crc32c(text.data(), text.size())) << "\n";
+  llmc::TrainerState old = llmc::verify_checkpoint(step_path(300));
+  EXPECT_EQ(old.run_id, "");
+  EXPECT_EQ(old.parent, "");
+  llmc::RunStart from_old = llmc::start_run("auto", run_, false);
+  ASSERT_TRUE(from_old.resume_dir);
+  EXPECT_EQ(*from_old.resume_dir, step_path(300));
+  EXPECT_FALSE(from_old.lineage.run_id.empty());
+  EXPECT_NE(from_old.lineage.run_id, run_id);
+  ASSERT_EQ(from_old.notes.size(), 1u);
+  EXPECT_TRUE(contains(from_old.notes[0], "records no run id")) << from_old.notes[0];
+
+  // Lineage fields of the wrong type are corruption, named.
+  j["run_id"] = 7;
+  std::ofstream(state_path, std::ios::trunc) << j.dump();
+  EXPECT_TRUE(contains(error_of([&] { llmc::load_trainer_state(step_path(300)); }), "'run_id'"));
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Rollback
+
+TEST_F(CheckpointTest, RollbackMovesTheAbandonedLineAsideAndAutoContinuesTheRollbackLine) {
+  llmc::RunLineage first = llmc::start_run("auto", run_, false).lineage;
+  for (int64_t step : {100, 200, 300, 400}) write_checkpoint(step, /*keep=*/0, 1.0f, &first);
+
+  // Resume from step 200: 300 and 400 belong to the line the rollback abandons.
+  llmc::RunStart rollback = llmc::start_run(step_path(200), run_, false);
+  ASSERT_TRUE(rollback.resume_dir);
+  EXPECT_EQ(*rollback.resume_dir, step_path(200));
+  EXPECT_EQ(rollback.lineage.run_id, first.run_id);  // the same run, continued from an older point
+  EXPECT_EQ(steps(), (std::vector<int64_t>{100, 200}));
+  const std::vector<std::string> aside = abandoned_dirs();
+  ASSERT_EQ(aside.size(), 1u);
+  for (int64_t step : {300, 400})  // moved whole: still verifiable where they are now, never deleted
+    EXPECT_EQ(llmc::verify_checkpoint(aside[0] + "/" + llmc::step_dir_name(step)).step, step);
+  const json note = json::parse(std::ifstream(aside[0] + "/set_aside.json"));
+  EXPECT_EQ(note["reason"], "rollback");
+  EXPECT_EQ(note["run_id"], first.run_id);
+  EXPECT_EQ(note["resumed_from"], step_path(200));
+  EXPECT_EQ(note["moved"], (json{"step_00000300", "step_00000400"}));
+  ASSERT_EQ(rollback.notes.size(), 1u);
+  EXPECT_TRUE(contains(rollback.notes[0], "rollback") && contains(rollback.notes[0], "step_00000300, step_00000400") &&
+              contains(rollback.notes[0], aside[0]))
+      << rollback.notes[0];
+
+  // A crash before the rollback line's first checkpoint: auto takes the rollback point, not the abandoned line.
+  EXPECT_EQ(*llmc::resolve_resume("auto", run_), step_path(200));
+  // The rollback line writes step 300 again; with keep = 1 retention still keeps the checkpoint it resumed from.
+  write_checkpoint(300, /*keep=*/1, 2.0f, &rollback.lineage);
+  EXPECT_EQ(steps(), (std::vector<int64_t>{200, 300}));
+  EXPECT_EQ(llmc::load_trainer_state(step_path(300)).parent, step_path(200));
+  write_checkpoint(350, /*keep=*/1, 2.0f, &rollback.lineage);
+  EXPECT_EQ(steps(), (std::vector<int64_t>{200, 350}));
+  // The next start continues the rollback line.
+  llmc::RunStart next = llmc::start_run("auto", run_, false);
+  EXPECT_EQ(*next.resume_dir, step_path(350));
+  EXPECT_TRUE(next.notes.empty());
+  EXPECT_EQ(abandoned_dirs().size(), 1u);
+  llmc::SafetensorsReader model(step_path(350) + "/model.safetensors");
+  EXPECT_EQ(model.read_as_float("wte.weight")[0], 2.0f);
+
+  // A second rollback gets its own directory next to the first.
+  llmc::start_run(step_path(200), run_, false);
+  EXPECT_EQ(abandoned_dirs().size(), 2u);
+  EXPECT_EQ(steps(), (std::vector<int64_t>{200}));
+}
+
+TEST_F(CheckpointTest, RollbackAlsoMovesACompleteOldFallback) {
+  write_checkpoint(100);
+  write_checkpoint(300);
+  // A crash while step 300 was being replaced: step_300.old is complete, step_300 is not.
+  fs::rename(step_path(300), step_path(300) + ".old");
+  fs::create_directories(step_path(300));
+  ASSERT_EQ(*llmc::find_latest_checkpoint(run_), step_path(300) + ".old");
+  llmc::start_run(step_path(100), run_, false);
+  EXPECT_EQ(*llmc::find_latest_checkpoint(run_), step_path(100));  // auto no longer picks the abandoned line
+  ASSERT_EQ(abandoned_dirs().size(), 1u);
+  EXPECT_TRUE(fs::exists(abandoned_dirs()[0] + "/step_00000300.old/DONE"));
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// A new run in a directory that holds checkpoints
+
+TEST_F(CheckpointTest, ResumeNoneInADirectoryWithCheckpointsStopsUnlessOverwrite) {
+  write_checkpoint(100);
+  write_checkpoint(200);
+  std::string msg = error_of([&] { llmc::start_run("none", run_, false); });
+  for (const std::string& part : {"checkpoint.dir " + run_, std::string("2 checkpoint(s)"), step_path(200),
+                                  std::string("checkpoint.resume = \"none\""), std::string("checkpoint.overwrite=true"),
+                                  std::string("checkpoint.resume=auto")})
+    EXPECT_TRUE(contains(msg, part)) << part << " not in: " << msg;
+  EXPECT_EQ(steps(), (std::vector<int64_t>{100, 200}));  // nothing touched
+  EXPECT_TRUE(abandoned_dirs().empty());
+
+  llmc::RunStart fresh = llmc::start_run("none", run_, /*overwrite=*/true);
+  EXPECT_FALSE(fresh.resume_dir);
+  EXPECT_TRUE(steps().empty());
+  EXPECT_FALSE(llmc::find_latest_checkpoint(run_));
+  ASSERT_EQ(abandoned_dirs().size(), 1u);
+  EXPECT_EQ(llmc::verify_checkpoint(abandoned_dirs()[0] + "/step_00000200").step, 200);  // kept
+  EXPECT_EQ(json::parse(std::ifstream(abandoned_dirs()[0] + "/set_aside.json"))["reason"], "overwrite");
+  ASSERT_EQ(fresh.notes.size(), 1u);
+  EXPECT_TRUE(contains(fresh.notes[0], "checkpoint.overwrite") && contains(fresh.notes[0], fresh.lineage.run_id))
+      << fresh.notes[0];
+  // The new run writes its own checkpoints; retention never reaches the ones set aside.
+  write_checkpoint(10, /*keep=*/1, 1.0f, &fresh.lineage);
+  write_checkpoint(20, /*keep=*/1, 1.0f, &fresh.lineage);
+  EXPECT_EQ(steps(), (std::vector<int64_t>{20}));
+  EXPECT_TRUE(fs::exists(abandoned_dirs()[0] + "/step_00000100/DONE"));
+
+  // Only incomplete leftovers (no DONE) are not checkpoints: resume none starts without complaint.
+  fs::remove_all(run_);
+  fs::create_directories(step_path(5));
+  EXPECT_NO_THROW(llmc::start_run("none", run_, false));
+}
+
+TEST_F(CheckpointTest, ResumeFromAnotherDirectoryIntoOneWithCheckpointsStopsUnlessOverwrite) {
+  const std::string other_run = run_;
+  write_checkpoint(500);
+  run_ = path("second");
+  write_checkpoint(100);
+  const std::string foreign = llmc::step_dir_path(other_run, 500);
+  std::string msg = error_of([&] { llmc::start_run(foreign, run_, false); });
+  EXPECT_TRUE(contains(msg, "continues a checkpoint of another directory") && contains(msg, "checkpoint.overwrite"))
+      << msg;
+  llmc::RunStart start = llmc::start_run(foreign, run_, true);
+  EXPECT_EQ(*start.resume_dir, foreign);
+  EXPECT_TRUE(steps().empty());
+  EXPECT_EQ(abandoned_dirs().size(), 1u);
+  // The same directory named another way is not "another directory".
+  write_checkpoint(200);
+  write_checkpoint(300);
+  EXPECT_NO_THROW(llmc::start_run(run_ + "/./" + llmc::step_dir_name(300), run_ + "/", false));
+}
+
+TEST(CheckpointLineage, LeftBehindDecisions) {
+  const std::vector<llmc::CheckpointInfo> complete = {
+      {100, "r/step_00000100", true}, {200, "r/step_00000200", true}, {300, "r/step_00000300.old", true}};
+  auto steps_of = [](const std::vector<llmc::CheckpointInfo>& v) {
+    std::vector<int64_t> out;
+    for (const auto& c : v) out.push_back(c.step);
+    return out;
+  };
+  // Resumed in the run dir: the newer ones (a rollback); the newest: none.
+  EXPECT_EQ(steps_of(llmc::checkpoints_left_behind(complete, 100, true, false, "r", "r/step_00000100")),
+            (std::vector<int64_t>{200, 300}));
+  EXPECT_TRUE(llmc::checkpoints_left_behind(complete, 300, true, false, "r", "auto").empty());
+  // Fresh start or a foreign checkpoint: all, only with overwrite.
+  EXPECT_EQ(steps_of(llmc::checkpoints_left_behind(complete, std::nullopt, false, true, "r", "none")),
+            (std::vector<int64_t>{100, 200, 300}));
+  EXPECT_EQ(steps_of(llmc::checkpoints_left_behind(complete, 500, false, true, "r", "x/step_00000500")),
+            (std::vector<int64_t>{100, 200, 300}));
+  EXPECT_THROW(llmc::checkpoints_left_behind(complete, std::nullopt, false, false, "r", "none"), llmc::Error);
+  EXPECT_THROW(llmc::checkpoints_left_behind(complete, 500, false, false, "r", "x/step_00000500"), llmc::Error);
+  EXPECT_TRUE(llmc::checkpoints_left_behind({}, std::nullopt, false, false, "r", "none").empty());
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Retention
+
+TEST(CheckpointRetention, CountsOnlyVerifiedCheckpointsNewestFirst) {
+  // 100 good, 200 corrupt, 300 good, 400 just written, 450 without DONE.
+  const std::vector<llmc::CheckpointInfo> listing = {{100, "r/100", true},
+                                                     {200, "r/200", true},
+                                                     {300, "r/300", true},
+                                                     {400, "r/400", true},
+                                                     {450, "r/450", false}};
+  std::vector<std::string> asked;
+  auto verifies = [&](const std::string& path) {
+    asked.push_back(path);
+    return path != "r/200";
+  };
+  // keep 2: 400 and 300 are kept; the rest go, without being read.
+  EXPECT_EQ(llmc::retention_removals(listing, 400, 2, "", verifies),
+            (std::vector<std::string>{"r/450", "r/200", "r/100"}));
+  EXPECT_EQ(asked, (std::vector<std::string>{"r/300"}));
+  // keep 3: 200 does not verify, so it does not count and the verified 100 is kept as the third.
+  asked.clear();
+  EXPECT_EQ(llmc::retention_removals(listing, 400, 3, "", verifies), (std::vector<std::string>{"r/450"}));
+  EXPECT_EQ(asked, (std::vector<std::string>{"r/300", "r/200", "r/100"}));
+  // keep 1: only the current one counts, but the checkpoint the run resumed from stays.
+  EXPECT_EQ(llmc::retention_removals(listing, 400, 1, "r/100", verifies),
+            (std::vector<std::string>{"r/450", "r/300", "r/200"}));
+  // keep 0: every complete checkpoint stays.
+  EXPECT_EQ(llmc::retention_removals(listing, 400, 0, "", verifies), (std::vector<std::string>{"r/450"}));
+}
+
+TEST_F(CheckpointTest, RetentionKeepsAVerifiedOlderCheckpointOverACorruptNewerOne) {
+  write_checkpoint(100);
+  write_checkpoint(200);
+  corrupt(200);
+  std::vector<std::string> notes;
+  write_checkpoint(300, /*keep=*/2, 1.0f, nullptr, &notes);
+  EXPECT_EQ(steps(), (std::vector<int64_t>{100, 200, 300}));  // 300 and the verified 100; 200 is not counted
+  EXPECT_EQ(llmc::verify_checkpoint(step_path(100)).step, 100);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_TRUE(contains(notes[0], step_path(200)) && contains(notes[0], "does not verify") &&
+              contains(notes[0], "checksum mismatch"))
+      << notes[0];
+  // Once two newer checkpoints verify, both older ones go.
+  write_checkpoint(400, /*keep=*/2);
+  EXPECT_EQ(steps(), (std::vector<int64_t>{300, 400}));
+}
+
+TEST_F(CheckpointTest, RetentionVerifiesEachCheckpointOncePerLineage) {
+  llmc::RunLineage lineage = llmc::start_run("auto", run_, false).lineage;
+  write_checkpoint(100, 0, 1.0f, &lineage);
+  write_checkpoint(200, 0, 1.0f, &lineage);
+  // What this process wrote is known to verify; damage behind its back is not re-read (that is what resume checks).
+  corrupt(100);
+  std::vector<std::string> notes;
+  write_checkpoint(300, /*keep=*/3, 1.0f, &lineage, &notes);
+  EXPECT_TRUE(notes.empty());
+  EXPECT_EQ(lineage.parent, step_path(300));
+  // A lineage that did not write or resume it verifies it, once.
+  llmc::RunLineage other;
+  other.run_id = "x";
+  write_checkpoint(400, /*keep=*/4, 1.0f, &other, &notes);
+  EXPECT_EQ(notes.size(), 1u);
+  write_checkpoint(500, /*keep=*/5, 1.0f, &other, &notes);
+  EXPECT_EQ(notes.size(), 1u);  // remembered
+  EXPECT_EQ(steps(), (std::vector<int64_t>{100, 200, 300, 400, 500}));
+}
+
+TEST_F(CheckpointTest, RetentionNeverRemovesTheResumedCheckpointEvenAnOldFallback) {
+  write_checkpoint(100);
+  write_checkpoint(200);
+  fs::rename(step_path(200), step_path(200) + ".old");  // the only copy of step 200
+  llmc::RunStart start = llmc::start_run("auto", run_, false);
+  ASSERT_EQ(*start.resume_dir, step_path(200) + ".old");
+  write_checkpoint(300, /*keep=*/1, 1.0f, &start.lineage);
+  EXPECT_TRUE(fs::exists(step_path(200) + ".old/DONE"));
+  EXPECT_EQ(steps(), (std::vector<int64_t>{300}));
 }
 
 TEST_F(CheckpointTest, HostileTrainerStateIsRefused) {

@@ -4,9 +4,11 @@
 // export rounds once to nearest even and is then stable; sharded and Hub-style (unprefixed, buffers, saved tied
 // lm_head) Hugging Face directories import; every kind of bad input (unknown architecture, missing / unexpected
 // tensor, wrong shape or dtype, bad magic, truncation, a config describing another model) is an error naming the
-// file and the tensor or key; the weights a run starts from (checkpoint, init_from, seed); hostile files (llm.c headers
-// and config.json sizes that lie about the weights, refused before anything is allocated, within time and memory
-// bounds; duplicate keys, deep nesting and overflowing numbers in config.json and the index; FIFOs as model files).
+// file and the tensor or key; the weights a run starts from (checkpoint, init_from, seed); init_from a checkpoint is
+// verified like a resume, NaN / Inf weights from any format are refused naming the tensor and the element (unless
+// train.allow_nonfinite_init); exports never write into a checkpoint and overwrite other files only with --force; hostile files (llm.c
+// headers and config.json sizes that lie about the weights, refused before anything is allocated, within time and
+// memory bounds; duplicate keys, deep nesting and overflowing numbers in config.json and the index; FIFOs).
 #include <gtest/gtest.h>
 
 #include "test/support/bounded_run.h"
@@ -871,6 +873,130 @@ TEST_F(InteropTest, RunStartWeightsFollowTheTrainersOrder) {
   cfg.checkpoint.resume = "none";
   EXPECT_TRUE(contains(run_start_weights(cfg, values.data()), "train.init_from"));
   EXPECT_EQ(values, w);
+}
+
+// A checkpoint step directory of cfg's model holding weights w, as the trainer writes it.
+std::string write_step_dir(const std::string& run, int64_t step, const RunConfig& cfg, const std::vector<float>& w) {
+  const ParamTable table = build_param_table(cfg.model);
+  CheckpointWriter writer(run, step);
+  SafetensorsWriter model;
+  for (const ParamInfo& p : table.params) model.add(p.name, "F32", p.shape, w.data() + p.offset, p.numel * 4);
+  model.write(writer.file_path("model.safetensors"));
+  writer.add_bytes("optimizer_m.safetensors", "m", 1);
+  TrainerState state;
+  state.step = step;
+  state.config = config_to_json(cfg);
+  return writer.commit(state, 0);
+}
+
+// Flips one byte near the end of a file (inside the last tensor's data).
+void flip_last_bytes(const std::string& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-10, std::ios::end);
+  const char c = static_cast<char>(f.get());
+  f.seekp(-10, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x40));
+}
+
+TEST_F(InteropTest, InitFromACheckpointVerifiesItLikeAResume) {
+  RunConfig cfg = tiny_config();
+  const ParamTable table = build_param_table(cfg.model);
+  const std::vector<float> w = random_weights(cfg.model, 59);
+  const std::string step = write_step_dir(path("run"), 5, cfg, w);
+  std::vector<float> values(table.total_elements);
+  for (const std::string& source : {step, step + "/model.safetensors"}) {
+    cfg.train.init_from = source;
+    EXPECT_TRUE(contains(load_init_from(cfg, values.data()), "llm8 weights")) << source;
+    EXPECT_EQ(values, w);
+  }
+  // Corrupt: refused by the checksum, as a resume would, for the directory and for its model.safetensors alike.
+  flip_last_bytes(step + "/model.safetensors");
+  for (const std::string& source : {step, step + "/model.safetensors"}) {
+    cfg.train.init_from = source;
+    const std::string msg = error_of([&] { load_init_from(cfg, values.data()); });
+    EXPECT_TRUE(contains(msg, "train.init_from: checkpoint file " + step + "/model.safetensors is corrupt (checksum "
+                              "mismatch)")) << msg;
+    // The export path reads train.init_from the same way.
+    EXPECT_TRUE(contains(error_of([&] { run_start_weights(cfg, values.data()); }), "checksum mismatch"));
+  }
+  // Incomplete (no DONE): refused too.
+  const std::string fresh = write_step_dir(path("run2"), 6, cfg, w);
+  fs::remove(fresh + "/DONE");
+  cfg.train.init_from = fresh;
+  const std::string msg = error_of([&] { load_init_from(cfg, values.data()); });
+  EXPECT_TRUE(contains(msg, "train.init_from: checkpoint " + fresh + " is incomplete")) << msg;
+  // A model.safetensors outside a checkpoint is read as before (nothing to verify it against).
+  fs::create_directories(path("loose"));
+  fs::copy_file(fresh + "/model.safetensors", path("loose/model.safetensors"));
+  cfg.train.init_from = path("loose/model.safetensors");
+  EXPECT_NO_THROW(load_init_from(cfg, values.data()));
+}
+
+TEST_F(InteropTest, NonFiniteInitWeightsAreRefusedNamingTheTensorAndTheElement) {
+  RunConfig cfg = tiny_config();
+  const ParamTable table = build_param_table(cfg.model);
+  std::vector<float> w = random_weights(cfg.model, 61);
+  const ParamInfo& qkv = table.get("transformer.h.1.attn.c_attn.weight");  // (3C, C) = (384, 128)
+  w[qkv.offset + 5 * 128 + 7] = std::nanf("");
+  export_hf(path("hf"), cfg.model, w.data(), WeightDtype::F32);  // Conv1D: stored transposed, mapped back by name
+  export_llmc(path("m.bin"), cfg.model, w.data(), WeightDtype::BF16);
+  write_step_dir(path("run"), 1, cfg, w);
+  std::vector<float> values(table.total_elements);
+  for (const std::string& source : {path("hf"), path("m.bin"), llmc::step_dir_path(path("run"), 1)}) {
+    cfg.train.init_from = source;
+    const std::string msg = error_of([&] { load_init_from(cfg, values.data()); });
+    EXPECT_TRUE(contains(msg, "transformer.h.1.attn.c_attn.weight[5, 7] = nan") &&
+                contains(msg, "train.allow_nonfinite_init") && contains(msg, source))
+        << msg;
+    EXPECT_TRUE(contains(error_of([&] { run_start_weights(cfg, values.data()); }), "[5, 7] = nan")) << source;
+  }
+  // Infinities too (BF16 has them).
+  std::vector<float> inf = random_weights(cfg.model, 67);
+  inf[table.get("transformer.ln_f.weight").offset + 3] = -INFINITY;
+  export_llmc(path("inf.bin"), cfg.model, inf.data(), WeightDtype::BF16);
+  cfg.train.init_from = path("inf.bin");
+  EXPECT_TRUE(contains(error_of([&] { load_init_from(cfg, values.data()); }), "transformer.ln_f.weight[3] = -inf"));
+  // The switch lets them in.
+  cfg.train.allow_nonfinite_init = true;
+  cfg.train.init_from = path("hf");
+  EXPECT_TRUE(contains(load_init_from(cfg, values.data()), "Hugging Face directory"));
+  EXPECT_TRUE(std::isnan(values[qkv.offset + 5 * 128 + 7]));
+}
+
+TEST_F(InteropTest, ExportsNeverWriteIntoACheckpointAndOverwriteOnlyWithForce) {
+  const RunConfig cfg = tiny_config({"checkpoint.dir=" + path("run")});
+  const std::string step = write_step_dir(path("run"), 5, cfg, random_weights(cfg.model, 71));
+  const std::string model_before = read_file(step + "/model.safetensors");
+  for (bool force : {false, true}) {
+    std::string msg = error_of([&] { export_run_weights(cfg, step, "", WeightDtype::F32, force); });
+    EXPECT_TRUE(contains(msg, "--export-hf " + step + " is a checkpoint step directory")) << msg;
+    msg = error_of([&] { export_run_weights(cfg, "", step + "/gpt2.bin", WeightDtype::F32, force); });
+    EXPECT_TRUE(contains(msg, "checkpoint step directory " + step)) << msg;
+  }
+  EXPECT_EQ(read_file(step + "/model.safetensors"), model_before);
+  EXPECT_FALSE(fs::exists(step + "/gpt2.bin") || fs::exists(step + "/config.json"));
+  EXPECT_EQ(verify_checkpoint(step).step, 5);
+
+  // A non-empty directory, an existing file: only with --force.
+  fs::create_directories(path("hf"));
+  write_file(path("hf/notes.txt"), "mine");
+  write_file(path("m.bin"), "mine");
+  std::string msg = error_of([&] { export_run_weights(cfg, path("hf"), "", WeightDtype::F32, false); });
+  EXPECT_TRUE(contains(msg, path("hf") + " is not empty") && contains(msg, "--force")) << msg;
+  msg = error_of([&] { export_run_weights(cfg, "", path("m.bin"), WeightDtype::F32, false); });
+  EXPECT_TRUE(contains(msg, path("m.bin") + " exists") && contains(msg, "--force")) << msg;
+  EXPECT_FALSE(fs::exists(path("hf/model.safetensors")));
+  EXPECT_EQ(read_file(path("m.bin")), "mine");
+  EXPECT_EQ(export_run_weights(cfg, path("hf"), path("m.bin"), WeightDtype::F32, true), 0);
+  EXPECT_TRUE(fs::exists(path("hf/model.safetensors")) && fs::exists(path("hf/config.json")));
+  EXPECT_EQ(detect_weights_format(path("m.bin")), WeightsFormat::Llmc);
+
+  // Something that is not a regular file is never replaced; a new or empty target needs no --force.
+  msg = error_of([&] { export_run_weights(cfg, "", "/dev/null", WeightDtype::F32, true); });
+  EXPECT_TRUE(contains(msg, "/dev/null exists and is not a regular file")) << msg;
+  fs::create_directories(path("empty"));
+  EXPECT_EQ(export_run_weights(cfg, path("empty"), path("new.bin"), WeightDtype::F32, false), 0);
+  EXPECT_TRUE(fs::exists(path("empty/config.json")) && fs::exists(path("new.bin")));
 }
 
 }  // namespace

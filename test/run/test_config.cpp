@@ -113,7 +113,9 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 75u);  // 13 model keys + 17 precision keys + the 45 fields of the other sections
+  EXPECT_EQ(docs.size(), 77u);  // 13 model keys + 17 precision keys + the 47 fields of the other sections
+  EXPECT_EQ(doc("checkpoint.overwrite").default_value, "false");
+  EXPECT_EQ(doc("train.allow_nonfinite_init").default_value, "false");
   EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
   EXPECT_EQ(doc("precision.bf16_layers").default_value, "[]");
   EXPECT_EQ(doc("precision.dy_format").default_value, "\"e5m2\"");

@@ -1,11 +1,15 @@
 // test/run/test_metrics: GPU peak lookup, MFU, duration formatting, the console line, the throughput average and
-// ETA, and JSONL records (each line parses; append mode keeps earlier lines; non-writer ranks write nothing).
+// ETA, and JSONL records (each line parses; non-writer ranks write nothing); the log is never truncated (a fresh run
+// rotates it, a resume moves the records after its checkpoint to a side file, nothing lost, no step repeated); write
+// errors (a full device, the file removed or replaced) stop the run naming the file.
 #include <gtest/gtest.h>
 
 #include "test/support/temp_dir.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -132,13 +136,167 @@ TEST_F(MetricsTest, ConsoleLineThroughputEtaAndJsonl) {
   std::getline(in, first);
   EXPECT_EQ(first.rfind("{\"type\":\"train\",\"step\":1,", 0), 0u) << first;
 
-  // Resume appends; a fresh run truncates.
-  opt.append = true;
+  // A resume from the checkpoint of step 5 appends after the records up to step 5.
+  opt.resume_step = 5;
   { llmc::MetricsLogger(opt).log_eval(6, 3.0); }
   EXPECT_EQ(read_jsonl(path).size(), 9u);
-  opt.append = false;
-  { llmc::MetricsLogger(opt).log_eval(1, 3.0); }
-  EXPECT_EQ(read_jsonl(path).size(), 1u);
+}
+
+namespace {
+
+// Records as a run writes them: train records for steps first..last, an eval record every 5 steps.
+void log_steps(const llmc::MetricsOptions& opt, int first, int last) {
+  llmc::MetricsLogger log(opt);
+  for (int step = first; step <= last; step++) {
+    log.log_train({step, 1.0, 1e-3, 1.0, 10.0, 1000.0, -1});
+    if (step % 5 == 0) log.log_eval(step, 2.0);
+  }
+}
+
+std::vector<int> train_steps(const std::string& path) {
+  std::vector<int> out;
+  for (const json& r : read_jsonl(path))
+    if (r["type"] == "train") out.push_back(r["step"].get<int>());
+  return out;
+}
+
+std::vector<int> range(int first, int last) {
+  std::vector<int> out;
+  for (int i = first; i <= last; i++) out.push_back(i);
+  return out;
+}
+
+// A logger's options writing to path, printing nothing.
+llmc::MetricsOptions jsonl_options(const std::string& path) {
+  llmc::MetricsOptions opt;
+  opt.jsonl_path = path;
+  opt.total_steps = 100;
+  opt.console = nullptr;
+  return opt;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_F(MetricsTest, AFreshRunRotatesAnExistingLogInsteadOfTruncatingIt) {
+  const std::string path = TempDirTest::path("metrics.jsonl");
+  llmc::MetricsOptions opt = jsonl_options(path);
+  log_steps(opt, 1, 3);
+  log_steps(opt, 1, 2);  // a second fresh run in the same place
+  log_steps(opt, 1, 4);  // and a third
+  EXPECT_EQ(train_steps(path + ".1"), range(1, 3));  // the oldest
+  EXPECT_EQ(train_steps(path + ".2"), range(1, 2));
+  EXPECT_EQ(train_steps(path), range(1, 4));
+  // An empty log is simply reused.
+  std::ofstream(path, std::ios::trunc).close();
+  log_steps(opt, 1, 1);
+  EXPECT_FALSE(fs::exists(path + ".3"));
+  EXPECT_EQ(train_steps(path), range(1, 1));
+}
+
+TEST_F(MetricsTest, AResumeMovesTheRecordsAfterItsCheckpointToASideFile) {
+  const std::string path = TempDirTest::path("metrics.jsonl");
+  const std::string console_path = TempDirTest::path("console.txt");
+  llmc::MetricsOptions opt = jsonl_options(path);
+  log_steps(opt, 1, 13);  // checkpoint at step 10, crash after step 13
+  {  // the resumed run's "resume" record, then steps 11..20
+    opt.resume_step = 10;
+    FILE* console = std::fopen(console_path.c_str(), "w");
+    opt.console = console;
+    llmc::MetricsLogger log(opt);
+    std::fclose(console);
+    opt.console = nullptr;
+    log.log_record({{"type", "resume"}, {"step", 10}});
+  }
+  log_steps(opt, 11, 20);
+  EXPECT_EQ(train_steps(path), range(1, 20));  // every step once
+  EXPECT_EQ(train_steps(path + ".after-step-10"), range(11, 13));  // what the crashed run logged after its checkpoint
+  std::vector<json> side = read_jsonl(path + ".after-step-10");
+  EXPECT_EQ(side.size(), 3u);
+  const std::string said = read_text(console_path);
+  EXPECT_NE(said.find("3 record(s) of " + path + " written after the checkpoint of step 10 are moved to " + path +
+                      ".after-step-10"), std::string::npos) << said;
+  // The eval record at step 10 was written before the checkpoint: it stays.
+  int evals_at_10 = 0;
+  for (const json& r : read_jsonl(path)) evals_at_10 += r["type"] == "eval" && r["step"] == 10;
+  EXPECT_EQ(evals_at_10, 1);
+
+  // Resumed from step 20 (nothing after it to move), then rolled back to step 10 again: its own side file.
+  opt.resume_step = 20;
+  log_steps(opt, 21, 22);
+  EXPECT_FALSE(fs::exists(path + ".after-step-20"));
+  opt.resume_step = 10;
+  log_steps(opt, 11, 11);
+  EXPECT_EQ(train_steps(path + ".after-step-10.2"), range(11, 22));
+  EXPECT_EQ(train_steps(path + ".after-step-10"), range(11, 13));  // untouched
+  EXPECT_EQ(train_steps(path), range(1, 11));
+
+  // A record cut short by a crash (no newline) goes to the side file too, even before the checkpoint's step.
+  std::ofstream(path, std::ios::app) << "{\"type\":\"train\",\"st";
+  opt.resume_step = 11;
+  log_steps(opt, 12, 12);
+  EXPECT_EQ(train_steps(path), range(1, 12));  // every line parses again
+  EXPECT_EQ(read_text(path + ".after-step-11"), "{\"type\":\"train\",\"st");
+  // Nothing after the checkpoint: no side file.
+  opt.resume_step = 12;
+  log_steps(opt, 13, 13);
+  EXPECT_FALSE(fs::exists(path + ".after-step-12"));
+  EXPECT_EQ(train_steps(path), range(1, 13));
+}
+
+TEST_F(MetricsTest, AWriteErrorStopsTheRunNamingTheFile) {
+  llmc::MetricsOptions opt = jsonl_options("/dev/full");  // every write fails with ENOSPC (a device is never rotated)
+  for (int resume_step : {-1, 3}) {
+    opt.resume_step = resume_step;
+    llmc::MetricsLogger log(opt);
+    try {
+      log.log_train({4, 1.0, 1e-3, 1.0, 10.0, 1000.0, -1});
+      ADD_FAILURE() << "a write to /dev/full did not fail";
+    } catch (const llmc::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("/dev/full (log.jsonl)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::strerror(ENOSPC)), std::string::npos) << msg;
+    }
+  }
+  EXPECT_TRUE(fs::exists("/dev/full"));
+}
+
+TEST_F(MetricsTest, TheLogRemovedOrReplacedDuringTheRunStopsIt) {
+  const std::string path = TempDirTest::path("metrics.jsonl");
+  llmc::MetricsOptions opt = jsonl_options(path);
+  {
+    llmc::MetricsLogger log(opt);
+    log.log_eval(1, 2.0);
+    fs::remove(path);
+    try {
+      log.log_eval(2, 2.0);
+      ADD_FAILURE() << "writing to a removed log did not fail";
+    } catch (const llmc::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path + " (log.jsonl) was removed or replaced"), std::string::npos)
+          << e.what();
+    }
+  }
+  {
+    llmc::MetricsLogger log(opt);
+    log.log_eval(1, 2.0);
+    std::ofstream(path + ".other") << "{}\n";
+    fs::rename(path + ".other", path);  // replaced by another file
+    EXPECT_THROW(log.log_eval(2, 2.0), llmc::Error);
+  }
+}
+
+TEST_F(MetricsTest, ADeviceIsWrittenAsIs) {
+  llmc::MetricsOptions opt = jsonl_options("/dev/null");
+  for (int resume_step : {-1, 5}) {
+    opt.resume_step = resume_step;
+    llmc::MetricsLogger log(opt);
+    EXPECT_NO_THROW(log.log_eval(6, 2.0));
+  }
+  EXPECT_FALSE(fs::exists("/dev/null.1"));
 }
 
 TEST_F(MetricsTest, UnknownPeakPrintsNotAvailable) {
