@@ -295,20 +295,25 @@ json read_json_file(const std::string& path, const std::string& what, uint64_t m
   return parse_json(read_regular_file(path, what, max_bytes, hint), path, options);
 }
 
-int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
+namespace {
+
+template <typename Op>
+int64_t checked(int64_t a, int64_t b, const std::string& what, const char* sign, Op op) {
   int64_t r;
-  if (__builtin_mul_overflow(a, b, &r))
-    throw_error("%s = %lld * %lld does not fit in 64 bits", what.c_str(), static_cast<long long>(a),
+  if (op(a, b, &r))
+    throw_error("%s = %lld %s %lld does not fit in 64 bits", what.c_str(), static_cast<long long>(a), sign,
                 static_cast<long long>(b));
   return r;
 }
 
+}  // namespace
+
+int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
+  return checked(a, b, what, "*", [](int64_t x, int64_t y, int64_t* r) { return __builtin_mul_overflow(x, y, r); });
+}
+
 int64_t checked_add(int64_t a, int64_t b, const std::string& what) {
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r))
-    throw_error("%s = %lld + %lld does not fit in 64 bits", what.c_str(), static_cast<long long>(a),
-                static_cast<long long>(b));
-  return r;
+  return checked(a, b, what, "+", [](int64_t x, int64_t y, int64_t* r) { return __builtin_add_overflow(x, y, r); });
 }
 
 int64_t checked_round_up(int64_t a, int64_t m, const std::string& what) {

@@ -352,12 +352,7 @@ std::string fs_join(const RendezvousSpec& spec, const std::string& dir, const st
 
 std::string fs_rendezvous(const RendezvousSpec& spec, const std::string& dir, const std::string& job_id,
                           const std::string& status, const std::string& root_payload) {
-  if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
-    throw_error("rendezvous: rank %d is out of range for world size %d", spec.rank, spec.world_size);
-  if (spec.world_size == 1) {
-    if (!status.empty()) throw GroupError("rank 0 failed during startup: " + status);
-    return root_payload;
-  }
+  if (std::string payload; rdv::alone(spec, status, root_payload, &payload)) return payload;
   if (job_id.empty()) throw_error("parallel.init = fs needs a job id (LLM8_JOB_ID or SLURM_JOB_ID)");
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -312,4 +312,14 @@ std::string take_verdict(const Verdict& v, const std::string& from) {
   return payload;
 }
 
+bool alone(const RendezvousSpec& spec, const std::string& status, const std::string& root_payload,
+           std::string* payload) {
+  if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
+    throw_error("rendezvous: rank %d is out of range for world size %d", spec.rank, spec.world_size);
+  if (spec.world_size > 1) return false;
+  if (!status.empty()) throw GroupError("rank 0 failed during startup: " + status);
+  *payload = root_payload;
+  return true;
+}
+
 }  // namespace llmc::rdv

@@ -136,4 +136,9 @@ Verdict verdict_of(const RootState& st, const std::string& payload);
 // What a rank does with a verified verdict: returns the payload or throws (GroupError for an error).
 std::string take_verdict(const Verdict& v, const std::string& from);
 
+// The start of every rendezvous: llmc::Error when spec.rank is out of range for spec.world_size; for one process there
+// is nobody to meet, so true with *payload = root_payload (or GroupError when its own status is a failure).
+bool alone(const RendezvousSpec& spec, const std::string& status, const std::string& root_payload,
+           std::string* payload);
+
 }  // namespace llmc::rdv

@@ -685,12 +685,7 @@ bool is_loopback_address(const std::string& host) {
 
 std::string tcp_rendezvous(const RendezvousSpec& spec, const std::string& master_addr, int master_port,
                            const std::string& status, const std::string& root_payload) {
-  if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
-    throw_error("rendezvous: rank %d is out of range for world size %d", spec.rank, spec.world_size);
-  if (spec.world_size == 1) {
-    if (!status.empty()) throw GroupError("rank 0 failed during startup: " + status);
-    return root_payload;
-  }
+  if (std::string payload; rdv::alone(spec, status, root_payload, &payload)) return payload;
   require_secret_for(master_addr, spec);
   if (spec.rank == 0) return TcpRoot(spec, master_addr, master_port, status).run(root_payload);
   return tcp_join(spec, master_addr, master_port, status);

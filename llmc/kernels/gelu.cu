@@ -75,22 +75,29 @@ __global__ void gelu_backward_inplace_kernel(bf16* dinout, float* amax, const bf
   }
 }
 
-void gelu_forward(bf16* out, const bf16* inp, size_t n, cudaStream_t stream, float* out_amax) {
-  require_aligned16("gelu_forward", "out", out);
-  require_aligned16("gelu_forward", "inp", inp);
+namespace {
+
+// One thread per 8 elements: both kernels over (out, amax, inp, n), after the alignment checks every 16-byte access
+// needs.
+template <typename Kernel>
+void launch_gelu(Kernel kernel, const char* name, const char* out_name, bf16* out, float* amax, const bf16* inp,
+                 size_t n, cudaStream_t stream) {
+  require_aligned16(name, out_name, out);
+  require_aligned16(name, "inp", inp);
   if (n == 0) return;
   const int block = 256;
-  gelu_forward_kernel<<<ceil_div(ceil_div(n, 8), block), block, 0, stream>>>(out, out_amax, inp, n);
+  kernel<<<ceil_div(ceil_div(n, 8), block), block, 0, stream>>>(out, amax, inp, n);
   CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace
+
+void gelu_forward(bf16* out, const bf16* inp, size_t n, cudaStream_t stream, float* out_amax) {
+  launch_gelu(gelu_forward_kernel, "gelu_forward", "out", out, out_amax, inp, n, stream);
+}
+
 void gelu_backward_inplace(bf16* dinout, const bf16* inp, size_t n, cudaStream_t stream, float* dinp_amax) {
-  require_aligned16("gelu_backward_inplace", "dinout", dinout);
-  require_aligned16("gelu_backward_inplace", "inp", inp);
-  if (n == 0) return;
-  const int block = 256;
-  gelu_backward_inplace_kernel<<<ceil_div(ceil_div(n, 8), block), block, 0, stream>>>(dinout, dinp_amax, inp, n);
-  CUDA_CHECK_LAUNCH();
+  launch_gelu(gelu_backward_inplace_kernel, "gelu_backward_inplace", "dinout", dinout, dinp_amax, inp, n, stream);
 }
 
 }  // namespace llmc

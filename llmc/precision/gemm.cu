@@ -41,6 +41,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <tuple>
@@ -125,11 +126,16 @@ int pointer_alignment(const void* p) {
   return a;
 }
 
-void check_aligned(const void* p, const char* what, const char* fn) {
-  if (p != nullptr && pointer_alignment(p) < 16) {
-    throw_error("%s: pointer %s (%p) is not 16-byte aligned; cuBLASLt tensor-core GEMMs need 16-byte aligned "
-                "buffers (carve activations at multiples of 8 bf16 elements)", fn, what, p);
-  }
+struct NamedPointer {
+  const void* p;
+  const char* name;
+};
+// Every non-null pointer 16-byte aligned, or an llmc::Error naming the first that is not.
+void check_aligned(const char* fn, std::initializer_list<NamedPointer> pointers) {
+  for (const NamedPointer& x : pointers)
+    if (x.p != nullptr && pointer_alignment(x.p) < 16)
+      throw_error("%s: pointer %s (%p) is not 16-byte aligned; cuBLASLt tensor-core GEMMs need 16-byte aligned "
+                  "buffers (carve activations at multiples of 8 bf16 elements)", fn, x.name, x.p);
 }
 
 void check_dims(int M, int N, int K, const char* fn) {
@@ -647,12 +653,8 @@ void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* 
                     cudaStream_t stream, bf16* pre_gelu, const bf16* residual) {
   const char* fn = "matmul_forward";
   check_dims(M, N, K, fn);
-  check_aligned(out, "out", fn);
-  check_aligned(inp, "inp", fn);
-  check_aligned(weight, "weight", fn);
-  check_aligned(bias, "bias", fn);
-  check_aligned(pre_gelu, "pre_gelu", fn);
-  check_aligned(residual, "residual", fn);
+  check_aligned(fn, {{out, "out"}, {inp, "inp"}, {weight, "weight"}, {bias, "bias"}, {pre_gelu, "pre_gelu"},
+                     {residual, "residual"}});
   if (residual != nullptr && pre_gelu != nullptr)
     throw_error("%s: a residual cannot be added with the GELU_AUX epilogue (the GELU input would include it)", fn);
   if (residual != nullptr && residual == out)
@@ -676,10 +678,7 @@ void matmul_dgrad(bf16* dinp, const bf16* dout, const bf16* weight, int M, int N
                   cudaStream_t stream, const bf16* pre_gelu) {
   const char* fn = "matmul_dgrad";
   check_dims(M, N, K, fn);
-  check_aligned(dinp, "dinp", fn);
-  check_aligned(dout, "dout", fn);
-  check_aligned(weight, "weight", fn);
-  check_aligned(pre_gelu, "pre_gelu", fn);
+  check_aligned(fn, {{dinp, "dinp"}, {dout, "dout"}, {weight, "weight"}, {pre_gelu, "pre_gelu"}});
   if (pre_gelu != nullptr && accumulate) {
     throw_error("matmul_dgrad: the DGELU epilogue cannot accumulate (pass accumulate=false with pre_gelu)");
   }
@@ -696,9 +695,7 @@ void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int 
                   cudaStream_t stream) {
   const char* fn = "matmul_wgrad";
   check_dims(M, N, K, fn);
-  check_aligned(dweight, "dweight", fn);
-  check_aligned(dout, "dout", fn);
-  check_aligned(inp, "inp", fn);
+  check_aligned(fn, {{dweight, "dweight"}, {dout, "dout"}, {inp, "inp"}});
   GemmKey key{M, N, K, GemmOp::Wgrad, CUBLASLT_EPILOGUE_DEFAULT, accumulate, pointer_alignment(inp), pointer_alignment(dout),
               pointer_alignment(dweight), 256};
   // dWᵀ (K×N, ld K) = A (inpᵀ as column-major K×M, ld K, op N) · B (doutᵀ as column-major N×M, ld N, op T).

@@ -33,23 +33,25 @@ ParamTable build_table(const ModelSpec& spec) {
   t.vocab_size = spec.vocab_size;
   add_param(&t, "transformer.wte.weight", {spec.padded_vocab_size, C}, -1, ParamRole::TokenEmbedding, kInitStd, 0);
   add_param(&t, "transformer.wpe.weight", {spec.max_seq_len, C}, -1, ParamRole::PositionEmbedding, kInitStd, 0);
+  // A LayerNorm (weight 1, bias 0) and a linear with its bias (weight normal(0, std), bias 0), in storage order.
+  auto layer_norm = [&t](const std::string& name, int64_t C, int layer) {
+    add_param(&t, name + ".weight", {C}, layer, ParamRole::NormWeight, 0, 1);
+    add_param(&t, name + ".bias", {C}, layer, ParamRole::NormBias, 0, 0);
+  };
+  auto linear = [&t](const std::string& name, int64_t out, int64_t in, int layer, float std) {
+    add_param(&t, name + ".weight", {out, in}, layer, ParamRole::LinearWeight, std, 0);
+    add_param(&t, name + ".bias", {out}, layer, ParamRole::LinearBias, 0, 0);
+  };
   for (int i = 0; i < spec.n_layer; i++) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
-    add_param(&t, h + "ln_1.weight", {C}, i, ParamRole::NormWeight, 0, 1);
-    add_param(&t, h + "ln_1.bias", {C}, i, ParamRole::NormBias, 0, 0);
-    add_param(&t, h + "attn.c_attn.weight", {qkv, C}, i, ParamRole::LinearWeight, kInitStd, 0);
-    add_param(&t, h + "attn.c_attn.bias", {qkv}, i, ParamRole::LinearBias, 0, 0);
-    add_param(&t, h + "attn.c_proj.weight", {C, C}, i, ParamRole::LinearWeight, residual_std, 0);
-    add_param(&t, h + "attn.c_proj.bias", {C}, i, ParamRole::LinearBias, 0, 0);
-    add_param(&t, h + "ln_2.weight", {C}, i, ParamRole::NormWeight, 0, 1);
-    add_param(&t, h + "ln_2.bias", {C}, i, ParamRole::NormBias, 0, 0);
-    add_param(&t, h + "mlp.c_fc.weight", {F, C}, i, ParamRole::LinearWeight, kInitStd, 0);
-    add_param(&t, h + "mlp.c_fc.bias", {F}, i, ParamRole::LinearBias, 0, 0);
-    add_param(&t, h + "mlp.c_proj.weight", {C, F}, i, ParamRole::LinearWeight, residual_std, 0);
-    add_param(&t, h + "mlp.c_proj.bias", {C}, i, ParamRole::LinearBias, 0, 0);
+    layer_norm(h + "ln_1", C, i);
+    linear(h + "attn.c_attn", qkv, C, i, kInitStd);
+    linear(h + "attn.c_proj", C, C, i, residual_std);
+    layer_norm(h + "ln_2", C, i);
+    linear(h + "mlp.c_fc", F, C, i, kInitStd);
+    linear(h + "mlp.c_proj", C, F, i, residual_std);
   }
-  add_param(&t, "transformer.ln_f.weight", {C}, -1, ParamRole::NormWeight, 0, 1);
-  add_param(&t, "transformer.ln_f.bias", {C}, -1, ParamRole::NormBias, 0, 0);
+  layer_norm("transformer.ln_f", C, -1);
   return t;
 }
 
