@@ -24,7 +24,7 @@ bench() {  # bench LABEL BUILD SPEC ACCUM RECIPE
   LLM8_COMMIT=$1 python3 dev/bench/bench.py --build "$2" --runs "$3" --accum "$4" --recipe "$5" --steps "$STEPS" \
     --warmup "$WARMUP" --peer none --workdir "$WORK/$1" > "$WORK/last.log" 2>&1 ||
     { tail -30 "$WORK/last.log"; echo "compare_builds: $1 $3 $5 failed"; exit 1; }
-  grep -E "tok/s|tokens/s" "$WORK/last.log" | tail -1 | sed "s/^/$1 $3 $5: /"
+  awk '/^-+$/ { getline; print; exit }' "$WORK/last.log" | sed "s/^/$1 $3 $5: /"  # the summary's first row
 }
 
 i=0
