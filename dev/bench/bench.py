@@ -1047,7 +1047,8 @@ def print_summary(results):
     def line(run, recipe, outcomes, ratios):
         ok = [o for o in outcomes if o.ok]
         if not ok:
-            print(f"{run:<30} {recipe:<22} FAILED: {outcomes[-1].error}")
+            error = outcomes[-1].error
+            print(f"{run:<30} {recipe:<22} {error if error.startswith('skipped') else 'FAILED: ' + error}")
             return
         rounds = " ".join(fmt(o.row["tokens_per_s"], ",.0f") if o.ok else "FAILED" for o in outcomes)
         mems = [o.row["mem_gib"] for o in ok if o.row.get("mem_gib") is not None]
