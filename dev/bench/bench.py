@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """dev/bench/bench.py: the llm8 benchmark driver. Runs train_gpt configs for a fixed number of steps, measures
-tokens/s, MFU (against the BF16 and FP8 peaks of the GPU it finds), peak device memory and loss, runs a PyTorch peer
-beside each run on the same GPU (GPT-2: dev/reference/gpt2.py --time; Llama: dev/reference/llama.py --time, i.e.
-transformers' LlamaForCausalLM with sdpa; both torch.compile, BF16 autocast, fused AdamW), appends one Markdown row
-per run to dev/bench/results/<gpu>.md and prints a side-by-side table.
+tokens/s, MFU (against the BF16 and FP8 peaks of the GPU it finds), peak device memory and loss, runs peers beside
+each single-GPU run on the same GPU (--peer torch: GPT-2 dev/reference/gpt2.py --time, Llama dev/reference/llama.py
+--time, i.e. transformers' LlamaForCausalLM with sdpa; both torch.compile, BF16 autocast, fused AdamW; --peer llmc:
+karpathy/llm.c's train_gpt2cu from --llmc-dir, GPT-2 only, on the same shards and tokens per step), alternating ours
+and the peers over --rounds, appends one Markdown row per run to dev/bench/results/<gpu>.md (peer rows with
+ours/peer) and prints a side-by-side table.
 
 How a run is measured (details in dev/bench/README.md):
   - train_gpt runs `--steps` optimizer steps of `--accum` micro-steps each (default 1: train.global_batch_tokens=0;
@@ -11,6 +13,8 @@ How a run is measured (details in dev/bench/README.md):
     step is amortised over the global batch), no validation, sampling or checkpoints, and writes its JSONL metrics; the
     first `--warmup` steps are dropped and tokens/s = tokens per step / median step time of the rest. The peer runs
     the same accumulation.
+  - llm.c runs -d = our tokens per step with its published micro-batch (124M: 64, 350M: 32) where it divides them,
+    from a random init (-e dN), no recomputation; tokens/s = -d / median of its per-step 'X ms' after the warm-up.
   - FLOPs per token come from `train_gpt --dry-run` (6N + 6LCT); MFU = FLOPs/token * tokens/s / (peak * GPUs).
   - peak memory = the largest mem_gib of the JSONL records; loss = the last train loss.
   - --gpus N[,M...] runs every spec on that many GPUs through scripts/run_local.sh (weak scaling: micro_batch per GPU
@@ -24,6 +28,8 @@ Examples:
   python3 dev/bench/bench.py --runs 124m:32:1024,350m:16:1024:2 --recipe bf16 --steps 40 --dry
   python3 dev/bench/bench.py --runs 124m:32:1024 --gpus 1,2 --peer none     # scaling from 1 to 2 GPUs
   python3 dev/bench/bench.py --runs llama-1b:4:2048 --recipe bf16,fp8_tensorwise --accum 16 --steps 4 --warmup 1
+  python3 dev/bench/bench.py --runs 124m:32:1024 --accum 16 --steps 6 --warmup 2 --peer torch,llmc \
+      --llmc-dir .peers/llm.c                             # llm.c and PyTorch beside ours, two rounds
 """
 import argparse
 import datetime
