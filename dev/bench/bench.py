@@ -259,7 +259,7 @@ def llmc_plan(dims, spec, accum):
     if spec.gpus != 1:
         raise PeerUnsupported(f"llm.c is built with NO_MULTI_GPU=1 and this run uses {spec.gpus} GPUs")
     layers, width, heads = dims["n_layer"], dims["n_embd"], dims["n_head"]
-    if (LLMC_MODELS.get(layers) != (width, heads) or dims.get("ffn_hidden", 4 * width) != 4 * width
+    if (LLMC_MODELS.get(layers) != (width, heads) or (dims.get("ffn_hidden") or 4 * width) != 4 * width
             or dims["vocab_size"] != GPT2_VOCAB):
         known = ", ".join(f"d{d} = {c} wide, {h} heads" for d, (c, h) in sorted(LLMC_MODELS.items()))
         raise PeerUnsupported(f"llm.c has no model with n_layer={layers} n_embd={width} n_head={heads} "

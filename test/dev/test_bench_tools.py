@@ -263,6 +263,15 @@ class LlmcPeer(unittest.TestCase):
             self.assertEqual(int(flag(cmd, "-d")), accum * 16 * 1024)
             self.assertEqual(plan.accum, llmc_accum)
 
+    def test_resolved_sizes_match_llmc_models(self):
+        spec = bench.parse_run_spec("124m:32:1024")
+        for ffn in (3072, 0):  # the resolved config's width, or 0 = the family's default 4C
+            self.assertEqual(bench.llmc_plan(dict(GPT2_124M, ffn_hidden=ffn), spec, 16).model, "d12")
+        with self.assertRaisesRegex(bench.PeerUnsupported, "no model"):
+            bench.llmc_plan(dict(GPT2_124M, ffn_hidden=2048), spec, 16)
+        with self.assertRaisesRegex(bench.PeerUnsupported, "no model"):
+            bench.llmc_plan(dict(GPT2_124M, vocab_size=32000), spec, 16)
+
     def test_our_micro_batch_when_llmc_one_does_not_divide_the_step(self):
         plan = bench.llmc_plan(GPT2_124M, bench.parse_run_spec("124m:32:1024"), accum=1)
         self.assertEqual((plan.micro_batch, plan.tokens_per_step, plan.accum), (32, 32768, 1))
