@@ -274,6 +274,18 @@ def llmc_plan(dims, spec, accum):
     return LlmcPlan(f"d{layers}", micro_batch, spec.seq_len, tokens)
 
 
+def llmc_skip_reason(dims, spec, accum):
+    """Why llm.c cannot run beside a spec, known before anything runs (from the preset's sizes), else None; a spec
+    whose sizes are not known yet (a config path) is decided when its dry run has given them."""
+    if dims is None:
+        return None
+    try:
+        llmc_plan(dims, spec, accum)
+    except PeerUnsupported as e:
+        return str(e)
+    return None
+
+
 def llmc_command(binary, plan, steps, data_glob, out_dir):
     """train_gpt2cu for `steps` optimizer steps of the plan from a random init on our training shards."""
     return [binary,
@@ -1123,12 +1135,10 @@ def run_spec(args, spec, recipes, peers, llmc_binary, gpu_name, workdir, commit,
     res = SpecResults(spec)
     model_name, dims = preset_dims(spec, recipes, args)
     spec_peers = list(peers) if spec.gpus == 1 else []
-    if "llmc" in spec_peers and dims is not None:
-        try:
-            llmc_plan(dims, spec, args.accum)
-        except PeerUnsupported as e:
-            res.skipped["llmc"] = str(e)
-            print(f"note: no llm.c peer for {spec.label()}: {e}", flush=True)
+    why = llmc_skip_reason(dims, spec, args.accum) if "llmc" in spec_peers else None
+    if why:
+        res.skipped["llmc"] = why
+        print(f"note: no llm.c peer for {spec.label()}: {why}", flush=True)
     for round_index, sequence in enumerate(run_order(args.rounds, spec_peers)):
         tag = f" round {round_index + 1}/{args.rounds}" if args.rounds > 1 else ""
         done = []  # (who, Outcome) in the order they ran
@@ -1259,7 +1269,8 @@ def main(argv=None):
     if not ensure_data(args, dry=False):
         return 1
     llmc_binary = None
-    if "llmc" in peers:
+    if "llmc" in peers and any(spec.gpus == 1 and not llmc_skip_reason(preset_dims(spec, recipes, args)[1], spec,
+                                                                         args.accum) for spec in specs):
         error = check_llmc_shards(args.data, 1)
         if not error:
             llmc_binary, error = ensure_llmc_binary(args.llmc_dir, args.timeout)
