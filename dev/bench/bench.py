@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """dev/bench/bench.py: the llm8 benchmark driver. Runs train_gpt configs for a fixed number of steps, measures
-tokens/s, MFU (against the BF16 and FP8 peaks of the GPU it finds), peak device memory and loss, runs a PyTorch peer
-beside each run on the same GPU (GPT-2: dev/reference/gpt2.py --time; Llama: dev/reference/llama.py --time, i.e.
-transformers' LlamaForCausalLM with sdpa; both torch.compile, BF16 autocast, fused AdamW), appends one Markdown row
-per run to dev/bench/results/<gpu>.md and prints a side-by-side table.
+tokens/s, MFU (against the BF16 and FP8 peaks of the GPU it finds), peak device memory and loss, runs peers beside
+each single-GPU run on the same GPU (--peer torch: GPT-2 dev/reference/gpt2.py --time, Llama dev/reference/llama.py
+--time, i.e. transformers' LlamaForCausalLM with sdpa; both torch.compile, BF16 autocast, fused AdamW; --peer llmc:
+karpathy/llm.c's train_gpt2cu from --llmc-dir, GPT-2 only, on the same shards and tokens per step), alternating ours
+and the peers over --rounds, appends one Markdown row per run to dev/bench/results/<gpu>.md (peer rows with
+ours/peer) and prints a side-by-side table.
 
 How a run is measured (details in dev/bench/README.md):
   - train_gpt runs `--steps` optimizer steps of `--accum` micro-steps each (default 1: train.global_batch_tokens=0;
@@ -11,6 +13,8 @@ How a run is measured (details in dev/bench/README.md):
     step is amortised over the global batch), no validation, sampling or checkpoints, and writes its JSONL metrics; the
     first `--warmup` steps are dropped and tokens/s = tokens per step / median step time of the rest. The peer runs
     the same accumulation.
+  - llm.c runs -d = our tokens per step with its published micro-batch (124M: 64, 350M: 32) where it divides them,
+    from a random init (-e dN), no recomputation; tokens/s = -d / median of its per-step 'X ms' after the warm-up.
   - FLOPs per token come from `train_gpt --dry-run` (6N + 6LCT); MFU = FLOPs/token * tokens/s / (peak * GPUs).
   - peak memory = the largest mem_gib of the JSONL records; loss = the last train loss.
   - --gpus N[,M...] runs every spec on that many GPUs through scripts/run_local.sh (weak scaling: micro_batch per GPU
@@ -24,6 +28,8 @@ Examples:
   python3 dev/bench/bench.py --runs 124m:32:1024,350m:16:1024:2 --recipe bf16 --steps 40 --dry
   python3 dev/bench/bench.py --runs 124m:32:1024 --gpus 1,2 --peer none     # scaling from 1 to 2 GPUs
   python3 dev/bench/bench.py --runs llama-1b:4:2048 --recipe bf16,fp8_tensorwise --accum 16 --steps 4 --warmup 1
+  python3 dev/bench/bench.py --runs 124m:32:1024 --accum 16 --steps 6 --warmup 2 --peer torch,llmc \
+      --llmc-dir .peers/llm.c                             # llm.c and PyTorch beside ours, two rounds
 """
 import argparse
 import datetime
@@ -36,6 +42,7 @@ import shlex
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -88,7 +95,7 @@ SUITES = {
 PEER_RECIPE = "pytorch-compile-bf16"            # dev/reference/gpt2.py --time
 LLAMA_PEER_RECIPE = "hf-llama-compile-bf16"     # dev/reference/llama.py --time (transformers' LlamaForCausalLM)
 RESULT_COLUMNS = ["model", "recipe", "GPUs", "micro-batch", "accum", "sequence", "tokens/s", "MFU (BF16 peak)",
-                  "MFU (FP8 peak)", "peak memory GiB", "loss", "commit", "date"]
+                  "MFU (FP8 peak)", "peak memory GiB", "loss", "commit", "date", "ours/peer"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -204,6 +211,206 @@ def peer_command(python, dims, spec, warmup, steps, accum=1):
         ] + common
     return [python, os.path.join("dev", "reference", "gpt2.py"), "--time"] + sizes + common
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# the llm.c peer: karpathy/llm.c's train_gpt2cu, built from an extracted copy of llm.c-cuda13.tar.gz (--llmc-dir)
+
+LLMC_RECIPE = "llm.c-bf16"
+LLMC_BINARY = "train_gpt2cu"
+LLMC_MAKE = ["make", LLMC_BINARY, "USE_CUDNN=1", "NO_MULTI_GPU=1"]  # cuDNN attention, one GPU (no MPI/NCCL)
+# llm.c's `-e dN` models (train_gpt2.cu, gpt2_build_from_descriptor): depth -> (channels, heads), all with GPT-2's
+# vocabulary and 1024 positions.
+LLMC_MODELS = {6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}
+LLMC_MAX_SEQ_LEN = 1024
+# llm.c's published micro-batches by depth (its README: GPT-2 124M at B=64, 350M at B=32, T=1024).
+LLMC_MICRO_BATCH = {12: 64, 24: 32}
+# The only shard header llm.c's data loader accepts (its llmc/dataloader.h): magic, version (uint16 tokens). It is
+# the header of dev/data/prepare.py's default shards; --uint32 shards (20240801, 7) are not readable by llm.c.
+LLMC_SHARD_MAGIC, LLMC_SHARD_VERSION = 20240520, 1
+LLMC_EXTRACT_HINT = ("extract the peer into an ignored folder of the checkout: mkdir -p .peers && "
+                     "tar -xzf ../shared/peers/llm.c-cuda13.tar.gz -C .peers, then --llmc-dir .peers/llm.c")
+
+
+class PeerUnsupported(ValueError):
+    """The peer cannot train this run spec (llm.c and a Llama model); the peer is skipped for the spec."""
+
+
+@dataclass
+class LlmcPlan:
+    model: str            # llm.c's -e model descriptor, e.g. "d12"
+    micro_batch: int      # -b
+    seq_len: int          # -t
+    tokens_per_step: int  # -d: tokens per optimizer step, ours
+
+    @property
+    def accum(self):
+        return self.tokens_per_step // (self.micro_batch * self.seq_len)
+
+
+def llmc_plan(dims, spec, accum):
+    """How llm.c runs beside a spec: its -e dN model of the same sizes, our sequence length and our tokens per
+    optimizer step (-d = accum x B x T); the micro-batch is llm.c's published one for that model (124M: 64, 350M: 32)
+    when it divides the step's tokens (llm.c then accumulates -d / (B x T) micro-steps), else ours. Raises
+    PeerUnsupported for what llm.c cannot train."""
+    if dims is None:
+        raise PeerUnsupported("the model sizes are unknown (the dry run failed and the preset is not known)")
+    if dims["arch"] != "gpt2":
+        raise PeerUnsupported(f"llm.c trains GPT-2 only and this is a {dims['arch']} model")
+    if spec.gpus != 1:
+        raise PeerUnsupported(f"llm.c is built with NO_MULTI_GPU=1 and this run uses {spec.gpus} GPUs")
+    layers, width, heads = dims["n_layer"], dims["n_embd"], dims["n_head"]
+    if (LLMC_MODELS.get(layers) != (width, heads) or (dims.get("ffn_hidden") or 4 * width) != 4 * width
+            or dims["vocab_size"] != GPT2_VOCAB):
+        known = ", ".join(f"d{d} = {c} wide, {h} heads" for d, (c, h) in sorted(LLMC_MODELS.items()))
+        raise PeerUnsupported(f"llm.c has no model with n_layer={layers} n_embd={width} n_head={heads} "
+                              f"vocab_size={dims['vocab_size']} (its -e dN models: {known}; FFN 4C, vocabulary "
+                              f"{GPT2_VOCAB})")
+    if spec.seq_len > LLMC_MAX_SEQ_LEN:
+        raise PeerUnsupported(f"llm.c's models have {LLMC_MAX_SEQ_LEN} positions, this run T={spec.seq_len}")
+    tokens = accum * spec.micro_batch * spec.seq_len
+    micro_batch = LLMC_MICRO_BATCH.get(layers, spec.micro_batch)
+    if tokens % (micro_batch * spec.seq_len) != 0:
+        micro_batch = spec.micro_batch
+    return LlmcPlan(f"d{layers}", micro_batch, spec.seq_len, tokens)
+
+
+def llmc_skip_reason(dims, spec, accum):
+    """Why llm.c cannot run beside a spec, known before anything runs (from the preset's sizes), else None; a spec
+    whose sizes are not known yet (a config path) is decided when its dry run has given them."""
+    if dims is None:
+        return None
+    try:
+        llmc_plan(dims, spec, accum)
+    except PeerUnsupported as e:
+        return str(e)
+    return None
+
+
+def llmc_command(binary, plan, steps, data_glob, out_dir):
+    """train_gpt2cu for `steps` optimizer steps of the plan from a random init on our training shards."""
+    return [binary,
+            "-i", data_glob,
+            "-j", data_glob,               # its validation loader needs shards of B*T+1 tokens (KJV's val shard: 59,631)
+            "-e", plan.model,              # dN: initialise from scratch
+            "-b", str(plan.micro_batch), "-t", str(plan.seq_len), "-d", str(plan.tokens_per_step),
+            "-x", str(steps),
+            "-v", str(steps + 1),          # validation only before step 1 and after the last (-v 0 divides by zero)
+            "-m", "1",                     # one validation batch: that untimed part stays short
+            "-s", "0", "-n", "0",          # no sampling, no checkpoints
+            "-r", "0",                     # no recomputation (llm.c's fastest setting when the memory is there)
+            "-o", out_dir]
+
+
+_LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+)\s*\|\s*loss\s+(\S+).*\|\s*([\d.]+)\s*ms\s*\|\s*([\d.]+)%\s*bf16 MFU"
+                        r"\s*\|\s*([\d.]+)\s*tok/s")
+_LLMC_BATCH = re.compile(r"batch_size B=(\d+) \* seq_len T=(\d+) \* num_processes=(\d+) and total_batch_size=(\d+)")
+_LLMC_MEMORY = re.compile(r"device memory usage:\s*(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
+
+
+def parse_llmc_output(text, warmup):
+    """Summary of train_gpt2cu's console output, measured as ours: the first `warmup` step lines are dropped and
+    tokens/s = tokens per step (its total_batch_size line) / median step time (the 'X ms' of its step lines: CUDA
+    events around the step). Its printed tok/s is a bias-corrected moving average over the steps so far, so it is kept
+    only as 'printed_tok_s' (the last one). Returns dict(timed_steps, step_ms, step_ms_mean, tokens_per_step,
+    tokens_per_s, micro_batch, grad_accum, mem_gib (its 'device memory usage' after allocating its state, None if
+    absent), loss (last), llmc_mfu (median of its own MFU), printed_tok_s, last_step, managed_memory (it fell back to
+    cudaMallocManaged)). Raises ValueError when the batch line or the timed steps are missing."""
+    steps, batch, mem_mib = [], None, None
+    for line in text.splitlines():
+        line = line.strip()
+        m = _LLMC_STEP.match(line)
+        if m:
+            steps.append(dict(step=int(m.group(1)), total=int(m.group(2)), loss=float(m.group(3)),
+                              ms=float(m.group(4)), mfu=float(m.group(5)), tok_s=float(m.group(6))))
+            continue
+        m = _LLMC_BATCH.search(line)
+        if m:
+            batch = [int(g) for g in m.groups()]
+            continue
+        m = _LLMC_MEMORY.search(line)
+        if m:
+            mem_mib = int(m.group(1))
+    if batch is None:
+        raise ValueError("no 'batch_size B=.. * seq_len T=.. * num_processes=.. and total_batch_size=..' line")
+    micro_batch, seq_len, processes, tokens_per_step = batch
+    timed = steps[warmup:]
+    if not timed:
+        raise ValueError(f"no timed steps: {len(steps)} step lines, warm-up {warmup} (run more --steps than --warmup)")
+    step_ms = statistics.median(s["ms"] for s in timed)
+    return {
+        "timed_steps": len(timed),
+        "step_ms": step_ms,
+        "step_ms_mean": statistics.fmean(s["ms"] for s in timed),
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_step / (step_ms / 1000.0) if step_ms > 0 else float("nan"),
+        "micro_batch": micro_batch,
+        "grad_accum": tokens_per_step // (micro_batch * seq_len * processes),
+        "mem_gib": mem_mib / 1024.0 if mem_mib is not None else None,
+        "loss": steps[-1]["loss"],
+        "llmc_mfu": statistics.median(s["mfu"] for s in timed),
+        "printed_tok_s": steps[-1]["tok_s"],
+        "last_step": steps[-1]["step"],
+        "managed_memory": "Fell back to cudaMallocManaged" in text,
+    }
+
+
+def check_llmc_shards(data_glob, min_tokens):
+    """None when every shard of data_glob is one llm.c reads (header magic 20240520, version 1: uint16 tokens, the
+    format dev/data/prepare.py writes by default) and holds at least min_tokens (llm.c asserts B*T+1 per shard);
+    otherwise what is wrong and the fix."""
+    paths = sorted(glob.glob(data_glob))
+    if not paths:
+        return f"no shards match {data_glob}"
+    for path in paths:
+        with open(path, "rb") as f:
+            head = f.read(12)
+        if len(head) < 12:
+            return f"{path}: {len(head)} bytes, shorter than a shard header"
+        magic, version, count = struct.unpack("<3i", head)
+        if (magic, version) != (LLMC_SHARD_MAGIC, LLMC_SHARD_VERSION):
+            return (f"{path}: shard header magic {magic} version {version}, but llm.c reads only magic "
+                    f"{LLMC_SHARD_MAGIC} version {LLMC_SHARD_VERSION} (uint16 tokens): prepare the shards without "
+                    f"--uint32, or leave llmc out of --peer")
+        if count < min_tokens:
+            return (f"{path}: {count:,} tokens, but llm.c needs B*T+1 = {min_tokens:,} in every shard: use larger "
+                    f"shards (dev/data/prepare.py --shard-tokens) or a smaller micro-batch")
+    return None
+
+
+def ensure_llmc_binary(llmc_dir, timeout, jobs=None):
+    """Path of llm.c's train_gpt2cu in llmc_dir, built there first when missing (LLMC_MAKE, its log kept beside it
+    as train_gpt2cu.build.log). Returns (path, None) or (None, what failed, naming the log)."""
+    if not os.path.isfile(os.path.join(llmc_dir, "Makefile")):
+        return None, f"--llmc-dir {llmc_dir}: no Makefile there; {LLMC_EXTRACT_HINT}"
+    binary = os.path.join(llmc_dir, LLMC_BINARY)
+    if os.access(binary, os.X_OK):
+        return binary, None
+    cmd = LLMC_MAKE + [f"-j{jobs or os.cpu_count() or 1}"]
+    log_path = binary + ".build.log"
+    print(f"building llm.c: {shlex.join(cmd)} in {llmc_dir} (log {log_path}) ...", flush=True)
+    with open(log_path, "w") as log:
+        try:
+            rc = subprocess.run(cmd, cwd=llmc_dir, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+        except OSError as e:
+            log.write(f"{cmd[0]}: {e}\n")
+            rc = 127
+    with open(log_path, errors="replace") as log:
+        text = log.read()
+    if rc != 0 or not os.access(binary, os.X_OK):
+        status = f"timed out after {timeout} s" if rc is None else f"exit {rc}"
+        return None, (f"building llm.c failed ({status}: '{shlex.join(cmd)}' in {llmc_dir}); see {log_path}: "
+                      f"{first_compiler_error(text)}")
+    return binary, None
+
+
+def first_compiler_error(text):
+    """The first error a build log reports (the compiler's, not make's summary after it), else last_error_line."""
+    for line in text.splitlines():
+        if re.search(r"\berror\b|fatal", line, re.IGNORECASE) and not line.startswith("make"):
+            return line.strip()[:300]
+    return last_error_line(text)
 
 # ----------------------------------------------------------------------------------------------------------------
 # parsing: the trainer's --dry-run report, its JSONL metrics, the peer's JSON line
@@ -426,22 +633,31 @@ RESULTS_HEADER = """# llm8 benchmarks on {gpu}
 
 One row per benchmark run, appended by `dev/bench/bench.py` (see dev/bench/README.md).
 
-- **model, recipe**: the model preset and precision recipe; `{peer}` is the PyTorch reference
-  (`dev/reference/gpt2.py --time`: torch.compile, BF16 autocast, fused AdamW) run beside ours on the same GPU in
-  the same session; for Llama models the peer is `{llama_peer}` (`dev/reference/llama.py --time`: transformers'
-  LlamaForCausalLM with sdpa attention, torch.compile, BF16 autocast, fused AdamW).
+- **model, recipe**: the model preset and precision recipe. The peers run beside ours on the same GPU in the same
+  session: `{peer}` is the PyTorch reference (`dev/reference/gpt2.py --time`: torch.compile, BF16 autocast, fused
+  AdamW); for Llama models `{llama_peer}` (`dev/reference/llama.py --time`: transformers' LlamaForCausalLM with
+  sdpa attention, torch.compile, BF16 autocast, fused AdamW); `{llmc_peer}` is karpathy/llm.c's `train_gpt2cu`
+  (GPT-2 only; cuDNN attention, no recomputation, from a random init on the same shards; `--peer llmc`).
 - **GPUs, micro-batch, accum, sequence**: data-parallel GPUs, sequences per GPU per micro-step, micro-steps per
-  optimizer step (gradient accumulation; 1 = an optimizer step after every micro-step), tokens per sequence.
+  optimizer step (gradient accumulation; 1 = an optimizer step after every micro-step), tokens per sequence. llm.c
+  runs the same tokens per optimizer step as ours with its own published micro-batch (124M: 64, 350M: 32) where it
+  divides them.
 - **tokens/s**: over all GPUs. llm8 runs `accum` micro-steps per optimizer step with no validation, sampling or
   checkpoints; the first warm-up steps are dropped and tokens/s = tokens per step / median step time of the rest
-  (train_gpt's per-step `ms`). The peer runs the same accumulation, drops the same number of warm-up steps
-  (torch.compile happens there) and reports the mean step time of the rest (synchronised wall clock around the loop).
+  (train_gpt's per-step `ms`). llm.c is measured the same way from the `X ms` of its step lines. The PyTorch peer
+  runs the same accumulation, drops the same number of warm-up steps (torch.compile happens there) and reports the
+  mean step time of the rest (synchronised wall clock around the loop).
 - **MFU**: FLOPs/token x tokens/s / (peak x GPUs), FLOPs/token = 6N + 6LCT (N = non-embedding parameters + the
   lm_head on the real vocabulary; L layers, C width, T sequence), against the dense peaks of this GPU:
-  {peaks}.
-- **peak memory GiB**: per GPU; llm8's largest `mem_gib`, the peer's torch.cuda.max_memory_allocated.
-- **loss**: the last training loss (llm8 on the bundled KJV text; the peer on random tokens, so not comparable).
+  {peaks}. The peers' rows use the same formula.
+- **peak memory GiB**: per GPU; llm8's largest `mem_gib`, the PyTorch peer's torch.cuda.max_memory_allocated,
+  llm.c's `device memory usage` line (used device memory after it allocated its state, the CUDA context included).
+- **loss**: the last training loss (llm8 and llm.c on the bundled KJV text; the PyTorch peer on random tokens, so not
+  comparable).
 - **commit, date**: `git rev-parse --short HEAD` (`+dirty` = uncommitted changes outside the results; the environment variable `LLM8_COMMIT` overrides it where the tree has no .git) and UTC time.
+- **ours/peer** (peer rows): our tokens/s in the same round of the same run spec / this row's, one ratio per recipe
+  of ours. With `--rounds N` ours and the peers alternate (ours first in rounds 1, 3, ..., last in rounds 2, 4, ...);
+  rows written before this column existed leave it empty.
 
 | {columns} |
 |{rule}|
@@ -453,21 +669,58 @@ def result_row(r):
         r["model"], r["recipe"], str(r["gpus"]), str(r["micro_batch"]), str(r.get("accum", 1)), str(r["seq_len"]),
         fmt(r["tokens_per_s"], ",.0f"), fmt(r["mfu_bf16"], ".1f") + "%" * (r["mfu_bf16"] is not None),
         fmt(r["mfu_fp8"], ".1f") + "%" * (r["mfu_fp8"] is not None),
-        fmt(r["mem_gib"], ".1f"), fmt(r["loss"], ".4f"), r["commit"], r["date"],
+        fmt(r["mem_gib"], ".1f"), fmt(r["loss"], ".4f"), r["commit"], r["date"], ratio_text(r.get("ours_per_peer")),
     ]) + " |"
 
 
+def ratio_text(ratios, digits=3):
+    """The ours/peer cell: '1.063 (bf16), 1.271 (fp8_tensorwise)' from [(our recipe, ours / peer)]; '' for our own
+    rows (None), 'n/a' for a peer row without a successful run of ours in its round ([])."""
+    if ratios is None:
+        return ""
+    return ", ".join(f"{ratio:.{digits}f} ({recipe})" for recipe, ratio in ratios) or "n/a"
+
+
+def results_header(gpu_name):
+    """The header of a results file: what its columns mean and the column line with its rule."""
+    peaks = gpu_peaks(gpu_name)
+    peak_text = ("BF16 {:g}, FP8 {} TFLOP/s".format(peaks[0], fmt(peaks[1], "g"))
+                 if peaks else "unknown to bench.py, so MFU is n/a")
+    return RESULTS_HEADER.format(gpu=gpu_name, peer=PEER_RECIPE, llama_peer=LLAMA_PEER_RECIPE, llmc_peer=LLMC_RECIPE,
+                                 peaks=peak_text, columns=" | ".join(RESULT_COLUMNS),
+                                 rule="|".join("---" for _ in RESULT_COLUMNS))
+
+
+def with_current_header(text, gpu_name):
+    """A results file's text with its header (everything up to the table's rule line) replaced by the current one
+    when its column line differs (a column was added since the file was created); the rows stay as they are."""
+    lines = text.splitlines(keepends=True)
+    column_line = "| " + " | ".join(RESULT_COLUMNS) + " |"
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("| model |") and lines[i + 1].startswith("|---"):
+            if line.rstrip("\n") == column_line:
+                return text
+            return results_header(gpu_name) + "".join(lines[i + 2:])
+    raise ValueError("no '| model | ...' column line followed by its rule")
+
+
 def append_results(path, gpu_name, rows):
+    """Appends rows to a results file, creating it with its header, or bringing an older file's header up to date."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    new = not os.path.exists(path)
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+        try:
+            current = with_current_header(text, gpu_name)
+        except ValueError as e:
+            raise ValueError(f"{path}: not a bench.py results table ({e}); move it away to start a new one") from None
+        if current != text:
+            with open(path, "w") as f:
+                f.write(current)
+    else:
+        with open(path, "w") as f:
+            f.write(results_header(gpu_name))
     with open(path, "a") as f:
-        if new:
-            peaks = gpu_peaks(gpu_name)
-            peak_text = ("BF16 {:g}, FP8 {} TFLOP/s".format(peaks[0], fmt(peaks[1], "g"))
-                         if peaks else "unknown to bench.py, so MFU is n/a")
-            f.write(RESULTS_HEADER.format(gpu=gpu_name, peer=PEER_RECIPE, llama_peer=LLAMA_PEER_RECIPE, peaks=peak_text,
-                                          columns=" | ".join(RESULT_COLUMNS),
-                                          rule="|".join("---" for _ in RESULT_COLUMNS)))
         for r in rows:
             f.write(result_row(r) + "\n")
 
@@ -533,16 +786,17 @@ def failure_text(rc, text, timeout):
     return f"exit {rc}: " + last_error_line(text)
 
 
-def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
+def run_ours(args, spec, recipe, gpu_name, workdir, commit, date, round_index=0):
     model = os.path.basename(spec.model).removesuffix(".json")
-    name = f"{model}_b{spec.micro_batch}_t{spec.seq_len}_g{spec.gpus}_{recipe}"
+    name = f"{model}_b{spec.micro_batch}_t{spec.seq_len}_g{spec.gpus}_{recipe}_r{round_index}"
     jsonl = os.path.join(workdir, name + ".jsonl")
     config, set_recipe = config_for(spec.model, recipe, args.configs)
     overrides = bench_overrides(spec, recipe, args.steps, args.warmup, jsonl, args.data, args.accum) + args.set
     if not set_recipe:
         overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
     env = dict(os.environ, WORLD_SIZE=str(spec.gpus))
-    raw = {"impl": "llm8", "spec": spec.__dict__, "recipe": recipe, "config": config, "overrides": overrides}
+    raw = {"impl": "llm8", "spec": spec.__dict__, "round": round_index, "recipe": recipe, "config": config,
+           "overrides": overrides}
 
     # the dry run validates the config (no GPU) and gives FLOPs/token and the resolved model sizes
     with open(os.path.join(workdir, name + ".dryrun.log"), "w") as log:
@@ -592,11 +846,13 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date):
     return Outcome(True, row=row, raw=raw), dims
 
 
-def run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date):
+def run_torch(args, spec, dims, model_name, gpu_name, workdir, commit, date, round_index=0):
+    """The PyTorch peer (peer_command) beside a single-GPU run."""
     cmd = peer_command(args.python, dims, spec, args.warmup, args.steps, args.accum)
-    name = f"peer_{model_name}_b{spec.micro_batch}_t{spec.seq_len}"
+    name = f"peer_{model_name}_b{spec.micro_batch}_t{spec.seq_len}_r{round_index}"
     llama = dims["arch"] == "llama"
-    raw = {"impl": "pytorch-hf-llama" if llama else "pytorch", "spec": spec.__dict__, "command": cmd}
+    raw = {"impl": "pytorch-hf-llama" if llama else "pytorch", "spec": spec.__dict__, "round": round_index,
+           "command": cmd}
     rc, text = run_logged(cmd, os.path.join(workdir, name + ".log"), args.timeout)
     if rc == 77:
         return Outcome(False, error="skipped: PyTorch is not installed", raw=raw)
@@ -618,6 +874,38 @@ def run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date):
     }
     return Outcome(True, row=row, raw=raw)
 
+
+def run_llmc(args, spec, plan, dims, model_name, binary, gpu_name, workdir, commit, date, round_index):
+    """llm.c's train_gpt2cu for --steps optimizer steps of the plan (llmc_plan) on our training shards."""
+    name = f"llmc_{model_name}_b{plan.micro_batch}_t{plan.seq_len}_r{round_index}"
+    cmd = llmc_command(binary, plan, args.steps, args.data, os.path.join(workdir, name))
+    raw = {"impl": "llm.c", "spec": spec.__dict__, "round": round_index, "plan": plan.__dict__, "command": cmd}
+    shard_error = check_llmc_shards(args.data, plan.micro_batch * plan.seq_len + 1)
+    if shard_error:
+        return Outcome(False, error=shard_error, raw=raw)
+    rc, text = run_logged(cmd, os.path.join(workdir, name + ".log"), args.timeout)
+    if rc != 0:
+        return Outcome(False, error=failure_text(rc, text, args.timeout), raw=raw)
+    try:
+        out = parse_llmc_output(text, args.warmup)
+    except ValueError as e:
+        return Outcome(False, error=f"llm.c output: {e}: " + last_error_line(text), raw=raw)
+    raw["output"] = out
+    if out["tokens_per_step"] != plan.tokens_per_step:
+        return Outcome(False, error=f"llm.c ran {out['tokens_per_step']} tokens per step, not the "
+                                    f"{plan.tokens_per_step} asked for", raw=raw)
+    if out["managed_memory"]:
+        print("  warning: llm.c fell back to cudaMallocManaged (not enough device memory): it runs slower", flush=True)
+    flops = model_flops_per_token(dims, spec.seq_len)
+    peaks = gpu_peaks(gpu_name) or (None, None)
+    tok_s = out["tokens_per_s"]
+    row = {
+        "model": model_name, "recipe": LLMC_RECIPE, "gpus": 1, "micro_batch": plan.micro_batch, "accum": plan.accum,
+        "seq_len": plan.seq_len, "tokens_per_s": tok_s, "mfu_bf16": mfu_percent(flops, tok_s, peaks[0], 1),
+        "mfu_fp8": mfu_percent(flops, tok_s, peaks[1], 1), "mem_gib": out["mem_gib"], "loss": out["loss"],
+        "commit": commit, "date": date,
+    }
+    return Outcome(True, row=row, raw=raw)
 
 def read_preset(config, model=""):
     """model.preset of a config file; when the file cannot be read, the preset the model names if it is known
@@ -682,10 +970,51 @@ def ensure_data(args, dry):
     return True
 
 
-def print_dry(args, specs, recipes, gpu_name):
+PEER_NAMES = ("torch", "llmc")  # --peer names: the PyTorch reference, llm.c's train_gpt2cu
+
+
+def parse_peers(text):
+    """--peer: 'none' or a comma list of PEER_NAMES (run in that order within a round) -> list of names."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if names == ["none"]:
+        return []
+    if not names or any(n not in PEER_NAMES for n in names):
+        raise ValueError(f"--peer {text}: expected none or a comma list of {', '.join(PEER_NAMES)}, e.g. torch,llmc")
+    return list(dict.fromkeys(names))
+
+
+def run_order(rounds, peers):
+    """The runs of one spec, round by round: ["ours", *peers] in even rounds and the reverse in odd ones, so a drift
+    of the GPU's clocks or temperature over the session favours neither side ("ours" = each --recipe in turn)."""
+    sequence = ["ours"] + list(peers)
+    return [sequence if r % 2 == 0 else sequence[::-1] for r in range(rounds)]
+
+
+def peer_recipe(peer, dims):
+    """The recipe column of a peer's rows."""
+    if peer == "llmc":
+        return LLMC_RECIPE
+    return LLAMA_PEER_RECIPE if dims and dims["arch"] == "llama" else PEER_RECIPE
+
+
+@dataclass
+class SpecResults:
+    """Every run of one spec: one Outcome per round for each of our recipes and each peer, and the peers skipped."""
+    spec: RunSpec
+    ours: dict = field(default_factory=dict)     # recipe -> [Outcome]
+    peers: dict = field(default_factory=dict)    # peer name -> [Outcome]
+    labels: dict = field(default_factory=dict)   # peer name -> its recipe column
+    skipped: dict = field(default_factory=dict)  # peer name -> why it does not run beside this spec
+
+
+def print_dry(args, specs, recipes, gpu_name, peers):
     print(f"# GPU: {gpu_name or 'none found'}; results would go to "
           f"{os.path.join(args.results, slug(gpu_name or 'unknown-gpu') + '.md')}")
     ensure_data(args, dry=True)
+    llmc_binary = os.path.join(args.llmc_dir, LLMC_BINARY) if "llmc" in peers else None
+    if llmc_binary and not os.access(llmc_binary, os.X_OK):
+        print(f"# llm.c: would build {llmc_binary} with: (cd {shlex.quote(args.llmc_dir)} && "
+              f"{shlex.join(LLMC_MAKE)} -j{os.cpu_count() or 1})")
     for spec in specs:
         for recipe in recipes:
             config, set_recipe = config_for(spec.model, recipe, args.configs)
@@ -700,53 +1029,87 @@ def print_dry(args, specs, recipes, gpu_name):
             if spec.gpus > 1:
                 run = [os.path.join("scripts", "run_local.sh"), str(spec.gpus), "--"] + run
             print(shlex.join(run))
-        if args.peer == "torch" and spec.gpus == 1:
-            config, _ = config_for(spec.model, recipes[0], args.configs)
-            dims = model_dims({}, read_preset(config, spec.model))
-            if dims:
+        spec_peers = list(peers) if spec.gpus == 1 else []
+        config, _ = config_for(spec.model, recipes[0], args.configs)
+        dims = model_dims({}, read_preset(config, spec.model))
+        for peer in list(spec_peers):
+            if dims is None:
+                print(f"# {peer} peer: model sizes of {config} come from its --dry-run output at run time")
+            elif peer == "torch":
                 print(shlex.join(peer_command(args.python, dims, spec, args.warmup, args.steps, args.accum)))
             else:
-                print(f"# peer: model sizes of {config} come from its --dry-run output at run time")
+                try:
+                    plan = llmc_plan(dims, spec, args.accum)
+                except PeerUnsupported as e:
+                    print(f"# note: no llm.c peer for {spec.label()}: {e}")
+                    spec_peers.remove(peer)
+                    continue
+                print(shlex.join(llmc_command(llmc_binary, plan, args.steps, args.data,
+                                              f"{args.workdir}/llmc_<run>")))
+        print("# order: " + "; ".join(f"round {i + 1}: {', '.join(seq)}"
+                                         for i, seq in enumerate(run_order(args.rounds, spec_peers))))
 
 
-def print_summary(entries):
-    """Side-by-side table: ours vs the PyTorch peer per run, with the speed ratio."""
-    header = f"{'run':<30} {'recipe':<16} {'tok/s':>11} {'MFU bf16':>8} {'mem GiB':>7} {'loss':>7} " \
-             f"{'peer tok/s':>11} {'peer GiB':>8} {'ours/peer':>9}"
+def median_of(outcomes, key="tokens_per_s"):
+    values = [o.row[key] for o in outcomes if o.ok and o.row.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def print_summary(results):
+    """Side-by-side table per run spec: ours per recipe and each peer, tokens/s per round and their median, and
+    ours / peer from the medians (one ratio per recipe of ours)."""
+    header = f"{'run':<30} {'recipe':<22} {'tok/s per round':<24} {'median':>9} {'MFU bf16':>8} {'mem GiB':>7} " \
+             f"{'loss':>7}  ours/peer"
     print("\n" + header + "\n" + "-" * len(header))
-    for spec, recipe, ours, peer in entries:
-        label = spec.label()
-        peer_tok = peer.row["tokens_per_s"] if peer and peer.ok else None
-        peer_mem = peer.row["mem_gib"] if peer and peer.ok else None
-        if ours.ok:
-            r = ours.row
-            ratio = r["tokens_per_s"] / peer_tok if peer_tok else None
-            print(f"{label:<30} {recipe:<16} {fmt(r['tokens_per_s'], ',.0f'):>11} "
-                  f"{fmt(r['mfu_bf16'], '.1f'):>8} {fmt(r['mem_gib'], '.1f'):>7} {fmt(r['loss'], '.4f'):>7} "
-                  f"{fmt(peer_tok, ',.0f', '-'):>11} {fmt(peer_mem, '.1f', '-'):>8} "
-                  f"{fmt(ratio, '.2f', '-'):>9}")
-        else:
-            print(f"{label:<30} {recipe:<16} FAILED: {ours.error}")
-            if peer_tok:
-                print(f"{'':<30} {'':<16} peer {fmt(peer_tok, ',.0f')} tok/s, {fmt(peer_mem, '.1f')} GiB")
-        if peer is not None and not peer.ok:
-            print(f"{'':<30} {'peer':<16} {peer.error}")
-        comm = ours.raw.get("metrics", {}).get("comm") if ours.ok else None
-        if comm:
-            print(f"{'':<30} {'comm':<16} reductions {comm['reduce_ms']:.2f} ms/step, exposed after backward "
-                  f"{comm['exposed_reduce_ms']:.2f} ms ({fmt(comm['hidden_pct'], '.0f')}% hidden), "
-                  f"optimizer + all-gather {comm['optimizer_ms']:.2f} ms")
-    print_scaling(entries)
+
+    def line(run, recipe, outcomes, ratios):
+        ok = [o for o in outcomes if o.ok]
+        if not ok:
+            error = outcomes[-1].error
+            print(f"{run:<30} {recipe:<22} {error if error.startswith('skipped') else 'FAILED: ' + error}")
+            return
+        rounds = " ".join(fmt(o.row["tokens_per_s"], ",.0f") if o.ok else "FAILED" for o in outcomes)
+        mems = [o.row["mem_gib"] for o in ok if o.row.get("mem_gib") is not None]
+        print(f"{run:<30} {recipe:<22} {rounds:<24} {fmt(median_of(ok), ',.0f'):>9} "
+              f"{fmt(median_of(ok, 'mfu_bf16'), '.1f'):>8} {fmt(max(mems) if mems else None, '.1f'):>7} "
+              f"{fmt(ok[-1].row['loss'], '.4f'):>7}  {ratio_text(ratios, 2) if ratios is not None else '-'}")
+        for o in outcomes:
+            if not o.ok:
+                print(f"{'':<30} {'':<22} a round FAILED: {o.error}")
+
+    for res in results:
+        run = res.spec.label()
+        ours_medians = []
+        for recipe, outcomes in res.ours.items():
+            line(run, recipe, outcomes, None)
+            run = ""
+            if median_of(outcomes):
+                ours_medians.append((recipe, median_of(outcomes)))
+            comms = [o.raw["metrics"]["comm"] for o in outcomes if o.ok and o.raw.get("metrics", {}).get("comm")]
+            if comms:
+                comm = comms[-1]
+                print(f"{'':<30} {'comm':<22} reductions {comm['reduce_ms']:.2f} ms/step, exposed after backward "
+                      f"{comm['exposed_reduce_ms']:.2f} ms ({fmt(comm['hidden_pct'], '.0f')}% hidden), "
+                      f"optimizer + all-gather {comm['optimizer_ms']:.2f} ms")
+        for peer, outcomes in res.peers.items():
+            peer_median = median_of(outcomes)
+            line("", res.labels[peer], outcomes,
+                 [(recipe, tok / peer_median) for recipe, tok in ours_medians] if peer_median else [])
+        for peer, why in res.skipped.items():
+            print(f"{'':<30} {peer_recipe(peer, None):<22} skipped: {why}")
+    print_scaling(results)
 
 
-def print_scaling(entries):
+def print_scaling(results):
     """Tokens/s per GPU count for every (model, B, T, recipe) that ran on more than one count: speed-up over the
     smallest count and the scaling efficiency (speed-up / GPU ratio)."""
     groups = {}
-    for spec, recipe, ours, _ in entries:
-        if ours.ok:
-            groups.setdefault((spec.model, spec.micro_batch, spec.seq_len, recipe), {})[spec.gpus] = \
-                ours.row["tokens_per_s"]
+    for res in results:
+        spec = res.spec
+        for recipe, outcomes in res.ours.items():
+            if median_of(outcomes):
+                groups.setdefault((spec.model, spec.micro_batch, spec.seq_len, recipe), {})[spec.gpus] = \
+                    median_of(outcomes)
     rows = [(k, v) for k, v in groups.items() if len(v) > 1]
     if not rows:
         return
@@ -758,6 +1121,67 @@ def print_scaling(entries):
             up = by_gpus[g] / by_gpus[base_gpus]
             print(f"{os.path.basename(model) + f' B={b} T={t} {recipe}':<44} {g:>4} {by_gpus[g]:>11,.0f} "
                   f"{up:>8.2f} {100 * up * base_gpus / g:>9.0f}%")
+
+
+def preset_dims(spec, recipes, args):
+    """(model name, model sizes from the preset tables or None) of a spec before anything runs."""
+    config, _ = config_for(spec.model, recipes[0], args.configs)
+    preset = read_preset(config, spec.model)
+    return preset or spec.model, model_dims({}, preset)
+
+
+def run_spec(args, spec, recipes, peers, llmc_binary, gpu_name, workdir, commit, date, results_md, raw_path):
+    """Every round of one spec (run_order), each round's runs recorded after it with the peers' ours/peer ratios."""
+    res = SpecResults(spec)
+    model_name, dims = preset_dims(spec, recipes, args)
+    spec_peers = list(peers) if spec.gpus == 1 else []
+    why = llmc_skip_reason(dims, spec, args.accum) if "llmc" in spec_peers else None
+    if why:
+        res.skipped["llmc"] = why
+        print(f"note: no llm.c peer for {spec.label()}: {why}", flush=True)
+    for round_index, sequence in enumerate(run_order(args.rounds, spec_peers)):
+        tag = f" round {round_index + 1}/{args.rounds}" if args.rounds > 1 else ""
+        done = []  # (who, Outcome) in the order they ran
+        for who in sequence:
+            if who in res.skipped:
+                continue
+            if who == "ours":
+                for recipe in recipes:
+                    print(f"[{spec.label()} {recipe}{tag}] running {args.steps} steps ...", flush=True)
+                    ours, found = run_ours(args, spec, recipe, gpu_name, workdir, commit, date, round_index)
+                    dims = found or dims
+                    res.ours.setdefault(recipe, []).append(ours)
+                    done.append((who, ours))
+                    print(f"  {'ok: %s tok/s' % fmt(ours.row['tokens_per_s'], ',.0f') if ours.ok else 'FAILED: ' + ours.error}",
+                          flush=True)
+                continue
+            label = res.labels[who] = peer_recipe(who, dims)
+            if who == "llmc":
+                try:
+                    plan = llmc_plan(dims, spec, args.accum)
+                except PeerUnsupported as e:
+                    res.skipped[who] = str(e)
+                    print(f"note: no llm.c peer for {spec.label()}: {e}", flush=True)
+                    continue
+                print(f"[{spec.label()} {label}{tag}] running {args.steps} steps of B={plan.micro_batch} x "
+                      f"{plan.accum} ...", flush=True)
+                outcome = run_llmc(args, spec, plan, dims, model_name, llmc_binary, gpu_name, workdir, commit, date,
+                                   round_index)
+            elif dims is None:
+                outcome = Outcome(False, error="model sizes unknown (the dry run failed and the preset is not known)")
+            else:
+                print(f"[{spec.label()} {label}{tag}] running ...", flush=True)
+                outcome = run_torch(args, spec, dims, model_name, gpu_name, workdir, commit, date, round_index)
+            res.peers.setdefault(who, []).append(outcome)
+            done.append((who, outcome))
+            print(f"  {'ok: %s tok/s' % fmt(outcome.row['tokens_per_s'], ',.0f') if outcome.ok else outcome.error}",
+                  flush=True)
+        ours_here = [(o.row["recipe"], o.row["tokens_per_s"]) for who, o in done if who == "ours" and o.ok]
+        for who, outcome in done:
+            if who != "ours" and outcome.ok:
+                outcome.row["ours_per_peer"] = [(recipe, tok / outcome.row["tokens_per_s"]) for recipe, tok in ours_here]
+            record(outcome, results_md, raw_path, gpu_name, args.no_record)
+    return res
 
 
 def main(argv=None):
@@ -773,12 +1197,19 @@ def main(argv=None):
                     help="extra train_gpt override for our runs (repeatable), e.g. "
                          "precision.cache_weight_transpose=false; shown in the results' recipe column")
     ap.add_argument("--accum", type=int, default=1,
-                    help="micro-steps per optimizer step (gradient accumulation; default 1), for ours and the peer")
+                    help="micro-steps per optimizer step (gradient accumulation; default 1), for ours and the peers "
+                         "(llm.c: the same tokens per step)")
     ap.add_argument("--recipe", default="bf16", help="comma-separated precision recipes (default bf16)")
     ap.add_argument("--gpus", help="comma-separated GPU counts, e.g. 1,2: every run spec runs once per count through "
                                    "scripts/run_local.sh (overrides the specs' own :gpus)")
-    ap.add_argument("--peer", choices=["torch", "none"], default="torch",
-                    help="run the PyTorch reference beside each single-GPU run (default torch)")
+    ap.add_argument("--peer", default="torch",
+                    help="peers run beside each single-GPU run, comma-separated: torch (the PyTorch reference), "
+                         "llmc (llm.c's train_gpt2cu, GPT-2 only, needs --llmc-dir), or none (default torch)")
+    ap.add_argument("--llmc-dir", help="an extracted copy of llm.c-cuda13.tar.gz (the folder holding its Makefile) "
+                                       "for --peer llmc; train_gpt2cu is built there when missing")
+    ap.add_argument("--rounds", type=int,
+                    help="rounds of ours and the peers, alternating: ours first in rounds 1, 3, ..., last in "
+                         "rounds 2, 4, ... (default 2 with a peer, 1 without)")
     ap.add_argument("--results", default=os.path.join("dev", "bench", "results"), help="results directory")
     ap.add_argument("--configs", default="configs", help="config directory (default configs)")
     ap.add_argument("--data", default=DEFAULT_DATA,
@@ -792,6 +1223,7 @@ def main(argv=None):
 
     try:
         specs = parse_run_list(args.runs, args.suite if (args.suite or args.runs) else "gpt2")
+        peers = parse_peers(args.peer)
     except ValueError as e:
         ap.error(str(e))
     if args.gpus:
@@ -809,14 +1241,22 @@ def main(argv=None):
         ap.error(f"--accum {args.accum} must be >= 1")
     if args.warmup < 0 or args.steps <= args.warmup:
         ap.error(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup})")
+    args.rounds = args.rounds if args.rounds is not None else (2 if peers else 1)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds} must be >= 1")
+    if "llmc" in peers and not args.llmc_dir:
+        ap.error(f"--peer llmc needs --llmc-dir DIR; {LLMC_EXTRACT_HINT}")
     os.chdir(REPO_ROOT)  # every relative path (build, configs, data, results, workdir) is relative to the repository
+    if "llmc" in peers and not os.path.isfile(os.path.join(args.llmc_dir, "Makefile")):
+        ap.error(f"--llmc-dir {args.llmc_dir}: no Makefile there (relative paths are relative to the repository "
+                 f"root); {LLMC_EXTRACT_HINT}")
     now = datetime.datetime.now(datetime.timezone.utc)
     args.workdir = args.workdir or os.path.join("runs", "bench", now.strftime("%Y%m%dT%H%M%SZ"))
     args.train_gpt = os.path.join(args.build, "train_gpt")
     gpu_name, gpu_count = detect_gpus()
 
     if args.dry:
-        print_dry(args, specs, recipes, gpu_name)
+        print_dry(args, specs, recipes, gpu_name, peers)
         return 0
 
     if gpu_name is None:
@@ -828,51 +1268,43 @@ def main(argv=None):
         return 1
     if not ensure_data(args, dry=False):
         return 1
+    llmc_binary = None
+    if "llmc" in peers and any(spec.gpus == 1 and not llmc_skip_reason(preset_dims(spec, recipes, args)[1], spec,
+                                                                         args.accum) for spec in specs):
+        error = check_llmc_shards(args.data, 1)
+        if not error:
+            llmc_binary, error = ensure_llmc_binary(args.llmc_dir, args.timeout)
+        if error:
+            print(f"bench.py: --peer llmc: {error}", file=sys.stderr)
+            return 1
     workdir = os.path.join(REPO_ROOT, args.workdir)
     os.makedirs(workdir, exist_ok=True)
     commit, date = git_commit(), now.strftime("%Y-%m-%d %H:%M UTC")
     results_md = os.path.join(args.results, slug(gpu_name) + ".md")
     raw_path = os.path.join(args.results, "raw", f"{now.strftime('%Y-%m-%d')}_{slug(gpu_name)}.jsonl")
+    if not args.no_record and os.path.exists(results_md):
+        try:
+            with open(results_md) as f:
+                with_current_header(f.read(), gpu_name)
+        except ValueError as e:
+            print(f"bench.py: {results_md}: not a bench.py results table ({e}); move it away or use --no-record",
+                  file=sys.stderr)
+            return 1
     print(f"GPU: {gpu_name} x{gpu_count}; peaks {gpu_peaks(gpu_name) or 'unknown (MFU n/a)'}; commit {commit}; "
           f"logs in {args.workdir}", flush=True)
 
-    entries = []
+    results = []
     for spec in specs:
         if spec.gpus > gpu_count:
-            entries.append((spec, recipes[0], Outcome(False, error=f"needs {spec.gpus} GPUs, found {gpu_count}"),
-                            None))
+            results.append(SpecResults(spec, ours={recipes[0]: [
+                Outcome(False, error=f"needs {spec.gpus} GPUs, found {gpu_count}")]}))
             continue
-        dims = None
-        for recipe in recipes:
-            print(f"[{spec.label()} {recipe}] running {args.steps} steps ...", flush=True)
-            ours, found = run_ours(args, spec, recipe, gpu_name, workdir, commit, date)
-            dims = dims or found
-            entries.append([spec, recipe, ours, None])
-            print(f"  {'ok: %s tok/s' % fmt(ours.row['tokens_per_s'], ',.0f') if ours.ok else 'FAILED: ' + ours.error}",
-                  flush=True)
-            record(ours, results_md, raw_path, gpu_name, args.no_record)
-        if args.peer == "torch" and spec.gpus == 1:
-            if dims is None:
-                config, _ = config_for(spec.model, recipes[0], args.configs)
-                dims = model_dims({}, read_preset(config, spec.model))
-            if dims is None:
-                peer = Outcome(False, error="model sizes unknown (the dry run failed and the preset is not known)")
-            else:
-                peer_recipe = LLAMA_PEER_RECIPE if dims["arch"] == "llama" else PEER_RECIPE
-                print(f"[{spec.label()} {peer_recipe}] running ...", flush=True)
-                config, _ = config_for(spec.model, recipes[0], args.configs)
-                model_name = read_preset(config, spec.model) or spec.model
-                peer = run_peer(args, spec, dims, model_name, gpu_name, workdir, commit, date)
-                print(f"  {'ok: %s tok/s' % fmt(peer.row['tokens_per_s'], ',.0f') if peer.ok else peer.error}",
-                      flush=True)
-                record(peer, results_md, raw_path, gpu_name, args.no_record)
-            for e in entries:
-                if e[0] is spec:
-                    e[3] = peer
-    print_summary(entries)
+        results.append(run_spec(args, spec, recipes, peers, llmc_binary, gpu_name, workdir, commit, date, results_md,
+                                raw_path))
+    print_summary(results)
     if not args.no_record:
         print(f"\nresults: {results_md}\nraw:     {raw_path}")
-    return 0 if all(e[2].ok for e in entries) else 2
+    return 0 if all(o.ok for res in results for outcomes in res.ours.values() for o in outcomes) else 2
 
 
 def record(outcome, results_md, raw_path, gpu_name, no_record):
