@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/model/model_spec.h"
+#include "llmc/precision/precision_state.h"
 #include "llmc/precision/recipe.h"
 
 namespace llmc {
@@ -126,9 +127,10 @@ struct ModelFamily {
   bool uses_rope_theta;
   HfFormat hf;
   const LlmcFormat* llmc;  // null: llm.c's model file cannot hold this family
-  // The GPU model for micro-batches up to (B, T) (llmc/model/model.h, make_model).
+  // The GPU model for micro-batches up to (B, T) (llmc/model/model.h, make_model; DeviceMemory::Count: its memory
+  // plan, nothing allocated).
   std::unique_ptr<Model> (*make_model)(const ModelSpec& spec, int B, int T, int recompute,
-                                       const PrecisionRecipe& recipe);
+                                       const PrecisionRecipe& recipe, DeviceMemory memory);
 };
 
 // Every family of this build, in the order presets and messages list them.
@@ -140,11 +142,11 @@ const ModelFamily* find_model_family(const std::string& name);
 const ModelFamily& model_family(const std::string& name);
 
 // The factory of a family whose GPU model is the class ModelClass (constructed as ModelClass(spec, B, T, recompute,
-// recipe)).
+// recipe, memory)).
 template <typename ModelClass>
 std::unique_ptr<Model> make_model_of(const ModelSpec& spec, int B, int T, int recompute,
-                                     const PrecisionRecipe& recipe) {
-  return std::make_unique<ModelClass>(spec, B, T, recompute, recipe);
+                                     const PrecisionRecipe& recipe, DeviceMemory memory) {
+  return std::make_unique<ModelClass>(spec, B, T, recompute, recipe, memory);
 }
 
 // The spec of a preset of `family`.
