@@ -67,7 +67,7 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, int micro_batch, int seq_l
                                int zero_stage);
 
 // Known model presets, those of every family in registry order: "gpt2-tiny", "gpt2-mini", "gpt2-124m", "gpt2-350m",
-// "gpt2-774m", "gpt2-1558m", "llama-tiny", "llama-125m", "llama-350m", "llama-1b", "llama-3b".
+// "gpt2-774m", "gpt2-1558m", "llama-tiny", "llama-125m", "llama-350m", "llama-1b", "llama-3b", "llama-7b".
 bool model_preset(const std::string& name, ModelSpec* out);
 std::vector<std::string> model_preset_names();
 

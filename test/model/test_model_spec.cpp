@@ -321,6 +321,17 @@ TEST(LlamaSpec, PresetShapes) {
   EXPECT_EQ(b3.n_kv_head, 8);
   EXPECT_EQ(b3.head_size(), 128);
   EXPECT_EQ(b3.ffn_hidden, 8192);
+  ModelSpec b7 = preset("llama-7b");  // Llama-2-7B
+  EXPECT_EQ(b7.n_layer, 32);
+  EXPECT_EQ(b7.n_embd, 4096);
+  EXPECT_EQ(b7.n_head, 32);
+  EXPECT_EQ(b7.n_kv_head, 32);
+  EXPECT_EQ(b7.head_size(), 128);
+  EXPECT_EQ(b7.ffn_hidden, 11008);
+  EXPECT_EQ(b7.max_seq_len, 4096);
+  EXPECT_FLOAT_EQ(b7.rope_theta, 10000.0f);
+  EXPECT_FLOAT_EQ(b7.norm_eps, 1e-5f);
+  EXPECT_FALSE(b7.tied_embeddings);
   ModelSpec tiny = preset("llama-tiny");
   EXPECT_FALSE(tiny.tied_embeddings);  // the tests' model covers the untied lm_head
   EXPECT_EQ(tiny.head_size(), 64);
@@ -357,6 +368,11 @@ TEST(LlamaSpec, Counts) {
   ModelSpec b3 = preset("llama-3b");
   b3.vocab_size = b3.padded_vocab_size = 128256;
   EXPECT_EQ(llmc::count_parameters(b3, true), 3212749824u);
+  // Llama-2-7B: 6,738,415,616 parameters with its 32,000-token vocabulary; 6,888,361,984 with ours.
+  ModelSpec b7 = preset("llama-7b");
+  EXPECT_EQ(llmc::count_parameters(b7, true), 6888361984u);
+  b7.vocab_size = b7.padded_vocab_size = 32000;
+  EXPECT_EQ(llmc::count_parameters(b7, true), 6738415616u);
   for (const std::string& name : llmc::model_preset_names()) {
     if (!is_llama_preset(name)) continue;
     ModelSpec s = preset(name);

@@ -184,7 +184,8 @@ TEST(Config, EveryModelPresetLoads) {
       {"llama-125m", 12, 768, 12, 4, 2048, 2048, true, 500000.0f},
       {"llama-350m", 24, 1024, 16, 4, 2816, 2048, true, 500000.0f},
       {"llama-1b", 16, 2048, 32, 8, 8192, 2048, true, 500000.0f},
-      {"llama-3b", 28, 3072, 24, 8, 8192, 2048, true, 500000.0f}};
+      {"llama-3b", 28, 3072, 24, 8, 8192, 2048, true, 500000.0f},
+      {"llama-7b", 32, 4096, 32, 32, 11008, 4096, false, 10000.0f}};
   EXPECT_EQ(llmc::model_preset_names().size(), std::size(presets));
   for (const Expected& p : presets) {
     json j = with("model", "preset", p.name);

@@ -174,13 +174,15 @@ const ModelFamily& llama_family() {
           // --set model.vocab_size=128256 and uint32 token shards). tiny: the test model (GQA 2:1, head size 64,
           // untied lm_head so the tests cover that path). 125m / 350m: gpt2-124m / gpt2-350m depth, width and heads
           // with GQA 3:1 / 4:1 and the 8C/3 SwiGLU width. 1b / 3b: the shapes of Llama-3.2-1B / -3B (which tie their
-          // embeddings, as here).
+          // embeddings, as here). 7b: the shape of Llama-2-7B (no GQA, FFN 11008, untied lm_head, RoPE base 10000,
+          // context 4096).
           // name         L   NH  NKV  C     F     maxT  theta      tied
           {"llama-tiny",  2,  2,  1,   128,  0,    256,  10000.0f,  false},
           {"llama-125m",  12, 12, 4,   768,  0,    2048, 500000.0f, true},
           {"llama-350m",  24, 16, 4,   1024, 0,    2048, 500000.0f, true},
           {"llama-1b",    16, 32, 8,   2048, 8192, 2048, 500000.0f, true},
           {"llama-3b",    28, 24, 8,   3072, 8192, 2048, 500000.0f, true},
+          {"llama-7b",    32, 32, 32,  4096, 11008, 4096, 10000.0f, false},
       },
       build_table,
       validate,
