@@ -1,6 +1,6 @@
 // llmc/model/family.h: the model-family registry. A model family (GPT-2, Llama) is one ModelFamily value that holds
 // everything llm8 knows about the architecture outside its GPU code: its name (model.arch), presets, parameter table,
-// validation, default MLP width, activation memory, the Hugging Face config and tensor layout, whether llm.c's model
+// validation, default MLP width, the Hugging Face config and tensor layout, whether llm.c's model
 // file can hold it, its --dry-run details and the factory of its GPU model (llmc/model/model.h). The rest of llm8 asks
 // the registry (model_family(spec.arch)) and never compares architecture names; FLOPs per token and parameter counts
 // follow from the parameter table's roles for every family (llmc/model/model_spec.h).
@@ -12,11 +12,11 @@
 //      kernel calls of its forward and backward.
 //   2. A file llmc/model/<name>/<name>_family.cpp that defines `const ModelFamily& <name>_family()`: the descriptor
 //      below (presets, parameter table with Hugging Face names, validation naming the model.* key and the fix, default
-//      FFN width, activation bytes, Hugging Face config and tensor mapping, llm.c layout or null, dry-run details,
+//      FFN width, Hugging Face config and tensor mapping, llm.c layout or null, dry-run details,
 //      and make_model_of<TheClass> as the factory).
 //   3. One registration: declare it and list it in model_families() (llmc/model/family.cpp).
 //   4. Tests and docs: test/model/test_model_family.cpp checks every registered family (presets through validation,
-//      table, FLOPs and memory; the Hugging Face config round trip; no name comparisons outside the folder) once the
+//      table, FLOPs and the memory plan; the Hugging Face config round trip; no name comparisons outside the folder) once the
 //      name is added to its expected list; add a parity test of the GPU model against a PyTorch reference
 //      (test/model/test_<name>_parity.cu, dev/reference/), and the name and presets to the help of model.arch /
 //      model.preset (llmc/run/config.cpp) and to configs/README.md.
@@ -50,13 +50,6 @@ struct ModelPreset {
   int max_seq_len;
   float rope_theta;     // 0: ModelSpec's default (and unused by families without RoPE)
   bool tied_embeddings;
-};
-
-// Bytes per token of one micro-batch's activations, the family-dependent part of estimate_memory.
-struct ActivationFootprint {
-  size_t per_layer = 0;  // saved for backward by one block
-  size_t outside = 0;    // saved outside the blocks (embedding output, final norm output and statistics)
-  size_t scratch = 0;    // backward scratch
 };
 
 // Typed reads of a Hugging Face config.json whose errors name the file and the key.
@@ -119,8 +112,6 @@ struct ModelFamily {
   void (*validate)(const ModelSpec& spec);
   // ffn_hidden when the config does not give it.
   int (*default_ffn_hidden)(int n_embd);
-  // Activation bytes per token for estimate_memory (BF16 recipe; recompute drops what backward recomputes).
-  ActivationFootprint (*activation_footprint)(const ModelSpec& spec, bool recompute);
   // Appended to the --dry-run model line: the shape details the generic line does not show ("" if none).
   std::string (*dry_run_details)(const ModelSpec& spec);
   // model.rope_theta is part of the model (an imported model must match it).
