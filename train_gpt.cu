@@ -33,12 +33,6 @@ namespace {
 
 using namespace llmc;
 
-double device_memory_in_use_gib() {
-  size_t free_bytes = 0, total_bytes = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  return (total_bytes - free_bytes) / 1073741824.0;
-}
-
 // The device of this process, checked against what the recipe needs.
 cudaDeviceProp open_device(const RunConfig& cfg, const Comm& comm) {
   if (cuda_device_count() == 0)
@@ -100,12 +94,12 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
                 with_thousands(count_parameters(spec, false)).c_str(),
                 with_thousands(count_parameters(spec, true)).c_str());
     std::printf("precision: %s\n", describe_recipe(cfg.precision).c_str());
-    const PrecisionState* precision = model.precision_state();
-    std::printf("memory: activations %.1f MiB for %d x %d tokens%s\n", model.activation_bytes() / 1048576.0,
+    std::printf("memory: %s estimated for this GPU (--dry-run shows the rows): activations %.1f MiB for %d x %d "
+                "tokens%s\n", format_gib(session.memory_plan().total()).c_str(), model.activation_bytes() / 1048576.0,
                 cfg.train.micro_batch, cfg.train.seq_len,
-                precision && quantizes_linears(cfg.precision)
+                quantizes_linears(cfg.precision)
                     ? strformat(", quantised weight copies, saved inputs and scratch %.1f MiB",
-                                precision->device_bytes() / 1048576.0).c_str()
+                                model.precision_state()->device_bytes() / 1048576.0).c_str()
                     : "");
     std::printf("batch: %d x %d tokens x %d GPU%s, %d accumulation steps, %s tokens per step\n",
                 cfg.train.micro_batch, cfg.train.seq_len, comm.world_size(), comm.world_size() > 1 ? "s" : "",
@@ -139,7 +133,6 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
       if (comm.is_root() && cfg.sample.tokens > 0) logger.log_sample(step, session.sample());
     };
 
-    double peak_mem_gib = device_memory_in_use_gib();
     const int stop_at = options.stop_at_step > 0 ? std::min(cfg.train.steps, options.stop_at_step) : cfg.train.steps;
     const bool telemetry = cfg.log.numerics_every > 0 && quantizes_linears(cfg.precision);
     if (start_step == 0 && cfg.eval.every > 0) run_eval(0);
@@ -159,7 +152,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
                       "train.warmup_steps, keep more layers in BF16 (precision.bf16_layers) or check the data",
                       r.consecutive_skips, done, r.loss, r.grad_norm, r.first_nonfinite.c_str());
       }
-      peak_mem_gib = std::max(peak_mem_gib, device_memory_in_use_gib());
+      const MemoryReport memory = session.memory_report();
       TrainStepMetrics m;
       m.step = done;
       m.loss = r.loss;
@@ -167,8 +160,9 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
       m.grad_norm = r.grad_norm;
       m.step_ms = r.seconds * 1e3;
       m.tokens = static_cast<double>(session.tokens_per_step());
-      m.mem_gib = peak_mem_gib;
+      m.mem_gib = memory.peak_bytes / 1073741824.0;
       logger.log_train(m);
+      if (step == start_step) logger.log_memory(memory, "first_step");  // every buffer is allocated by now
       if (r.comm.valid)
         logger.log_record({{"type", "comm"}, {"step", done}, {"reduce_ms", r.comm.reduce_ms},
                            {"exposed_reduce_ms", r.comm.exposed_reduce_ms}, {"optimizer_ms", r.comm.optimizer_ms}});
@@ -182,6 +176,7 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
         if (comm.is_root()) std::printf("checkpoint: %s\n", dir.c_str());
       }
     }
+    if (stop_at > start_step) logger.log_memory(session.memory_report(), "end");
     if (stop_at < cfg.train.steps) std::printf("stopped after step %d (--stop-at-step)\n", stop_at);
     comm.barrier("the end of training");
   }

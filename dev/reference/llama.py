@@ -64,6 +64,8 @@ PRESETS = {
                      rope_theta=500000.0, tied=True),
     "llama-3b": dict(n_layer=28, n_head=24, n_kv_head=8, n_embd=3072, ffn_hidden=8192, max_seq_len=2048,
                      rope_theta=500000.0, tied=True),
+    "llama-7b": dict(n_layer=32, n_head=32, n_kv_head=32, n_embd=4096, ffn_hidden=11008, max_seq_len=4096,
+                     rope_theta=10000.0, tied=False),
 }
 
 

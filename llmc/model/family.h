@@ -1,6 +1,6 @@
 // llmc/model/family.h: the model-family registry. A model family (GPT-2, Llama) is one ModelFamily value that holds
 // everything llm8 knows about the architecture outside its GPU code: its name (model.arch), presets, parameter table,
-// validation, default MLP width, activation memory, the Hugging Face config and tensor layout, whether llm.c's model
+// validation, default MLP width, the Hugging Face config and tensor layout, whether llm.c's model
 // file can hold it, its --dry-run details and the factory of its GPU model (llmc/model/model.h). The rest of llm8 asks
 // the registry (model_family(spec.arch)) and never compares architecture names; FLOPs per token and parameter counts
 // follow from the parameter table's roles for every family (llmc/model/model_spec.h).
@@ -12,11 +12,11 @@
 //      kernel calls of its forward and backward.
 //   2. A file llmc/model/<name>/<name>_family.cpp that defines `const ModelFamily& <name>_family()`: the descriptor
 //      below (presets, parameter table with Hugging Face names, validation naming the model.* key and the fix, default
-//      FFN width, activation bytes, Hugging Face config and tensor mapping, llm.c layout or null, dry-run details,
+//      FFN width, Hugging Face config and tensor mapping, llm.c layout or null, dry-run details,
 //      and make_model_of<TheClass> as the factory).
 //   3. One registration: declare it and list it in model_families() (llmc/model/family.cpp).
 //   4. Tests and docs: test/model/test_model_family.cpp checks every registered family (presets through validation,
-//      table, FLOPs and memory; the Hugging Face config round trip; no name comparisons outside the folder) once the
+//      table, FLOPs and the memory plan; the Hugging Face config round trip; no name comparisons outside the folder) once the
 //      name is added to its expected list; add a parity test of the GPU model against a PyTorch reference
 //      (test/model/test_<name>_parity.cu, dev/reference/), and the name and presets to the help of model.arch /
 //      model.preset (llmc/run/config.cpp) and to configs/README.md.
@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/model/model_spec.h"
+#include "llmc/precision/precision_state.h"
 #include "llmc/precision/recipe.h"
 
 namespace llmc {
@@ -49,13 +50,6 @@ struct ModelPreset {
   int max_seq_len;
   float rope_theta;     // 0: ModelSpec's default (and unused by families without RoPE)
   bool tied_embeddings;
-};
-
-// Bytes per token of one micro-batch's activations, the family-dependent part of estimate_memory.
-struct ActivationFootprint {
-  size_t per_layer = 0;  // saved for backward by one block
-  size_t outside = 0;    // saved outside the blocks (embedding output, final norm output and statistics)
-  size_t scratch = 0;    // backward scratch
 };
 
 // Typed reads of a Hugging Face config.json whose errors name the file and the key.
@@ -118,17 +112,16 @@ struct ModelFamily {
   void (*validate)(const ModelSpec& spec);
   // ffn_hidden when the config does not give it.
   int (*default_ffn_hidden)(int n_embd);
-  // Activation bytes per token for estimate_memory (BF16 recipe; recompute drops what backward recomputes).
-  ActivationFootprint (*activation_footprint)(const ModelSpec& spec, bool recompute);
   // Appended to the --dry-run model line: the shape details the generic line does not show ("" if none).
   std::string (*dry_run_details)(const ModelSpec& spec);
   // model.rope_theta is part of the model (an imported model must match it).
   bool uses_rope_theta;
   HfFormat hf;
   const LlmcFormat* llmc;  // null: llm.c's model file cannot hold this family
-  // The GPU model for micro-batches up to (B, T) (llmc/model/model.h, make_model).
+  // The GPU model for micro-batches up to (B, T) (llmc/model/model.h, make_model; DeviceMemory::Count: its memory
+  // plan, nothing allocated).
   std::unique_ptr<Model> (*make_model)(const ModelSpec& spec, int B, int T, int recompute,
-                                       const PrecisionRecipe& recipe);
+                                       const PrecisionRecipe& recipe, DeviceMemory memory);
 };
 
 // Every family of this build, in the order presets and messages list them.
@@ -140,11 +133,11 @@ const ModelFamily* find_model_family(const std::string& name);
 const ModelFamily& model_family(const std::string& name);
 
 // The factory of a family whose GPU model is the class ModelClass (constructed as ModelClass(spec, B, T, recompute,
-// recipe)).
+// recipe, memory)).
 template <typename ModelClass>
 std::unique_ptr<Model> make_model_of(const ModelSpec& spec, int B, int T, int recompute,
-                                     const PrecisionRecipe& recipe) {
-  return std::make_unique<ModelClass>(spec, B, T, recompute, recipe);
+                                     const PrecisionRecipe& recipe, DeviceMemory memory) {
+  return std::make_unique<ModelClass>(spec, B, T, recompute, recipe, memory);
 }
 
 // The spec of a preset of `family`.

@@ -13,13 +13,20 @@
 
 namespace llmc {
 
-Model::Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe)
+size_t ModelMemory::total() const {
+  size_t bytes = weights + gradients + precision.total();
+  for (size_t a : activations) bytes += a;
+  return bytes;
+}
+
+Model::Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe, DeviceMemory memory)
     : spec_(spec), table_(build_param_table(spec)), recipe_(recipe), B_max_(B), T_max_(T), recompute_(recompute),
-      precision_(recipe) {
+      memory_mode_(memory), precision_(recipe, memory) {
   if (B <= 0 || T <= 0) throw_error("model: micro-batch B=%d and sequence length T=%d must be positive", B, T);
   if (T > spec.max_seq_len)
     throw_error("model: train.seq_len=%d exceeds the context length model.max_seq_len=%d", T, spec.max_seq_len);
   if (recompute != 0 && recompute != 1) throw_error("model: train.recompute must be 0 or 1 (got %d)", recompute);
+  if (!allocates()) return;
   gemm_init();
   CUDA_CHECK(cudaMalloc(&params_, table_.total_elements * sizeof(bf16)));
   CUDA_CHECK(cudaMalloc(&grads_, table_.total_elements * sizeof(float)));
@@ -32,6 +39,7 @@ Model::Model(const ModelSpec& spec, int B, int T, int recompute, const Precision
 }
 
 Model::~Model() {
+  if (!allocates()) return;  // nothing was allocated
   encoder_plan_.free();
   if (uploaded_) {
     cudaEventSynchronize(uploaded_);
@@ -42,6 +50,15 @@ Model::~Model() {
   cudaFree(act_memory_);
   cudaFree(grads_);
   cudaFree(params_);
+}
+
+ModelMemory Model::memory() const {
+  ModelMemory m;
+  m.weights = table_.total_elements * sizeof(bf16);
+  m.gradients = table_.total_elements * sizeof(float);
+  for (int i = 0; i < kActivationUses; i++) m.activations[i] = activation_bytes_by_use_[i];
+  m.precision = precision_.memory();
+  return m;
 }
 
 const bf16* Model::logits() const {
@@ -58,6 +75,7 @@ void Model::zero_grads(cudaStream_t s) {
 
 void Model::begin_forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale,
                           cudaStream_t s) {
+  if (!allocates()) throw_error("internal error: a model built with DeviceMemory::Count (a memory plan) cannot run");
   if (B <= 0 || T <= 0 || B > B_max_ || T > T_max_)
     throw_error("model forward: batch (B=%d, T=%d) outside the planned (B <= %d, T <= %d)", B, T, B_max_, T_max_);
   if (grad_scale > 0.0f && h_targets == nullptr)
@@ -103,7 +121,7 @@ std::unique_ptr<Linear> Model::make_linear(const std::string& name, LinearKind k
 
 void Model::plan_activations(const std::function<void(Carver&)>& carve) {
   const size_t N = static_cast<size_t>(B_max_) * T_max_;
-  for (int pass = 0; pass < 2; pass++) {
+  for (int pass = 0; pass < (allocates() ? 2 : 1); pass++) {
     Carver cv;
     if (pass == 1) {
       CUDA_CHECK(cudaMalloc(&act_memory_, activation_bytes_));
@@ -113,8 +131,10 @@ void Model::plan_activations(const std::function<void(Carver&)>& carve) {
     targets_ = cv.take<int>(N);
     carve(cv);
     activation_bytes_ = round_up(cv.used, 256);
+    std::copy(cv.bytes, cv.bytes + kActivationUses, activation_bytes_by_use_);
+    activation_bytes_by_use_[static_cast<int>(ActivationUse::Working)] += activation_bytes_ - cv.used;  // the end
   }
-  CUDA_CHECK(cudaMemset(act_memory_, 0, activation_bytes_));
+  if (allocates()) CUDA_CHECK(cudaMemset(act_memory_, 0, activation_bytes_));
 }
 
 float Model::mean_loss(cudaStream_t s) {
@@ -142,8 +162,13 @@ double Model::step_loss(cudaStream_t s) {
 
 void Model::set_amax_reducer(AmaxReducer reducer) { precision_.set_amax_reducer(std::move(reducer)); }
 
-std::unique_ptr<Model> make_model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe) {
-  return model_family(spec.arch).make_model(spec, B, T, recompute, recipe);
+std::unique_ptr<Model> make_model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe,
+                                  DeviceMemory memory) {
+  return model_family(spec.arch).make_model(spec, B, T, recompute, recipe, memory);
+}
+
+ModelMemory plan_model_memory(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe) {
+  return make_model(spec, B, T, recompute, recipe, DeviceMemory::Count)->memory();
 }
 
 }  // namespace llmc

@@ -11,6 +11,10 @@
 // Use per training micro-step:  forward(inputs, targets, B, T, grad_scale = 1/(B*T*accum), s);  backward(s);
 // per optimizer step the caller zeroes the gradients (zero_grads) before the first micro-step and calls
 // end_step() after the optimizer wrote new weights (FP8 recipes re-quantise them once per step).
+//
+// Memory plan: a model constructed with DeviceMemory::Count runs the same constructors (parameter table, linears and
+// their precision state, the family's activation plan) but allocates nothing and makes no CUDA call; memory() then
+// gives the bytes an allocating model of the same arguments holds (plan_model_memory, for --dry-run).
 #pragma once
 
 #include <cstddef>
@@ -41,6 +45,24 @@ using GradReadyHook = std::function<void(int layer, cudaStream_t stream)>;
 // scaling turns them into scales, so every rank keeps the same amax histories and scales.
 using AmaxReducer = std::function<void(float* amax, int count, cudaStream_t stream)>;
 
+// What a piece of the activation memory holds (a family says it while it carves, Carver::use).
+enum class ActivationUse : int {
+  Saved = 0,    // read by backward: block inputs and outputs, norm statistics, attention outputs and LSE
+  Logits = 1,   // the logits (dlogits after a training forward) and the per-token losses
+  Working = 2,  // token ids, forward buffers backward does not read, backward's gradient buffers, reduction scratch
+};
+constexpr int kActivationUses = 3;
+
+// The device memory of a model, by what it holds (bytes, alignment included).
+struct ModelMemory {
+  size_t weights = 0;                      // bf16 working weights: the whole parameter table
+  size_t gradients = 0;                    // FP32 gradients of the whole table (reduced in place under ZeRO-1)
+  size_t activations[kActivationUses] = {};  // the one activation allocation, by ActivationUse
+  PrecisionMemory precision;               // the linears' quantised weights and saved inputs, scratch, scaling state
+  size_t activation(ActivationUse use) const { return activations[static_cast<int>(use)]; }
+  size_t total() const;
+};
+
 class Model {
  public:
   virtual ~Model();
@@ -53,6 +75,9 @@ class Model {
   bf16* params() { return params_; }   // (table.total_elements) bf16 working weights
   float* grads() { return grads_; }    // (table.total_elements) FP32 gradients, accumulated by backward
   size_t activation_bytes() const { return activation_bytes_; }
+  // The device memory this model holds once its first training step has run (the precision state allocates at the
+  // first forward); for a DeviceMemory::Count model, what it would hold.
+  ModelMemory memory() const;
   int max_batch() const { return B_max_; }
   int max_seq_len() const { return T_max_; }
 
@@ -91,20 +116,28 @@ class Model {
   void set_amax_reducer(AmaxReducer reducer);
 
  protected:
-  // Hands out 256-byte aligned pieces of one allocation (first pass: base = null, only counts the bytes).
+  // Hands out 256-byte aligned pieces of one allocation (first pass: base = null, only counts the bytes), and
+  // counts them by what they hold: every take() adds its bytes (alignment included) to bytes[use].
   struct Carver {
     char* base = nullptr;
     size_t used = 0;
+    ActivationUse use = ActivationUse::Working;
+    size_t bytes[kActivationUses] = {};
     template <typename Scalar>
     Scalar* take(size_t count) {
+      const size_t start = used;
       used = (used + 255) / 256 * 256;
       Scalar* p = base ? reinterpret_cast<Scalar*>(base + used) : nullptr;
       used += count * sizeof(Scalar);
+      bytes[static_cast<int>(use)] += used - start;
       return p;
     }
   };
 
-  Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe);
+  // memory = DeviceMemory::Count: nothing is allocated, no CUDA call is made (the memory plan).
+  Model(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe,
+        DeviceMemory memory = DeviceMemory::Allocate);
+  bool allocates() const { return memory_mode_ == DeviceMemory::Allocate; }
   // Checks (B, T) against the plan and the token ids against the vocabulary, uploads inputs (and targets), records
   // the state of this forward and starts the precision state's forward. Every implementation's forward starts with
   // it.
@@ -123,8 +156,9 @@ class Model {
   std::unique_ptr<Linear> make_linear(const std::string& name, LinearKind kind, int layer, int out_features,
                                       int in_features);
   // The activation memory, planned once for (B_max, T_max): carve lays out every buffer of the family through the
-  // Carver it is given (after inputs_ and targets_). It runs twice, counting the bytes and then carving the one
-  // allocation; the memory starts zeroed.
+  // Carver it is given (after inputs_ and targets_), setting Carver::use before each group of buffers. It runs twice,
+  // counting the bytes and then carving the one allocation (once, counting, for a DeviceMemory::Count model); the
+  // memory starts zeroed.
   void plan_activations(const std::function<void(Carver&)>& carve);
   // Whether backward reads the BF16 input of `linear` (false when the linear saved an FP8 copy for its weight
   // gradient).
@@ -156,12 +190,14 @@ class Model {
   ParamTable table_;
   PrecisionRecipe recipe_;
   int B_max_, T_max_, recompute_;
+  DeviceMemory memory_mode_;
   PrecisionState precision_;  // before the families' linears: they register with it and are destroyed first
 
   bf16* params_ = nullptr;   // (total_elements)
   float* grads_ = nullptr;   // (total_elements)
   void* act_memory_ = nullptr;  // one allocation carved by plan_activations
   size_t activation_bytes_ = 0;
+  size_t activation_bytes_by_use_[kActivationUses] = {};  // activation_bytes_ by ActivationUse
   int* inputs_ = nullptr;       // (B, T) token ids on the device
   int* targets_ = nullptr;      // (B, T)
   bf16* logits_ = nullptr;      // (N, Vp) logits, or dlogits after a training forward (carved by the family)
@@ -186,8 +222,12 @@ template <typename Scalar>
 class ParamViews {
  public:
   ParamViews(Scalar* base, const ParamTable& table) : base_(base), table_(table) {}
-  // The tensor `name` (an llmc::Error names it when the table has none).
-  Scalar* operator()(const std::string& name) const { return base_ + table_.get(name).offset; }
+  // The tensor `name` (an llmc::Error names it when the table has none); null over a null base (a model that only
+  // counts its memory).
+  Scalar* operator()(const std::string& name) const {
+    const size_t offset = table_.get(name).offset;
+    return base_ ? base_ + offset : nullptr;
+  }
   // One weight stored as the tensors `names`, back to back (a fused GEMM's q|k|v, gate|up): its first tensor, once
   // the layout the GEMM relies on is checked.
   Scalar* fused(const std::vector<std::string>& names) const {
@@ -235,6 +275,11 @@ std::vector<Block> carve_blocks(const ParamViews<Scalar>& at, int n_layer, const
 // The model of spec.arch (its family's factory, llmc/model/family.h) for micro-batches up to (B, T). recompute:
 // 0 = keep every activation; 1 = recompute the cheap ones (norm outputs, activation-function outputs) in backward.
 std::unique_ptr<Model> make_model(const ModelSpec& spec, int B, int T, int recompute,
-                                  const PrecisionRecipe& recipe = PrecisionRecipe());
+                                  const PrecisionRecipe& recipe = PrecisionRecipe(),
+                                  DeviceMemory memory = DeviceMemory::Allocate);
+
+// The device memory make_model(spec, B, T, recompute, recipe) holds after its first training step: the model built
+// with DeviceMemory::Count, its memory(). Host only (no GPU needed); throws what make_model would throw.
+ModelMemory plan_model_memory(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe);
 
 }  // namespace llmc

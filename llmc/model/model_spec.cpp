@@ -1,5 +1,5 @@
 // llmc/model/model_spec.cpp: the parameter table of a spec (through its family, llmc/model/family.h), deterministic
-// initialisation, parameter counts, FLOPs per token, the device-memory estimate and the presets of every family. Host
+// initialisation, parameter counts, FLOPs per token and the presets of every family. Host
 // code only: nothing here touches the GPU.
 #include "llmc/model/model_spec.h"
 
@@ -101,37 +101,6 @@ double flops_per_token(const ModelSpec& spec, int seq_len) {
   if (!spec.tied_embeddings) n -= static_cast<double>(spec.vocab_size) * static_cast<double>(spec.n_embd);
   double attention = 6.0 * spec.n_layer * static_cast<double>(spec.n_head * spec.head_size()) * seq_len;
   return 6.0 * n + attention;
-}
-
-// Memory model (bytes on one GPU, BF16 recipe), documented in configs/README.md as well:
-//   weights      BF16 working copy of the whole table (alignment included): 2 B/element
-//   gradients    FP32 accumulation buffer for the whole table: 4 B/element
-//   master       FP32 master weights: 4 B/element, divided by world_size under ZeRO-1
-//   optimizer    FP32 AdamW m and v: 8 B/element, divided by world_size under ZeRO-1
-//   activations  per token of the micro-batch (B*T tokens): the family's footprint (llmc/model/<arch>/): per layer
-//                the tensors saved for backward, outside the layers, and backward scratch
-//   workspace    the logits B*T*Vp in BF16 (reused for their gradient), 32 MiB cuBLASLt workspace, and the
-//                per-token FP32 losses.
-MemoryEstimate estimate_memory(const ModelSpec& spec, int micro_batch, int seq_len, bool recompute, int world_size,
-                               int zero_stage) {
-  ParamTable t = build_param_table(spec);
-  const size_t elements = t.total_elements;
-  const size_t shards = (zero_stage >= 1 && world_size > 1) ? static_cast<size_t>(world_size) : 1;
-  const size_t tokens = static_cast<size_t>(micro_batch) * static_cast<size_t>(seq_len);
-  const size_t bf16 = 2, fp32 = 4;
-
-  MemoryEstimate m;
-  m.params_bytes = elements * bf16;
-  m.grads_bytes = elements * fp32;
-  m.master_bytes = ceil_div(elements, shards) * fp32;
-  m.optimizer_bytes = 2 * ceil_div(elements, shards) * fp32;
-
-  const ActivationFootprint a = model_family(spec.arch).activation_footprint(spec, recompute);
-  m.activations_bytes = tokens * (a.per_layer * spec.n_layer + a.outside + a.scratch);
-
-  const size_t cublaslt_workspace = 32ull << 20;
-  m.workspace_bytes = tokens * static_cast<size_t>(spec.padded_vocab_size) * bf16 + cublaslt_workspace + tokens * fp32;
-  return m;
 }
 
 bool model_preset(const std::string& name, ModelSpec* out) {

@@ -1,7 +1,8 @@
 // llmc/model/model_spec.h: what a model is, independent of the GPU: the architecture spec, the parameter table (one
 // entry per named tensor, Hugging Face names, nn.Linear (out, in) layout) that drives initialisation, the optimizer,
-// sharding, checkpoints and export; parameter counts, FLOPs per token, a device-memory estimate and the presets. What
-// differs between architectures comes from the model family of spec.arch (llmc/model/family.h).
+// sharding, checkpoints and export; parameter counts, FLOPs per token and the presets. What differs between
+// architectures comes from the model family of spec.arch (llmc/model/family.h). The device memory of a model is
+// counted by its own constructors (llmc/model/model.h plan_model_memory).
 #pragma once
 
 #include <cstddef>
@@ -52,22 +53,8 @@ size_t count_parameters(const ModelSpec& spec, bool padded_vocab);
 // (every query head attends over T keys: 2 * 2 * T * NH * HS forward FLOPs per layer, NH * HS = C).
 double flops_per_token(const ModelSpec& spec, int seq_len);
 
-struct MemoryEstimate {
-  size_t params_bytes = 0;       // bf16 working weights
-  size_t grads_bytes = 0;        // FP32 gradients
-  size_t master_bytes = 0;       // FP32 master weights (sharded by ZeRO-1)
-  size_t optimizer_bytes = 0;    // FP32 m and v (sharded by ZeRO-1)
-  size_t activations_bytes = 0;  // saved-for-backward activations and scratch for one micro-batch
-  size_t workspace_bytes = 0;    // GEMM workspace, logits, misc
-  size_t total() const {
-    return params_bytes + grads_bytes + master_bytes + optimizer_bytes + activations_bytes + workspace_bytes;
-  }
-};
-MemoryEstimate estimate_memory(const ModelSpec& spec, int micro_batch, int seq_len, bool recompute, int world_size,
-                               int zero_stage);
-
 // Known model presets, those of every family in registry order: "gpt2-tiny", "gpt2-mini", "gpt2-124m", "gpt2-350m",
-// "gpt2-774m", "gpt2-1558m", "llama-tiny", "llama-125m", "llama-350m", "llama-1b", "llama-3b".
+// "gpt2-774m", "gpt2-1558m", "llama-tiny", "llama-125m", "llama-350m", "llama-1b", "llama-3b", "llama-7b".
 bool model_preset(const std::string& name, ModelSpec* out);
 std::vector<std::string> model_preset_names();
 

@@ -24,8 +24,10 @@ namespace llmc {
 
 using bf16 = __nv_bfloat16;
 
+// The cuBLASLt workspace every GEMM shares (the trainer's; the memory plan counts it).
+constexpr size_t kGemmWorkspaceBytes = 32u << 20;
 // Creates the cuBLASLt handle and the workspace on the current device. Idempotent.
-void gemm_init(size_t workspace_bytes = 32u << 20);
+void gemm_init(size_t workspace_bytes = kGemmWorkspaceBytes);
 void gemm_shutdown();
 // Algorithm tuning of the BF16 products (on by default): the first call of each forward / dgrad GEMM times the
 // heuristic's candidates and keeps the fastest whose output is bitwise equal to the heuristic's first choice on that

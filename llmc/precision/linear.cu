@@ -71,26 +71,30 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   const size_t x_bytes = save ? align256(code_bytes(xe, K_, max_rows_)) : 0;
   const size_t x_scales = save && !xe.per_tensor() ? align256(scale_inv_bytes(xe, K_, max_rows_)) : 0;
   const bool cache_t = plan_.cache_weight_transpose;
-  const size_t total = (cache_t ? 2 : 1) * w_bytes + w_scales + x_bytes + x_scales;
-  CUDA_CHECK(cudaMalloc(&memory_, total));
+  weight_cache_bytes_ = (cache_t ? 2 : 1) * w_bytes + w_scales;
+  saved_input_bytes_ = x_bytes + x_scales;
+  const size_t total = weight_cache_bytes_ + saved_input_bytes_;
   memory_bytes_ = total;
-  char* p = static_cast<char*>(memory_);
-  wq_.data = reinterpret_cast<uint8_t*>(p);
-  p += w_bytes;
-  if (cache_t) {
-    wq_.data_t = reinterpret_cast<uint8_t*>(p);
+  if (state_.allocates()) {
+    CUDA_CHECK(cudaMalloc(&memory_, total));
+    char* p = static_cast<char*>(memory_);
+    wq_.data = reinterpret_cast<uint8_t*>(p);
     p += w_bytes;
-  }
-  if (!we.per_tensor()) {
-    wq_.scale_inv = reinterpret_cast<float*>(p);
-    p += align256(scale_inv_bytes(we, N_, K_));
-    wq_.scale_inv_t = reinterpret_cast<float*>(p);
-    p += align256(scale_inv_bytes(we, K_, N_));
-  }
-  if (save) {
-    x_saved_.data_t = reinterpret_cast<uint8_t*>(p);
-    p += x_bytes;
-    if (!xe.per_tensor()) x_saved_.scale_inv_t = reinterpret_cast<float*>(p);
+    if (cache_t) {
+      wq_.data_t = reinterpret_cast<uint8_t*>(p);
+      p += w_bytes;
+    }
+    if (!we.per_tensor()) {
+      wq_.scale_inv = reinterpret_cast<float*>(p);
+      p += align256(scale_inv_bytes(we, N_, K_));
+      wq_.scale_inv_t = reinterpret_cast<float*>(p);
+      p += align256(scale_inv_bytes(we, K_, N_));
+    }
+    if (save) {
+      x_saved_.data_t = reinterpret_cast<uint8_t*>(p);
+      p += x_bytes;
+      if (!xe.per_tensor()) x_saved_.scale_inv_t = reinterpret_cast<float*>(p);
+    }
   }
   // Shared scratch this layer needs at its largest M (codes in bytes, scales in entries).
   const int M = max_rows_;
@@ -102,7 +106,9 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   state_.add(this);
 }
 
-Linear::~Linear() { cudaFree(memory_); }
+Linear::~Linear() {
+  if (memory_) cudaFree(memory_);
+}
 
 float* Linear::x_amax_slot() const {
   if (!plan_.quantized || x_slot_ < 0 || plan_.scaling != ScalingMode::Current) return nullptr;

@@ -102,8 +102,10 @@ class Linear {
   bool weight_cache_recorded_ = false;  // the cache was built by a training forward (its amax recorded)
   bool have_saved_input_ = false;
   int saved_rows_ = 0;
-  void* memory_ = nullptr;  // one allocation for wq_ and x_saved_
+  void* memory_ = nullptr;  // one allocation for wq_ and x_saved_ (none when the state only counts its memory)
   size_t memory_bytes_ = 0;
+  size_t weight_cache_bytes_ = 0;  // of memory_bytes_: wq_ (codes, transposed codes, block scales)
+  size_t saved_input_bytes_ = 0;   // of memory_bytes_: x_saved_
 };
 
 }  // namespace llmc

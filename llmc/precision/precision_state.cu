@@ -19,15 +19,16 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
 
-PrecisionState::PrecisionState(const PrecisionRecipe& recipe) : recipe_(recipe) {
+PrecisionState::PrecisionState(const PrecisionRecipe& recipe, DeviceMemory memory)
+    : recipe_(recipe), memory_(memory) {
   history_len_ = keeps_amax_history(recipe_) ? recipe_.amax_history_len : 1;
   scratch_bytes_.assign(kScratchCount, 0);
   scratch_floats_.assign(kScratchCount, 0);
 }
 
 PrecisionState::~PrecisionState() {
-  cudaFree(device_memory_);
-  cudaFree(numerics_);
+  if (device_memory_) cudaFree(device_memory_);
+  if (numerics_) cudaFree(numerics_);
 }
 
 void PrecisionState::add(Linear* linear) {
@@ -48,36 +49,48 @@ void PrecisionState::reserve(int which, size_t bytes, size_t scale_floats) {
 }
 
 // One allocation: slot arrays (scale, scale_inv, amax, temp amax), formats, the histories, and the scratch buffers.
-void PrecisionState::ensure_allocated() {
-  if (allocated_) return;
-  allocated_ = true;
-  const size_t n = slot_names_.size(), np = padded_slots();
-  size_t bytes = 0;
+PrecisionState::Layout PrecisionState::layout() const {
+  const size_t np = padded_slots();
+  Layout o;
   auto take = [&](size_t b) {
-    const size_t at = bytes;
-    bytes += align256(std::max<size_t>(b, 1));
+    const size_t at = o.bytes;
+    o.bytes += align256(std::max<size_t>(b, 1));
     return at;
   };
-  const size_t o_scale = take(np * sizeof(float)), o_scale_inv = take(np * sizeof(float));
-  const size_t o_amax = take(np * sizeof(float)), o_formats = take(np);
-  const size_t o_history = take(np * (size_t)history_len_ * sizeof(float));
-  std::vector<size_t> o_scratch(kScratchCount), o_scales(kScratchCount);
+  o.scale = take(np * sizeof(float));
+  o.scale_inv = take(np * sizeof(float));
+  o.amax = take(np * sizeof(float));
+  o.formats = take(np);
+  o.history = take(np * (size_t)history_len_ * sizeof(float));
+  o.slot_bytes = o.bytes;
+  o.scratch.resize(kScratchCount);
+  o.scales.resize(kScratchCount);
   for (int i = 0; i < kScratchCount; i++) {
-    o_scratch[i] = take(scratch_bytes_[i]);
-    o_scales[i] = take(scratch_floats_[i] * sizeof(float));
+    o.scratch[i] = take(scratch_bytes_[i]);
+    o.scales[i] = take(scratch_floats_[i] * sizeof(float));
   }
-  CUDA_CHECK(cudaMalloc(&device_memory_, bytes));
+  return o;
+}
+
+void PrecisionState::ensure_allocated() {
+  if (allocated_) return;
+  if (!allocates())
+    throw_error("internal error: the precision state of a memory plan (DeviceMemory::Count) cannot run a forward");
+  allocated_ = true;
+  const size_t n = slot_names_.size(), np = padded_slots();
+  const Layout o = layout();
+  CUDA_CHECK(cudaMalloc(&device_memory_, o.bytes));
   char* base = static_cast<char*>(device_memory_);
-  scale_ = reinterpret_cast<float*>(base + o_scale);
-  scale_inv_ = reinterpret_cast<float*>(base + o_scale_inv);
-  amax_ = reinterpret_cast<float*>(base + o_amax);
-  formats_ = reinterpret_cast<uint8_t*>(base + o_formats);
-  history_ = reinterpret_cast<float*>(base + o_history);
+  scale_ = reinterpret_cast<float*>(base + o.scale);
+  scale_inv_ = reinterpret_cast<float*>(base + o.scale_inv);
+  amax_ = reinterpret_cast<float*>(base + o.amax);
+  formats_ = reinterpret_cast<uint8_t*>(base + o.formats);
+  history_ = reinterpret_cast<float*>(base + o.history);
   scratch_ptrs_.resize(kScratchCount);
   scratch_scale_ptrs_.resize(kScratchCount);
   for (int i = 0; i < kScratchCount; i++) {
-    scratch_ptrs_[i] = reinterpret_cast<uint8_t*>(base + o_scratch[i]);
-    scratch_scale_ptrs_[i] = reinterpret_cast<float*>(base + o_scales[i]);
+    scratch_ptrs_[i] = reinterpret_cast<uint8_t*>(base + o.scratch[i]);
+    scratch_scale_ptrs_[i] = reinterpret_cast<float*>(base + o.scales[i]);
   }
   // Initial state: scale 1, amax 0, empty histories; the inert entries between slots carry their slot's format.
   std::vector<float> ones(np, 1.0f);
@@ -162,11 +175,20 @@ std::vector<TensorNumerics> PrecisionState::collect_numerics(cudaStream_t s) {
   return out;
 }
 
-size_t PrecisionState::device_bytes() const {
-  size_t bytes = 0;
-  for (const Linear* l : linears_) bytes += l->memory_bytes_;
-  for (int i = 0; i < kScratchCount; i++) bytes += align256(scratch_bytes_[i]) + align256(scratch_floats_[i] * 4);
-  return bytes + padded_slots() * (13 + (size_t)history_len_ * 4);
+size_t PrecisionState::device_bytes() const { return memory().total(); }
+
+// A recipe without quantised linears allocates nothing here (ensure_allocated runs only with slots or linears).
+PrecisionMemory PrecisionState::memory() const {
+  PrecisionMemory m;
+  if (linears_.empty() && slot_names_.empty()) return m;
+  for (const Linear* l : linears_) {
+    m.weight_caches += l->weight_cache_bytes_;
+    m.saved_inputs += l->saved_input_bytes_;
+  }
+  const Layout o = layout();
+  m.scaling = o.slot_bytes;
+  m.scratch = o.bytes - o.slot_bytes;
+  return m;
 }
 
 nlohmann::json PrecisionState::describe() const {

@@ -1,7 +1,9 @@
 // llmc/precision/precision_state.h: the precision state a model's quantised linears share (class PrecisionState):
 // every per-tensor scale / scale_inv / amax slot in contiguous device arrays (so delayed scaling updates all of them
 // in one launch, and checkpoints save them as a few tensors), the amax histories, the quantised scratch shared by all
-// linears (a linear's quantised x / dy live only during its own products), and the numerics telemetry.
+// linears (a linear's quantised x / dy live only during its own products), and the numerics telemetry. Constructed
+// with DeviceMemory::Count, it and its linears only count the bytes they would allocate (the host-side memory plan of
+// --dry-run, llmc/model/model.h plan_model_memory): the same constructors, no CUDA call.
 #pragma once
 
 #include <functional>
@@ -22,6 +24,20 @@ using bf16 = __nv_bfloat16;
 
 class Linear;
 
+// Whether the model, its linears and its precision state allocate their device memory, or only count it (no CUDA call:
+// the memory plan of a run on a machine without a GPU).
+enum class DeviceMemory { Allocate, Count };
+
+// The device memory of the quantisation machinery, by what it holds (bytes; each the sum of the allocations that hold
+// it, alignment included).
+struct PrecisionMemory {
+  size_t weight_caches = 0;   // every linear's quantised weight (and its transposed copy / block scales), per step
+  size_t saved_inputs = 0;    // the linears' quantised inputs kept for the weight gradient (saved activations)
+  size_t scratch = 0;         // the shared quantised operands (x, dy and their transposes) and their block scales
+  size_t scaling = 0;         // per-tensor scale / scale_inv / amax slots, formats and the amax histories
+  size_t total() const { return weight_caches + saved_inputs + scratch + scaling; }
+};
+
 // Scratch buffers shared by every linear (a linear's quantised operands live only during its own products).
 enum ScratchId : int {
   kScratchRows = 0,      // Xq (M, K) in forward; dYq (M, N) in backward
@@ -39,12 +55,14 @@ struct TensorNumerics {
 
 class PrecisionState {
  public:
-  explicit PrecisionState(const PrecisionRecipe& recipe);
+  explicit PrecisionState(const PrecisionRecipe& recipe, DeviceMemory memory = DeviceMemory::Allocate);
   ~PrecisionState();
   PrecisionState(const PrecisionState&) = delete;
   PrecisionState& operator=(const PrecisionState&) = delete;
 
   const PrecisionRecipe& recipe() const { return recipe_; }
+  // False for a state that only counts its memory (DeviceMemory::Count): it and its linears never touch the device.
+  bool allocates() const { return memory_ == DeviceMemory::Allocate; }
   // Registers a linear (called by its constructor). All linears are created before the first forward.
   void add(Linear* linear);
   // Before a forward / backward: zeroes the producer amax slots (current scaling).
@@ -72,12 +90,22 @@ class PrecisionState {
   // Device memory of the quantisation machinery: every linear's cached quantised weight and saved quantised input,
   // the shared scratch and the scaling arrays (planned sizes; allocated at the first forward).
   size_t device_bytes() const;
+  // The same bytes by what they hold (the memory plan's precision-state, saved-activation and scratch terms).
+  PrecisionMemory memory() const;
   nlohmann::json describe() const;
   void download(std::vector<float>* scales, std::vector<float>* history) const;
   void upload(const nlohmann::json& description, const std::vector<float>& scales, const std::vector<float>& history);
 
  private:
   friend class Linear;
+  // Byte offsets of the pieces of the one allocation of ensure_allocated, and its size.
+  struct Layout {
+    size_t scale = 0, scale_inv = 0, amax = 0, formats = 0, history = 0;
+    std::vector<size_t> scratch, scales;  // (kScratchCount)
+    size_t slot_bytes = 0;                // the slot arrays and histories (up to the first scratch buffer)
+    size_t bytes = 0;
+  };
+  Layout layout() const;
   int new_slot(const std::string& name, ElementFormat f);
   void reserve(int which, size_t bytes, size_t scale_floats);  // scratch a linear needs at its largest M
   void ensure_allocated();  // on first use, once every linear is registered
@@ -95,6 +123,7 @@ class PrecisionState {
   void record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s);
 
   PrecisionRecipe recipe_;
+  DeviceMemory memory_;
   std::vector<Linear*> linears_;
   std::vector<std::string> slot_names_;
   std::vector<uint8_t> slot_formats_;

@@ -17,6 +17,7 @@
 #include "llmc/io/checkpoint.h"
 #include "llmc/io/data.h"
 #include "llmc/model/family.h"
+#include "llmc/run/memory_plan.h"
 
 namespace llmc {
 
@@ -33,9 +34,11 @@ int parse_cli(int argc, char** argv, CliOptions* out) {
       ->type_name("SECTION.KEY=VALUE")
       ->allow_extra_args(false);
   app.add_flag("--dry-run", out->dry_run,
-               "validate the config, print the model size, FLOPs/token and a memory estimate, check that the data "
-               "globs match valid shards (headers only) and that checkpoint.dir can be written, and exit: 0, or 1 "
-               "naming each problem a run would stop at (no GPU needed, nothing written)");
+               "validate the config, print the model size, FLOPs/token and the device memory per GPU by what holds "
+               "it (weights, master weights, gradients, optimizer states, precision state, saved activations, "
+               "logits, transient buffers, workspace; from the allocation plan of the recipe and state format), "
+               "check that the data globs match valid shards (headers only) and that checkpoint.dir can be written, "
+               "and exit: 0, or 1 naming each problem a run would stop at (no GPU needed, nothing written)");
   app.add_flag("--print-config", out->print_config,
                "print the resolved config (presets expanded, every key) as JSON and exit; the output is a valid "
                "--config file");
@@ -139,8 +142,6 @@ std::string with_thousands(unsigned long long n) {
   return out;
 }
 
-static std::string gib(size_t bytes) { return strformat("%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024)); }
-
 std::string dry_run_report(const RunConfig& cfg, int world_size) {
   const ModelSpec& m = cfg.model;
   const TrainConfig& t = cfg.train;
@@ -149,8 +150,7 @@ std::string dry_run_report(const RunConfig& cfg, int world_size) {
   double flops = flops_per_token(m, t.seq_len);
   long long tokens_per_step = t.global_batch_tokens;
   double total_tokens = static_cast<double>(tokens_per_step) * t.steps;
-  MemoryEstimate mem =
-      estimate_memory(m, t.micro_batch, t.seq_len, t.recompute != 0, world_size, cfg.parallel.zero_stage);
+  const MemoryPlan mem = plan_memory(cfg, world_size);
 
   std::string r;
   r += "dry run: the config is valid (nothing was run or written)\n";
@@ -171,12 +171,10 @@ std::string dry_run_report(const RunConfig& cfg, int world_size) {
                  t.schedule.c_str(), t.warmup_steps, t.final_lr_frac, cfg.optimizer.beta1, cfg.optimizer.beta2,
                  cfg.optimizer.weight_decay);
   r += strformat("precision    %s\n", cfg.precision.recipe.c_str());
-  r += strformat("memory/GPU   %s estimated: weights %s, grads %s, master %s, AdamW m+v %s, activations %s "
-                 "(recompute %d), logits+workspace %s%s\n",
-                 gib(mem.total()).c_str(), gib(mem.params_bytes).c_str(), gib(mem.grads_bytes).c_str(),
-                 gib(mem.master_bytes).c_str(), gib(mem.optimizer_bytes).c_str(), gib(mem.activations_bytes).c_str(),
-                 t.recompute, gib(mem.workspace_bytes).c_str(),
-                 world_size > 1 && cfg.parallel.zero_stage >= 1 ? ", master and m+v sharded by ZeRO-1" : "");
+  r += strformat("memory/GPU   %s estimated from the allocation plan (%s, optimizer.state_format %s%s):\n",
+                 format_gib(mem.total()).c_str(), cfg.precision.recipe.c_str(), cfg.optimizer.state_format.name,
+                 mem.sharded ? strformat(", ZeRO-1 over %d ranks", world_size).c_str() : "");
+  r += format_memory_plan(mem, "  ");
   r += "resolved config:\n";
   nlohmann::json j = config_to_json(cfg);
   for (auto& [section, keys] : j.items()) {

@@ -27,8 +27,8 @@ struct CliOptions {
 // (their text already printed to stdout), 2 on a usage error (the CLI11 message printed to stderr).
 int parse_cli(int argc, char** argv, CliOptions* out);
 
-// The --dry-run text: model, parameter count, FLOPs/token, batch and gradient accumulation, a memory estimate per
-// GPU and the resolved config, for a run over world_size GPUs.
+// The --dry-run text: model, parameter count, FLOPs/token, batch and gradient accumulation, the memory plan of one
+// GPU (llmc/run/memory_plan.h) and the resolved config, for a run over world_size GPUs.
 std::string dry_run_report(const RunConfig& cfg, int world_size);
 
 // What --dry-run checks beyond the config, reading only headers and directory entries and writing nothing: data.train

@@ -146,7 +146,7 @@ const std::vector<KeySchema>& schema() {
   static const std::vector<KeySchema> table = {
       // model: a preset fills every key; explicit keys override it. Without a preset the defaults are gpt2-124m's.
       row("model", "preset", T::String, "model preset (gpt2-tiny, gpt2-mini, gpt2-124m, gpt2-350m, gpt2-774m, "
-          "gpt2-1558m, llama-tiny, llama-125m, llama-350m, llama-1b, llama-3b); \"\" = none, the keys below define "
+          "gpt2-1558m, llama-tiny, llama-125m, llama-350m, llama-1b, llama-3b, llama-7b); \"\" = none, the keys below define "
           "the model", LLMC_ACCESS(model_preset)),
       row("model", "arch", T::String, "architecture: gpt2 | llama", LLMC_ACCESS(model.arch)),
       between(row("model", "n_layer", T::Int, "transformer blocks (L)", LLMC_ACCESS(model.n_layer)), 1, L::kLayers),

@@ -251,6 +251,38 @@ void MetricsLogger::log_eval(int step, double val_loss) {
   write_line(nlohmann::ordered_json{{"type", "eval"}, {"step", step}, {"val_loss", number_or_null(val_loss)}});
 }
 
+double MemoryReport::estimate_error() const {
+  if (run_bytes() == 0) return std::nan("");
+  return (static_cast<double>(estimate_bytes) - static_cast<double>(run_bytes())) / static_cast<double>(run_bytes());
+}
+
+void MetricsLogger::log_memory(const MemoryReport& m, const std::string& at) {
+  if (!options_.writer) return;
+  auto gib = [](size_t bytes) { return static_cast<double>(bytes) / 1073741824.0; };
+  const double error = m.estimate_error();
+  if (options_.console) {
+    std::fprintf(options_.console,
+                 "memory after step %d (%s): peak %.2f GiB in use (cudaMemGetInfo), %.2f GiB of it allocated by the "
+                 "run (%.2f GiB in use before it: CUDA context, NCCL) | estimate %.2f GiB, %s\n",
+                 m.step, at == "end" ? "end of run" : "first step", gib(m.peak_bytes), gib(m.run_bytes()),
+                 gib(m.before_run_bytes), gib(m.estimate_bytes),
+                 std::isfinite(error) ? strformat("within %.1f%% of measured (%s by %.2f GiB)", 100.0 * std::fabs(error),
+                                                  error >= 0 ? "over" : "under",
+                                                  std::fabs(gib(m.estimate_bytes) - gib(m.run_bytes()))).c_str()
+                                      : "nothing measured");
+    std::fflush(options_.console);
+  }
+  write_line(nlohmann::ordered_json{{"type", "memory"},
+                                    {"step", m.step},
+                                    {"at", at},
+                                    {"source", "cudaMemGetInfo"},
+                                    {"peak_bytes", m.peak_bytes},
+                                    {"before_run_bytes", m.before_run_bytes},
+                                    {"run_bytes", m.run_bytes()},
+                                    {"estimate_bytes", m.estimate_bytes},
+                                    {"estimate_error", number_or_null(error)}});
+}
+
 void MetricsLogger::log_sample(int step, const std::string& text) {
   if (!options_.writer) return;
   if (options_.console) {

@@ -11,6 +11,8 @@
 //   {"type":"train","step":120,"loss":3.2154,"lr":0.000598,"norm":0.812,"ms":312.4,"tokens":131072,
 //    "tok_s":418234.0,"mfu":41.3,"mem_gib":38.2}
 //   {"type":"eval","step":250,"val_loss":3.31}
+//   {"type":"memory","step":1,"at":"first_step","source":"cudaMemGetInfo","peak_bytes":...,"before_run_bytes":...,
+//    "run_bytes":...,"estimate_bytes":...,"estimate_error":-0.012}   (log_memory: after the first step and at the end)
 //   {"type":"sample","step":250,"text":"..."}          (invalid UTF-8 in the text is replaced by U+FFFD)
 //   any other record through log_record (e.g. {"type":"telemetry",...} or {"type":"resume","step":200})
 // The file is never truncated: a fresh run rotates an existing non-empty log to <file>.1 (the first free <file>.K, so
@@ -71,6 +73,19 @@ struct TrainStepMetrics {
   double mem_gib = -1;            // peak device memory of this rank; < 0 = unknown
 };
 
+// A rank's device memory measured against the memory plan's estimate (llmc/run/memory_plan.h). Measured with
+// cudaMemGetInfo (total - free: the whole GPU, other processes included) at the end of every step: every buffer of a
+// run is allocated by the end of its first step and kept, so the peak is reached there.
+struct MemoryReport {
+  int step = 0;                 // measured up to the end of this step
+  size_t peak_bytes = 0;        // the most device memory in use seen at the end of a step
+  size_t before_run_bytes = 0;  // in use before the run allocated anything (CUDA context, NCCL, other processes)
+  size_t estimate_bytes = 0;    // the memory plan's total
+  size_t run_bytes() const { return peak_bytes > before_run_bytes ? peak_bytes - before_run_bytes : 0; }
+  // (estimate - run_bytes) / run_bytes: what the plan is compared with; NaN when nothing was measured.
+  double estimate_error() const;
+};
+
 class MetricsLogger {
  public:
   explicit MetricsLogger(const MetricsOptions& options);  // llmc::Error naming log.jsonl if the file cannot be opened
@@ -82,6 +97,9 @@ class MetricsLogger {
   std::string log_train(const TrainStepMetrics& m);
   void log_eval(int step, double val_loss);
   void log_sample(int step, const std::string& text);
+  // The console line "memory after step S (at): peak ... | estimate ... within X% of measured" and a "memory"
+  // record; at: "first_step" or "end" (the console says "first step" / "end of run").
+  void log_memory(const MemoryReport& m, const std::string& at);
   void log_record(const nlohmann::json& record);  // any object with a string "type"; llmc::Error otherwise
 
   double tokens_per_second() const;  // the bias-corrected average; 0 before any step

@@ -19,6 +19,13 @@ namespace llmc {
 
 namespace {
 
+// Device memory in use on this process's GPU (the whole GPU: other processes count too).
+size_t device_memory_in_use() {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes - free_bytes;
+}
+
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -37,7 +44,8 @@ void check_same_model(const TrainerState& state, const RunConfig& cfg, const std
 }  // namespace
 
 TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm, cudaStream_t stream)
-    : cfg_(cfg), comm_(comm), stream_(stream), sample_rng_(static_cast<uint64_t>(cfg.sample.seed)) {
+    : cfg_(cfg), comm_(comm), stream_(stream), sample_rng_(static_cast<uint64_t>(cfg.sample.seed)),
+      memory_plan_(plan_memory(cfg, comm.world_size())), memory_before_run_(device_memory_in_use()) {
   const int B = cfg.train.micro_batch, T = cfg.train.seq_len;
   const int rank = comm.rank(), world_size = comm.world_size();
   // Data: the loaders check every shard's header and size; with data.check_tokens (the default) every token of every
@@ -76,6 +84,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm, cudaStream_t 
   step_targets_.resize(step_inputs_.size());
   eval_inputs_.resize(static_cast<size_t>(B) * T);
   eval_targets_.resize(eval_inputs_.size());
+  memory_peak_ = device_memory_in_use();
   abort_guard_.emplace(comm);
 }
 
@@ -259,7 +268,18 @@ StepReport TrainingSession::train_step(int step, double lr, bool measure_numeric
   r.seconds = now_seconds() - t0;
   r.comm = optimizer_->last_comm_times();
   if (measure_numerics && precision) r.numerics = precision->collect_numerics(stream_);
+  memory_peak_ = std::max(memory_peak_, device_memory_in_use());
+  memory_step_ = r.step;
   return r;
+}
+
+MemoryReport TrainingSession::memory_report() const {
+  MemoryReport m;
+  m.step = memory_step_;
+  m.peak_bytes = memory_peak_;
+  m.before_run_bytes = memory_before_run_;
+  m.estimate_bytes = memory_plan_.total();
+  return m;
 }
 
 // The first tensor, in backward order (output side first), whose gradient holds a non-finite value. Downloads the

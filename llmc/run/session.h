@@ -25,6 +25,8 @@
 #include "llmc/model/model.h"
 #include "llmc/precision/precision_state.h"
 #include "llmc/run/config.h"
+#include "llmc/run/memory_plan.h"
+#include "llmc/run/metrics.h"
 #include "llmc/run/sampling.h"
 
 namespace llmc {
@@ -82,6 +84,10 @@ class TrainingSession {
   const DataLoader& train_data() const { return *train_; }
   const std::optional<DataLoader>& val_data() const { return val_; }
   long long tokens_per_step() const;
+  // The device memory of this rank: the plan of the run (llmc/run/memory_plan.h) and what was measured up to the last
+  // step (cudaMemGetInfo before the session allocated anything, and its peak at the end of every step).
+  const MemoryPlan& memory_plan() const { return memory_plan_; }
+  MemoryReport memory_report() const;
   long long optimizer_updates() const { return optimizer_updates_; }
 
  private:
@@ -101,6 +107,10 @@ class TrainingSession {
   int start_step_ = 0;
   std::optional<std::string> resumed_from_;
   RunLineage lineage_;  // rank 0: the run id and parent its checkpoints record, what retention must keep
+  MemoryPlan memory_plan_;
+  size_t memory_before_run_ = 0;  // device memory in use when the constructor started
+  size_t memory_peak_ = 0;        // the most in use at the end of a step (and after the constructor)
+  int memory_step_ = 0;           // the last step measured
   long long optimizer_updates_ = 0;  // applied AdamW steps: the bias-correction count (skipped steps do not count)
   long long skipped_steps_ = 0;      // steps the divergence guard skipped, in total
   int consecutive_skips_ = 0;

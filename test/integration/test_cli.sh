@@ -97,6 +97,21 @@ expect_ok "dry-run llama-1b shape" "8 kv heads, RoPE theta 500000, tied lm_head"
 expect_ok "dry-run llama-1b vocab 128256" "1,235,814,400" --config configs/llama_1b_bf16.json \
   --set model.vocab_size=128256 --dry-run
 expect_ok "dry-run llama-tiny untied" "untied lm_head" --config configs/llama_tiny_bf16.json --dry-run
+# The memory plan: every row, in GiB and bytes, for the recipe and state format; ZeRO-1 shards master and states.
+for row in "weights" "master weights" "gradients" "optimizer states" "precision state" "saved activations" \
+           "logits and losses" "transient buffers" "cuBLASLt workspace" "total"; do
+  expect_ok "dry-run memory row $row" "  $row " --config configs/llama_1b_bf16.json --dry-run
+done
+expect_ok "dry-run memory llama-1b" "  total               28.83 GiB      30,952,689,664 B  on one GPU" \
+  --config configs/llama_1b_bf16.json --dry-run
+expect_ok "dry-run memory fp8" "quantised weight caches, scales and amax histories" \
+  --config configs/llama_1b_bf16.json --set precision.recipe=fp8_tensorwise --dry-run
+expect_ok "dry-run memory state format" "AdamW m and v, optimizer.state_format bf16" \
+  --config configs/llama_1b_bf16.json --set optimizer.state_format=bf16 --dry-run
+WORLD_SIZE=8 expect_ok "dry-run memory ZeRO-1" "fp32, this rank's ZeRO-1 shard" \
+  --config configs/llama_1b_bf16.json --dry-run
+expect_ok "dry-run llama-7b" "6,888,361,984" --config configs/llama_1b_bf16.json --set model.preset=llama-7b \
+  --set train.micro_batch=1 --dry-run
 cd "$ROOT" || exit 1
 
 # A dry run that finds problems prints its report, then exits 1 naming each problem; it writes nothing.

@@ -77,8 +77,8 @@ TEST(ModelFamily, EachFamilyHasItsFolderAndACompleteDescriptor) {
     const fs::path folder = fs::path(LLM8_SOURCE_DIR) / "llmc" / "model" / f->name;
     EXPECT_TRUE(fs::exists(folder / (std::string(f->name) + "_family.cpp"))) << folder;
     EXPECT_FALSE(f->presets.empty()) << f->name;
-    EXPECT_TRUE(f->build_param_table && f->validate && f->default_ffn_hidden && f->activation_footprint &&
-                f->dry_run_details && f->make_model)
+    EXPECT_TRUE(f->build_param_table && f->validate && f->default_ffn_hidden && f->dry_run_details &&
+                f->make_model)
         << f->name;
     EXPECT_TRUE(f->hf.architecture && f->hf.model_type && f->hf.write_config && f->hf.read_config &&
                 f->hf.is_buffer && f->hf.optional_prefix)
@@ -126,10 +126,10 @@ TEST(ModelFamily, EveryPresetValidatesAndBuildsItsTable) {
       EXPECT_EQ(count_parameters(s, true), t.num_parameters);
       EXPECT_LT(count_parameters(s, false), count_parameters(s, true));
       EXPECT_GT(flops_per_token(s, 256), 6.0 * static_cast<double>(s.n_layer) * s.n_embd * 256);
-      const MemoryEstimate m = estimate_memory(s, 2, 256, false, 1, 1);
-      EXPECT_LT(estimate_memory(s, 2, 256, true, 1, 1).activations_bytes, m.activations_bytes);
-      const ActivationFootprint a = f->activation_footprint(s, false);
-      EXPECT_EQ(m.activations_bytes, 2u * 256u * (a.per_layer * s.n_layer + a.outside + a.scratch));
+      const ModelMemory m = plan_model_memory(s, 2, 256, 0, PrecisionRecipe());
+      EXPECT_LT(plan_model_memory(s, 2, 256, 1, PrecisionRecipe()).activation(ActivationUse::Saved),
+                m.activation(ActivationUse::Saved));
+      EXPECT_EQ(m.weights, 2 * t.total_elements);
     }
   }
   EXPECT_EQ(model_preset_names(), names);  // registry order

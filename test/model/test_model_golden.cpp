@@ -1,7 +1,7 @@
 // test/model/test_model_golden: what every model family produces, pinned by digests recorded before the model
 // families became registered descriptors, so that moving that knowledge changes nothing: for every preset the
 // parameter table (names, shapes, offsets, roles, layers, weight decay, initialisation constants), the parameter
-// counts, FLOPs per token and the memory estimate; the resolved config and the --dry-run report of every preset and of
+// counts, FLOPs per token and the memory plan; the resolved config and the --dry-run report of every preset and of
 // configs whose derived keys follow the architecture; the validation messages of configs each family refuses; Hugging
 // Face and llm.c exports and imports (config.json, tensor bytes, the spec read back). Every input is exact on any
 // machine (no values from libm), so the digests are the same everywhere.
@@ -27,6 +27,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/io/interop.h"
+#include "llmc/model/model.h"
 #include "llmc/model/model_spec.h"
 #include "llmc/run/cli.h"
 #include "llmc/run/config.h"
@@ -86,12 +87,10 @@ std::string sizes_digest(const ModelSpec& spec) {
   Digest d;
   d.value(count_parameters(spec, true)).value(count_parameters(spec, false));
   for (int T : {64, 256, spec.max_seq_len}) d.value(flops_per_token(spec, T));
-  for (bool recompute : {false, true})
-    for (int world : {1, 8}) {
-      const MemoryEstimate m = estimate_memory(spec, 4, 256, recompute, world, 1);
-      d.value(m.params_bytes).value(m.grads_bytes).value(m.master_bytes).value(m.optimizer_bytes);
-      d.value(m.activations_bytes).value(m.workspace_bytes);
-    }
+  for (int recompute : {0, 1}) {
+    const ModelMemory m = plan_model_memory(spec, 4, 256, recompute, PrecisionRecipe());
+    d.value(m.weights).value(m.gradients).value(m.activations).value(m.precision.total());
+  }
   return d.hex();
 }
 
@@ -218,29 +217,30 @@ std::map<std::string, std::string> compute(const std::string& dir) {
 // Recorded before the model families became registered descriptors (LLM8_PRINT_GOLDEN=1 prints this table); the
 // "config" rows again for each key added to the schema since (the resolved config and the dry run list every key).
 const std::map<std::string, std::string> kGolden = {
-    {"config arch llama", "03e840ec8262af50"},
-    {"config arch llama n_embd 1024", "8c1ba2637af56d27"},
-    {"config defaults", "5375809b5df1a9ce"},
+    {"config arch llama", "5de18c0147dcdb37"},
+    {"config arch llama n_embd 1024", "3858ed3c793ef449"},
+    {"config defaults", "ad0aac20c1e032e5"},
     {"config gpt2 gqa", "9571348db6b63df2"},
     {"config gpt2 untied", "a0a49c269825071e"},
-    {"config gpt2-124m", "f228aa1253dbd024"},
-    {"config gpt2-1558m", "78c9dd0a3a2857ed"},
-    {"config gpt2-350m", "c448dcb977765f4a"},
-    {"config gpt2-774m", "ade94f92a8fac095"},
-    {"config gpt2-mini", "9adabd615fa5a6b7"},
-    {"config gpt2-tiny", "be87976c08f63515"},
-    {"config gpt2-tiny arch llama", "6ac8539f5c33ed7b"},
-    {"config gpt2-tiny n_head 1", "924269af2593d524"},
+    {"config gpt2-124m", "c061fb24cce825a5"},
+    {"config gpt2-1558m", "dbbbf633b5da3c03"},
+    {"config gpt2-350m", "62a8bc621be42a88"},
+    {"config gpt2-774m", "0d8af76d6dcb0dcc"},
+    {"config gpt2-mini", "7650cfaa6ce0653d"},
+    {"config gpt2-tiny", "ef5bbcf13689b220"},
+    {"config gpt2-tiny arch llama", "10915527668d0a9c"},
+    {"config gpt2-tiny n_head 1", "f61916d211e7ba35"},
     {"config llama ffn 100", "56fb1ad0924f2984"},
     {"config llama kv 3", "c575ad8f51070ae1"},
-    {"config llama untied theta", "43d52015409dcbc5"},
-    {"config llama-125m", "a56e6573eba601e4"},
-    {"config llama-1b", "44c00d97288beeb4"},
+    {"config llama untied theta", "55239538c30c9ce6"},
+    {"config llama-125m", "667a782952b373da"},
+    {"config llama-1b", "e9cbaee27b406b13"},
     {"config llama-1b arch gpt2", "5830f2f6c9f75d38"},
     {"config llama-1b n_embd 1024", "f84eb16f6da91696"},
-    {"config llama-350m", "bd3314c8bf9fbcee"},
-    {"config llama-3b", "f915a34497bc8355"},
-    {"config llama-tiny", "984e20376697b967"},
+    {"config llama-350m", "d64854ee6accb059"},
+    {"config llama-3b", "c393e1aec4fd6e94"},
+    {"config llama-7b", "7b4597a29496d63b"},
+    {"config llama-tiny", "e9285f6c88c95b60"},
     {"config unknown arch", "e4cd6886565ed0fd"},
     {"hf gpt2-tiny bfloat16", "f0f186ecfcc889bc"},
     {"hf gpt2-tiny float32", "61cdc4690769f16d"},
@@ -268,17 +268,18 @@ const std::map<std::string, std::string> kGolden = {
     {"llmc llama-tiny float32", "593645744fc91d42"},
     {"llmc llama-v1000-tied-hs128 bfloat16", "287f3c617d314313"},
     {"llmc llama-v1000-tied-hs128 float32", "9d45f83f9e8973db"},
-    {"sizes gpt2-124m", "90d36a514e99bd67"},
-    {"sizes gpt2-1558m", "7fd530de5df22312"},
-    {"sizes gpt2-350m", "92b1a213509854c8"},
-    {"sizes gpt2-774m", "c3a28b2b626f08c3"},
-    {"sizes gpt2-mini", "9ad44f9b4ae23fd4"},
-    {"sizes gpt2-tiny", "57a696feae5d94df"},
-    {"sizes llama-125m", "fc1a062f5154d95a"},
-    {"sizes llama-1b", "28d20254a68105f0"},
-    {"sizes llama-350m", "05ef1b454d2238d2"},
-    {"sizes llama-3b", "317f440c5e22fa48"},
-    {"sizes llama-tiny", "2db7c51c2af1ad9d"},
+    {"sizes gpt2-124m", "a682207c37263bf8"},
+    {"sizes gpt2-1558m", "cc22eef9c5cdff56"},
+    {"sizes gpt2-350m", "da7a45c846f13fc2"},
+    {"sizes gpt2-774m", "5447b9a6ae1afc81"},
+    {"sizes gpt2-mini", "5c4f21b72d3ad852"},
+    {"sizes gpt2-tiny", "6777b9626f2ada63"},
+    {"sizes llama-125m", "af40b60dc7138877"},
+    {"sizes llama-1b", "bd4fd890884398d4"},
+    {"sizes llama-350m", "f0483651b92053dc"},
+    {"sizes llama-3b", "34279681c099c3b1"},
+    {"sizes llama-7b", "0389af97871157a1"},
+    {"sizes llama-tiny", "156f07a8517bb525"},
     {"table gpt2-124m", "f3a0e4898b05390e"},
     {"table gpt2-1558m", "dcef6a915f3c98b6"},
     {"table gpt2-350m", "9802f46238645e66"},
@@ -289,6 +290,7 @@ const std::map<std::string, std::string> kGolden = {
     {"table llama-1b", "7195cbc3fc9d2456"},
     {"table llama-350m", "c9915ee759e055c8"},
     {"table llama-3b", "0f3c76a3f90656f8"},
+    {"table llama-7b", "0a2ec9f5596b4c23"},
     {"table llama-tiny", "1cca58f7894f87cc"},
 };
 

@@ -16,6 +16,7 @@
 #include "llmc/model/model_spec.h"
 #include "llmc/run/cli.h"
 #include "llmc/run/config.h"
+#include "llmc/run/memory_plan.h"
 #include "test/support/bounded_run.h"
 #include "test/support/temp_dir.h"
 
@@ -184,7 +185,8 @@ TEST(Config, EveryModelPresetLoads) {
       {"llama-125m", 12, 768, 12, 4, 2048, 2048, true, 500000.0f},
       {"llama-350m", 24, 1024, 16, 4, 2816, 2048, true, 500000.0f},
       {"llama-1b", 16, 2048, 32, 8, 8192, 2048, true, 500000.0f},
-      {"llama-3b", 28, 3072, 24, 8, 8192, 2048, true, 500000.0f}};
+      {"llama-3b", 28, 3072, 24, 8, 8192, 2048, true, 500000.0f},
+      {"llama-7b", 32, 4096, 32, 32, 11008, 4096, false, 10000.0f}};
   EXPECT_EQ(llmc::model_preset_names().size(), std::size(presets));
   for (const Expected& p : presets) {
     json j = with("model", "preset", p.name);
@@ -839,19 +841,14 @@ TEST(ConfigHostileSizes, TheLargestConfigHasExactDerivedSizes) {
     }
     EXPECT_TRUE(elements == table.num_parameters) << arch;
     EXPECT_EQ(llmc::count_parameters(m, true), table.num_parameters);
-    // The estimate is linear in the tokens of the micro-batch: B*T times the one-token estimate, in 128 bits.
-    const llmc::MemoryEstimate one = llmc::estimate_memory(m, 1, 1, false, 1, 1);
-    const llmc::MemoryEstimate full = llmc::estimate_memory(m, 16, 1048576, false, 1, 1);
-    const unsigned __int128 tokens = 16ull * 1048576ull;
-    EXPECT_TRUE(static_cast<unsigned __int128>(one.activations_bytes) * tokens == full.activations_bytes) << arch;
-    const size_t workspace_fixed = 32ull << 20;
-    EXPECT_TRUE(static_cast<unsigned __int128>(one.workspace_bytes - workspace_fixed) * tokens ==
-                full.workspace_bytes - workspace_fixed) << arch;
+    // The memory plan's rows add up without a wrap (in 128 bits), and its logits row holds at least the B*T*Vp
+    // BF16 logits.
+    const llmc::MemoryPlan plan = llmc::plan_memory(cfg, 1);
     unsigned __int128 total = 0;
-    for (size_t part : {full.params_bytes, full.grads_bytes, full.master_bytes, full.optimizer_bytes,
-                        full.activations_bytes, full.workspace_bytes})
-      total += part;
-    EXPECT_TRUE(total == full.total()) << arch;
+    for (const llmc::MemoryPlan::Row& r : plan.rows) total += r.bytes;
+    EXPECT_TRUE(total == plan.total()) << arch;
+    EXPECT_TRUE(static_cast<unsigned __int128>(plan.bytes("logits and losses")) >=
+                static_cast<unsigned __int128>(16ull * 1048576ull) * m.padded_vocab_size * 2) << arch;
     // The dry run (which builds the parameter table) stays small and quick.
     const llmc_test::BoundedResult r =
         llmc_test::run_bounded([&] { llmc::dry_run_report(cfg, 1); }, /*seconds=*/5, /*extra_bytes=*/512ull << 20);

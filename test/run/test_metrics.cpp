@@ -360,3 +360,55 @@ TEST_F(MetricsTest, UnwritableJsonlPathIsAnError) {
     EXPECT_NE(std::string(e.what()).find("log.jsonl"), std::string::npos) << e.what();
   }
 }
+
+// The memory line and record: the peak, what the run allocated above the memory in use before it, the estimate and
+// its relative error to that.
+TEST_F(MetricsTest, MemoryLineAndRecordCompareTheEstimateWithTheMeasuredPeak) {
+  const std::string path = TempDirTest::path("metrics.jsonl");
+  const std::string console_path = TempDirTest::path("console.txt");
+  const size_t GiB = size_t{1} << 30;
+  llmc::MemoryReport m;
+  m.step = 1;
+  m.peak_bytes = 21 * GiB;
+  m.before_run_bytes = GiB;
+  m.estimate_bytes = 19 * GiB;  // 20 GiB allocated by the run: 5% under
+  EXPECT_EQ(m.run_bytes(), 20 * GiB);
+  EXPECT_DOUBLE_EQ(m.estimate_error(), -0.05);
+  {
+    llmc::MetricsOptions opt = jsonl_options(path);
+    FILE* console = std::fopen(console_path.c_str(), "w");
+    opt.console = console;
+    llmc::MetricsLogger logger(opt);
+    logger.log_memory(m, "first_step");
+    m.step = 100;
+    m.estimate_bytes = 22 * GiB;
+    logger.log_memory(m, "end");
+    std::fclose(console);
+  }
+  const std::string said = read_text(console_path);
+  EXPECT_NE(said.find("memory after step 1 (first step): peak 21.00 GiB in use (cudaMemGetInfo), 20.00 GiB of it "
+                      "allocated by the run (1.00 GiB in use before it: CUDA context, NCCL) | estimate 19.00 GiB, "
+                      "within 5.0% of measured (under by 1.00 GiB)"),
+            std::string::npos) << said;
+  EXPECT_NE(said.find("memory after step 100 (end of run)"), std::string::npos) << said;
+  EXPECT_NE(said.find("within 10.0% of measured (over by 2.00 GiB)"), std::string::npos) << said;
+  std::ifstream in(path);
+  std::string line;
+  std::vector<nlohmann::json> records;
+  while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0]["type"], "memory");
+  EXPECT_EQ(records[0]["step"], 1);
+  EXPECT_EQ(records[0]["at"], "first_step");
+  EXPECT_EQ(records[0]["source"], "cudaMemGetInfo");
+  EXPECT_EQ(records[0]["peak_bytes"].get<size_t>(), 21 * GiB);
+  EXPECT_EQ(records[0]["before_run_bytes"].get<size_t>(), GiB);
+  EXPECT_EQ(records[0]["run_bytes"].get<size_t>(), 20 * GiB);
+  EXPECT_EQ(records[0]["estimate_bytes"].get<size_t>(), 19 * GiB);
+  EXPECT_DOUBLE_EQ(records[0]["estimate_error"].get<double>(), -0.05);
+  EXPECT_EQ(records[1]["at"], "end");
+  EXPECT_DOUBLE_EQ(records[1]["estimate_error"].get<double>(), 0.1);
+  // Nothing measured: no error to give.
+  llmc::MemoryReport none;
+  EXPECT_TRUE(std::isnan(none.estimate_error()));
+}

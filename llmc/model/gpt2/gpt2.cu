@@ -43,8 +43,9 @@ GPT2Tensors<Scalar> carve_tensors(const ParamViews<Scalar>& at, int n_layer) {
 
 }  // namespace
 
-GPT2::GPT2(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe)
-    : Model(spec, B, T, recompute, recipe) {
+GPT2::GPT2(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe,
+           DeviceMemory memory)
+    : Model(spec, B, T, recompute, recipe, memory) {
   if (spec.arch != "gpt2") throw_error("GPT2: model.arch is '%s'; this class builds 'gpt2' only", spec.arch.c_str());
   if (spec.n_kv_head != spec.n_head) throw_error("GPT2: n_kv_head (%d) must equal n_head (%d)", spec.n_kv_head, spec.n_head);
   w_ = carve_tensors(ParamViews<bf16>(params_, table_), spec.n_layer);
@@ -74,12 +75,15 @@ void GPT2::carve_activations(Carver& cv) {
   const size_t N = (size_t)B_max_ * T_max_;
   const size_t C = spec_.n_embd, H = spec_.ffn_hidden, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const size_t NH = spec_.n_head;
+  cv.use = ActivationUse::Saved;
   encoded_ = cv.take<bf16>(N * C);
   acts_.assign(L, LayerActs{});
   // A layer keeps its own LayerNorm / GELU outputs only when backward reads them in BF16 (Model::input_buffer).
+  cv.use = ActivationUse::Working;
   bf16* shared_ln1 = cv.take<bf16>(N * C);
   bf16* shared_ln2 = cv.take<bf16>(N * C);
   bf16* shared_gelu = cv.take<bf16>(N * H);
+  cv.use = ActivationUse::Saved;
   for (size_t l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
     const LayerLinears& lin = linears_[l];
@@ -100,12 +104,15 @@ void GPT2::carve_activations(Carver& cv) {
   lnf_ = cv.take<bf16>(N * C);
   lnf_mean_ = cv.take<float>(N);
   lnf_rstd_ = cv.take<float>(N);
+  cv.use = ActivationUse::Working;
   // proj_out_: only for projections whose plan cannot add the residual in its GEMM (FP8)
   bool any_unfused = false;
   for (const LayerLinears& lin : linears_) any_unfused |= !lin.attproj->adds_residual() || !lin.fcproj->adds_residual();
   proj_out_ = any_unfused ? cv.take<bf16>(N * C) : nullptr;
+  cv.use = ActivationUse::Logits;
   logits_ = cv.take<bf16>(N * Vp);
   losses_ = cv.take<float>(N);
+  cv.use = ActivationUse::Working;
   dresidual_ = cv.take<bf16>(N * C);
   dsmall_ = cv.take<bf16>(N * C);
   dbig_ = cv.take<bf16>(N * std::max(3 * C, H));

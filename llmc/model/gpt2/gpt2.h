@@ -45,7 +45,9 @@ class GPT2 : public Model {
  public:
   // Allocates parameters, gradients and activations for micro-batches up to (B, T).
   // recompute: 0 = keep every activation; 1 = recompute the GELU output and the LayerNorm outputs in backward.
-  GPT2(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe = PrecisionRecipe());
+  // memory = DeviceMemory::Count: the same plan, nothing allocated (Model's memory plan).
+  GPT2(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe = PrecisionRecipe(),
+       DeviceMemory memory = DeviceMemory::Allocate);
 
   void forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) override;
   void backward(cudaStream_t s) override;

@@ -1,5 +1,5 @@
 // llmc/model/gpt2/gpt2_family.cpp: the GPT-2 family (model.arch "gpt2", llmc/model/family.h): its presets, parameter
-// table, validation, activation memory, Hugging Face GPT2LMHeadModel config and Conv1D layout, llm.c's model-file
+// table, validation, Hugging Face GPT2LMHeadModel config and Conv1D layout, llm.c's model-file
 // layout, and the factory of the GPU model (llmc/model/gpt2/gpt2.h). Host code only.
 //
 // Parameter table (GPT2LMHeadModel names): transformer.wte.weight (Vp, C), transformer.wpe.weight (maxT, C); per block
@@ -65,22 +65,6 @@ void validate(const ModelSpec& m) {
 }
 
 int default_ffn_hidden(int n_embd) { return 4 * n_embd; }
-
-// Saved for backward per token and layer, in BF16: ln_1 out (C), qkv (3C), attention out (C), residual after
-// attention (C), ln_2 out (C), fc out (F), GELU out (F), residual after the MLP (C); in FP32: LayerNorm mean and rstd
-// (2 x 2) and the attention log-sum-exp (n_head). recompute=1 drops ln_1 out, ln_2 out and GELU out. Outside the
-// layers: embedding output and ln_f output (C each, BF16) and ln_f stats (FP32 x 2); backward scratch: two BF16
-// buffers of max(3C, F) per token.
-ActivationFootprint activation_footprint(const ModelSpec& spec, bool recompute) {
-  const size_t C = spec.n_embd, F = spec.ffn_hidden, bf16 = 2, fp32 = 4;
-  size_t saved_bf16 = 3 * C /*qkv*/ + C /*attention out*/ + C /*residual 2*/ + F /*fc out*/ + C /*residual 3*/;
-  if (!recompute) saved_bf16 += C /*ln_1 out*/ + C /*ln_2 out*/ + F /*GELU out*/;
-  ActivationFootprint a;
-  a.per_layer = saved_bf16 * bf16 + (2 * 2 + static_cast<size_t>(spec.n_head)) * fp32;
-  a.outside = 2 * C * bf16 + 2 * fp32;
-  a.scratch = 2 * std::max(3 * C, F) * bf16;
-  return a;
-}
 
 std::string dry_run_details(const ModelSpec&) { return ""; }
 
@@ -227,7 +211,6 @@ const ModelFamily& gpt2_family() {
       build_table,
       validate,
       default_ffn_hidden,
-      activation_footprint,
       dry_run_details,
       /*uses_rope_theta=*/false,
       {"GPT2LMHeadModel", "gpt2", write_hf_config, read_hf_config, hf_transposed, hf_is_buffer, "transformer."},

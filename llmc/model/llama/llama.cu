@@ -47,8 +47,9 @@ LlamaTensors<Scalar> carve_tensors(const ParamViews<Scalar>& at, const ModelSpec
 
 }  // namespace
 
-Llama::Llama(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe)
-    : Model(spec, B, T, recompute, recipe) {
+Llama::Llama(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe,
+             DeviceMemory memory)
+    : Model(spec, B, T, recompute, recipe, memory) {
   if (spec.arch != "llama") throw_error("Llama: model.arch is '%s'; this class builds 'llama' only", spec.arch.c_str());
   const int HS = spec.head_size();
   if (HS != 64 && HS != 128)
@@ -82,13 +83,16 @@ void Llama::carve_activations(Carver& cv) {
   const size_t N = static_cast<size_t>(B_max_) * T_max_;
   const size_t C = spec_.n_embd, F = spec_.ffn_hidden, Q = spec_.qkv_channels(), Vp = spec_.padded_vocab_size;
   const size_t L = spec_.n_layer, NH = spec_.n_head;
+  cv.use = ActivationUse::Saved;
   encoded_ = cv.take<bf16>(N * C);
   // A block's RMSNorm / SwiGLU outputs get their own buffer only when backward reads them in BF16
   // (Model::input_buffer).
+  cv.use = ActivationUse::Working;
   bf16* shared_ln1 = cv.take<bf16>(N * C);
   bf16* shared_ln2 = cv.take<bf16>(N * C);
   bf16* shared_h = cv.take<bf16>(N * F);
   acts_.assign(L, LayerActs{});
+  cv.use = ActivationUse::Saved;
   for (size_t l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
     const BlockLinears& b = linears_[l];
@@ -106,9 +110,12 @@ void Llama::carve_activations(Carver& cv) {
   }
   lnf_ = cv.take<bf16>(N * C);
   lnf_rstd_ = cv.take<float>(N);
+  cv.use = ActivationUse::Working;
   proj_out_ = cv.take<bf16>(N * C);
+  cv.use = ActivationUse::Logits;
   logits_ = cv.take<bf16>(N * Vp);
   losses_ = cv.take<float>(N);
+  cv.use = ActivationUse::Working;
   dresidual_ = cv.take<bf16>(N * C);
   dsmall_ = cv.take<bf16>(N * C);
   dh_ = cv.take<bf16>(N * F);

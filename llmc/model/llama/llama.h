@@ -42,7 +42,9 @@ class Llama : public Model {
  public:
   // Allocates parameters, gradients, linears and activations for micro-batches up to (B, T).
   // recompute: 0 = keep every activation; 1 = recompute the RMSNorm and SwiGLU outputs in backward.
-  Llama(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe);
+  // memory = DeviceMemory::Count: the same plan, nothing allocated (Model's memory plan).
+  Llama(const ModelSpec& spec, int B, int T, int recompute, const PrecisionRecipe& recipe,
+        DeviceMemory memory = DeviceMemory::Allocate);
 
   void forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) override;
   void backward(cudaStream_t s) override;

@@ -1,5 +1,5 @@
 // llmc/model/llama/llama_family.cpp: the Llama family (model.arch "llama", llmc/model/family.h): its presets, parameter
-// table, validation, the default SwiGLU width, activation memory, the Hugging Face LlamaForCausalLM config, and the
+// table, validation, the default SwiGLU width, the Hugging Face LlamaForCausalLM config, and the
 // factory of the GPU model (llmc/model/llama/llama.h). llm.c's model file cannot hold it. Host code only.
 //
 // Parameter table (LlamaForCausalLM names, no biases): model.embed_tokens.weight (Vp, C); per block model.layers.{i}.
@@ -59,23 +59,6 @@ void validate(const ModelSpec& m) {
 int default_ffn_hidden(int n_embd) {
   const int hidden = 8 * n_embd / 3;
   return static_cast<int>(round_up(static_cast<size_t>(hidden), 256));
-}
-
-// Saved for backward per token and layer (Q = (NH + 2*NKV) * HS, the fused q|k|v width), in BF16: RMSNorm 1 out (C),
-// qkv after RoPE (Q), attention out (C), residual after attention (C), RMSNorm 2 out (C), gate|up (2F), SwiGLU out
-// (F), residual after the MLP (C); in FP32: RMSNorm rstd (2 x 1) and the log-sum-exp (n_head). recompute=1 drops the
-// two RMSNorm outputs and the SwiGLU output. Outside the layers: embedding output and final norm output (C each) and
-// its rstd; backward scratch: two BF16 buffers of max(Q, 2F) per token.
-ActivationFootprint activation_footprint(const ModelSpec& spec, bool recompute) {
-  const size_t C = spec.n_embd, F = spec.ffn_hidden, bf16 = 2, fp32 = 4;
-  const size_t Q = static_cast<size_t>(spec.qkv_channels());
-  size_t saved_bf16 = Q /*qkv*/ + C /*attention out*/ + C /*residual 2*/ + 2 * F /*gate|up*/ + C /*residual 3*/;
-  if (!recompute) saved_bf16 += C /*rmsnorm 1 out*/ + C /*rmsnorm 2 out*/ + F /*SwiGLU out*/;
-  ActivationFootprint a;
-  a.per_layer = saved_bf16 * bf16 + (2 + static_cast<size_t>(spec.n_head)) * fp32;
-  a.outside = 2 * C * bf16 + fp32;
-  a.scratch = 2 * std::max(Q, 2 * F) * bf16;
-  return a;
 }
 
 std::string dry_run_details(const ModelSpec& m) {
@@ -174,18 +157,19 @@ const ModelFamily& llama_family() {
           // --set model.vocab_size=128256 and uint32 token shards). tiny: the test model (GQA 2:1, head size 64,
           // untied lm_head so the tests cover that path). 125m / 350m: gpt2-124m / gpt2-350m depth, width and heads
           // with GQA 3:1 / 4:1 and the 8C/3 SwiGLU width. 1b / 3b: the shapes of Llama-3.2-1B / -3B (which tie their
-          // embeddings, as here).
+          // embeddings, as here). 7b: the shape of Llama-2-7B (no GQA, FFN 11008, untied lm_head, RoPE base 10000,
+          // context 4096).
           // name         L   NH  NKV  C     F     maxT  theta      tied
           {"llama-tiny",  2,  2,  1,   128,  0,    256,  10000.0f,  false},
           {"llama-125m",  12, 12, 4,   768,  0,    2048, 500000.0f, true},
           {"llama-350m",  24, 16, 4,   1024, 0,    2048, 500000.0f, true},
           {"llama-1b",    16, 32, 8,   2048, 8192, 2048, 500000.0f, true},
           {"llama-3b",    28, 24, 8,   3072, 8192, 2048, 500000.0f, true},
+          {"llama-7b",    32, 32, 32,  4096, 11008, 4096, 10000.0f, false},
       },
       build_table,
       validate,
       default_ffn_hidden,
-      activation_footprint,
       dry_run_details,
       /*uses_rope_theta=*/true,
       {"LlamaForCausalLM", "llama", write_hf_config, read_hf_config, /*transposed=*/nullptr, hf_is_buffer, ""},
