@@ -35,19 +35,15 @@ struct HadamardNorm<32> {
 template <int N>
 __host__ __device__ inline void hadamard_transform(float* v, uint32_t signs) {
   static_assert(N == 16 || N == 32, "block Hadamard transforms of size 16 or 32");
-#pragma unroll
   for (int i = 0; i < N; i++)
     if ((signs >> i) & 1u) v[i] = -v[i];
-#pragma unroll
   for (int h = 1; h < N; h *= 2)
-#pragma unroll
     for (int i = 0; i < N; i++)
       if (!(i & h)) {
         const float a = v[i], b = v[i + h];
         v[i] = add_rn(a, b);
         v[i + h] = add_rn(a, -b);
       }
-#pragma unroll
   for (int i = 0; i < N; i++) v[i] = mul_rn(v[i], HadamardNorm<N>::value);
 }
 
