@@ -136,10 +136,10 @@ __host__ __device__ inline uint8_t mxfp4_scale_code(float block_amax) {
   const int exponent_field = static_cast<int>(bits >> 23);
   return static_cast<uint8_t>(exponent_field > 2 ? exponent_field - 2 : 0);
 }
-// 2^-X = 2^(127 - code) for the element codes (exact; 0 for the NaN code)
+// 2^-X = 2^(127 - code) for the element codes (exact; 0 for the NaN code; code 254, 2^-127, is never produced)
 __host__ __device__ inline float mxfp4_element_multiplier(uint8_t code) {
   if (code == kE8M0NanCode) return 0.0f;
-  return bits_to_float(static_cast<uint32_t>(254 - code) << 23);
+  return code == 254 ? bits_to_float(0x00400000u) : bits_to_float(static_cast<uint32_t>(254 - code) << 23);
 }
 
 }  // namespace llmc
