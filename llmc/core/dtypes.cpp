@@ -1,8 +1,9 @@
-// llmc/core/dtypes.cpp: the element-format table, and host reference encode / decode of BF16, FP8 E4M3 (OCP e4m3fn)
-// and FP8 E5M2, written from the bit-level definitions of the formats (never through the CUDA conversion, which the
-// tests use as an independent cross-check).
+// llmc/core/dtypes.cpp: the element-format table, and host reference encode / decode of BF16, FP8 E4M3 (OCP e4m3fn),
+// FP8 E5M2, FP4 E2M1 (OCP e2m1fn) and E8M0 (OCP e8m0fnu), written from the bit-level definitions of the formats
+// (never through the CUDA conversion, which the tests use as an independent cross-check).
 //
-// FP8 encoding, for a format with M mantissa bits, exponent bias B and smallest normal exponent emin = 1 - B:
+// Minifloat encoding (FP8 and E2M1), for a format with M mantissa bits, exponent bias B and smallest normal exponent
+// emin = 1 - B:
 //   |x| = s * 2^(E - 23) with s the 24-bit FP32 significand (implicit 1) and E its unbiased exponent. The quantum of
 //   the target at that magnitude is 2^q, q = max(E, emin) - M (normal binades have M bits after the point, the
 //   subnormal range has the fixed quantum 2^(emin - M)). n = |x| / 2^q rounded to nearest, ties to even, is the
@@ -10,7 +11,7 @@
 //   ((E + B - 1) << M) + n in a normal binade (n = 2^(M+1) after rounding carries into the exponent field).
 //   Codes above the largest finite one saturate to it: this is round-to-nearest-even in an unbounded exponent range
 //   followed by clamping, which is what __NV_SATFINITE does (E4M3: 464 = 448 + half an ulp ties to 448; E5M2:
-//   61440 ties to 65536 and clamps to 57344).
+//   61440 ties to 65536 and clamps to 57344; E2M1 (M = 1, B = 1): 7 ties to 8 and clamps to 6).
 #include "llmc/core/dtypes.h"
 
 #include <cmath>
@@ -66,29 +67,30 @@ float bits_float(uint32_t u) {
   return x;
 }
 
-struct Fp8Params {
+struct MinifloatParams {
   int mantissa_bits;    // M
   int bias;             // B
-  uint32_t max_code;    // largest finite magnitude code: 0x7E (448) / 0x7B (57344)
+  uint32_t max_code;    // largest finite magnitude code: 0x7E (448) / 0x7B (57344) / 0x7 (6)
+  int sign_shift;       // position of the sign bit: 7 (FP8) / 3 (E2M1)
+  uint32_t nan_code;    // what a NaN encodes to
 };
 
-Fp8Params fp8_params(ElementFormat f) {
+MinifloatParams fp8_params(ElementFormat f) {
   switch (f) {
-    case ElementFormat::E4M3: return {3, 7, 0x7Eu};
-    case ElementFormat::E5M2: return {2, 15, 0x7Bu};
+    case ElementFormat::E4M3: return {3, 7, 0x7Eu, 7, kFp8NanCode};
+    case ElementFormat::E5M2: return {2, 15, 0x7Bu, 7, kFp8NanCode};
     case ElementFormat::E2M1: break;
   }
   throw_error("fp8_encode / fp8_decode: element format %d is not an FP8 format", static_cast<int>(f));
 }
 
-}  // namespace
+constexpr MinifloatParams kE2M1Params{1, 1, 0x7u, 3, kE2M1NanCode};
 
-uint8_t fp8_encode(float x, ElementFormat f) {
-  const Fp8Params p = fp8_params(f);
+uint8_t minifloat_encode(float x, const MinifloatParams& p) {
   const uint32_t bits = float_bits(x);
-  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t sign = (bits >> 31) << p.sign_shift;
   const uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return kFp8NanCode;               // NaN (any sign, any payload), as CUDA
+  if (abs_bits > 0x7f800000u) return static_cast<uint8_t>(p.nan_code);  // NaN (any sign, any payload), as CUDA
   if (abs_bits == 0x7f800000u) return static_cast<uint8_t>(sign | p.max_code);  // +-inf saturates
   const int exponent_field = static_cast<int>(abs_bits >> 23);
   // FP32 zeros and subnormals (< 2^-126) are far below half the smallest FP8 subnormal: they round to +-0.
@@ -108,8 +110,38 @@ uint8_t fp8_encode(float x, ElementFormat f) {
   return static_cast<uint8_t>(sign | code);
 }
 
+}  // namespace
+
+uint8_t fp8_encode(float x, ElementFormat f) { return minifloat_encode(x, fp8_params(f)); }
+
+uint8_t e2m1_encode(float x) { return minifloat_encode(x, kE2M1Params); }
+
+float e2m1_decode(uint8_t code) {
+  const int magnitude = code & 0x7;
+  const int exponent_field = magnitude >> 1, mantissa = magnitude & 1;
+  // exponent field 0: the subnormal 0 or 0.5 (m * 2^-1); else (2 + m) * 2^(e - 2)
+  const float value = exponent_field == 0 ? std::ldexp(static_cast<float>(mantissa), -1)
+                                          : std::ldexp(static_cast<float>(2 + mantissa), exponent_field - 2);
+  return (code & 0x8) ? -value : value;
+}
+
+uint8_t e8m0_encode(float x) {
+  const uint32_t bits = float_bits(x);
+  if (!(x > 0.0f) || bits >= 0x7f800000u) return kE8M0NanCode;  // zero, negative, NaN, +inf
+  const uint32_t exponent_field = bits >> 23;
+  if (exponent_field == 0) return x < std::ldexp(1.5f, -127) ? 0 : 1;  // FP32 subnormal: 2^-127 or 2^-126
+  // normal: 2^(e - 127) * 1.m; the code of 2^(e - 127) is e, one more when the mantissa is at least one half
+  const uint32_t code = exponent_field + ((bits >> 22) & 1u);
+  return code > 254u ? kE8M0NanCode : static_cast<uint8_t>(code);
+}
+
+float e8m0_decode(uint8_t code) {
+  if (code == kE8M0NanCode) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(code) - kE8M0Bias);
+}
+
 float fp8_decode(uint8_t code, ElementFormat f) {
-  const Fp8Params p = fp8_params(f);
+  const MinifloatParams p = fp8_params(f);
   const bool negative = (code & 0x80u) != 0;
   const int magnitude = code & 0x7f;
   const int exponent_field = magnitude >> p.mantissa_bits;

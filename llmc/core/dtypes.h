@@ -1,9 +1,11 @@
 // llmc/core/dtypes.h: the element formats of quantised tensors (ElementFormat: name, bits per code, largest finite
 // value), and host reference encode / decode of the number formats llm8 stores: BF16, FP8 E4M3 (OCP "e4m3fn": no
-// infinities, one NaN code per sign, max 448) and FP8 E5M2 (IEEE-like, max 57344). Round to nearest, ties to even;
-// encoding saturates finite overflow and +-inf to +-max (as CUDA's __NV_SATFINITE conversion does), subnormals are
-// kept, NaN stays NaN. These are the references every GPU quantisation kernel is tested against bit for bit, and
-// they are themselves tested against ml_dtypes (test/core/test_dtypes.cpp, vectors from test/core/data/).
+// infinities, one NaN code per sign, max 448), FP8 E5M2 (IEEE-like, max 57344), FP4 E2M1 (OCP "e2m1fn": no infinities,
+// no NaN, max 6; packed two codes per byte) and the E8M0 scale format (OCP "e8m0fnu": an unsigned power of two
+// 2^(code - 127), 0xFF the NaN, no zero). Round to nearest, ties to even; encoding saturates finite overflow and
+// +-inf to +-max (as CUDA's __NV_SATFINITE conversion does), subnormals are kept, NaN stays NaN where the format has
+// one. These are the references every GPU quantisation kernel is tested against bit for bit, and they are
+// themselves tested against ml_dtypes (test/core/test_dtypes.cpp, vectors from test/core/data/).
 #pragma once
 
 #include <cstdint>
@@ -14,8 +16,7 @@ namespace llmc {
 
 // The format of one element code of a quantised tensor. The values are stable (device code and the delayed-scaling
 // format arrays store them as uint8_t). E2M1 (OCP FP4: 1 sign, 2 exponent, 1 mantissa bit, max 6, no inf / NaN) is
-// packed two codes per byte, the element of the lower column in the low nibble; its host encode / decode come with
-// its quantiser.
+// packed two codes per byte, the element of the lower column in the low nibble (e2m1_pack below).
 enum class ElementFormat : uint8_t { E4M3 = 0, E5M2 = 1, E2M1 = 2 };
 constexpr ElementFormat kElementFormats[] = {ElementFormat::E4M3, ElementFormat::E5M2, ElementFormat::E2M1};
 constexpr float kE4M3Max = 448.0f;
@@ -41,6 +42,30 @@ constexpr uint8_t kFp8NanCode = 0x7F;
 uint8_t fp8_encode(float x, ElementFormat f);
 // The exact value of an FP8 code (NaN codes -> NaN; E5M2 +-inf codes -> +-inf).
 float fp8_decode(uint8_t code, ElementFormat f);
+
+// FP4 E2M1 code of x in the low 4 bits (S.EE.M; round to nearest even, saturating): the values +-{0, 0.5, 1, 1.5, 2,
+// 3, 4, 6}; |x| > 6 and +-inf -> +-6, |x| <= 0.25 -> +-0 (x's sign). E2M1 has no NaN: a NaN encodes to kE2M1NanCode,
+// +6, as CUDA's __nv_cvt_float_to_fp4 (cuda_fp4.hpp) does; the quantisers never rely on it (a block holding a NaN gets
+// a NaN scale, llmc/precision/fp4_codec.cuh). ml_dtypes gives +-0 there, so the vectors hold no NaN encodes.
+constexpr uint8_t kE2M1NanCode = 0x7;
+uint8_t e2m1_encode(float x);
+float e2m1_decode(uint8_t code);  // the exact value of the low 4 bits of code
+// Two E2M1 codes in one byte: the element with the even index (the lower column) in the low nibble, as the packed
+// FP4 layouts of CUDA (__nv_fp4x2_storage_t: the first element of a float2 in bits 0..3) and cuBLASLt use.
+inline uint8_t e2m1_pack(uint8_t even, uint8_t odd) { return static_cast<uint8_t>((even & 0xFu) | ((odd & 0xFu) << 4)); }
+inline uint8_t e2m1_unpack(uint8_t byte, int index) { return static_cast<uint8_t>((byte >> (4 * (index & 1))) & 0xFu); }
+
+// E8M0 (unsigned, exponent only, bias 127): decode is 2^(code - 127) for codes 0..254 and NaN for 0xFF. Encode rounds
+// a positive normal FP32 to the nearest power of two in the linear domain with halfway cases rounded up (a mantissa of
+// at least 0.5 goes to the next exponent: ml_dtypes' float8_e8m0fnu cast); above 2^127 it gives 0xFF (E8M0 has no
+// larger value and ml_dtypes does not saturate); zero, negative values, NaN and +-inf give 0xFF (no zero, no sign);
+// positive FP32 subnormals (below 2^-126) give 0 (2^-127) below 1.5 * 2^-127 and 1 (2^-126) from there (ml_dtypes
+// differs inside that range, which the quantisers never produce: their scales are exact powers of two, encoded from
+// the exponent).
+constexpr uint8_t kE8M0NanCode = 0xFF;
+constexpr int kE8M0Bias = 127;
+uint8_t e8m0_encode(float x);
+float e8m0_decode(uint8_t code);
 
 // bf16 bits of x (round to nearest even, NaN stays NaN) and back.
 uint16_t bf16_encode(float x);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "llmc/core/common.h"
+#include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/fp8_quant.h"
 
 namespace llmc {
@@ -17,6 +18,7 @@ struct QuantizerFamily {
   bool (*handles)(const Encoding&);
   void (*quantize)(const QTensor&, const bf16*, const QuantizeArgs&, cudaStream_t);
   void (*stats)(double*, const QTensor&, const bf16*, cudaStream_t);
+  bool rounding_and_hadamard;  // honours QuantizeArgs::rounding and ::hadamard (others take only the defaults)
 };
 
 void quantize_fp8_tensorwise(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream) {
@@ -40,9 +42,11 @@ void quantize_fp8_blockwise(const QTensor& q, const bf16* src, const QuantizeArg
 
 const QuantizerFamily kFamilies[] = {
     {"fp8 per-tensor", "e4m3 | e5m2 codes, one fp32 | pow2 scale per tensor", fp8_tensorwise_encoding,
-     quantize_fp8_tensorwise, fp8_quant_stats},
+     quantize_fp8_tensorwise, fp8_quant_stats, false},
     {"fp8 block-wise", "e4m3 | e5m2 codes, fp32 | pow2 scales per 1x128 or 128x128 block", fp8_blockwise_encoding,
-     quantize_fp8_blockwise, fp8_quant_stats},
+     quantize_fp8_blockwise, fp8_quant_stats, false},
+    {"fp4", "e2m1 codes with e4m3 scales per 1x16 or 16x16 block + fp32 tensor scale (nvfp4), or e8m0 scales per 1x32 "
+     "block (mxfp4)", fp4_encoding, fp4_quantize, fp4_quant_stats, true},
 };
 
 const QuantizerFamily* find_family(const Encoding& e) {
@@ -99,7 +103,11 @@ std::vector<BlockShape> quantizable_block_shapes() {
 }
 
 void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream) {
-  family_of("quantize", q.encoding).quantize(q, src, args, stream);
+  const QuantizerFamily& f = family_of("quantize", q.encoding);
+  if (!f.rounding_and_hadamard && (args.rounding != Rounding::Nearest || args.hadamard.any()))
+    throw_error("quantize: %s (the %s quantiser) rounds to nearest without a Hadamard transform; stochastic rounding "
+                "and Hadamard transforms are options of the fp4 quantisers", encoding_name(q.encoding).c_str(), f.name);
+  f.quantize(q, src, args, stream);
 }
 
 void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream) {

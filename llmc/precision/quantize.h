@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "llmc/precision/encoding.h"
+#include "llmc/precision/fp4_rng.cuh"
 #include "llmc/precision/tensor.h"
 
 namespace llmc {
@@ -28,16 +29,36 @@ enum class ScaleSource : uint8_t {
   Stored,  // q.scale as it is: delayed scaling's (set from the amax history), or an earlier cast's of the same tensor
 };
 
+// How codes are rounded: to nearest, ties to even, or stochastically (unbiased; FP4 quantisers only).
+enum class Rounding : uint8_t { Nearest, Stochastic };
+
+// A block Hadamard transform applied to the source before it is quantised (FP4 quantisers only, along the
+// quantisation direction of the chosen copies; llmc/precision/hadamard.cuh): size 0 (none), 16 or 32, the random sign
+// vector (bit i negates element i of every size-block; 0: the plain transform; llmc/precision/fp4_rng.cuh's
+// random_signs draws one from a seed), and which copies it rotates: data (along cols) and / or data_t (along rows).
+struct HadamardOption {
+  int size = 0;
+  uint32_t signs = 0;
+  bool data = false;
+  bool data_t = false;
+  bool any() const { return size != 0 && (data || data_t); }
+};
+
 struct QuantizeArgs {
   ScaleSource source = ScaleSource::Amax;
-  const float* amax = nullptr;   // Amax: device (1), max |src| (its producer filled it, or amax_bf16 measured it)
+  const float* amax = nullptr;   // Amax: device (1), max |src| (its producer filled it, or amax_bf16 measured it);
+                                 // NVFP4: the tensor amax of its second-level scale (null: measured by the quantiser)
   float* amax_out = nullptr;     // Stored: max |src| is atomically maxed into it (delayed scaling's record), or null
   int margin = 0;                // Amax: scale = max(format) / amax / 2^margin
+  Rounding rounding = Rounding::Nearest;
+  StochasticKey sr_key;          // Stochastic: the key of the random numbers (fp4_rng.cuh)
+  HadamardOption hadamard;
 };
 
 // q (its encoding, shape, and the buffers the encoding needs: codes data / data_t where wanted, scale and scale_inv
-// for a whole-tensor scale, scale_inv / scale_inv_t for block scales, amax optional) from src (q.rows, q.cols) bf16.
-// llmc::Error naming the encoding when no quantiser handles it.
+// for a whole-tensor scale, scale_inv / scale_inv_t for block scales, tensor_scale_inv / tensor_scale_inv_t for a
+// second-level scale, amax optional) from src (q.rows, q.cols) bf16. llmc::Error naming the encoding when no quantiser
+// handles it, or when args ask for stochastic rounding or a Hadamard transform of a family that has none.
 void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream);
 
 // Empty when this build has a quantiser for e; otherwise why not, with the encodings it does handle.

@@ -18,6 +18,16 @@
 //                 The transposed copy uses the same tiles: scale_inv_t[cb * ld_t + rb],
 //                 ld_t = round_up(ceil(rows / N), 4).
 // A partial block at the edge (rows or cols not a multiple of N) is scaled from the elements it has.
+//
+// FP4 (E2M1 codes, llmc/precision/fp4_quant.h): codes are packed two per byte, element c of a row in byte c / 2, the
+// even element in the low nibble (llmc/core/dtypes' e2m1_pack); every row of data (rows, cols) and of data_t
+// (cols, rows) starts on a byte (code_bytes), an odd row's last high nibble is 0. The block scales use the layouts
+// above with one byte per entry (scale_inv / scale_inv_t then point at scale_inv_bytes bytes of E4M3 or E8M0 codes:
+// reinterpret them as uint8_t; padding entries are the code of 1.0). These are llm8's own layouts for its own FP4
+// GEMMs on Hopper, not the swizzled 128x4 scale tiles of Blackwell's block-scaled cuBLASLt GEMMs. An encoding with a
+// second-level tensor scale (NVFP4) keeps the FP32 decode scale of each copy in tensor_scale_inv (data) and
+// tensor_scale_inv_t (data_t): value = e2m1 * block scale * tensor_scale_inv (llmc/precision/fp4_codec.cuh); the two
+// differ when only one copy is rotated (a Hadamard transform changes the amax).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +45,8 @@ struct QTensor {
   float* scale_inv = nullptr;              // whole tensor: (1); blocks: scale_inv_count(encoding, rows, cols), above
   float* scale_inv_t = nullptr;            // blocks: scale_inv_count(encoding, cols, rows) for data_t; else unused
   float* amax = nullptr;                   // (1) max |x| of the source at the last quantisation (may be null)
+  float* tensor_scale_inv = nullptr;       // second-level scale (encoding.tensor_scale): (1) data's FP32 decode scale
+  float* tensor_scale_inv_t = nullptr;     //   and (1) data_t's
 };
 
 }  // namespace llmc

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """test/core/gen_fp8_vectors.py: writes test/core/data/fp8_vectors.txt, the ml_dtypes vectors that llmc/core/dtypes.cpp's
-fp8_encode / fp8_decode / bf16_encode are tested against bit for bit (test/core/test_dtypes.cpp). The file is
-committed; test/core/test_fp8_vectors.py regenerates it and checks it is unchanged.
+fp8_encode / fp8_decode / bf16_encode, e2m1_encode / e2m1_decode (FP4) and e8m0_encode / e8m0_decode are tested
+against bit for bit (test/core/test_dtypes.cpp). The file is committed; test/core/test_fp8_vectors.py regenerates it
+and checks it is unchanged.
 
     python3 test/core/gen_fp8_vectors.py [--out PATH]      (run from anywhere; default: the committed file)
 
-What it holds, for FP8 E4M3 (ml_dtypes.float8_e4m3fn) and E5M2 (ml_dtypes.float8_e5m2):
-  decode: all 256 codes -> their FP32 value (NaN codes -> the quiet NaN 0x7FC00000 with the code's sign; the test
+What it holds, for FP8 E4M3 (ml_dtypes.float8_e4m3fn), E5M2 (ml_dtypes.float8_e5m2) and FP4 E2M1
+(ml_dtypes.float4_e2m1fn, 16 codes, no NaN):
+  decode: all 256 (E2M1: 16) codes -> their FP32 value (NaN codes -> the quiet NaN 0x7FC00000 with the code's sign; the test
     only asks for a NaN).
   encode: FP32 -> code for
     every representable value (both zeros, subnormals, normals, +-max);
@@ -19,14 +21,19 @@ What it holds, for FP8 E4M3 (ml_dtypes.float8_e4m3fn) and E5M2 (ml_dtypes.float8
       and 4 above), from a fixed splitmix64 stream so the file is reproducible.
   bf16: FP32 -> bf16 bits (round to nearest even) for specials, exact ties, ties +- 1 ulp, and 2000 random floats over
     the whole FP32 exponent range.
+  E8M0 (ml_dtypes.float8_e8m0fnu): decode of all 256 codes; encode of every power of two 2^-126 .. 2^127 and its
+    neighbours +- 1 ulp, every halfway point 1.5 * 2^k (rounds up) +- 1 ulp, zero, negatives, +-inf, values above
+    2^127 (NaN code) and 2000 random positive normal floats. FP32 subnormal inputs are left out (dtypes.h says why).
 Saturation: ml_dtypes does not saturate (E4M3 overflows to NaN, E5M2 to inf), while llm8 encodes like CUDA's
 __NV_SATFINITE conversion (finite overflow and +-inf -> +-max). For every input beyond +-max (inf included) the
 expected code is therefore the ml_dtypes cast of the input clipped to [-max, max], i.e. +-max: saturating
-round-to-nearest-even. NaN inputs are left out: ml_dtypes keeps the NaN's sign (and gives 0x7E for E5M2) where CUDA
-gives 0x7F; test_dtypes.cpp checks NaN encodes against CUDA's conversion instead.
+round-to-nearest-even (E2M1: ml_dtypes already saturates). NaN inputs are left out: ml_dtypes keeps the NaN's sign
+(and gives 0x7E for E5M2, +-0 for E2M1) where CUDA gives 0x7F (E2M1: 0x7, +6); test_dtypes.cpp checks NaN encodes
+against CUDA's conversion instead.
 
 File format: '#' comment lines, '@ <section>' headers (decode e4m3, encode e4m3, decode e5m2, encode e5m2, encode
-bf16), then one vector per line: '<input hex> <expected hex>' (codes 2 hex digits, bf16 4, FP32 bits 8).
+bf16, decode e2m1, encode e2m1, decode e8m0, encode e8m0), then one vector per line: '<input hex> <expected hex>' (codes
+2 hex digits, bf16 4, FP32 bits 8).
 """
 
 import argparse
@@ -88,15 +95,16 @@ def random_float(rng, exp_lo, exp_hi):
 
 
 FORMATS = [
-    # name, ml_dtypes type name, smallest normal exponent, largest exponent, max
-    ("e4m3", "float8_e4m3fn", -6, 8, 448.0),
-    ("e5m2", "float8_e5m2", -14, 15, 57344.0),
+    # name, ml_dtypes type name, smallest normal exponent, largest exponent, max, mantissa bits, codes
+    ("e4m3", "float8_e4m3fn", -6, 8, 448.0, 3, 256),
+    ("e5m2", "float8_e5m2", -14, 15, 57344.0, 2, 256),
 ]
+E2M1 = ("e2m1", "float4_e2m1fn", 0, 2, 6.0, 1, 16)
 
 
-def fp8_sections(name, type_name, emin, emax, fmax, seed):
+def fp8_sections(name, type_name, emin, emax, fmax, mantissa_bits, n_codes, seed):
     t = getattr(ml_dtypes, type_name)
-    codes = np.arange(256, dtype=np.uint8)
+    codes = np.arange(n_codes, dtype=np.uint8)
     values = codes.view(t).astype(np.float32)
 
     lines = [f"@ decode {name}"]
@@ -128,7 +136,7 @@ def fp8_sections(name, type_name, emin, emax, fmax, seed):
                    [np.float32(s * v) for v in beyond for s in (1, -1)]))
 
     min_sub = positives[1]
-    max_sub = positives[(1 << (3 if name == "e4m3" else 2)) - 1]
+    max_sub = positives[(1 << mantissa_bits) - 1]
     min_norm = 2.0 ** emin
     sub = [min_sub, min_sub / 2, next_down(min_sub / 2), next_up(min_sub / 2), 1.5 * min_sub, min_sub / 4, max_sub,
            (max_sub + min_norm) / 2, min_norm, next_down(min_norm), bits_f32(1), bits_f32(0x007FFFFF),
@@ -171,20 +179,53 @@ def bf16_section(seed):
     return lines
 
 
+def e8m0_sections(seed):
+    t = ml_dtypes.float8_e8m0fnu
+    codes = np.arange(256, dtype=np.uint8)
+    values = codes.view(t).astype(np.float32)
+    lines = ["@ decode e8m0"]
+    for c, v in zip(codes, values):
+        bits = 0x7FC00000 if np.isnan(v) else f32_bits(v)
+        lines.append(f"{int(c):02x} {bits:08x}")
+    pows = [np.float32(2.0 ** k) for k in range(-126, 128)]
+    halves = [np.float32(1.5 * 2.0 ** k) for k in range(-126, 127)]
+    inputs = [
+        ("every power of two 2^-126 .. 2^127 and its neighbours +- 1 ulp",
+         [v for p in pows for v in (p, next_down(p), next_up(p)) if v >= np.finfo(np.float32).tiny]),
+        ("halfway points 1.5 * 2^k (round up) +- 1 ulp", [v for h in halves for v in (h, next_down(h), next_up(h))]),
+        ("zero, negatives, +-inf, above 2^127 (no such value: the NaN code)",
+         [0.0, -0.0, -1.0, -2.0 ** -126, -np.inf, np.inf, 1.5 * 2.0 ** 127, np.finfo(np.float32).max]),
+    ]
+    rng = SplitMix64(seed)
+    inputs.append((f"{RANDOM_PER_FORMAT} random positive normal floats",
+                   [abs(random_float(rng, -126, 127)) for _ in range(RANDOM_PER_FORMAT)]))
+    lines.append("@ encode e8m0")
+    for comment, vals in inputs:
+        lines.append(f"# {comment}")
+        x = np.array(vals, dtype=np.float32)
+        expected = x.astype(t).view(np.uint8)
+        for v, e in zip(x, expected):
+            lines.append(f"{f32_bits(v):08x} {int(e):02x}")
+    return lines
+
+
 def generate():
     """The file's full text."""
     if ml_dtypes is None:
         raise RuntimeError("ml_dtypes is not installed (pip install ml_dtypes)")
     lines = [
         "# test/core/data/fp8_vectors.txt: bit-exact vectors from ml_dtypes for llmc/core/dtypes (fp8_encode, fp8_decode,",
-        "# bf16_encode), written by test/core/gen_fp8_vectors.py (its docstring describes every section; do not edit).",
+        "# bf16_encode, e2m1_encode / e2m1_decode, e8m0_encode / e8m0_decode), written by test/core/gen_fp8_vectors.py",
+        "# (its docstring describes every section; do not edit).",
         "# '@ <op> <format>' starts a section; each line is '<input hex> <expected hex>': decode: code -> FP32 bits;",
-        "# encode: FP32 bits -> code (FP8) or bits (bf16). Beyond +-max the expected code is the ml_dtypes cast of the",
-        "# input clipped to +-max (saturation, as CUDA's __NV_SATFINITE). No NaN inputs (see the generator).",
+        "# encode: FP32 bits -> code (FP8, FP4, E8M0) or bits (bf16). Beyond +-max the expected code is the ml_dtypes",
+        "# cast of the input clipped to +-max (saturation, as CUDA's __NV_SATFINITE). No NaN inputs (see the generator).",
     ]
-    for i, (name, type_name, emin, emax, fmax) in enumerate(FORMATS):
-        lines += fp8_sections(name, type_name, emin, emax, fmax, seed=0x5EED0000 + i)
+    for i, fmt in enumerate(FORMATS):
+        lines += fp8_sections(*fmt, seed=0x5EED0000 + i)
     lines += bf16_section(seed=0x5EEDBF16)
+    lines += fp8_sections(*E2M1, seed=0x5EEDF4F4)
+    lines += e8m0_sections(seed=0x5EEDE8E0)
     return "\n".join(lines) + "\n"
 
 

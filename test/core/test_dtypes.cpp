@@ -1,7 +1,8 @@
 // test/core/test_dtypes: the host number formats of llmc/core/dtypes (fp8_encode / fp8_decode for E4M3 and E5M2,
-// bf16_encode / bf16_decode, pow2_floor) bit for bit against the ml_dtypes vectors in test/core/data/fp8_vectors.txt
-// (test/core/gen_fp8_vectors.py), then against CUDA's own host conversions (cuda_fp8.h / cuda_bf16.h, an independent
-// implementation) on a sweep of the whole FP32 space and on NaNs; and the element-format table (names, bits, maxima).
+// bf16_encode / bf16_decode, e2m1_encode / e2m1_decode and the FP4 packing, e8m0_encode / e8m0_decode, pow2_floor) bit
+// for bit against the ml_dtypes vectors in test/core/data/fp8_vectors.txt (test/core/gen_fp8_vectors.py), then against
+// CUDA's own host conversions (cuda_fp8.h / cuda_fp4.h / cuda_bf16.h, an independent implementation) on a sweep of the
+// whole FP32 space and on NaNs; and the element-format table (names, bits, maxima).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <cuda_bf16.h>
+#include <cuda_fp4.h>
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
@@ -248,6 +250,108 @@ TEST(Pow2Floor, KeepsTheExponent) {
       EXPECT_NE(std::string(e.what()).find("pow2_floor: x"), std::string::npos) << e.what();
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// FP4 E2M1 and E8M0
+TEST(E2M1Vectors, DecodeAndEncodeMatchMlDtypes) {
+  const auto& dec = section("decode e2m1");
+  ASSERT_EQ(dec.size(), 16u);
+  for (const auto& [code, want_bits] : dec)
+    EXPECT_EQ(bits_of(llmc::e2m1_decode(static_cast<uint8_t>(code))), want_bits) << "code " << code;
+  const auto& enc = section("encode e2m1");
+  ASSERT_GT(enc.size(), 2000u);
+  int bad = 0;
+  for (const auto& [x_bits, want] : enc) {
+    const uint8_t got = llmc::e2m1_encode(float_of(x_bits));
+    if (got != want && bad++ < 10)
+      ADD_FAILURE() << llmc::strformat("e2m1 encode %08x (%a): got %x want %x", x_bits,
+                                       static_cast<double>(float_of(x_bits)), got, want);
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << enc.size() << " vectors differ";
+}
+
+TEST(E2M1Encode, MatchesCudaSatfiniteConversionOnFp32Sweep) {
+  // cuda_fp4.hpp's host path converts through FP64 with its own rounding code; NaN -> +6 (0x7) there and here.
+  std::vector<uint32_t> inputs;
+  for (uint64_t b = 0; b < (1ull << 32); b += 997) inputs.push_back(static_cast<uint32_t>(b));
+  for (int code = 0; code < 16; code++) {
+    const float v = llmc::e2m1_decode(static_cast<uint8_t>(code));
+    for (int d = -3; d <= 3; d++) inputs.push_back(bits_of(v) + d);
+  }
+  for (float t : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 7.0f})  // the rounding thresholds and 6 + half an ulp
+    for (float s : {1.0f, -1.0f})
+      for (int d = -2; d <= 2; d++) inputs.push_back(bits_of(s * t) + d);
+  size_t bad = 0;
+  for (uint32_t b : inputs) {
+    const float x = float_of(b);
+    const uint8_t got = llmc::e2m1_encode(x);
+    const uint8_t want = __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest);
+    if (got != want && bad++ < 10)
+      ADD_FAILURE() << llmc::strformat("e2m1 encode %08x (%a): got %x, CUDA %x", b, static_cast<double>(x), got, want);
+  }
+  EXPECT_EQ(bad, 0u) << "over " << inputs.size() << " inputs";
+  for (uint32_t nan : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu})
+    EXPECT_EQ(llmc::e2m1_encode(float_of(nan)), llmc::kE2M1NanCode) << std::hex << nan;
+  // decode agrees with CUDA's exact conversion to half
+  for (int c = 0; c < 16; c++)
+    EXPECT_EQ(llmc::e2m1_decode(static_cast<uint8_t>(c)),
+              __half2float(__half(__nv_cvt_fp4_to_halfraw(static_cast<__nv_fp4_storage_t>(c), __NV_E2M1))))
+        << "code " << c;
+}
+
+TEST(E2M1Encode, HandComputedAnchorsAndPacking) {
+  const float values[] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (int c = 0; c < 8; c++) {
+    EXPECT_EQ(llmc::e2m1_decode(static_cast<uint8_t>(c)), values[c]);
+    EXPECT_EQ(llmc::e2m1_decode(static_cast<uint8_t>(c | 8)), -values[c]);
+    EXPECT_EQ(llmc::e2m1_encode(values[c]), c);
+    EXPECT_EQ(llmc::e2m1_encode(-values[c]), c | 8);
+  }
+  // ties to even: 0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2.0, 2.5 -> 2.0, 3.5 -> 4.0, 5 -> 4.0
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const uint8_t tie_codes[] = {0, 2, 2, 4, 4, 6, 6};
+  for (int i = 0; i < 7; i++) {
+    EXPECT_EQ(llmc::e2m1_encode(ties[i]), tie_codes[i]) << ties[i];
+    EXPECT_EQ(llmc::e2m1_encode(std::nextafter(ties[i], 10.0f)), i + 1) << "just above " << ties[i];
+    EXPECT_EQ(llmc::e2m1_encode(std::nextafter(ties[i], 0.0f)), i) << "just below " << ties[i];
+  }
+  EXPECT_EQ(llmc::e2m1_encode(6.9f), 0x7);
+  EXPECT_EQ(llmc::e2m1_encode(-1e30f), 0xF);
+  EXPECT_EQ(llmc::e2m1_encode(-INFINITY), 0xF);
+  EXPECT_EQ(llmc::e2m1_encode(-0.0f), 0x8);
+  EXPECT_EQ(llmc::e2m1_encode(-0.2f), 0x8);
+  EXPECT_EQ(llmc::e2m1_pack(0x3, 0xC), 0xC3);  // element 0 in the low nibble
+  EXPECT_EQ(llmc::e2m1_unpack(0xC3, 0), 0x3);
+  EXPECT_EQ(llmc::e2m1_unpack(0xC3, 1), 0xC);
+  // CUDA's packed pair conversion puts the first element (x) in the low nibble too
+  EXPECT_EQ(__nv_cvt_float2_to_fp4x2(make_float2(1.5f, -4.0f), __NV_E2M1, cudaRoundNearest),
+            llmc::e2m1_pack(llmc::e2m1_encode(1.5f), llmc::e2m1_encode(-4.0f)));
+}
+
+TEST(E8M0Vectors, DecodeAndEncodeMatchMlDtypes) {
+  const auto& dec = section("decode e8m0");
+  ASSERT_EQ(dec.size(), 256u);
+  for (const auto& [code, want_bits] : dec) {
+    const float got = llmc::e8m0_decode(static_cast<uint8_t>(code));
+    if (code == llmc::kE8M0NanCode) EXPECT_TRUE(std::isnan(got));
+    else EXPECT_EQ(bits_of(got), want_bits) << "code " << code;
+  }
+  const auto& enc = section("encode e8m0");
+  ASSERT_GT(enc.size(), 2500u);
+  int bad = 0;
+  for (const auto& [x_bits, want] : enc) {
+    const uint8_t got = llmc::e8m0_encode(float_of(x_bits));
+    if (got != want && bad++ < 10)
+      ADD_FAILURE() << llmc::strformat("e8m0 encode %08x (%a): got %02x want %02x", x_bits,
+                                       static_cast<double>(float_of(x_bits)), got, want);
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << enc.size() << " vectors differ";
+  EXPECT_EQ(llmc::e8m0_encode(NAN), llmc::kE8M0NanCode);
+  EXPECT_EQ(llmc::e8m0_encode(std::ldexp(1.0f, -127)), 0);    // FP32 subnormal 2^-127: code 0
+  EXPECT_EQ(llmc::e8m0_encode(std::ldexp(1.5f, -127)), 1);    // rounds up to 2^-126
+  EXPECT_EQ(llmc::e8m0_decode(0), std::ldexp(1.0f, -127));
+  for (int c = 0; c < 255; c++) EXPECT_EQ(llmc::e8m0_encode(llmc::e8m0_decode(static_cast<uint8_t>(c))), c);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

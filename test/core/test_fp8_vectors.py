@@ -58,7 +58,8 @@ class Fp8Vectors(unittest.TestCase):
 
     def test_sections_and_coverage(self):
         s = sections(self.committed)
-        self.assertEqual(list(s), ["decode e4m3", "encode e4m3", "decode e5m2", "encode e5m2", "encode bf16"])
+        self.assertEqual(list(s), ["decode e4m3", "encode e4m3", "decode e5m2", "encode e5m2", "encode bf16",
+                                   "decode e2m1", "encode e2m1", "decode e8m0", "encode e8m0"])
         for fmt, max_code in (("e4m3", 0x7E), ("e5m2", 0x7B)):
             dec = s[f"decode {fmt}"]
             self.assertEqual([int(c, 16) for c, _ in dec], list(range(256)))
@@ -71,6 +72,23 @@ class Fp8Vectors(unittest.TestCase):
             self.assertEqual(enc[0xFF800000], 0x80 | max_code)     # -inf saturates
             self.assertEqual(enc[0x7F7FFFFF], max_code)            # FLT_MAX saturates
         self.assertGreater(len(s["encode bf16"]), 2000)
+        # E2M1: 16 codes, every one the expected output of some input, +-inf and FLT_MAX saturate to +-6
+        dec = s["decode e2m1"]
+        self.assertEqual([int(c, 16) for c, _ in dec], list(range(16)))
+        enc = {int(x, 16): int(c, 16) for x, c in s["encode e2m1"]}
+        self.assertEqual(set(enc.values()), set(range(16)))
+        self.assertEqual(enc[0x7F800000], 0x7)
+        self.assertEqual(enc[0xFF800000], 0xF)
+        self.assertEqual(enc[0x7F7FFFFF], 0x7)
+        self.assertEqual(enc[0x40A00000], 0x6)  # 5.0: the tie between 4 and 6 goes to 4 (even mantissa)
+        # E8M0: 256 codes; every code 0..254 is the expected output of its power of two, 0xFF of zero and negatives
+        dec = s["decode e8m0"]
+        self.assertEqual([int(c, 16) for c, _ in dec], list(range(256)))
+        enc = {int(x, 16): int(c, 16) for x, c in s["encode e8m0"]}
+        self.assertTrue(set(range(1, 255)) <= set(enc.values()))
+        self.assertEqual(enc[0x3F800000], 127)  # 1.0
+        self.assertEqual(enc[0x3FC00000], 128)  # 1.5 rounds up
+        self.assertEqual(enc[0x00000000], 0xFF)
 
 
 if __name__ == "__main__":

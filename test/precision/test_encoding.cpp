@@ -172,9 +172,11 @@ TEST(Encoding, SmallBlockScaleSizes) {
 // Which encodings this build quantises, and the error for one it does not.
 TEST(Encoding, QuantizersOfThisBuild) {
   for (const Encoding& e : {kE4M3Tensor, kE5M2Tensor, kE4M3Rows, kE5M2Rows, kE4M3Tiles,
-                            Encoding{ElementFormat::E5M2, kBlock128x128}, Encoding{ElementFormat::E4M3, kBlock1x128}})
+                            Encoding{ElementFormat::E5M2, kBlock128x128}, Encoding{ElementFormat::E4M3, kBlock1x128},
+                            kNvfp4, kMxfp4, Encoding{ElementFormat::E2M1, kBlock16x16, ScaleFormat::E4M3, true}})
     EXPECT_TRUE(has_quantizer(e)) << encoding_name(e) << ": " << quantizer_error(e);
-  for (const Encoding& e : {kNvfp4, kMxfp4, kCoatGroups, Encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::E8M0},
+  for (const Encoding& e : {kCoatGroups, Encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::E8M0},
+                            Encoding{ElementFormat::E2M1, kBlock1x16, ScaleFormat::E8M0},
                             Encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::FP32, true}}) {
     const std::string why = quantizer_error(e);
     EXPECT_TRUE(contains(why, "no quantiser for " + encoding_name(e))) << why;
@@ -182,12 +184,10 @@ TEST(Encoding, QuantizersOfThisBuild) {
   }
   EXPECT_TRUE(contains(quantizer_error({ElementFormat::E4M3, BlockShape{2, 128}}), "not an encoding"));
   // The config choices: the element formats and block shapes some quantiser takes.
-  EXPECT_EQ(quantizable_element_formats(), (std::vector<ElementFormat>{ElementFormat::E4M3, ElementFormat::E5M2}));
-  const std::vector<BlockShape> blocks = quantizable_block_shapes();
-  ASSERT_EQ(blocks.size(), 3u);
-  EXPECT_EQ(blocks[0], kWholeTensor);
-  EXPECT_EQ(blocks[1], kBlock1x128);
-  EXPECT_EQ(blocks[2], kBlock128x128);
+  EXPECT_EQ(quantizable_element_formats(),
+            (std::vector<ElementFormat>{ElementFormat::E4M3, ElementFormat::E5M2, ElementFormat::E2M1}));
+  EXPECT_EQ(quantizable_block_shapes(), (std::vector<BlockShape>{kWholeTensor, kBlock1x128, kBlock128x128, kBlock1x16,
+                                                                 kBlock1x32, kBlock16x16}));
 }
 
 // The GEMM mapping of pairs of encodings, as the recipes ask it (no device needed).

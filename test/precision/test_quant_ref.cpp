@@ -19,6 +19,7 @@
 #include "llmc/core/dtypes.h"
 #include "llmc/precision/encoding.h"
 #include "llmc/precision/fp8_quant.h"
+#include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/quantize.h"
 #include "test/reference/precision_ref.h"
 
@@ -451,14 +452,35 @@ TEST(QuantizeDispatch, RefusesWhatNoQuantiserHandles) {
   q.data = bytes;
   q.scale = floats;
   q.scale_inv = floats;
-  q.encoding = {ElementFormat::E2M1, llmc::kBlock1x16, ScaleFormat::E4M3, true};
+  q.encoding = {ElementFormat::E2M1, llmc::kBlock1x16, ScaleFormat::E8M0, false};
   llmc::QuantizeArgs args;
   expect_error([&] { llmc::quantize(q, x, args, 0); },
-               "quantize: this build has no quantiser for e2m1 1x16 e4m3 scales + fp32 tensor scale");
+               "quantize: this build has no quantiser for e2m1 1x16 e8m0 scales");
   expect_error([&] { llmc::quant_stats(reinterpret_cast<double*>(floats), q, x, 0); },
                "quant_stats: this build has no quantiser for e2m1");
   q.encoding = {ElementFormat::E4M3, llmc::BlockShape{4, 8}};
   expect_error([&] { llmc::quantize(q, x, args, 0); }, "not an encoding");
+  // Stochastic rounding and Hadamard transforms are FP4 options: an FP8 family refuses them.
+  q.encoding = tensor_encoding(ElementFormat::E4M3);
+  args.amax = floats;
+  args.rounding = llmc::Rounding::Stochastic;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "stochastic rounding and Hadamard transforms");
+  args = llmc::QuantizeArgs();
+  args.hadamard.size = 16;
+  args.hadamard.data = true;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "stochastic rounding and Hadamard transforms");
+  args = llmc::QuantizeArgs();
+  // The FP4 family's own checks: NVFP4 needs its tensor scale slot; Hadamard sizes and tiles.
+  q.encoding = llmc::kNvfp4Encoding;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "q.tensor_scale_inv");
+  q.encoding = llmc::kNvfp4WeightEncoding;
+  args.hadamard.size = 16;
+  args.hadamard.data = true;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "rotates 1xN blocks");
+  q.encoding = llmc::kMxfp4Encoding;
+  args.hadamard.size = 8;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "of size 16 or 32");
+  args = llmc::QuantizeArgs();
   // Whole-tensor scale from an amax: the amax must be given, and nothing recorded besides.
   q.encoding = tensor_encoding(ElementFormat::E4M3);
   expect_error([&] { llmc::quantize(q, x, args, 0); }, "amax");

@@ -1,6 +1,8 @@
 // test/reference/precision_ref.h: the CPU references of llmc/precision: the FP8 quantisers of
 // llmc/precision/fp8_quant.h, bit for bit (the same codes, scales and amax: the kernels' scale formulas,
-// llmc/precision/scale_math.cuh, and the host FP8 codec of llmc/core/dtypes.h; quant_ref.cpp), and the GEMMs of
+// llmc/precision/scale_math.cuh, and the host FP8 codec of llmc/core/dtypes.h; quant_ref.cpp), the FP4 quantisers of
+// llmc/precision/fp4_quant.h, bit for bit (fp4_ref.cpp: the host E2M1 codec of dtypes.h, the formulas of
+// llmc/precision/fp4_codec.cuh, hadamard.cuh and fp4_rng.cuh), and the GEMMs of
 // llmc/precision/gemm.h in FP64 (gemm_ref.cpp). They live in the test-side library llmc_reference, never in the
 // trainer. Encodings are those of llmc/precision/encoding.h, layouts those of llmc/precision/tensor.h.
 #pragma once
@@ -38,6 +40,28 @@ void fp8_dequantize_cpu(float* out, const uint8_t* data, const float* scale_inv,
                         const Encoding& e);
 QuantStats fp8_quant_stats_cpu(const float* x, const uint8_t* data, const float* scale_inv, int rows, int cols,
                                const Encoding& e);
+
+// -----------------------------------------------------------------------------------------------------------------
+// FP4 (fp4_ref.cpp): x (rows, cols) of values exactly representable in bf16, e an FP4 encoding, args' rounding,
+// sr_key and hadamard as fp4_quantize takes them (args.amax is ignored: tensor_amax, host, is the NVFP4 tensor amax
+// of the unrotated copies; null: max |x|). Outputs (each may be null: that copy is not made): codes packed as
+// tensor.h says, scale codes in the GEMM-ready layouts with padding entries of 1.0, and for NVFP4 the FP32 decode
+// tensor scales of the two copies.
+struct Fp4CpuOut {
+  uint8_t* data = nullptr;
+  uint8_t* scale_inv = nullptr;     // scale_inv_bytes(e, rows, cols)
+  uint8_t* data_t = nullptr;
+  uint8_t* scale_inv_t = nullptr;   // scale_inv_bytes(e, cols, rows)
+  float tensor_scale_inv = 0.0f;
+  float tensor_scale_inv_t = 0.0f;
+};
+void fp4_quantize_cpu(Fp4CpuOut* out, const float* x, int rows, int cols, const Encoding& e, const QuantizeArgs& args,
+                      const float* tensor_amax);
+// out (rows, cols) = the values of codes / scale codes (rows, cols) encoded e, tensor_scale_inv for NVFP4.
+void fp4_dequantize_cpu(float* out, const uint8_t* codes, const uint8_t* scale_inv, float tensor_scale_inv, int rows,
+                        int cols, const Encoding& e);
+// The Hadamard transform of every `size` consecutive values of v (n a multiple of size), hadamard.cuh's arithmetic.
+void hadamard_cpu(float* v, size_t n, int size, uint32_t signs);
 
 // -----------------------------------------------------------------------------------------------------------------
 // GEMMs (FP64 accumulation), row-major as in llmc/precision/gemm.h

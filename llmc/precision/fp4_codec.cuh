@@ -1,0 +1,145 @@
+// llmc/precision/fp4_codec.cuh: the FP4 arithmetic that the quantisers of llmc/precision/fp4_quant.cu and their host
+// references (test/reference/fp4_ref.cpp) share bit for bit, compiled on both sides: E2M1 rounding (to nearest even,
+// and stochastic), the E4M3 and E8M0 scale codes, and the scale formulas of NVFP4 and MXFP4. FP32 arithmetic goes
+// through llmc/core/float_rn.cuh (correctly rounded on both sides; no fast math).
+//
+// E2M1 (OCP FP4, values +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, code S.EE.M):
+//   e2m1_rn: round to nearest, ties to even, saturating: the magnitude code is the number of thresholds |x| passes,
+//     (|x| > 0.25) + (|x| >= 0.75) + (|x| > 1.25) + (|x| >= 1.75) + (|x| > 2.5) + (|x| >= 3.5) + (|x| > 5) (each tie
+//     goes to the neighbour with the even mantissa); NaN -> kE2M1NanCode as llmc/core/dtypes' e2m1_encode, which it
+//     equals on every float (test/precision/test_fp4_ref: sweep; test_fp4_quant: on the GPU).
+//   e2m1_sr(x, r): stochastic rounding with the 32-bit random word r: |x| >= 6 -> 6; otherwise lo = the grid value at
+//     or below |x|, g the grid step there (0.5 below 2, 1 below 4, 2 above), f = (|x| - lo) / g in [0, 1) (exact in
+//     FP32: g is a power of two and |x| - lo is exact), and the result is lo + g when u < f * 2^24 with u = r >> 8,
+//     else lo. So P(up) = ceil(f * 2^24) / 2^24: exactly f when f has at most 24 fractional bits (every |x| >= 2^-19),
+//     above f by less than 2^-24 otherwise; E[result] = |x| within g * 2^-24. The sign is x's. NaN -> kE2M1NanCode.
+//
+// NVFP4 (reference doc fp4_recipes.md §3, NVIDIA arXiv 2509.25149 App. B, as Transformer Engine's NVFP4 quantiser),
+// for a tensor (or one copy of it) with amax A and a block with amax a_b:
+//   tensor (second-level) encode scale  s_enc = 2688 / A   (2688 = 6 * 448; FP32 division; 1 when A is 0 or not
+//                                                          finite; clamped to FLT_MAX), its inverse 1 / s_enc is the
+//                                                          FP32 tensor scale_inv the GEMM applies;
+//   block decode scale                  s_b = e4m3(a_b / 6 * s_enc)   (FP32: (a_b / 6) then * s_enc, then E4M3 round
+//                                                          to nearest even, saturating at 448); a non-finite a_b gives
+//                                                          the E4M3 NaN code 0x7F;
+//   element multiplier                  m_b = s_enc / float(s_b)   (0 when s_b is 0 or NaN: that block's codes are 0)
+//   code                                e2m1(x * m_b)   (FP32 product, then RTN or SR; saturates at +-6)
+//   value                               e2m1 * s_b / s_enc, computed as (e2m1 * s_b) * (1 / s_enc).
+// MXFP4 (OCP Microscaling Formats v1.0 §6.3, the variant of the MX spec itself; Quartet's backward range matching
+// (elements x 3/4) is a recipe option on top, not this encoding): a block with amax a_b has the shared exponent
+// X = floor(log2(a_b)) - 2 (2 = emax of E2M1), clamped to [-127, 127] and stored as the E8M0 code X + 127;
+// element code e2m1(x * 2^-X) (an exact scaling); value e2m1 * 2^X. Blocks whose amax is not at least 4 * 2^X lose
+// nothing to saturation; a block amax in (6, 8) * 2^X saturates to 6 * 2^X (the MX spec's known clip). An all-zero
+// block gets code 127 (scale 1); a block with a non-finite element gets the E8M0 NaN code 0xFF (its codes are 0).
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "llmc/core/dtypes.h"
+#include "llmc/core/float_rn.cuh"
+
+namespace llmc {
+
+// --------------------------------------------------------------------------------------------------------------
+// E2M1
+__host__ __device__ inline uint8_t e2m1_sign(float x) { return static_cast<uint8_t>((float_to_bits(x) >> 31) << 3); }
+
+__host__ __device__ inline uint8_t e2m1_rn(float x) {
+  const float a = fabsf(x);
+  if (a != a) return kE2M1NanCode;
+  const int m = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return static_cast<uint8_t>(e2m1_sign(x) | m);
+}
+
+__host__ __device__ inline uint8_t e2m1_sr(float x, uint32_t random) {
+  const float a = fabsf(x);
+  if (a != a) return kE2M1NanCode;
+  if (a >= 6.0f) return static_cast<uint8_t>(e2m1_sign(x) | 0x7);
+  // grid step g and the code of 0 .. in that range: t = |x| / g (exact), lo code = floor(t) + offset
+  const float inv_g = a < 2.0f ? 2.0f : a < 4.0f ? 1.0f : 0.5f;
+  const int offset = a < 2.0f ? 0 : a < 4.0f ? 2 : 4;
+  const float t = mul_rn(a, inv_g);
+  const float n = floorf(t);
+  const float f24 = mul_rn(add_rn(t, -n), 16777216.0f);  // (|x| - lo) / g * 2^24, exact
+  const int up = static_cast<float>(random >> 8) < f24;
+  return static_cast<uint8_t>(e2m1_sign(x) | (static_cast<int>(n) + offset + up));
+}
+
+// Element `index` of a packed pair (dtypes.h's e2m1_unpack, for device code): the even element in the low nibble.
+__host__ __device__ inline uint8_t e2m1_nibble(uint8_t byte, int index) {
+  return static_cast<uint8_t>((byte >> (4 * (index & 1))) & 0xFu);
+}
+
+__host__ __device__ inline float e2m1_value(uint8_t code) {
+  const int m = code & 0x7;
+  const float v = m < 4 ? 0.5f * static_cast<float>(m) : m == 7 ? 6.0f : static_cast<float>(m - 2);  // 0 .. 1.5 ; 2, 3, 4
+  return (code & 0x8) ? -v : v;
+}
+
+// --------------------------------------------------------------------------------------------------------------
+// Scale codes
+constexpr uint8_t kE4M3One = 0x38;   // 1.0 in E4M3: the scale of padding entries
+constexpr uint8_t kE8M0One = 127;    // 1.0 in E8M0
+
+__host__ __device__ inline uint8_t e4m3_rn(float x) {  // saturating, round to nearest even (dtypes' fp8_encode)
+#ifdef __CUDA_ARCH__
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+#else
+  return fp8_encode(x, ElementFormat::E4M3);
+#endif
+}
+__host__ __device__ inline float e4m3_value(uint8_t code) {
+#ifdef __CUDA_ARCH__
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));  // exact
+#else
+  return fp8_decode(code, ElementFormat::E4M3);
+#endif
+}
+__host__ __device__ inline float e8m0_value(uint8_t code) {
+  if (code == kE8M0NanCode) return bits_to_float(0x7fc00000u);
+  return code == 0 ? bits_to_float(0x00400000u) : bits_to_float(static_cast<uint32_t>(code) << 23);  // 2^(code-127)
+}
+
+// --------------------------------------------------------------------------------------------------------------
+// NVFP4
+constexpr float kNvfp4TensorScaleNumerator = 6.0f * 448.0f;  // max(E2M1) * max(E4M3)
+
+__host__ __device__ inline bool finite_positive(float a) {
+  return a > 0.0f && (float_to_bits(a) & 0x7f800000u) != 0x7f800000u;
+}
+__host__ __device__ inline float nvfp4_tensor_encode_scale(float amax) {
+  if (!finite_positive(amax)) return 1.0f;
+  return fminf(div_rn(kNvfp4TensorScaleNumerator, amax), FLT_MAX);
+}
+__host__ __device__ inline uint8_t nvfp4_block_scale_code(float block_amax, float s_enc) {
+  if ((float_to_bits(block_amax) & 0x7f800000u) == 0x7f800000u) return 0x7F;  // inf or NaN in the block
+  return e4m3_rn(mul_rn(div_rn(block_amax, 6.0f), s_enc));
+}
+__host__ __device__ inline float nvfp4_element_multiplier(uint8_t block_code, float s_enc) {
+  const float s_b = e4m3_value(block_code);
+  if (!(s_b > 0.0f)) return 0.0f;  // zero or NaN
+  return div_rn(s_enc, s_b);
+}
+
+// --------------------------------------------------------------------------------------------------------------
+// MXFP4
+__host__ __device__ inline uint8_t mxfp4_scale_code(float block_amax) {
+  const uint32_t bits = float_to_bits(block_amax) & 0x7fffffffu;
+  if (bits >= 0x7f800000u) return kE8M0NanCode;
+  if (bits == 0) return kE8M0One;
+  // floor(log2(a)) = exponent field - 127 for a normal a; code = that - 2 + 127, at least 0 (subnormals included)
+  const int exponent_field = static_cast<int>(bits >> 23);
+  return static_cast<uint8_t>(exponent_field > 2 ? exponent_field - 2 : 0);
+}
+// 2^-X = 2^(127 - code) for the element codes (exact; 0 for the NaN code; code 254, 2^-127, is never produced)
+__host__ __device__ inline float mxfp4_element_multiplier(uint8_t code) {
+  if (code == kE8M0NanCode) return 0.0f;
+  return code == 254 ? bits_to_float(0x00400000u) : bits_to_float(static_cast<uint32_t>(254 - code) << 23);
+}
+
+}  // namespace llmc

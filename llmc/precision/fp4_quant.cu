@@ -1,0 +1,509 @@
+// llmc/precision/fp4_quant.cu: the FP4 quantisation kernels of llmc/precision/fp4_quant.h, bit-exact with their host
+// references (test/reference/fp4_ref.cpp): the same codes, block scales and tensor scales. The arithmetic is
+// llmc/precision/fp4_codec.cuh's, fp4_rng.cuh's and hadamard.cuh's, shared with the references; everything
+// is a pure function of the element's block, so nothing depends on the launch shape.
+//
+// Kernels:
+//   fp4_run_kernel<N>: one thread per 1xN block of one output copy. Row-wise copy: threads walk the blocks of a row
+//     in order (a warp reads contiguous runs of x); column-wise copy (data_t, blocks along the rows of x): adjacent
+//     threads take adjacent columns of the same rows (each of the N loads of a warp is one contiguous run of x). The
+//     thread loads its N values, applies the Hadamard transform if asked, takes the block amax (max over the bits of
+//     |v|: order independent, a NaN wins), computes the scale code and the element multiplier, rounds, packs two
+//     codes per byte and stores them (one 8- or 16-byte store for a full block when the row's bytes allow, else
+//     bytes). In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes into a slot.
+//   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
+//     tile amax is a max over the 16 lanes (shuffles), lane j writes row j's codes to data and quantises column j of
+//     the tile (the same values, the same scale: the same codes) into row j of the tile in data_t.
+// The scale arrays are first filled with the code of 1.0 (cudaMemsetAsync), so padding entries need no thread.
+#include <algorithm>
+
+#include "llmc/core/cuda_utils.cuh"
+#include "llmc/core/float_rn.cuh"
+#include "llmc/precision/fp4_codec.cuh"
+#include "llmc/precision/fp4_quant.h"
+#include "llmc/precision/fp4_rng.cuh"
+#include "llmc/precision/fp8_quant.h"
+#include "llmc/precision/hadamard.cuh"
+#include "llmc/precision/scale_math.cuh"
+
+#if defined(__CUDACC__) && defined(__USE_FAST_MATH__)
+#error "llmc/precision/fp4_quant.cu must be compiled without --use_fast_math: host and device must agree bit for bit"
+#endif
+
+namespace llmc {
+
+bool nvfp4_encoding(const Encoding& e) { return e == kNvfp4Encoding || e == kNvfp4WeightEncoding; }
+bool mxfp4_encoding(const Encoding& e) { return e == kMxfp4Encoding; }
+
+static const char* const kFp4Doc =
+    "e2m1 1x16 | 16x16 e4m3 scales + fp32 tensor scale (NVFP4), e2m1 1x32 e8m0 scales (MXFP4)";
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct RunArgs {
+  const bf16* x;
+  int rows, cols;           // the source
+  bool column;              // false: data (blocks along cols); true: data_t (blocks along rows)
+  uint8_t* codes;           // (out_rows, out_cols) packed, or null in amax mode
+  uint8_t* scales;          // [kb * ld + o]
+  int out_rows, out_cols, ld, blocks_per_row;
+  bool nvfp4;
+  const float* tensor_amax;   // NVFP4: the amax of this copy's (rotated) values
+  float* tensor_scale_inv;    // NVFP4: where thread 0 writes 1 / s_enc, or null
+  bool stochastic;
+  StochasticKey key;
+  int copy;
+  int hadamard;               // 0, 16 or 32
+  uint32_t signs;
+  float* amax_out;            // amax mode: the block amaxes are maxed into it (nothing else is written)
+};
+
+__device__ inline float load_x(const bf16* x, size_t i) { return __bfloat162float(x[i]); }
+
+// The scale code and element multiplier of a block with amax bits `amax_bits`.
+__device__ inline void block_scale(bool nvfp4, float s_enc, unsigned amax_bits, uint8_t* code, float* multiplier) {
+  const float a = __uint_as_float(amax_bits);
+  if (nvfp4) {
+    *code = nvfp4_block_scale_code(a, s_enc);
+    *multiplier = nvfp4_element_multiplier(*code, s_enc);
+  } else {
+    *code = mxfp4_scale_code(a);
+    *multiplier = mxfp4_element_multiplier(*code);
+  }
+}
+
+// Round v * multiplier (0 multiplier: code 0) for element `index` of copy `copy`.
+struct Rounder {
+  bool stochastic;
+  StochasticKey key;
+  int copy;
+  uint64_t group = ~0ull;
+  Philox4 words{};
+  __device__ uint8_t operator()(float v, float multiplier, uint64_t index) {
+    if (multiplier == 0.0f) return 0;
+    const float y = mul_rn(v, multiplier);
+    if (!stochastic) return e2m1_rn(y);
+    if ((index >> 2) != group) {
+      group = index >> 2;
+      words = random_word4(key, index, copy);
+    }
+    return e2m1_sr(y, words.v[index & 3]);
+  }
+};
+
+template <int N>
+__global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
+  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t total = static_cast<size_t>(a.out_rows) * a.blocks_per_row;
+  const bool active = id < total;
+  int o = 0, kb = 0;  // output row, block within it
+  if (a.column) {
+    kb = static_cast<int>(id / a.out_rows), o = static_cast<int>(id % a.out_rows);
+  } else {
+    o = static_cast<int>(id / a.blocks_per_row), kb = static_cast<int>(id % a.blocks_per_row);
+  }
+  const int p0 = kb * N;
+  const int n = active ? min(N, a.out_cols - p0) : 0;
+  float v[N];
+#pragma unroll
+  for (int i = 0; i < N; i++) {
+    float value = 0.0f;
+    if (i < n) {
+      const int p = p0 + i;
+      value = a.column ? load_x(a.x, static_cast<size_t>(p) * a.cols + o) : load_x(a.x, static_cast<size_t>(o) * a.cols + p);
+    }
+    v[i] = value;
+  }
+  if (a.hadamard != 0 && n == N) {
+#pragma unroll
+    for (int g = 0; g < N; g += 16)
+      if (g % a.hadamard == 0) hadamard_transform_n(v + g, a.hadamard, a.signs);
+  }
+  unsigned amax = 0;
+#pragma unroll
+  for (int i = 0; i < N; i++) amax = max(amax, __float_as_uint(fabsf(v[i])));  // padding zeros add nothing
+  if (a.amax_out) {
+    amax = warp_max_bits(amax);
+    if (threadIdx.x % kWarpSize == 0) atomic_max_amax(a.amax_out, amax);
+    return;
+  }
+  if (!active) return;
+  const float s_enc = a.nvfp4 ? nvfp4_tensor_encode_scale(a.tensor_amax[0]) : 1.0f;
+  if (id == 0 && a.tensor_scale_inv) a.tensor_scale_inv[0] = div_rn(1.0f, s_enc);
+  uint8_t scale_code;
+  float multiplier;
+  block_scale(a.nvfp4, s_enc, amax, &scale_code, &multiplier);
+  a.scales[static_cast<size_t>(kb) * a.ld + o] = scale_code;
+
+  Rounder round{a.stochastic, a.key, a.copy};
+  const uint64_t index0 = static_cast<uint64_t>(o) * a.out_cols + p0;
+  uint32_t packed[N / 8];  // N / 2 bytes
+#pragma unroll
+  for (int w = 0; w < N / 8; w++) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const int i = 8 * w + k;
+      if (i < n) word |= static_cast<uint32_t>(round(v[i], multiplier, index0 + i)) << (4 * k);
+    }
+    packed[w] = word;
+  }
+  const size_t row_bytes = (static_cast<size_t>(a.out_cols) + 1) / 2;
+  uint8_t* dst = a.codes + static_cast<size_t>(o) * row_bytes + p0 / 2;
+  if (n == N && row_bytes % (N / 2) == 0) {
+    if constexpr (N == 16)
+      *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+    else
+      *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  } else {
+    for (int b = 0; b < (n + 1) / 2; b++) dst[b] = static_cast<uint8_t>(packed[b / 4] >> (8 * (b % 4)));
+  }
+}
+
+constexpr int kTileSide = 16;
+
+struct TileArgs {
+  const bf16* x;
+  int rows, cols, row_tiles, col_tiles;
+  uint8_t* data;
+  uint8_t* scales;    // [rb * ld + cb]
+  uint8_t* data_t;
+  uint8_t* scales_t;  // [cb * ld_t + rb]
+  int ld, ld_t;
+  const float* tensor_amax;
+  float* tensor_scale_inv;
+  float* tensor_scale_inv_t;
+  bool stochastic;
+  StochasticKey key;
+};
+
+// 16 values (zeros past the edge) as 8 packed bytes (two words) with the tile's scale; element i has index
+// index0 + i * index_step in data's layout.
+__device__ inline uint2 tile_codes(const float (&v)[kTileSide], int n, float multiplier, Rounder& round,
+                                   uint64_t index0, uint64_t index_step) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < kTileSide; i++)
+    if (i < n) w[i / 8] |= static_cast<uint32_t>(round(v[i], multiplier, index0 + i * index_step)) << (4 * (i % 8));
+  return make_uint2(w[0], w[1]);
+}
+
+__device__ inline void store_tile_row(uint8_t* dst, uint2 codes, int n, bool vector) {
+  if (vector) {
+    *reinterpret_cast<uint2*>(dst) = codes;
+  } else {
+    for (int b = 0; b < (n + 1) / 2; b++) dst[b] = static_cast<uint8_t>((b < 4 ? codes.x : codes.y) >> (8 * (b % 4)));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) fp4_tile_kernel(const TileArgs a) {
+  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t tile = id / kTileSide;
+  const int j = static_cast<int>(id % kTileSide);
+  const bool active = tile < static_cast<size_t>(a.row_tiles) * a.col_tiles;
+  const int rb = active ? static_cast<int>(tile / a.col_tiles) : 0, cb = active ? static_cast<int>(tile % a.col_tiles) : 0;
+  const int r0 = rb * kTileSide, c0 = cb * kTileSide;
+  const int tile_rows = active ? min(kTileSide, a.rows - r0) : 0, tile_cols = active ? min(kTileSide, a.cols - c0) : 0;
+  float row[kTileSide];  // row j of the tile
+#pragma unroll
+  for (int i = 0; i < kTileSide; i++)
+    row[i] = j < tile_rows && i < tile_cols ? load_x(a.x, static_cast<size_t>(r0 + j) * a.cols + c0 + i) : 0.0f;
+  unsigned amax = 0;
+#pragma unroll
+  for (int i = 0; i < kTileSide; i++) amax = max(amax, __float_as_uint(fabsf(row[i])));
+#pragma unroll
+  for (int k = kTileSide / 2; k >= 1; k /= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, k, kTileSide));
+  if (!active) return;
+  const float s_enc = nvfp4_tensor_encode_scale(a.tensor_amax[0]);
+  if (id == 0) {
+    if (a.tensor_scale_inv && a.data) a.tensor_scale_inv[0] = div_rn(1.0f, s_enc);
+    if (a.tensor_scale_inv_t && a.data_t) a.tensor_scale_inv_t[0] = div_rn(1.0f, s_enc);
+  }
+  uint8_t scale_code;
+  float multiplier;
+  block_scale(true, s_enc, amax, &scale_code, &multiplier);
+  if (j == 0) {
+    if (a.data) a.scales[static_cast<size_t>(rb) * a.ld + cb] = scale_code;
+    if (a.data_t) a.scales_t[static_cast<size_t>(cb) * a.ld_t + rb] = scale_code;
+  }
+  Rounder round{a.stochastic, a.key, 0};
+  if (a.data && j < tile_rows) {
+    const size_t row_bytes = (static_cast<size_t>(a.cols) + 1) / 2;
+    const uint2 codes = tile_codes(row, tile_cols, multiplier, round, static_cast<uint64_t>(r0 + j) * a.cols + c0, 1);
+    store_tile_row(a.data + static_cast<size_t>(r0 + j) * row_bytes + c0 / 2, codes, tile_cols,
+                   tile_cols == kTileSide && row_bytes % 8 == 0);
+  }
+  if (a.data_t && j < tile_cols) {
+    float col[kTileSide];  // column j of the tile
+#pragma unroll
+    for (int i = 0; i < kTileSide; i++)
+      col[i] = i < tile_rows ? load_x(a.x, static_cast<size_t>(r0 + i) * a.cols + c0 + j) : 0.0f;
+    const size_t row_bytes_t = (static_cast<size_t>(a.rows) + 1) / 2;
+    const uint2 codes = tile_codes(col, tile_rows, multiplier, round, static_cast<uint64_t>(r0) * a.cols + c0 + j,
+                                   static_cast<uint64_t>(a.cols));
+    store_tile_row(a.data_t + static_cast<size_t>(c0 + j) * row_bytes_t + r0 / 2, codes, tile_rows,
+                   tile_rows == kTileSide && row_bytes_t % 8 == 0);
+  }
+}
+
+unsigned grid_of(size_t threads, const char* who) {
+  const size_t blocks = ceil_div(threads, kThreads);
+  if (blocks > 0x7fffffffu) throw_error("%s: %zu thread blocks exceed the grid limit", who, blocks);
+  return static_cast<unsigned>(std::max<size_t>(blocks, 1));
+}
+
+void launch_run(const RunArgs& a, int block_len, cudaStream_t stream) {
+  const size_t threads = static_cast<size_t>(a.out_rows) * a.blocks_per_row;
+  if (threads == 0) return;
+  const unsigned grid = grid_of(threads, "fp4_quantize");
+  if (block_len == 16)
+    fp4_run_kernel<16><<<grid, kThreads, 0, stream>>>(a);
+  else
+    fp4_run_kernel<32><<<grid, kThreads, 0, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+void check_options(const char* who, const QTensor& q, const QuantizeArgs& args) {
+  const HadamardOption& h = args.hadamard;
+  if (args.rounding != Rounding::Nearest && args.rounding != Rounding::Stochastic)
+    throw_error("%s: unknown rounding %d", who, static_cast<int>(args.rounding));
+  if (!h.any()) return;
+  const BlockShape b = q.encoding.block;
+  if (b.rows != 1)
+    throw_error("%s: a Hadamard transform rotates 1xN blocks; %s has %s tiles (the codes serve both directions)", who,
+                encoding_name(q.encoding).c_str(), block_shape_name(b).c_str());
+  if (h.size != 16 && h.size != 32)
+    throw_error("%s: hadamard.size = %d; the block Hadamard transforms are of size 16 or 32", who, h.size);
+  if (b.cols % h.size != 0)
+    throw_error("%s: hadamard.size = %d does not divide the %s blocks of %s", who, h.size, block_shape_name(b).c_str(),
+                encoding_name(q.encoding).c_str());
+  if (h.data && q.data && q.cols % h.size != 0)
+    throw_error("%s: cols = %d must be a multiple of hadamard.size = %d to rotate data", who, q.cols, h.size);
+  if (h.data_t && q.data_t && q.rows % h.size != 0)
+    throw_error("%s: rows = %d must be a multiple of hadamard.size = %d to rotate data_t", who, q.rows, h.size);
+}
+
+// Stream-ordered scratch of `n` floats, zeroed.
+float* scratch_floats(int n, cudaStream_t stream) {
+  float* p = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&p, sizeof(float) * n, stream));
+  CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof(float) * n, stream));
+  return p;
+}
+
+}  // namespace
+
+void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cudaStream_t stream) {
+  const char* who = "fp4_quantize";
+  const Encoding& e = q.encoding;
+  if (!fp4_encoding(e)) throw_error("%s: q.encoding is %s; the FP4 quantisers take %s", who, encoding_name(e).c_str(), kFp4Doc);
+  if (q.rows < 0 || q.cols < 0) throw_error("%s: q.rows = %d, q.cols = %d must be >= 0", who, q.rows, q.cols);
+  check_options(who, q, args);
+  const bool nvfp4 = nvfp4_encoding(e);
+  if (q.data && !q.scale_inv) throw_error("%s: q.data is set but q.scale_inv (its %s scales) is null", who, scale_format_name(e.scale));
+  if (q.data_t && !q.scale_inv_t) throw_error("%s: q.data_t is set but q.scale_inv_t is null", who);
+  if (nvfp4 && q.data && !q.tensor_scale_inv) throw_error("%s: NVFP4 q.data needs q.tensor_scale_inv (its FP32 tensor scale)", who);
+  if (nvfp4 && q.data_t && !q.tensor_scale_inv_t) throw_error("%s: NVFP4 q.data_t needs q.tensor_scale_inv_t", who);
+  const size_t n = static_cast<size_t>(q.rows) * q.cols;
+  if (n > 0 && !x) throw_error("%s: x is null (%d x %d)", who, q.rows, q.cols);
+  const uint8_t one = nvfp4 ? kE4M3One : kE8M0One;
+  uint8_t* scales = reinterpret_cast<uint8_t*>(q.scale_inv);
+  uint8_t* scales_t = reinterpret_cast<uint8_t*>(q.scale_inv_t);
+  if (q.data) CUDA_CHECK(cudaMemsetAsync(scales, one, scale_inv_bytes(e, q.rows, q.cols), stream));
+  if (q.data_t) CUDA_CHECK(cudaMemsetAsync(scales_t, one, scale_inv_bytes(e, q.cols, q.rows), stream));
+
+  // The source amax: q.amax (overwritten) and, for NVFP4 without a given amax, the tensor amax.
+  float* scratch = nullptr;  // [0] source amax, [1] rotated data amax, [2] rotated data_t amax
+  const bool rotate_data = args.hadamard.any() && args.hadamard.data && q.data;
+  const bool rotate_data_t = args.hadamard.any() && args.hadamard.data_t && q.data_t;
+  if (nvfp4 || q.amax) scratch = scratch_floats(3, stream);
+  const float* source_amax = args.amax;
+  if ((nvfp4 && !source_amax) || q.amax) {
+    if (n > 0) amax_bf16(scratch, x, n, stream);
+    if (!source_amax) source_amax = scratch;
+    if (q.amax) CUDA_CHECK(cudaMemcpyAsync(q.amax, scratch, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  }
+  if (n == 0) {
+    if (scratch) CUDA_CHECK(cudaFreeAsync(scratch, stream));
+    return;
+  }
+
+  if (e.block == kBlock16x16) {
+    TileArgs t{};
+    t.x = x;
+    t.rows = q.rows, t.cols = q.cols;
+    t.row_tiles = static_cast<int>(ceil_div(q.rows, kTileSide)), t.col_tiles = static_cast<int>(ceil_div(q.cols, kTileSide));
+    t.data = q.data, t.scales = scales, t.data_t = q.data_t, t.scales_t = scales_t;
+    t.ld = scale_inv_ld(e, q.rows, q.cols), t.ld_t = scale_inv_ld(e, q.cols, q.rows);
+    t.tensor_amax = source_amax;
+    t.tensor_scale_inv = q.tensor_scale_inv, t.tensor_scale_inv_t = q.tensor_scale_inv_t;
+    t.stochastic = args.rounding == Rounding::Stochastic;
+    t.key = args.sr_key;
+    if (q.data || q.data_t) {
+      const size_t threads = static_cast<size_t>(t.row_tiles) * t.col_tiles * kTileSide;
+      fp4_tile_kernel<<<grid_of(threads, who), kThreads, 0, stream>>>(t);
+      CUDA_CHECK_LAUNCH();
+    }
+  } else {
+    for (int copy = 0; copy < 2; copy++) {
+      uint8_t* codes = copy == 0 ? q.data : q.data_t;
+      if (!codes) continue;
+      const bool rotate = copy == 0 ? rotate_data : rotate_data_t;
+      RunArgs a{};
+      a.x = x;
+      a.rows = q.rows, a.cols = q.cols;
+      a.column = copy == 1;
+      a.out_rows = a.column ? q.cols : q.rows, a.out_cols = a.column ? q.rows : q.cols;
+      a.ld = scale_inv_ld(e, a.out_rows, a.out_cols);
+      a.blocks_per_row = static_cast<int>(ceil_div(a.out_cols, e.block.cols));
+      a.nvfp4 = nvfp4;
+      a.stochastic = args.rounding == Rounding::Stochastic;
+      a.key = args.sr_key;
+      a.copy = copy;
+      a.hadamard = rotate ? args.hadamard.size : 0;
+      a.signs = args.hadamard.signs;
+      a.tensor_amax = source_amax;
+      if (nvfp4 && rotate) {  // the amax of the rotated values first
+        a.amax_out = scratch + 1 + copy;
+        launch_run(a, e.block.cols, stream);
+        a.amax_out = nullptr;
+        a.tensor_amax = scratch + 1 + copy;
+      }
+      a.codes = codes;
+      a.scales = copy == 0 ? scales : scales_t;
+      a.tensor_scale_inv = nvfp4 ? (copy == 0 ? q.tensor_scale_inv : q.tensor_scale_inv_t) : nullptr;
+      launch_run(a, e.block.cols, stream);
+    }
+  }
+  if (scratch) CUDA_CHECK(cudaFreeAsync(scratch, stream));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dequantisation: one element per thread.
+__global__ void fp4_dequantize_kernel(float* out, const uint8_t* codes, const uint8_t* scales,
+                                      const float* tensor_scale_inv, int rows, int cols, BlockShape block, int ld,
+                                      bool nvfp4) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<size_t>(rows) * cols) return;
+  const int r = static_cast<int>(i / cols), c = static_cast<int>(i % cols);
+  const size_t row_bytes = (static_cast<size_t>(cols) + 1) / 2;
+  const uint8_t code = e2m1_nibble(codes[r * row_bytes + c / 2], c);
+  const uint8_t s = scales[scale_index(block, r, c, ld)];
+  out[i] = nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tensor_scale_inv[0])
+                 : mul_rn(e2m1_value(code), e8m0_value(s));
+}
+
+void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream) {
+  const char* who = "fp4_dequantize";
+  if (!fp4_encoding(q.encoding))
+    throw_error("%s: q.encoding is %s; the FP4 kernels take %s", who, encoding_name(q.encoding).c_str(), kFp4Doc);
+  const uint8_t* codes = transposed ? q.data_t : q.data;
+  const uint8_t* scales = reinterpret_cast<const uint8_t*>(transposed ? q.scale_inv_t : q.scale_inv);
+  const float* tsi = transposed ? q.tensor_scale_inv_t : q.tensor_scale_inv;
+  const int rows = transposed ? q.cols : q.rows, cols = transposed ? q.rows : q.cols;
+  const size_t n = static_cast<size_t>(rows) * cols;
+  if (n == 0) return;
+  const bool nvfp4 = nvfp4_encoding(q.encoding);
+  if (!out || !codes || !scales || (nvfp4 && !tsi))
+    throw_error("%s: out, the codes, their scales%s must be device pointers", who, nvfp4 ? " and the tensor scale" : "");
+  fp4_dequantize_kernel<<<grid_of(n, who), kThreads, 0, stream>>>(out, codes, scales, tsi, rows, cols, q.encoding.block,
+                                                                 scale_inv_ld(q.encoding, rows, cols), nvfp4);
+  CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Telemetry: a fixed grid strides over the elements in a fixed pattern; each block reduces its threads' sums in a
+// fixed order (block_sum) into a partials array; one block combines them in a fixed order (as fp8_quant_stats).
+constexpr int kStatsBlocks = 256;
+
+// The decode scale of a block: its scale value (times the tensor's decode scale for NVFP4).
+__device__ inline float block_decode_scale(uint8_t s, bool nvfp4, float tsi) {
+  return nvfp4 ? mul_rn(e4m3_value(s), tsi) : e8m0_value(s);
+}
+
+__global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* partials, const bf16* x,
+                                                                   const uint8_t* codes, const uint8_t* scales,
+                                                                   const float* tensor_scale_inv, int rows, int cols,
+                                                                   BlockShape block, int ld, int scale_rows,
+                                                                   int scale_cols, bool nvfp4) {
+  const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t n = static_cast<size_t>(rows) * cols;
+  const size_t row_bytes = (static_cast<size_t>(cols) + 1) / 2;
+  const float tsi = nvfp4 ? tensor_scale_inv[0] : 1.0f;
+  double sum_x2 = 0.0, sum_err2 = 0.0, saturated = 0.0, underflow = 0.0, nonzero = 0.0;
+  unsigned amax = 0, max_scale = 0;
+  for (size_t i = thread; i < n; i += stride) {
+    const int r = static_cast<int>(i / cols), c = static_cast<int>(i % cols);
+    const uint8_t code = e2m1_nibble(codes[r * row_bytes + c / 2], c);
+    const float xf = load_x(x, i);
+    const uint8_t s = scales[scale_index(block, r, c, ld)];
+    const float deq = nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tsi) : mul_rn(e2m1_value(code), e8m0_value(s));
+    const double err = static_cast<double>(xf) - static_cast<double>(deq);
+    sum_x2 += static_cast<double>(xf) * xf;
+    sum_err2 += err * err;
+    nonzero += xf != 0.0f;
+    underflow += xf != 0.0f && (code & 0x7) == 0;
+    saturated += (code & 0x7) == 0x7;
+    amax = max(amax, __float_as_uint(fabsf(xf)));
+  }
+  const size_t entries = static_cast<size_t>(scale_rows) * scale_cols;
+  for (size_t e = thread; e < entries; e += stride)
+    max_scale = max(max_scale, __float_as_uint(fabsf(block_decode_scale(scales[(e / scale_cols) * ld + e % scale_cols], nvfp4, tsi))));
+  const double sums[5] = {block_sum(saturated), block_sum(underflow), block_sum(nonzero), block_sum(sum_x2),
+                          block_sum(sum_err2)};
+  __shared__ unsigned maxes[2][kThreads / kWarpSize];
+  amax = warp_max_bits(amax);
+  max_scale = warp_max_bits(max_scale);
+  if (threadIdx.x % kWarpSize == 0) maxes[0][threadIdx.x / kWarpSize] = amax, maxes[1][threadIdx.x / kWarpSize] = max_scale;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kThreads / kWarpSize; w++) amax = max(amax, maxes[0][w]), max_scale = max(max_scale, maxes[1][w]);
+    double* p = partials + static_cast<size_t>(blockIdx.x) * kQuantStatsSlots;
+    p[0] = amax;
+    p[1] = max_scale;
+    for (int k = 0; k < 5; k++) p[2 + k] = sums[k];
+    p[7] = 0.0;
+  }
+}
+
+__global__ void fp4_quant_stats_finish_kernel(double* out, const double* partials, double elements) {
+  if (threadIdx.x != 0) return;
+  unsigned amax = 0, max_scale = 0;
+  double sums[5] = {0, 0, 0, 0, 0};
+  for (int b = 0; b < kStatsBlocks; b++) {
+    const double* p = partials + static_cast<size_t>(b) * kQuantStatsSlots;
+    amax = max(amax, static_cast<unsigned>(p[0]));
+    max_scale = max(max_scale, static_cast<unsigned>(p[1]));
+    for (int k = 0; k < 5; k++) sums[k] += p[2 + k];
+  }
+  out[0] = __uint_as_float(amax);
+  out[1] = 1.0 / static_cast<double>(__uint_as_float(max_scale));
+  for (int k = 0; k < 5; k++) out[2 + k] = sums[k];
+  out[7] = elements;
+}
+
+void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream) {
+  const char* who = "fp4_quant_stats";
+  if (!fp4_encoding(q.encoding))
+    throw_error("%s: q.encoding is %s; the FP4 kernels take %s", who, encoding_name(q.encoding).c_str(), kFp4Doc);
+  const bool nvfp4 = nvfp4_encoding(q.encoding);
+  if (!stats_out || !x || !q.data || !q.scale_inv || (nvfp4 && !q.tensor_scale_inv))
+    throw_error("%s: stats_out, x, q.data, q.scale_inv%s must be device pointers", who,
+                nvfp4 ? " and q.tensor_scale_inv" : "");
+  int scale_rows = 0, scale_cols = 0;
+  valid_scale_shape(q.encoding, q.rows, q.cols, &scale_rows, &scale_cols);
+  double* partials = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&partials, sizeof(double) * kStatsBlocks * kQuantStatsSlots, stream));
+  fp4_quant_stats_kernel<<<kStatsBlocks, kThreads, 0, stream>>>(
+      partials, x, q.data, reinterpret_cast<const uint8_t*>(q.scale_inv), q.tensor_scale_inv, q.rows, q.cols,
+      q.encoding.block, scale_inv_ld(q.encoding, q.rows, q.cols), scale_rows, scale_cols, nvfp4);
+  CUDA_CHECK_LAUNCH();
+  fp4_quant_stats_finish_kernel<<<1, 32, 0, stream>>>(stats_out, partials, static_cast<double>(q.rows) * q.cols);
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaFreeAsync(partials, stream));
+}
+
+}  // namespace llmc

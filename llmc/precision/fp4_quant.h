@@ -1,0 +1,51 @@
+// llmc/precision/fp4_quant.h: the FP4 quantiser family: E2M1 codes packed two per byte with NVFP4 scales (1x16 runs
+// or 16x16 tiles, E4M3 block scales under an FP32 second-level tensor scale) or MXFP4 scales (1x32 runs, E8M0), round
+// to nearest even or stochastic rounding, an optional block Hadamard transform fused in. Models and linears reach it
+// through llmc/precision/quantize.h; tests call it directly. The formulas are llmc/precision/fp4_codec.cuh's (the
+// exact NVFP4 and MXFP4 rules are written there), the random numbers fp4_rng.cuh's, the transforms hadamard.cuh's;
+// the layouts tensor.h's. The host references (test/reference/precision_ref.h) give the same bytes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "llmc/precision/encoding.h"
+#include "llmc/precision/quantize.h"
+#include "llmc/precision/tensor.h"
+
+namespace llmc {
+
+constexpr Encoding kNvfp4Encoding{ElementFormat::E2M1, kBlock1x16, ScaleFormat::E4M3, true};        // x, dy
+constexpr Encoding kNvfp4WeightEncoding{ElementFormat::E2M1, kBlock16x16, ScaleFormat::E4M3, true};  // w (2D)
+constexpr Encoding kMxfp4Encoding{ElementFormat::E2M1, kBlock1x32, ScaleFormat::E8M0, false};
+
+bool nvfp4_encoding(const Encoding& e);  // one of the two NVFP4 encodings above
+bool mxfp4_encoding(const Encoding& e);  // kMxfp4Encoding
+inline bool fp4_encoding(const Encoding& e) { return nvfp4_encoding(e) || mxfp4_encoding(e); }
+
+// q from x (q.rows, q.cols) bf16, rows and cols >= 0 (any: partial blocks at the edges are scaled from the elements
+// they have), all device pointers:
+//   q.data (if non-null): (rows, cols) codes, blocks along cols, scales in q.scale_inv (scale_inv_bytes bytes);
+//   q.data_t (if non-null): (cols, rows) codes quantised from x along rows (never from data's codes) for 1xN blocks,
+//     with their own scales in q.scale_inv_t; for 16x16 tiles the same codes as data, transposed, same tile scales;
+//   NVFP4: the tensor amax is *args.amax when given (device, e.g. from the producer), else measured here (one extra
+//     read of x); a copy rotated by args.hadamard takes the amax of its rotated values (measured: one extra read); the
+//     copies' FP32 decode scales go to q.tensor_scale_inv / q.tensor_scale_inv_t (required for the wanted copies);
+//   q.amax (if non-null): overwritten with max |x|;
+//   args.rounding, args.sr_key: RTN or stochastic rounding (the random word of element i of a copy is
+//     random_word(sr_key, i, copy), i the element's index in that copy's row-major layout, copy 0 = data,
+//     1 = data_t; 16x16 tiles use data's index for both copies so their codes agree);
+//   args.hadamard: size 16 or 32 along each rotated copy's quantisation direction; that direction's length must be a
+//     multiple of the size and of it the block length (1x16 takes size 16; 1x32 takes 16 or 32); not with 16x16 tiles.
+// Scale arrays' padding entries are the code of 1.0. data / data_t are written with byte stores where a row's bytes
+// are not a multiple of the block's; every pointer 16-byte aligned.
+void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cudaStream_t stream);
+
+// out (rows, cols) FP32 = the values of q.data (transposed = true: q.data_t, (cols, rows)), fp4_codec.cuh's formula.
+void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream);
+
+// Numerics telemetry (quantize.h's quant_stats for this family): the kQuantStatsSlots sums of x and q.data,
+// deterministic (a fixed grid, fixed reduction order; as fp8_quant_stats). The saturated count counts codes +-6.
+void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream);
+
+}  // namespace llmc

@@ -1,0 +1,285 @@
+// test/precision/test_fp4_quant: the FP4 kernels of llmc/precision/fp4_quant.h through the dispatch point
+// llmc/precision/quantize.h, against the host references (test/reference/precision_ref.h) byte for byte: codes,
+// scale codes, tensor scales and amax, for NVFP4 (1x16, 16x16 tiles) and MXFP4 (1x32), round to nearest and
+// stochastic rounding, with and without fused Hadamard transforms (16 and 32, random signs), row-wise and transposed
+// copies; and the device E2M1 conversion (fp4_codec.cuh's threshold form) and the device Hadamard transform against
+// the host. Each run draws a fresh seed (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
+// odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte), magnitudes 2^-20 .. 2^12 per row,
+// exact zeros, an all-zero block, huge (3e38) and tiny (1e-38) values. Non-finite inputs: a NaN or inf in a block
+// gives that block the NaN scale code (E4M3 0x7F / E8M0 0xFF) and zero codes, on both sides. Every output buffer is
+// poisoned (0xEE) so an unwritten byte shows up.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "llmc/core/common.h"
+#include "llmc/core/dtypes.h"
+#include "llmc/precision/fp4_codec.cuh"
+#include "llmc/precision/fp4_quant.h"
+#include "llmc/precision/hadamard.cuh"
+#include "llmc/precision/quantize.h"
+#include "test/reference/precision_ref.h"
+#include "test/support/gpu_test_util.cuh"
+
+namespace {
+
+using llmc::bf16;
+using llmc::Encoding;
+using llmc::QTensor;
+using llmc::QuantizeArgs;
+using llmc::Rounding;
+
+constexpr uint8_t kPoison = 0xEE;
+
+template <class T>
+struct Buf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Buf(size_t count, uint8_t fill = kPoison) : n(count) {
+    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+    CUDA_CHECK(cudaMemset(p, fill, std::max<size_t>(1, n) * sizeof(T)));
+  }
+  ~Buf() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    if (n) CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  Buf(const Buf&) = delete;
+};
+
+std::vector<float> model_like(int rows, int cols, std::mt19937_64& rng, bool specials) {
+  std::vector<float> x(static_cast<size_t>(rows) * cols);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-20, 12);
+  for (int r = 0; r < rows; r++) {
+    const float row_scale = std::ldexp(1.0f, e(rng));
+    for (int c = 0; c < cols; c++) x[static_cast<size_t>(r) * cols + c] = gpu_test::round_bf16(u(rng) * row_scale);
+  }
+  for (size_t i = 0; i < x.size(); i += 37) x[i] = 0.0f;
+  for (int c = 0; c < std::min(cols, 32); c++) x[c] = 0.0f;  // an all-zero block in row 0
+  if (specials && rows > 2 && cols > 40) {
+    x[static_cast<size_t>(1) * cols + 3] = gpu_test::round_bf16(3e38f);
+    x[static_cast<size_t>(2) * cols + 5] = gpu_test::round_bf16(1e-38f);
+  }
+  return x;
+}
+
+struct Case {
+  Encoding e;
+  Rounding rounding;
+  int hadamard;  // 0, 16, 32: rotates data_t (and data when rotate_data)
+  bool rotate_data;
+};
+
+std::string name(const Case& c, int rows, int cols) {
+  return llmc::strformat("%s %s hadamard %d%s, %d x %d", llmc::encoding_name(c.e).c_str(),
+                         c.rounding == Rounding::Stochastic ? "SR" : "RTN", c.hadamard,
+                         c.rotate_data ? " (both copies)" : "", rows, cols);
+}
+
+template <class T>
+void expect_bytes_equal(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); i++)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && bad++ < 8)
+      ADD_FAILURE() << what << " [" << i << "]: got " << +got[i] << " want " << +want[i];
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " differ";
+}
+
+void run_case(const Case& c, int rows, int cols, const std::vector<float>& x, uint64_t seed, bool given_amax) {
+  SCOPED_TRACE(name(c, rows, cols));
+  const Encoding& e = c.e;
+  const auto xb = gpu_test::to_bf16(x);
+  Buf<bf16> dx(xb.size());
+  CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  Buf<uint8_t> data(llmc::code_bytes(e, rows, cols)), data_t(llmc::code_bytes(e, cols, rows));
+  Buf<uint8_t> s(llmc::scale_inv_bytes(e, rows, cols)), s_t(llmc::scale_inv_bytes(e, cols, rows));
+  Buf<float> tsi(1), tsi_t(1), amax(1), given(1);
+  QTensor q;
+  q.rows = rows, q.cols = cols, q.encoding = e;
+  q.data = data.p, q.data_t = data_t.p;
+  q.scale_inv = reinterpret_cast<float*>(s.p), q.scale_inv_t = reinterpret_cast<float*>(s_t.p);
+  q.tensor_scale_inv = tsi.p, q.tensor_scale_inv_t = tsi_t.p;
+  q.amax = amax.p;
+  QuantizeArgs args;
+  args.rounding = c.rounding;
+  args.sr_key = {seed, 7, 3};
+  args.hadamard.size = c.hadamard;
+  args.hadamard.signs = llmc::random_signs({seed, 0, 0}, c.hadamard ? c.hadamard : 16);
+  args.hadamard.data = c.rotate_data;
+  args.hadamard.data_t = c.hadamard != 0;
+  float given_value = 0.0f;
+  if (given_amax) {  // a producer's amax, larger than max |x|: the scales must follow it, not max |x|
+    given_value = 2.0f * llmc::amax_bf16_cpu(x.data(), x.size());
+    CUDA_CHECK(cudaMemcpy(given.p, &given_value, sizeof(float), cudaMemcpyHostToDevice));
+    args.amax = given.p;
+  }
+  llmc::quantize(q, dx.p, args, 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  std::vector<uint8_t> rd(data.n), rs(s.n), rdt(data_t.n), rst(s_t.n);
+  llmc::Fp4CpuOut ref;
+  ref.data = rd.data(), ref.scale_inv = rs.data(), ref.data_t = rdt.data(), ref.scale_inv_t = rst.data();
+  llmc::fp4_quantize_cpu(&ref, x.data(), rows, cols, e, args, given_amax ? &given_value : nullptr);
+  expect_bytes_equal(data.get(), rd, "data");
+  expect_bytes_equal(s.get(), rs, "scale_inv");
+  expect_bytes_equal(data_t.get(), rdt, "data_t");
+  expect_bytes_equal(s_t.get(), rst, "scale_inv_t");
+  EXPECT_EQ(llmc::float_to_bits(amax.get()[0]), llmc::float_to_bits(llmc::amax_bf16_cpu(x.data(), x.size())));
+  if (e.tensor_scale) {
+    EXPECT_EQ(tsi.get()[0], ref.tensor_scale_inv);
+    EXPECT_EQ(tsi_t.get()[0], ref.tensor_scale_inv_t);
+  }
+  // dequantisation matches the host's
+  std::vector<float> want(x.size());
+  Buf<float> out(x.size());
+  llmc::fp4_dequantize(out.p, q, false, 0);
+  llmc::fp4_dequantize_cpu(want.data(), rd.data(), rs.data(), ref.tensor_scale_inv, rows, cols, e);
+  expect_bytes_equal(out.get(), want, "dequantised data");
+  llmc::fp4_dequantize(out.p, q, true, 0);
+  llmc::fp4_dequantize_cpu(want.data(), rdt.data(), rst.data(), ref.tensor_scale_inv_t, cols, rows, e);
+  expect_bytes_equal(out.get(), want, "dequantised data_t");
+}
+
+const Case kCases[] = {
+    {llmc::kNvfp4Encoding, Rounding::Nearest, 0, false},
+    {llmc::kNvfp4Encoding, Rounding::Stochastic, 0, false},
+    {llmc::kNvfp4Encoding, Rounding::Nearest, 16, false},     // NVFP4 wgrad x: RHT-16 on the transposed copy
+    {llmc::kNvfp4Encoding, Rounding::Stochastic, 16, true},   // both copies rotated
+    {llmc::kNvfp4WeightEncoding, Rounding::Nearest, 0, false},
+    {llmc::kNvfp4WeightEncoding, Rounding::Stochastic, 0, false},
+    {llmc::kMxfp4Encoding, Rounding::Nearest, 0, false},
+    {llmc::kMxfp4Encoding, Rounding::Stochastic, 0, false},
+    {llmc::kMxfp4Encoding, Rounding::Nearest, 32, true},
+    {llmc::kMxfp4Encoding, Rounding::Stochastic, 32, false},
+    {llmc::kMxfp4Encoding, Rounding::Nearest, 16, true},
+};
+
+TEST(Fp4Quantize, ModelShapedMatchesHostBitForBit) {
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  const std::vector<float> x = model_like(768, 3072, rng, true);
+  for (const Case& c : kCases) run_case(c, 768, 3072, x, rng(), false);
+}
+
+TEST(Fp4Quantize, OddShapesAndGivenAmaxMatchHost) {
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  const int shapes[][2] = {{33, 80}, {17, 45}, {1, 7}, {5, 33}, {64, 96}, {0, 32}};
+  for (const auto& sh : shapes) {
+    const std::vector<float> x = model_like(sh[0], sh[1], rng, false);
+    for (const Case& c : kCases) {
+      const bool rows_ok = c.hadamard == 0 || sh[0] % c.hadamard == 0;
+      const bool cols_ok = !c.rotate_data || sh[1] % c.hadamard == 0;
+      if (!rows_ok || !cols_ok) continue;  // a rotated direction must be a multiple of the transform size
+      run_case(c, sh[0], sh[1], x, rng(), false);
+      if (c.e.tensor_scale) run_case(c, sh[0], sh[1], x, rng(), true);
+    }
+  }
+}
+
+TEST(Fp4Quantize, NonFiniteBlocksGetNanScalesOnBothSides) {
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  std::vector<float> x = model_like(32, 64, rng, false);
+  x[3 * 64 + 10] = std::numeric_limits<float>::quiet_NaN();
+  x[20 * 64 + 40] = std::numeric_limits<float>::infinity();
+  for (const Case& c : kCases)
+    if (c.hadamard == 0) run_case(c, 32, 64, x, rng(), true);  // NVFP4 with a finite given amax
+}
+
+TEST(Fp4Quantize, StochasticRoundingIsReproducibleAndKeyed) {
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  const std::vector<float> x = model_like(64, 256, rng, false);
+  const auto xb = gpu_test::to_bf16(x);
+  Buf<bf16> dx(xb.size());
+  CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  auto run = [&](uint64_t seed, uint32_t step) {
+    Buf<uint8_t> data(llmc::code_bytes(llmc::kMxfp4Encoding, 64, 256)), s(llmc::scale_inv_bytes(llmc::kMxfp4Encoding, 64, 256));
+    QTensor q;
+    q.rows = 64, q.cols = 256, q.encoding = llmc::kMxfp4Encoding, q.data = data.p, q.scale_inv = reinterpret_cast<float*>(s.p);
+    QuantizeArgs args;
+    args.rounding = Rounding::Stochastic;
+    args.sr_key = {seed, step, 1};
+    llmc::quantize(q, dx.p, args, 0);
+    return data.get();
+  };
+  EXPECT_EQ(run(11, 1), run(11, 1));
+  EXPECT_NE(run(11, 1), run(12, 1));
+  EXPECT_NE(run(11, 1), run(11, 2));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The device conversions
+__global__ void e2m1_kernel(uint8_t* rn, uint8_t* sr, const float* x, const uint32_t* r, size_t n) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) rn[i] = llmc::e2m1_rn(x[i]), sr[i] = llmc::e2m1_sr(x[i], r[i]);
+}
+
+TEST(Fp4Convert, DeviceE2M1MatchesHostOnSweepAndThresholds) {
+  std::vector<float> x;
+  for (uint64_t b = 0; b < (1ull << 32); b += 4099) x.push_back(llmc::bits_to_float(static_cast<uint32_t>(b)));
+  for (float t : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 0.5f, 2.0f, 4.0f})
+    for (float sgn : {1.0f, -1.0f})
+      for (int d = -3; d <= 3; d++) x.push_back(llmc::bits_to_float(llmc::float_to_bits(sgn * t) + d));
+  std::mt19937 rng(5);
+  std::vector<uint32_t> r(x.size());
+  for (auto& w : r) w = rng();
+  Buf<float> dx(x.size());
+  Buf<uint32_t> dr(r.size());
+  Buf<uint8_t> rn(x.size()), sr(x.size());
+  CUDA_CHECK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dr.p, r.data(), r.size() * 4, cudaMemcpyHostToDevice));
+  e2m1_kernel<<<static_cast<unsigned>(llmc::ceil_div(x.size(), 256)), 256>>>(rn.p, sr.p, dx.p, dr.p, x.size());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got_rn = rn.get(), got_sr = sr.get();
+  size_t bad = 0;
+  for (size_t i = 0; i < x.size(); i++) {
+    if (got_rn[i] != llmc::e2m1_encode(x[i]) && bad++ < 8)
+      ADD_FAILURE() << std::hexfloat << x[i] << ": device RTN " << +got_rn[i] << " host " << +llmc::e2m1_encode(x[i]);
+    if (got_sr[i] != llmc::e2m1_sr(x[i], r[i]) && bad++ < 8)
+      ADD_FAILURE() << std::hexfloat << x[i] << ": device SR " << +got_sr[i] << " host " << +llmc::e2m1_sr(x[i], r[i]);
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+__global__ void hadamard_kernel(float* v, int size, uint32_t signs, size_t n) {
+  const size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if ((g + 1) * size <= n) llmc::hadamard_transform_n(v + g * size, size, signs);
+}
+
+TEST(Hadamard, DeviceMatchesHostAndDenseMatrix) {
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  for (int size : {16, 32}) {
+    const size_t n = 4096;
+    const std::vector<float> x = gpu_test::random_floats(n, rng, -3.0f, 3.0f);
+    const uint32_t signs = static_cast<uint32_t>(rng());
+    Buf<float> dv(n);
+    CUDA_CHECK(cudaMemcpy(dv.p, x.data(), n * 4, cudaMemcpyHostToDevice));
+    hadamard_kernel<<<static_cast<unsigned>(llmc::ceil_div(n / size, 128)), 128>>>(dv.p, size, signs, n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> host = x;
+    llmc::hadamard_cpu(host.data(), n, size, signs);
+    expect_bytes_equal(dv.get(), host, llmc::strformat("hadamard %d", size));
+    for (size_t g = 0; g < n; g += size)  // dense H diag(s) in FP64
+      for (int i = 0; i < size; i++) {
+        double acc = 0.0, l1 = 0.0;
+        for (int j = 0; j < size; j++) {
+          acc += (__builtin_popcount(i & j) % 2 ? -1.0 : 1.0) * ((signs >> j) & 1 ? -1.0 : 1.0) * x[g + j];
+          l1 += std::fabs(x[g + j]);
+        }
+        acc /= std::sqrt(static_cast<double>(size));
+        // log2(size) rounded additions and one rounded multiply, each off by at most 2^-24 of a partial sum <= l1
+        ASSERT_NEAR(host[g + i], acc, 8 * gpu_test::kFp32Eps * l1) << "size " << size << " group " << g << " row " << i;
+      }
+  }
+}
+
+}  // namespace

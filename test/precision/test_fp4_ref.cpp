@@ -1,0 +1,210 @@
+// test/precision/test_fp4_ref: the FP4 pieces on the CPU: Philox4x32-10 against the Random123 known-answer vectors;
+// fp4_codec.cuh's E2M1 threshold rounding (the kernels') against llmc/core/dtypes' bit-level e2m1_encode on a sweep
+// of FP32; the E8M0 / E4M3 scale values; the NVFP4 and MXFP4 formulas on hand-computed blocks; the Hadamard
+// transforms against dense matrices (FP64) and their orthogonality; stochastic rounding: the same key gives the same
+// bits, and over many draws the mean is the input within a bound derived below; the reference quantiser
+// (fp4_quantize_cpu) against those formulas; and the FP4 rows of the quantiser table (quantizer_error, sizes).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "llmc/core/dtypes.h"
+#include "llmc/core/float_rn.cuh"
+#include "llmc/precision/encoding.h"
+#include "llmc/precision/fp4_codec.cuh"
+#include "llmc/precision/fp4_quant.h"
+#include "llmc/precision/fp4_rng.cuh"
+#include "llmc/precision/hadamard.cuh"
+#include "llmc/precision/quantize.h"
+#include "test/reference/precision_ref.h"
+
+namespace {
+
+using llmc::bits_to_float;
+using llmc::float_to_bits;
+
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  const llmc::Philox4 a = llmc::philox4x32_10(0, 0, 0, 0, 0, 0);
+  EXPECT_EQ(a.v[0], 0x6627e8d5u);
+  EXPECT_EQ(a.v[1], 0xe169c58du);
+  EXPECT_EQ(a.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(a.v[3], 0x9b00dbd8u);
+  const llmc::Philox4 b = llmc::philox4x32_10(~0u, ~0u, ~0u, ~0u, ~0u, ~0u);
+  EXPECT_EQ(b.v[0], 0x408f276du);
+  EXPECT_EQ(b.v[1], 0x41c83b0eu);
+  EXPECT_EQ(b.v[2], 0xa20bc7c6u);
+  EXPECT_EQ(b.v[3], 0x6d5451fdu);
+  const llmc::Philox4 c =
+      llmc::philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
+  EXPECT_EQ(c.v[0], 0xd16cfe09u);
+  EXPECT_EQ(c.v[1], 0x94fdccebu);
+  EXPECT_EQ(c.v[2], 0x5001e420u);
+  EXPECT_EQ(c.v[3], 0x24126ea1u);
+}
+
+TEST(E2M1Codec, ThresholdRoundingEqualsTheBitLevelEncoder) {
+  size_t bad = 0;
+  for (uint64_t b = 0; b < (1ull << 32); b += 331) {
+    const float x = bits_to_float(static_cast<uint32_t>(b));
+    if (llmc::e2m1_rn(x) != llmc::e2m1_encode(x) && bad++ < 8) ADD_FAILURE() << std::hexfloat << x;
+  }
+  for (int code = 0; code < 16; code++) {
+    const float v = llmc::e2m1_decode(static_cast<uint8_t>(code));
+    EXPECT_EQ(llmc::e2m1_value(static_cast<uint8_t>(code)), v);
+    for (int d = -4; d <= 4; d++) {
+      const float x = bits_to_float(float_to_bits(v) + d);
+      EXPECT_EQ(llmc::e2m1_rn(x), llmc::e2m1_encode(x)) << std::hexfloat << x;
+      const float m = bits_to_float(float_to_bits(v * 1.25f) + d);  // inside the intervals too
+      EXPECT_EQ(llmc::e2m1_rn(m), llmc::e2m1_encode(m)) << std::hexfloat << m;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  for (int c = 0; c < 256; c++) {
+    const float want = llmc::e8m0_decode(static_cast<uint8_t>(c)), got = llmc::e8m0_value(static_cast<uint8_t>(c));
+    if (c == 255) EXPECT_TRUE(std::isnan(got));
+    else EXPECT_EQ(got, want) << c;
+  }
+}
+
+TEST(E2M1Codec, StochasticRoundingPicksTheNeighbours) {
+  // r >> 8 = 0 always rounds up from a point strictly inside an interval, 2^24 - 1 never does
+  EXPECT_EQ(llmc::e2m1_sr(0.6f, 0u), 0x2);
+  EXPECT_EQ(llmc::e2m1_sr(0.6f, 0xffffffffu), 0x1);
+  EXPECT_EQ(llmc::e2m1_sr(-2.2f, 0u), 0xD);
+  EXPECT_EQ(llmc::e2m1_sr(-2.2f, 0xffffffffu), 0xC);
+  EXPECT_EQ(llmc::e2m1_sr(4.5f, 0u), 0x7);
+  EXPECT_EQ(llmc::e2m1_sr(4.5f, 0xffffffffu), 0x6);
+  for (float v : {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f})  // grid values are exact for every draw
+    for (uint32_t r : {0u, 0x80000000u, 0xffffffffu}) EXPECT_EQ(llmc::e2m1_sr(v, r), llmc::e2m1_encode(v));
+  EXPECT_EQ(llmc::e2m1_sr(100.0f, 0u), 0x7);
+  EXPECT_EQ(llmc::e2m1_sr(-INFINITY, 0u), 0xF);
+  EXPECT_EQ(llmc::e2m1_sr(NAN, 0u), llmc::kE2M1NanCode);
+}
+
+// Unbiasedness. For x in an interval [lo, lo + g), one draw is lo + g * B with B ~ Bernoulli(p), p = f rounded up to
+// a multiple of 2^-24 (f has <= 24 fractional bits for these x: exact). The mean of K draws has standard deviation
+// g * sqrt(p (1 - p) / K) <= g / (2 sqrt K); we accept |mean - x| <= 5 of those bounds (a false failure with
+// probability < 6e-7 per value for a correct implementation, by the normal approximation; K = 200000), and also
+// check the fixed-seed result is repeatable.
+TEST(E2M1Codec, StochasticRoundingIsUnbiasedWithinTheDerivedBound) {
+  const int K = 200000;
+  const llmc::StochasticKey key{0x5eed, 1, 2};
+  for (float x : {0.1f, 0.3f, 0.7f, 1.1f, 1.9f, 2.3f, 3.7f, 4.2f, 5.9f, -0.45f, -2.75f, -5.0f}) {
+    const float a = std::fabs(x);
+    const double g = a < 2 ? 0.5 : a < 4 ? 1.0 : 2.0;
+    double sum = 0.0;
+    for (int k = 0; k < K; k++) sum += llmc::e2m1_decode(llmc::e2m1_sr(x, llmc::random_word(key, k, 0)));
+    const double mean = sum / K, bound = 5.0 * g / (2.0 * std::sqrt(static_cast<double>(K)));
+    EXPECT_NEAR(mean, x, bound) << x;
+  }
+}
+
+TEST(Hadamard, MatchesDenseMatricesAndIsOrthogonal) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  for (int size : {16, 32}) {
+    for (uint32_t signs : {0u, 0xA5C3u, static_cast<uint32_t>(rng())}) {
+      std::vector<float> x(size);
+      for (float& v : x) v = u(rng);
+      std::vector<float> y = x;
+      llmc::hadamard_cpu(y.data(), y.size(), size, signs);
+      double norm_x = 0, norm_y = 0, l1 = 0;
+      for (int j = 0; j < size; j++) l1 += std::fabs(x[j]);
+      for (int i = 0; i < size; i++) {
+        double acc = 0;
+        for (int j = 0; j < size; j++)
+          acc += (__builtin_popcount(i & j) % 2 ? -1.0 : 1.0) * ((signs >> j) & 1 ? -1.0 : 1.0) * x[j];
+        acc /= std::sqrt(static_cast<double>(size));
+        EXPECT_NEAR(y[i], acc, 8 * l1 / 16777216.0) << size << " " << i;
+        norm_x += double(x[i]) * x[i];
+        norm_y += double(y[i]) * y[i];
+      }
+      EXPECT_NEAR(norm_y, norm_x, 1e-5 * norm_x);
+      // applying H twice (no signs) is the identity: H is symmetric and orthogonal
+      if (signs == 0) {
+        llmc::hadamard_cpu(y.data(), y.size(), size, 0);
+        for (int i = 0; i < size; i++) EXPECT_NEAR(y[i], x[i], 1e-5);
+      }
+    }
+  }
+}
+
+TEST(Fp4Formulas, HandComputedNvfp4AndMxfp4Blocks) {
+  // NVFP4: tensor amax 448 * 6 / 10 = 268.8 is not needed: take A = 2688, s_enc = 1; block amax 12 -> s_b = e4m3(2) = 2,
+  // multiplier 0.5: 12 -> 6, 5 -> e2m1(2.5) = 2 (tie to even), -1 -> -0.5.
+  EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(2688.0f), 1.0f);
+  EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(0.0f), 1.0f);
+  EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(INFINITY), 1.0f);
+  const uint8_t sb = llmc::nvfp4_block_scale_code(12.0f, 1.0f);
+  EXPECT_EQ(llmc::fp8_decode(sb, llmc::ElementFormat::E4M3), 2.0f);
+  EXPECT_EQ(llmc::nvfp4_element_multiplier(sb, 1.0f), 0.5f);
+  EXPECT_EQ(llmc::nvfp4_block_scale_code(NAN, 1.0f), 0x7F);
+  EXPECT_EQ(llmc::nvfp4_element_multiplier(0x7F, 1.0f), 0.0f);
+  EXPECT_EQ(llmc::nvfp4_element_multiplier(0x00, 1.0f), 0.0f);
+  // the block amax maps to 6 * s_b within E4M3 rounding: a_b = 7 -> 7/6 -> e4m3 1.125 (nearest), multiplier 1/1.125
+  EXPECT_EQ(llmc::fp8_decode(llmc::nvfp4_block_scale_code(7.0f, 1.0f), llmc::ElementFormat::E4M3), 1.125f);
+  // MXFP4: amax 5 -> floor(log2 5) = 2 -> X = 0 -> code 127, multiplier 1; amax 8 -> X = 1; amax 7.99 -> X = 0 (7.99
+  // saturates to 6: the MX rule's clip); zero -> 127; subnormal -> 0; inf -> 0xFF
+  EXPECT_EQ(llmc::mxfp4_scale_code(5.0f), 127);
+  EXPECT_EQ(llmc::mxfp4_scale_code(8.0f), 128);
+  EXPECT_EQ(llmc::mxfp4_scale_code(7.99f), 127);
+  EXPECT_EQ(llmc::mxfp4_scale_code(0.0f), 127);
+  EXPECT_EQ(llmc::mxfp4_scale_code(1e-40f), 0);
+  EXPECT_EQ(llmc::mxfp4_scale_code(INFINITY), 0xFF);
+  EXPECT_EQ(llmc::mxfp4_scale_code(std::numeric_limits<float>::max()), 252);
+  for (int code = 0; code < 255; code++)
+    EXPECT_EQ(llmc::mxfp4_element_multiplier(static_cast<uint8_t>(code)) * llmc::e8m0_decode(static_cast<uint8_t>(code)),
+              1.0f) << code;
+}
+
+TEST(Fp4Reference, QuantisesBlocksAsTheFormulasSay) {
+  // MXFP4, one row of 40 (a full block and a partial one of 8), transposed copy too.
+  std::vector<float> x(40);
+  for (int i = 0; i < 40; i++) x[i] = static_cast<float>(i % 7) * (i < 32 ? 0.75f : 16.0f) * (i % 2 ? -1.0f : 1.0f);
+  const llmc::Encoding e = llmc::kMxfp4Encoding;
+  std::vector<uint8_t> data(llmc::code_bytes(e, 1, 40)), s(llmc::scale_inv_bytes(e, 1, 40));
+  std::vector<uint8_t> data_t(llmc::code_bytes(e, 40, 1)), s_t(llmc::scale_inv_bytes(e, 40, 1));
+  llmc::Fp4CpuOut out;
+  out.data = data.data(), out.scale_inv = s.data(), out.data_t = data_t.data(), out.scale_inv_t = s_t.data();
+  llmc::fp4_quantize_cpu(&out, x.data(), 1, 40, e, llmc::QuantizeArgs{}, nullptr);
+  ASSERT_EQ(data.size(), 20u);
+  ASSERT_EQ(s.size(), 8u);  // 2 blocks x ld 4
+  EXPECT_EQ(s[0], llmc::mxfp4_scale_code(4.5f));   // block 0 amax 6 * 0.75
+  EXPECT_EQ(s[1], llmc::kE8M0One);                  // padding
+  EXPECT_EQ(s[4], llmc::mxfp4_scale_code(96.0f));  // block 1 amax 6 * 16
+  for (int i = 0; i < 40; i++) {
+    const uint8_t sc = s[(i / 32) * 4];
+    const uint8_t want = llmc::e2m1_encode(x[i] * llmc::mxfp4_element_multiplier(sc));
+    EXPECT_EQ(llmc::e2m1_unpack(data[i / 2], i), want) << i;
+    // data_t (40, 1): a row of one element is its own block; one code per byte, low nibble, the high nibble 0
+    const uint8_t own = llmc::mxfp4_scale_code(std::fabs(x[i]));
+    EXPECT_EQ(s_t[i], own) << i;
+    EXPECT_EQ(data_t[i], llmc::e2m1_encode(x[i] * llmc::mxfp4_element_multiplier(own))) << i;
+  }
+}
+
+TEST(Fp4Encodings, AreQuantisableNamedAndSized) {
+  for (const llmc::Encoding& e : {llmc::kNvfp4Encoding, llmc::kNvfp4WeightEncoding, llmc::kMxfp4Encoding}) {
+    EXPECT_EQ(llmc::quantizer_error(e), "") << llmc::encoding_name(e);
+    EXPECT_EQ(llmc::encoding_error(e), "");
+    llmc::Encoding parsed;
+    ASSERT_TRUE(llmc::parse_encoding(llmc::encoding_name(e), &parsed)) << llmc::encoding_name(e);
+    EXPECT_EQ(parsed, e);
+  }
+  EXPECT_EQ(llmc::encoding_name(llmc::kNvfp4Encoding), "e2m1 1x16 e4m3 scales + fp32 tensor scale");
+  EXPECT_EQ(llmc::encoding_name(llmc::kMxfp4Encoding), "e2m1 1x32 e8m0 scales");
+  EXPECT_EQ(llmc::code_bytes(llmc::kNvfp4Encoding, 3, 33), 3u * 17u);
+  EXPECT_EQ(llmc::scale_inv_bytes(llmc::kNvfp4Encoding, 3, 33), 3u * 4u);
+  EXPECT_EQ(llmc::scale_inv_bytes(llmc::kNvfp4WeightEncoding, 33, 48), 3u * 4u);
+  // FP4 element codes with other scales have no quantiser; the error names what exists
+  const llmc::Encoding odd{llmc::ElementFormat::E2M1, llmc::kBlock1x16, llmc::ScaleFormat::E8M0, false};
+  EXPECT_NE(llmc::quantizer_error(odd).find("nvfp4"), std::string::npos) << llmc::quantizer_error(odd);
+  const auto formats = llmc::quantizable_element_formats();
+  EXPECT_NE(std::find(formats.begin(), formats.end(), llmc::ElementFormat::E2M1), formats.end());
+}
+
+}  // namespace

@@ -1,0 +1,159 @@
+// test/reference/fp4_ref.cpp: the host references of the FP4 quantisers of llmc/precision/fp4_quant.h (declared in
+// test/reference/precision_ref.h), written from the definitions, block by block, not from the kernels' thread
+// mapping: the same codes, scale codes and tensor scales bit for bit. Round to nearest goes through llmc/core/dtypes'
+// e2m1_encode (the bit-level codec checked against ml_dtypes; the kernels use fp4_codec.cuh's threshold form);
+// the scale formulas, stochastic rounding, random words and Hadamard transforms are the shared headers'.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "llmc/core/common.h"
+#include "llmc/core/dtypes.h"
+#include "llmc/core/float_rn.cuh"
+#include "llmc/precision/fp4_codec.cuh"
+#include "llmc/precision/fp4_quant.h"
+#include "llmc/precision/fp4_rng.cuh"
+#include "llmc/precision/hadamard.cuh"
+#include "llmc/precision/scale_math.cuh"
+#include "test/reference/precision_ref.h"
+
+namespace llmc {
+
+namespace {
+
+struct BlockScale {
+  uint8_t code;
+  float multiplier;
+};
+
+BlockScale scale_of(bool nvfp4, float block_amax, float s_enc) {
+  if (nvfp4) {
+    const uint8_t c = nvfp4_block_scale_code(block_amax, s_enc);
+    return {c, nvfp4_element_multiplier(c, s_enc)};
+  }
+  const uint8_t c = mxfp4_scale_code(block_amax);
+  return {c, mxfp4_element_multiplier(c)};
+}
+
+uint8_t round_one(float v, float multiplier, const QuantizeArgs& args, uint64_t index, int copy) {
+  if (multiplier == 0.0f) return 0;
+  const float y = mul_rn(v, multiplier);
+  if (args.rounding == Rounding::Stochastic) return e2m1_sr(y, random_word(args.sr_key, index, copy));
+  return e2m1_encode(y);
+}
+
+void put_code(uint8_t* codes, int out_cols, int r, int c, uint8_t code) {
+  uint8_t& byte = codes[static_cast<size_t>(r) * ((out_cols + 1) / 2) + c / 2];
+  byte = (c & 1) ? e2m1_pack(e2m1_unpack(byte, 0), code) : e2m1_pack(code, e2m1_unpack(byte, 1));
+}
+
+uint32_t amax_bits_of(const float* v, int n) {
+  uint32_t m = 0;
+  for (int i = 0; i < n; i++) m = std::max(m, abs_bits_host(v[i]));
+  return m;
+}
+
+// One copy of a 1xN encoding: src (out_rows, out_cols) row-major (x itself, or x transposed), optionally rotated.
+void quantize_runs(uint8_t* codes, uint8_t* scales, float* tensor_scale_inv, const std::vector<float>& src, int out_rows,
+                   int out_cols, const Encoding& e, const QuantizeArgs& args, bool rotate, float source_amax, int copy) {
+  const bool nvfp4 = nvfp4_encoding(e);
+  const int n = e.block.cols, ld = scale_inv_ld(e, out_rows, out_cols);
+  std::vector<float> v = src;
+  if (rotate) hadamard_cpu(v.data(), v.size(), args.hadamard.size, args.hadamard.signs);  // rows are multiples of size
+  float tensor_amax = source_amax;
+  if (rotate) tensor_amax = bits_to_float(amax_bits_of(v.data(), static_cast<int>(v.size())));
+  const float s_enc = nvfp4 ? nvfp4_tensor_encode_scale(tensor_amax) : 1.0f;
+  if (nvfp4) *tensor_scale_inv = 1.0f / s_enc;
+  std::fill(scales, scales + scale_inv_bytes(e, out_rows, out_cols), nvfp4 ? kE4M3One : kE8M0One);
+  std::fill(codes, codes + code_bytes(e, out_rows, out_cols), 0);
+  for (int r = 0; r < out_rows; r++)
+    for (int c0 = 0; c0 < out_cols; c0 += n) {
+      const int len = std::min(n, out_cols - c0);
+      const float* block = v.data() + static_cast<size_t>(r) * out_cols + c0;
+      const BlockScale s = scale_of(nvfp4, bits_to_float(amax_bits_of(block, len)), s_enc);
+      scales[static_cast<size_t>(c0 / n) * ld + r] = s.code;
+      for (int i = 0; i < len; i++)
+        put_code(codes, out_cols, r, c0 + i,
+                 round_one(block[i], s.multiplier, args, static_cast<uint64_t>(r) * out_cols + c0 + i, copy));
+    }
+}
+
+}  // namespace
+
+void hadamard_cpu(float* v, size_t n, int size, uint32_t signs) {
+  if (size != 16 && size != 32) throw_error("hadamard_cpu: size = %d must be 16 or 32", size);
+  if (n % size != 0) throw_error("hadamard_cpu: n = %zu is not a multiple of size = %d", n, size);
+  for (size_t i = 0; i < n; i += size) hadamard_transform_n(v + i, size, signs);
+}
+
+void fp4_quantize_cpu(Fp4CpuOut* out, const float* x, int rows, int cols, const Encoding& e, const QuantizeArgs& args,
+                      const float* tensor_amax) {
+  const char* who = "fp4_quantize_cpu";
+  if (!fp4_encoding(e)) throw_error("%s: %s is not an FP4 encoding", who, encoding_name(e).c_str());
+  if (rows < 0 || cols < 0) throw_error("%s: rows = %d, cols = %d must be >= 0", who, rows, cols);
+  const size_t count = static_cast<size_t>(rows) * cols;
+  const float source_amax = tensor_amax ? *tensor_amax : bits_to_float(amax_bits_of(x, static_cast<int>(count)));
+  if (e.block == kBlock16x16) {
+    const float s_enc = nvfp4_tensor_encode_scale(source_amax);
+    const int rbs = static_cast<int>(ceil_div(rows, 16)), cbs = static_cast<int>(ceil_div(cols, 16));
+    const int ld = scale_inv_ld(e, rows, cols), ld_t = scale_inv_ld(e, cols, rows);
+    if (out->data) {
+      std::fill(out->scale_inv, out->scale_inv + scale_inv_bytes(e, rows, cols), kE4M3One);
+      std::fill(out->data, out->data + code_bytes(e, rows, cols), 0);
+      out->tensor_scale_inv = 1.0f / s_enc;
+    }
+    if (out->data_t) {
+      std::fill(out->scale_inv_t, out->scale_inv_t + scale_inv_bytes(e, cols, rows), kE4M3One);
+      std::fill(out->data_t, out->data_t + code_bytes(e, cols, rows), 0);
+      out->tensor_scale_inv_t = 1.0f / s_enc;
+    }
+    for (int rb = 0; rb < rbs; rb++)
+      for (int cb = 0; cb < cbs; cb++) {
+        const int r_end = std::min(rows, 16 * rb + 16), c_end = std::min(cols, 16 * cb + 16);
+        uint32_t m = 0;
+        for (int r = 16 * rb; r < r_end; r++)
+          for (int c = 16 * cb; c < c_end; c++) m = std::max(m, abs_bits_host(x[static_cast<size_t>(r) * cols + c]));
+        const BlockScale s = scale_of(true, bits_to_float(m), s_enc);
+        if (out->data) out->scale_inv[static_cast<size_t>(rb) * ld + cb] = s.code;
+        if (out->data_t) out->scale_inv_t[static_cast<size_t>(cb) * ld_t + rb] = s.code;
+        for (int r = 16 * rb; r < r_end; r++)
+          for (int c = 16 * cb; c < c_end; c++) {
+            const size_t i = static_cast<size_t>(r) * cols + c;
+            const uint8_t code = round_one(x[i], s.multiplier, args, i, 0);
+            if (out->data) put_code(out->data, cols, r, c, code);
+            if (out->data_t) put_code(out->data_t, rows, c, r, code);
+          }
+      }
+    return;
+  }
+  const bool h = args.hadamard.any();
+  if (out->data) {
+    std::vector<float> src(x, x + count);
+    quantize_runs(out->data, out->scale_inv, &out->tensor_scale_inv, src, rows, cols, e, args, h && args.hadamard.data,
+                  source_amax, 0);
+  }
+  if (out->data_t) {
+    std::vector<float> src_t(count);
+    for (int r = 0; r < rows; r++)
+      for (int c = 0; c < cols; c++) src_t[static_cast<size_t>(c) * rows + r] = x[static_cast<size_t>(r) * cols + c];
+    quantize_runs(out->data_t, out->scale_inv_t, &out->tensor_scale_inv_t, src_t, cols, rows, e, args,
+                  h && args.hadamard.data_t, source_amax, 1);
+  }
+}
+
+void fp4_dequantize_cpu(float* out, const uint8_t* codes, const uint8_t* scale_inv, float tensor_scale_inv, int rows,
+                        int cols, const Encoding& e) {
+  if (!fp4_encoding(e)) throw_error("fp4_dequantize_cpu: %s is not an FP4 encoding", encoding_name(e).c_str());
+  const bool nvfp4 = nvfp4_encoding(e);
+  const int ld = scale_inv_ld(e, rows, cols);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) {
+      const uint8_t code = e2m1_unpack(codes[static_cast<size_t>(r) * ((cols + 1) / 2) + c / 2], c);
+      const uint8_t s = scale_inv[scale_index(e.block, r, c, ld)];
+      out[static_cast<size_t>(r) * cols + c] =
+          nvfp4 ? mul_rn(mul_rn(e2m1_decode(code), fp8_decode(s, ElementFormat::E4M3)), tensor_scale_inv)
+                : mul_rn(e2m1_decode(code), e8m0_decode(s));
+    }
+}
+
+}  // namespace llmc
