@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "llmc/core/common.h"
@@ -37,7 +38,7 @@ size_t ShardLayout::owned_elements(int rank) const {
 json ShardLayout::to_json() const {
   json r = json::array();
   for (const ReduceRange& range : ranges) r.push_back({range.begin, range.end});
-  return json{{"align", kAlign},
+  return json{{"align", align},
               {"world_size", world_size},
               {"total_elements", total},
               {"replicated", {replicated_begin, total}},
@@ -46,12 +47,14 @@ json ShardLayout::to_json() const {
                        "replicated tail"}};
 }
 
-ShardLayout make_shard_layout(const ParamTable& table, int world_size) {
+ShardLayout make_shard_layout(const ParamTable& table, int world_size, size_t state_alignment) {
   if (world_size < 1) throw_error("shard layout: world size %d must be >= 1", world_size);
+  if (state_alignment < 1) throw_error("internal error: shard layout: state alignment %zu", state_alignment);
   ShardLayout L;
+  L.align = std::lcm(ShardLayout::kAlign, state_alignment);
   L.world_size = world_size;
   L.total = table.total_elements;
-  const size_t M = static_cast<size_t>(world_size) * ShardLayout::kAlign;
+  const size_t M = static_cast<size_t>(world_size) * L.align;
   L.replicated_begin = L.total / M * M;
 
   // Runs of consecutive tensors of the same block, in memory order.
@@ -116,11 +119,7 @@ ZeroAdamW::ZeroAdamW(Comm& comm, const ParamTable& table, bf16* params, float* g
     throw_error("parallel.zero_stage = %d: this build has ZeRO stages 0 (replicated optimizer) and 1 (sharded)",
                 zero_stage);
   stage_ = comm.distributed() ? zero_stage : 0;
-  layout_ = make_shard_layout(table, comm.world_size());
-  if (stage_ == 1 && ShardLayout::kAlign % opt.state_format.shard_alignment() != 0)
-    throw_error("optimizer.state_format = %s needs shard boundaries aligned to %zu elements, the ZeRO-1 layout aligns "
-                "them to %zu: use parallel.zero_stage = 0 or another state format", opt.state_format.name,
-                opt.state_format.shard_alignment(), ShardLayout::kAlign);
+  layout_ = make_shard_layout(table, comm.world_size(), opt.state_format.shard_alignment());
   int blocks = 0;
   for (const ParamInfo& p : table.params) blocks = std::max(blocks, p.layer + 1);
   layer_done_.assign(static_cast<size_t>(blocks), false);

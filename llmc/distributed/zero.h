@@ -15,7 +15,8 @@
 // the compute stream: no communication, the same kernels, the same bits (the single-GPU trainer's losses are
 // unchanged by this module).
 //
-// Layout. M = world_size * kAlign elements (kAlign = 32: 128 bytes of FP32). The buffer [0, total) is split into
+// Layout. M = world_size * align elements, align = lcm(kAlign, the state format's shard_alignment()) (kAlign = 32:
+// 128 bytes of FP32; 128 for the grouped formats fp8 and fp8_expand, so every piece holds whole groups of 128). The buffer [0, total) is split into
 // ranges whose ends are multiples of M, cut near the start of every run of same-block tensors (rounded so that the
 // few elements around a cut go to the range that becomes final later), plus a replicated tail
 // [replicated_begin, total) shorter than M. Rank r owns, in every range [b, e), the piece [b + r c, b + (r+1) c) with
@@ -23,8 +24,7 @@
 // gradient buffer, and the all-gather of the bf16 weights is in place too. The tail is all-reduced and updated by
 // every rank (it holds at most M - 1 elements of the last tensors). A range is reduced as soon as every block whose
 // gradients it holds has reported final (Model::set_grad_ready_hook), in descending memory order; the embeddings and
-// the ranges they share are reduced at the end of backward. Pieces are multiples of kAlign elements, which every
-// state format's StateFormat::shard_alignment() must divide (the constructor checks).
+// the ranges they share are reduced at the end of backward. Pieces are multiples of align elements.
 //
 // Gradient averaging: the trainer pre-scales the loss gradient by 1 / (B * T * accum * world_size) (grad_scale of
 // Model::forward), so the FP32 NCCL sum over ranks is already the mean; no division afterwards.
@@ -62,12 +62,13 @@ namespace llmc {
 // The shard layout
 
 struct ReduceRange {
-  size_t begin = 0, end = 0;  // multiples of world_size * ShardLayout::kAlign
+  size_t begin = 0, end = 0;  // multiples of world_size * ShardLayout::align
   std::vector<int> layers;    // blocks whose gradients it holds, ascending; -1 = tensors outside the blocks
 };
 
 struct ShardLayout {
   static constexpr size_t kAlign = 32;
+  size_t align = kAlign;  // element alignment of every piece: lcm(kAlign, the state format's shard alignment)
   int world_size = 1;
   size_t total = 0;              // ParamTable::total_elements
   size_t replicated_begin = 0;   // [replicated_begin, total): all-reduced, updated on every rank
@@ -81,8 +82,9 @@ struct ShardLayout {
   nlohmann::json to_json() const;
 };
 
-// Throws llmc::Error for world_size < 1.
-ShardLayout make_shard_layout(const ParamTable& table, int world_size);
+// Throws llmc::Error for world_size < 1. state_alignment: StateFormat::shard_alignment() of the run's state format (1
+// for the element-wise formats: the layout of every build before the grouped formats).
+ShardLayout make_shard_layout(const ParamTable& table, int world_size, size_t state_alignment = 1);
 
 
 // ------------------------------------------------------------------------------------------------------------------

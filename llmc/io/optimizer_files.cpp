@@ -3,6 +3,7 @@
 #include "llmc/io/optimizer_files.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "llmc/core/common.h"
@@ -78,14 +79,22 @@ const StateFormat& file_state_format(const SafetensorsReader& reader) {
   return *f;
 }
 
-// The tensor `name` of a moment must have the dtype of its storage and hold `elements` codes.
-void check_moment_tensor(const SafetensorsReader& reader, const char* name, const MomentStorage& storage,
+// The tensor `name` of a moment must have the dtype of its storage and hold `elements` codes (and a grouped moment's
+// "<name>_groups" the F32 metadata of their groups).
+void check_moment_tensor(const SafetensorsReader& reader, const std::string& name, const MomentStorage& storage,
                          size_t elements, const StateFormat& format) {
   const TensorEntry& e = reader.entry(name);
-  if (e.dtype != storage.safetensors_dtype() || e.nbytes != storage.bytes(elements))
+  if (e.dtype != storage.safetensors_dtype() || e.nbytes != storage.codes_bytes(elements))
     throw_error("%s: tensor '%s' is %s of %zu bytes; its pieces in state format %s need %s of %zu bytes (corrupt "
-                "shard?)", reader.path().c_str(), name, e.dtype.c_str(), e.nbytes, format.name,
-                storage.safetensors_dtype(), storage.bytes(elements));
+                "shard?)", reader.path().c_str(), name.c_str(), e.dtype.c_str(), e.nbytes, format.name,
+                storage.safetensors_dtype(), storage.codes_bytes(elements));
+  if (!storage.grouped()) return;
+  const std::string groups = name + "_groups";
+  const TensorEntry& g = reader.entry(groups);
+  if (g.dtype != "F32" || g.nbytes != storage.metadata_bytes(elements))
+    throw_error("%s: tensor '%s' is %s of %zu bytes; the group metadata of %zu elements in state format %s needs F32 "
+                "of %zu bytes (corrupt shard?)", reader.path().c_str(), groups.c_str(), g.dtype.c_str(), g.nbytes,
+                elements, format.name, storage.metadata_bytes(elements));
 }
 
 // The moments in `to`: decoded to FP32 and encoded again (n elements).
@@ -99,7 +108,31 @@ StoredMoments convert_moments(const StoredMoments& from, const StateFormat& to, 
   return out;
 }
 
-// The moments of `want` in the format of the files, from optimizer_m/v.safetensors (by name).
+// The tensor of a grouped moment's codes in optimizer_m/v.safetensors (the whole flat buffer).
+constexpr const char* kFlatCodes = "codes";
+
+// The checkpoint tensor names of a grouped moment's metadata: "<codes tensor>_groups".
+std::string groups_tensor(const std::string& codes_tensor) { return codes_tensor + "_groups"; }
+
+// A grouped moment must be cut at group boundaries (the last group of the buffer may be partial).
+void check_group_cut(const MomentStorage& st, size_t at, const char* what, const std::string& where) {
+  if (st.grouped() && at % st.group_size != 0)
+    throw_error("%s: %s %zu is not a multiple of the moments' group size %zu (corrupt or foreign checkpoint?)",
+                where.c_str(), what, at, st.group_size);
+}
+
+// Copies the elements [from, from + count) of the storage block `src` of src_n elements to [to, to + count) of `dst`
+// (dst_n elements): codes and, for a grouped moment, the metadata of their groups (from and to on group boundaries).
+void copy_moment_elements(const MomentStorage& st, const uint8_t* src, size_t src_n, size_t from, uint8_t* dst,
+                          size_t dst_n, size_t to, size_t count) {
+  const MomentView a = moment_view(st, const_cast<uint8_t*>(src), src_n, from), b = moment_view(st, dst, dst_n, to);
+  std::memcpy(b.codes, a.codes, st.codes_bytes(count));
+  if (st.grouped()) std::memcpy(b.groups, a.groups, st.metadata_bytes(count));
+}
+
+// The moments of `want` in the format of the files, from optimizer_m/v.safetensors (element-wise formats: one tensor
+// per parameter name; grouped formats: the flat codes "codes" and their metadata "codes_groups" of the whole buffer,
+// since a group may hold the end of one tensor and the alignment gap after it).
 StoredMoments read_named_moments(const std::string& step_dir, const ParamTable& table,
                                  const std::vector<ElementRange>& want, const std::vector<size_t>& dst, size_t n) {
   const SafetensorsReader readers[2] = {SafetensorsReader((fs::path(step_dir) / kMomentFiles[0]).string()),
@@ -111,14 +144,24 @@ StoredMoments read_named_moments(const std::string& step_dir, const ParamTable& 
   StoredMoments out = StoredMoments::zeros(format, n);
   const MomentStorage* storage[2] = {&format.m, &format.v};
   std::vector<uint8_t>* moment[2] = {&out.m, &out.v};
+  const size_t total = table.total_elements;
   for (int k = 0; k < 2; k++) {
     const MomentStorage& st = *storage[k];
-    std::vector<uint8_t> full(st.bytes(table.total_elements), 0);
-    read_named_tensors(readers[k], table, st.safetensors_dtype(), full.data());
-    for (size_t i = 0; i < want.size(); i++)
-      std::copy(full.begin() + static_cast<long>(st.bytes(want[i].first)),
-                full.begin() + static_cast<long>(st.bytes(want[i].second)),
-                moment[k]->begin() + static_cast<long>(st.bytes(dst[i])));
+    std::vector<uint8_t> full(st.bytes(total), 0);
+    if (st.grouped()) {
+      check_moment_tensor(readers[k], kFlatCodes, st, total, format);
+      const MomentView view = moment_view(st, full.data(), total, 0);
+      readers[k].read_into(kFlatCodes, view.codes, st.codes_bytes(total));
+      readers[k].read_into(groups_tensor(kFlatCodes), view.groups, st.metadata_bytes(total));
+    } else {
+      read_named_tensors(readers[k], table, st.safetensors_dtype(), full.data());
+    }
+    for (size_t i = 0; i < want.size(); i++) {
+      check_group_cut(st, want[i].first, "piece start", readers[k].path());
+      check_group_cut(st, dst[i], "local offset", readers[k].path());
+      copy_moment_elements(st, full.data(), total, want[i].first, moment[k]->data(), n, dst[i],
+                           want[i].second - want[i].first);
+    }
   }
   return out;
 }
@@ -169,8 +212,18 @@ StoredMoments read_sharded_moments(const std::string& step_dir, const TrainerSta
         const size_t b = std::max(g.first, want[i].first), e = std::min(g.second, want[i].second);
         if (b >= e) continue;
         const size_t src = lo + (b - g.first), to = dst[i] + (b - want[i].first);
-        reader.read_range("m", format.m.bytes(src), out.m.data() + format.m.bytes(to), format.m.bytes(e - b));
-        reader.read_range("v", format.v.bytes(src), out.v.data() + format.v.bytes(to), format.v.bytes(e - b));
+        const std::pair<const char*, const MomentStorage*> moments[2] = {{"m", &format.m}, {"v", &format.v}};
+        std::vector<uint8_t>* blocks[2] = {&out.m, &out.v};
+        for (int k = 0; k < 2; k++) {
+          const auto [name, st] = moments[k];
+          check_group_cut(*st, src, "piece offset", path);
+          check_group_cut(*st, to, "local offset", path);
+          const MomentView view = moment_view(*st, blocks[k]->data(), n, to);
+          reader.read_range(name, st->codes_bytes(src), static_cast<uint8_t*>(view.codes), st->codes_bytes(e - b));
+          if (st->grouped())
+            reader.read_range(groups_tensor(name), st->metadata_bytes(src), reinterpret_cast<uint8_t*>(view.groups),
+                              st->metadata_bytes(e - b));
+        }
         std::fill(covered.begin() + static_cast<long>(to), covered.begin() + static_cast<long>(to + (e - b)), true);
       }
   }
@@ -183,6 +236,14 @@ StoredMoments read_sharded_moments(const std::string& step_dir, const TrainerSta
                 "another layout", step_dir.c_str(), g);
   }
   return out;
+}
+
+// The state format of a checkpoint's moments, from its first moment file (fp32 when there is none: the readers then
+// say what is missing).
+const StateFormat& checkpoint_state_format(const std::string& step_dir, bool named) {
+  const fs::path first = fs::path(step_dir) / (named ? std::string(kMomentFiles[0]) : optimizer_shard_file(0));
+  if (!fs::exists(first)) return StateFormat::fp32();
+  return file_state_format(SafetensorsReader(first.string()));
 }
 
 }  // namespace
@@ -209,10 +270,41 @@ StoredMoments read_optimizer_moments(const std::string& step_dir, const TrainerS
     n += want[i].second - want[i].first;
   }
   // Full moments by parameter name (one rank, or ZeRO-0), else ZeRO-1 shards.
-  StoredMoments saved = fs::exists(fs::path(step_dir) / kMomentFiles[0])
-                            ? read_named_moments(step_dir, table, want, dst, n)
-                            : read_sharded_moments(step_dir, state, table, want, dst, n);
+  const bool named = fs::exists(fs::path(step_dir) / kMomentFiles[0]);
+  const auto read = [&](const std::vector<ElementRange>& pieces, const std::vector<size_t>& at, size_t count) {
+    return named ? read_named_moments(step_dir, table, pieces, at, count)
+                 : read_sharded_moments(step_dir, state, table, pieces, at, count);
+  };
   note->clear();
+  const StateFormat& saved_format = checkpoint_state_format(step_dir, named);
+  const size_t G = saved_format.shard_alignment(), total = table.total_elements;
+  bool whole_groups = true;
+  for (size_t i = 0; i < want.size(); i++)
+    whole_groups = whole_groups && want[i].first % G == 0 && dst[i] % G == 0 &&
+                   (want[i].second % G == 0 || want[i].second == total);
+  if (!whole_groups) {
+    // Pieces that cut the checkpoint's groups (a run of an element-wise format reading grouped moments): each piece's
+    // whole groups are read and decoded, and the piece is cut from them.
+    std::vector<float> m(n), v(n), piece_values;
+    for (size_t i = 0; i < want.size(); i++) {
+      const size_t b = want[i].first / G * G, e = std::min(round_up(want[i].second, G), total);
+      const StoredMoments piece = read({{b, e}}, {0}, e - b);
+      piece_values.resize(e - b);
+      decode_moment(piece.format.m, piece.m.data(), e - b, piece_values.data());
+      std::copy_n(piece_values.begin() + static_cast<long>(want[i].first - b), want[i].second - want[i].first,
+                  m.begin() + static_cast<long>(dst[i]));
+      decode_moment(piece.format.v, piece.v.data(), e - b, piece_values.data());
+      std::copy_n(piece_values.begin() + static_cast<long>(want[i].first - b), want[i].second - want[i].first,
+                  v.begin() + static_cast<long>(dst[i]));
+    }
+    StoredMoments out{format, std::vector<uint8_t>(format.m.bytes(n)), std::vector<uint8_t>(format.v.bytes(n))};
+    encode_moment(format.m, m.data(), n, out.m.data());
+    encode_moment(format.v, v.data(), n, out.v.data());
+    *note = strformat("optimizer state: checkpoint has %s moments, this run %s: converted", saved_format.name,
+                      format.name);
+    return out;
+  }
+  StoredMoments saved = read(want, dst, n);
   if (saved.format == format) return saved;
   *note = strformat("optimizer state: checkpoint has %s moments, this run %s: converted", saved.format.name,
                     format.name);
@@ -236,20 +328,46 @@ void write_optimizer_snapshot(const OptimizerSnapshot& snap, const std::string& 
   const StateFormat& format = moments.format;
   const auto path = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
   if (rank == 0) write_param_tensors(path(kModelFile), *table, snap.master_full.data(), "fp32 master weights");
+  // A grouped moment of n elements: its codes as `name` [n] and its metadata as `name`_groups [groups, scales].
+  const auto add_grouped = [](SafetensorsWriter& w, const std::string& name, const MomentStorage& st,
+                              const std::vector<uint8_t>& block, size_t n) {
+    const MomentView view = moment_view(st, const_cast<uint8_t*>(block.data()), n, 0);
+    w.add(name, st.safetensors_dtype(), {static_cast<int64_t>(n)}, view.codes, st.codes_bytes(n));
+    w.add(groups_tensor(name), "F32", {static_cast<int64_t>(st.num_groups(n)), st.scales_per_group}, view.groups,
+          st.metadata_bytes(n));
+  };
   if (snap.kind == "full") {
     if (rank != 0) return;
-    write_named_tensors(path(kMomentFiles[0]), *table, moments.m.data(), format.m.safetensors_dtype(),
-                        std::string("adamw first moment, ") + format.name, &format);
-    write_named_tensors(path(kMomentFiles[1]), *table, moments.v.data(), format.v.safetensors_dtype(),
-                        std::string("adamw second moment, ") + format.name, &format);
+    const std::vector<uint8_t>* blocks[2] = {&moments.m, &moments.v};
+    const MomentStorage* storage[2] = {&format.m, &format.v};
+    const char* what[2] = {"adamw first moment, ", "adamw second moment, "};
+    for (int k = 0; k < 2; k++) {
+      if (!storage[k]->grouped()) {
+        write_named_tensors(path(kMomentFiles[k]), *table, blocks[k]->data(), storage[k]->safetensors_dtype(),
+                            what[k] + std::string(format.name), &format);
+        continue;
+      }
+      SafetensorsWriter w;
+      add_grouped(w, kFlatCodes, *storage[k], *blocks[k], table->total_elements);
+      w.set_metadata("format", "llm8");
+      w.set_metadata("content", what[k] + std::string(format.name) + " of the whole flat parameter buffer: codes "
+                                "and the FP32 metadata of every group of " + std::to_string(storage[k]->group_size));
+      w.set_metadata(kStateFormatKey, format.name);
+      w.write(path(kMomentFiles[k]));
+    }
     return;
   }
   SafetensorsWriter w;
   const std::vector<float>& master = snap.master;
   const int64_t n = static_cast<int64_t>(master.size());
   w.add("master", "F32", {n}, master.data(), master.size() * sizeof(float));
-  w.add("m", format.m.safetensors_dtype(), {n}, moments.m.data(), moments.m.size());
-  w.add("v", format.v.safetensors_dtype(), {n}, moments.v.data(), moments.v.size());
+  if (format.m.grouped()) {
+    add_grouped(w, "m", format.m, moments.m, master.size());
+    add_grouped(w, "v", format.v, moments.v, master.size());
+  } else {
+    w.add("m", format.m.safetensors_dtype(), {n}, moments.m.data(), moments.m.size());
+    w.add("v", format.v.safetensors_dtype(), {n}, moments.v.data(), moments.v.size());
+  }
   json pieces = json::array();
   for (const ElementRange& r : snap.owned) pieces.push_back({r.first, r.second});
   w.set_metadata("format", "llm8");

@@ -5,12 +5,16 @@
 //   optimizer_rank%05d.safetensors    ZeRO-1: one per rank, its master weights, m and v of the flat-buffer pieces it
 //                                     owns, with the pieces, the layout and the parameter-table fingerprint in the
 //                                     metadata
-// The moments are tensors of their stored dtype (llmc/optim/state_format.h: F32 for fp32, BF16 for bf16), and every
+// The moments are tensors of their stored dtype (llmc/optim/state_format.h: F32 for fp32, BF16 for bf16, F8_E4M3 for
+// fp8 / fp8_expand, whose FP32 group metadata is the tensor "<codes>_groups" [groups, scales per group] next to the
+// codes: "m_groups" / "v_groups" in the shards; optimizer_m/v.safetensors of a grouped format hold the whole flat
+// buffer as "codes" and "codes_groups", since a group can hold a tensor's end and the gap after it), and every
 // file holding moments records their format in the metadata key "state_format", except fp32: its files are exactly
 // those of the builds before the key existed, and a file without the key holds fp32 moments.
 // Any of them can be read back into any world size and stage (re-sharding by global element offset; the element-wise
-// formats can be cut at any element), and into any state format (decoded to FP32 and encoded to the run's format
-// once, on load, with a note saying so).
+// formats can be cut at any element, the grouped ones are copied by whole groups, and pieces that cut a saved group
+// are decoded from its whole group), and into any state format (decoded to FP32 and encoded to the run's format once,
+// on load, with a note saying so). Codes and metadata are copied exactly, so a run resumes bit for bit.
 #pragma once
 
 #include <string>

@@ -47,11 +47,17 @@ AdamW::AdamW(const ParamTable& table, const OptimizerConfig& config, std::vector
     throw_error("AdamW: optimizer.beta1=%g and optimizer.beta2=%g must lie in [0, 1)", config.beta1, config.beta2);
   if (!(config.eps > 0.0)) throw_error("AdamW: optimizer.eps=%g must be > 0", config.eps);
   const size_t align = format_.shard_alignment(), total = table.total_elements;
-  for (const StateRange& r : ranges_) {
+  if (ParamTable::kAlign % align != 0)
+    throw_error("internal error: optimizer.state_format = %s groups %zu elements, but tensors start at multiples of "
+                "%zu", format_.name, align, ParamTable::kAlign);
+  for (size_t i = 0; i < ranges_.size(); i++) {
+    const StateRange& r = ranges_[i];
     const auto [b, e] = r.elements;
     if (b >= e || e > total)
       throw_error("internal error: optimizer range [%zu, %zu) is empty or outside the %zu parameters", b, e, total);
-    if (b % align != 0 || (e % align != 0 && e != total))
+    // Only the last range may end inside a group (the partial last group of the buffer), so that every range starts
+    // on a group boundary of the local storage as well.
+    if (b % align != 0 || (e % align != 0 && (e != total || i + 1 != ranges_.size())))
       throw_error("optimizer.state_format = %s stores the moments in groups of %zu elements, but the optimizer range "
                   "[%zu, %zu) cuts a group: the shard layout must align to the groups", format_.name, align, b, e);
     // The tensors (in table order) inside the range, one segment each.
@@ -125,11 +131,12 @@ void AdamW::clipped_update(bf16* params, const float* grads, const float* partia
   if (t < 1) throw_error("AdamW::step: the step count t=%d must be 1-based", t);
   global_norm_finish(norm_, partials, static_cast<int>(count), s);
   clip_scale_from_norm(grad_scale_, norm_, grad_clip, s);
+  // One launch per segment: a segment starts on a group boundary (tensors start at multiples of ParamTable::kAlign,
+  // ranges at multiples of the shard alignment) and the rest of its last group is an alignment gap no segment holds.
   for (const Segment& seg : segments_)
     adamw_update(format_, master_ + seg.local, params + seg.global, grads + seg.global,
-                 static_cast<uint8_t*>(m_) + format_.m.bytes(seg.local),
-                 static_cast<uint8_t*>(v_) + format_.v.bytes(seg.local), seg.numel, lr, beta1_, beta2_, eps_,
-                 seg.weight_decay ? weight_decay_ : 0.0f, t, grad_scale_, s);
+                 moment_view(format_.m, m_, n_, seg.local), moment_view(format_.v, v_, n_, seg.local), seg.numel, lr,
+                 beta1_, beta2_, eps_, seg.weight_decay ? weight_decay_ : 0.0f, t, grad_scale_, s);
 }
 
 float AdamW::last_grad_norm(cudaStream_t s) {

@@ -1,6 +1,7 @@
-// llmc/optim/adamw_update.cu: the AdamW update kernel, one body templated on the moment storage
-// (llmc/optim/moment_storage.cuh), on FP32 master weights, writing the bf16 working weights (round to nearest even),
-// and the clipping scale from the global norm (llmc/optim/adamw_update.h).
+// llmc/optim/adamw_update.cu: the AdamW update kernels on FP32 master weights, writing the bf16 working weights (round
+// to nearest even): one element-wise body templated on the element-wise moment storages and one fused per-group body
+// templated on the grouped ones (llmc/optim/moment_storage.cuh), and the clipping scale from the global norm
+// (llmc/optim/adamw_update.h).
 #include <cmath>
 
 #include "llmc/core/common.h"
@@ -71,6 +72,82 @@ void launch_adamw(float* master, bf16* params, const float* grads, typename Stor
   }
 }
 
+// One warp per group of kMomentGroupSize elements, kGroupsPerBlock groups per block (design in adamw_update.h).
+constexpr int kGroupsPerBlock = 8;
+constexpr int kPerLane = static_cast<int>(kMomentGroupSize) / kWarpSize;
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+__device__ inline void warp_merge(GroupStats& s) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    s.merge(__shfl_xor_sync(kFullWarp, s.max_abs, offset), __shfl_xor_sync(kFullWarp, s.min_nonzero, offset));
+}
+
+template <class Storage>
+__global__ void adamw_group_kernel(float* master, bf16* params, const float* grads, typename Storage::Code* m_codes,
+                                   float* m_groups, typename Storage::Code* v_codes, float* v_groups, size_t n,
+                                   size_t num_groups, AdamWStep step, const float* grad_scale) {
+  constexpr int S = Storage::kScalesPerGroup;
+  const size_t group = static_cast<size_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  if (group >= num_groups) return;  // the whole warp
+  const float scale = *grad_scale;
+  if (!isfinite(scale)) return;  // skipped step (non-finite gradient norm): master, m, v, params unchanged
+  const size_t base = group * kMomentGroupSize;
+  const int count = static_cast<int>(n - base < kMomentGroupSize ? n - base : kMomentGroupSize);
+  const typename Storage::Group m_in = Storage::load(m_groups + group * S), v_in = Storage::load(v_groups + group * S);
+
+  float w[kPerLane], mk[kPerLane], vk[kPerLane];
+  GroupStats m_stats, v_stats;
+  bool finite = true;
+#pragma unroll
+  for (int k = 0; k < kPerLane; k++) {
+    const int i = lane + k * kWarpSize;
+    if (i >= count) continue;
+    w[k] = master[base + i];
+    mk[k] = Storage::decode(m_codes[base + i], m_in);
+    vk[k] = Storage::decode(v_codes[base + i], v_in);
+    adamw_element(w[k], mk[k], vk[k], grads[base + i], scale, step);
+    finite = finite && isfinite(w[k]) && isfinite(mk[k]) && isfinite(vk[k]);
+    m_stats.add(mk[k]);
+    v_stats.add(vk[k]);
+  }
+  if (!__all_sync(kFullWarp, finite)) return;  // a non-finite group writes nothing
+  warp_merge(m_stats);
+  warp_merge(v_stats);
+  const typename Storage::Group m_out = Storage::fit(m_stats), v_out = Storage::fit(v_stats);
+#pragma unroll
+  for (int k = 0; k < kPerLane; k++) {
+    const int i = lane + k * kWarpSize;
+    if (i >= count) continue;
+    master[base + i] = w[k];
+    params[base + i] = __float2bfloat16_rn(w[k]);
+    m_codes[base + i] = Storage::encode(mk[k], m_out);
+    v_codes[base + i] = Storage::encode(vk[k], v_out);
+  }
+  if (lane == 0) {
+    Storage::store(m_out, m_groups + group * S);
+    Storage::store(v_out, v_groups + group * S);
+  }
+}
+
+template <class Storage>
+void launch_adamw_grouped(float* master, bf16* params, const float* grads, MomentView m, MomentView v, size_t n,
+                          float lr, float beta1, float beta2, float eps, float weight_decay, int t,
+                          const float* grad_scale, cudaStream_t stream) {
+  using Code = typename Storage::Code;
+  const AdamWStep step = make_adamw_step(lr, beta1, beta2, eps, weight_decay, t);
+  if (n == 0) return;
+  if (!m.groups || !v.groups)
+    throw_error("internal error: adamw_update of grouped moments without their group metadata");
+  const size_t num_groups = ceil_div(n, kMomentGroupSize);
+  adamw_group_kernel<Storage><<<ceil_div(num_groups, static_cast<size_t>(kGroupsPerBlock)),
+                                kGroupsPerBlock * kWarpSize, 0, stream>>>(
+      master, params, grads, static_cast<Code*>(m.codes), m.groups, static_cast<Code*>(v.codes), v.groups, n,
+      num_groups, step, grad_scale);
+  CUDA_CHECK_LAUNCH();
+}
+
 void adamw_update(float* master, bf16* params, const float* grads, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t, const float* grad_scale,
                   cudaStream_t stream) {
@@ -85,17 +162,25 @@ void adamw_update(float* master, bf16* params, const float* grads, bf16* m, bf16
                             stream);
 }
 
-void adamw_update(const StateFormat& format, float* master, bf16* params, const float* grads, void* m, void* v,
-                  size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t,
+void adamw_update(const StateFormat& format, float* master, bf16* params, const float* grads, MomentView m,
+                  MomentView v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t,
                   const float* grad_scale, cudaStream_t stream) {
   switch (format.id) {
     case Fp32Moments::kFormat:
-      launch_adamw<Fp32Moments>(master, params, grads, static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1,
-                                beta2, eps, weight_decay, t, grad_scale, stream);
+      launch_adamw<Fp32Moments>(master, params, grads, static_cast<float*>(m.codes), static_cast<float*>(v.codes), n,
+                                lr, beta1, beta2, eps, weight_decay, t, grad_scale, stream);
       return;
     case Bf16Moments::kFormat:
-      launch_adamw<Bf16Moments>(master, params, grads, static_cast<bf16*>(m), static_cast<bf16*>(v), n, lr, beta1,
-                                beta2, eps, weight_decay, t, grad_scale, stream);
+      launch_adamw<Bf16Moments>(master, params, grads, static_cast<bf16*>(m.codes), static_cast<bf16*>(v.codes), n,
+                                lr, beta1, beta2, eps, weight_decay, t, grad_scale, stream);
+      return;
+    case Fp8Moments::kFormat:
+      launch_adamw_grouped<Fp8Moments>(master, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                                       grad_scale, stream);
+      return;
+    case Fp8ExpandMoments::kFormat:
+      launch_adamw_grouped<Fp8ExpandMoments>(master, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                                             grad_scale, stream);
       return;
   }
   throw_error("internal error: adamw_update has no kernel for optimizer state format '%s'", format.name);

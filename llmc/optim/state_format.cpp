@@ -1,12 +1,14 @@
 // llmc/optim/state_format.cpp: the table of optimizer-state formats and their host codecs (llmc/optim/state_format.h).
 #include "llmc/optim/state_format.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
 
 #include "llmc/core/common.h"
 #include "llmc/core/dtypes.h"
+#include "llmc/optim/moment_storage.cuh"
 
 namespace llmc {
 
@@ -32,17 +34,58 @@ void decode_bf16(const void* codes, size_t n, float* values) {
   for (size_t i = 0; i < n; i++) values[i] = bf16_decode(in[i]);
 }
 
+// E4M3 codes on their own (the grouped storages scale them; see encode_grouped).
+void encode_e4m3(const float* values, size_t n, void* codes) {
+  uint8_t* out = static_cast<uint8_t*>(codes);
+  for (size_t i = 0; i < n; i++) out[i] = e4m3_encode(values[i]);
+}
+void decode_e4m3(const void* codes, size_t n, float* values) {
+  const uint8_t* in = static_cast<const uint8_t*>(codes);
+  for (size_t i = 0; i < n; i++) values[i] = e4m3_decode(in[i]);
+}
+
 const ElementCodec& codec(MomentElement element) {
   static const ElementCodec codecs[] = {
       {MomentElement::F32, sizeof(float), "F32", encode_f32, decode_f32},
       {MomentElement::BF16, sizeof(uint16_t), "BF16", encode_bf16, decode_bf16},
+      {MomentElement::E4M3, sizeof(uint8_t), "F8_E4M3", encode_e4m3, decode_e4m3},
   };
   for (const ElementCodec& c : codecs)
     if (c.element == element) return c;
   throw_error("internal error: unknown moment element type %d", static_cast<int>(element));
 }
 
+// A grouped moment, group by group, with the storage's own quantiser (llmc/optim/moment_storage.cuh).
+template <class Storage>
+void encode_grouped(const MomentStorage& st, const float* values, size_t n, void* block) {
+  const MomentView view = moment_view(st, block, n, 0);
+  auto* codes = static_cast<typename Storage::Code*>(view.codes);
+  for (size_t g = 0, b = 0; b < n; g++, b += st.group_size)
+    encode_group<Storage>(values + b, std::min(st.group_size, n - b), codes + b,
+                          view.groups + g * Storage::kScalesPerGroup);
+}
+template <class Storage>
+void decode_grouped(const MomentStorage& st, const void* block, size_t n, float* values) {
+  const MomentView view = moment_view(st, const_cast<void*>(block), n, 0);
+  const auto* codes = static_cast<const typename Storage::Code*>(view.codes);
+  for (size_t g = 0, b = 0; b < n; g++, b += st.group_size)
+    decode_group<Storage>(codes + b, view.groups + g * Storage::kScalesPerGroup, std::min(st.group_size, n - b),
+                          values + b);
+}
+
 }  // namespace
+
+MomentView moment_view(const MomentStorage& storage, void* block, size_t n, size_t offset) {
+  if (offset % storage.group_size != 0 || offset > n)
+    throw_error("internal error: moment offset %zu is not a group boundary (groups of %zu) inside %zu elements",
+                offset, storage.group_size, n);
+  uint8_t* base = static_cast<uint8_t*>(block);
+  MomentView view;
+  view.codes = base + storage.metadata_bytes(n) + storage.codes_bytes(offset);
+  if (storage.grouped())
+    view.groups = reinterpret_cast<float*>(base) + offset / storage.group_size * storage.scales_per_group;
+  return view;
+}
 
 size_t MomentStorage::code_bytes() const { return codec(element).bytes; }
 const char* MomentStorage::safetensors_dtype() const { return codec(element).dtype; }
@@ -53,12 +96,20 @@ const std::vector<StateFormat>& state_formats() {
   static const std::vector<StateFormat> formats = {
       {StateFormat::Id::FP32, "fp32", {MomentElement::F32, 1, 0}, {MomentElement::F32, 1, 0}},
       {StateFormat::Id::BF16, "bf16", {MomentElement::BF16, 1, 0}, {MomentElement::BF16, 1, 0}},
+      {StateFormat::Id::FP8, "fp8",
+       {MomentElement::E4M3, kMomentGroupSize, Fp8Moments::kScalesPerGroup, MomentScaling::GroupMax},
+       {MomentElement::E4M3, kMomentGroupSize, Fp8Moments::kScalesPerGroup, MomentScaling::GroupMax}},
+      {StateFormat::Id::FP8_EXPAND, "fp8_expand",
+       {MomentElement::E4M3, kMomentGroupSize, Fp8ExpandMoments::kScalesPerGroup, MomentScaling::RangeExpansion},
+       {MomentElement::E4M3, kMomentGroupSize, Fp8ExpandMoments::kScalesPerGroup, MomentScaling::RangeExpansion}},
   };
   return formats;
 }
 
 const StateFormat& StateFormat::fp32() { return state_formats()[0]; }
 const StateFormat& StateFormat::bf16() { return state_formats()[1]; }
+const StateFormat& StateFormat::fp8() { return state_formats()[2]; }
+const StateFormat& StateFormat::fp8_expand() { return state_formats()[3]; }
 
 std::vector<std::string> state_format_names() {
   std::vector<std::string> names;
@@ -80,12 +131,22 @@ const StateFormat& parse_state_format(const std::string& name) {
               valid.c_str());
 }
 
-void encode_moment(const MomentStorage& storage, const float* values, size_t n, void* codes) {
-  codec(storage.element).encode(values, n, codes);
+void encode_moment(const MomentStorage& storage, const float* values, size_t n, void* block) {
+  switch (storage.scaling) {
+    case MomentScaling::None: codec(storage.element).encode(values, n, block); return;
+    case MomentScaling::GroupMax: encode_grouped<Fp8Moments>(storage, values, n, block); return;
+    case MomentScaling::RangeExpansion: encode_grouped<Fp8ExpandMoments>(storage, values, n, block); return;
+  }
+  throw_error("internal error: unknown moment scaling %d", static_cast<int>(storage.scaling));
 }
 
-void decode_moment(const MomentStorage& storage, const void* codes, size_t n, float* values) {
-  codec(storage.element).decode(codes, n, values);
+void decode_moment(const MomentStorage& storage, const void* block, size_t n, float* values) {
+  switch (storage.scaling) {
+    case MomentScaling::None: codec(storage.element).decode(block, n, values); return;
+    case MomentScaling::GroupMax: decode_grouped<Fp8Moments>(storage, block, n, values); return;
+    case MomentScaling::RangeExpansion: decode_grouped<Fp8ExpandMoments>(storage, block, n, values); return;
+  }
+  throw_error("internal error: unknown moment scaling %d", static_cast<int>(storage.scaling));
 }
 
 }  // namespace llmc

@@ -77,13 +77,17 @@ ParamTable odd_table() {
 // Layout
 
 TEST(ShardLayout, TilesTheBufferAndEveryElementHasOneOwner) {
+  // state alignment 1: the element-wise formats (pieces of 32); 128: fp8 / fp8_expand (whole groups of 128)
+  for (size_t state_align : {size_t{1}, llmc::kMomentGroupSize})
   for (const char* preset : {"gpt2-tiny", "odd", "llama-tiny", "gpt2-124m"})
     for (int world : {1, 2, 3, 4, 5, 8}) {
       if (std::string(preset) == "gpt2-124m" && world != 3 && world != 8) continue;  // large: two worlds suffice
-      SCOPED_TRACE(std::string(preset) + " world " + std::to_string(world));
+      SCOPED_TRACE(std::string(preset) + " world " + std::to_string(world) + " state alignment " +
+                   std::to_string(state_align));
       const ParamTable table = std::string(preset) == "odd" ? odd_table() : table_of(preset);
-      const ShardLayout L = llmc::make_shard_layout(table, world);
-      const size_t M = static_cast<size_t>(world) * ShardLayout::kAlign;
+      const ShardLayout L = llmc::make_shard_layout(table, world, state_align);
+      EXPECT_EQ(L.align, state_align == 1 ? ShardLayout::kAlign : llmc::kMomentGroupSize);
+      const size_t M = static_cast<size_t>(world) * L.align;
       EXPECT_EQ(L.total, table.total_elements);
       EXPECT_EQ(L.replicated_begin % M, 0u);
       EXPECT_LT(L.total - L.replicated_begin, M);
@@ -109,7 +113,8 @@ TEST(ShardLayout, TilesTheBufferAndEveryElementHasOneOwner) {
         const auto pieces = L.owned(r);
         EXPECT_EQ(pieces.size(), L.ranges.size() + (L.replicated_begin < L.total ? 1 : 0));
         for (const ElementRange& p : pieces) {
-          EXPECT_EQ(p.first % ShardLayout::kAlign, 0u);  // 128-byte aligned pieces: vectorised AdamW
+          EXPECT_EQ(p.first % L.align, 0u);  // 128-byte aligned pieces (vectorised AdamW), whole groups
+          if (p.second != L.total) EXPECT_EQ(p.second % L.align, 0u);
           for (size_t i = p.first; i < p.second; i++) owners[i]++;
         }
         owned_total += L.owned_elements(r);
@@ -122,9 +127,13 @@ TEST(ShardLayout, TilesTheBufferAndEveryElementHasOneOwner) {
     }
   EXPECT_NE(error_of([] { llmc::make_shard_layout(table_of("gpt2-tiny"), 0); }).find("world size 0"),
             std::string::npos);
-  // every state format of this build can be cut where the layout cuts
-  for (const llmc::StateFormat& f : llmc::state_formats())
-    EXPECT_EQ(ShardLayout::kAlign % f.shard_alignment(), 0u) << f.name;
+  // every state format of this build gets a layout cut only at its alignment, and the element-wise formats keep the
+  // layout of the builds before the grouped formats
+  for (const llmc::StateFormat& f : llmc::state_formats()) {
+    const ShardLayout L = llmc::make_shard_layout(table_of("gpt2-tiny"), 3, f.shard_alignment());
+    EXPECT_EQ(L.align % f.shard_alignment(), 0u) << f.name;
+    if (f.shard_alignment() == 1) EXPECT_EQ(L.to_json(), llmc::make_shard_layout(table_of("gpt2-tiny"), 3).to_json());
+  }
 }
 
 // The schedule the optimizer runs: blocks report final from the last to the first, then -1 (the end of backward).

@@ -87,16 +87,24 @@ StoredMoments stored(const FullState& full, const std::vector<ElementRange>& ran
   return s;
 }
 
-std::vector<float> decoded(const std::vector<uint8_t>& codes, const llmc::MomentStorage& storage) {
-  std::vector<float> x(codes.size() / storage.code_bytes());
-  llmc::decode_moment(storage, codes.data(), x.size(), x.data());
+size_t elements(const std::vector<ElementRange>& ranges) {
+  size_t n = 0;
+  for (const ElementRange& r : ranges) n += r.second - r.first;
+  return n;
+}
+
+// The n values a moment's storage block holds.
+std::vector<float> decoded(const std::vector<uint8_t>& block, const llmc::MomentStorage& storage, size_t n) {
+  EXPECT_EQ(block.size(), storage.bytes(n));
+  std::vector<float> x(n);
+  llmc::decode_moment(storage, block.data(), n, x.data());
   return x;
 }
 
 // Writes a checkpoint's optimizer files as `world` ranks at `stage` would, through write_optimizer_snapshot.
 llmc::TrainerState write_state(const std::string& dir, const ParamTable& table, const FullState& full, int world,
                                int stage, const StateFormat& format) {
-  const ShardLayout L = llmc::make_shard_layout(table, world);
+  const ShardLayout L = llmc::make_shard_layout(table, world, format.shard_alignment());
   for (int r = 0; r < world; r++) {
     llmc::OptimizerSnapshot s;
     s.table = &table;
@@ -291,21 +299,24 @@ TEST_F(OptimizerFiles, ReshardsToAnyWorldSizeInEveryFormat) {
       for (size_t i = 0; i < master.size(); i++)
         if (in_tensor[i]) ASSERT_EQ(master[i], full.master[i]) << i;
       const StoredMoments all = stored(full, whole(table), format);
-      const std::vector<float> all_m = decoded(all.m, format.m), all_v = decoded(all.v, format.v);
+      const size_t total = table.total_elements;
+      const std::vector<float> all_m = decoded(all.m, format.m, total), all_v = decoded(all.v, format.v, total);
       for (int world : {1, 2, 4, 5}) {
-        const ShardLayout L = llmc::make_shard_layout(table, world);
+        const ShardLayout L = llmc::make_shard_layout(table, world, format.shard_alignment());
         for (int r = 0; r < world; r++) {
           const std::vector<ElementRange> want = world == 1 ? whole(table) : L.owned(r);
           std::string note = "stale";
           const StoredMoments got = llmc::read_optimizer_moments(dir, st, table, want, format, &note);
           EXPECT_TRUE(note.empty()) << note;
           ASSERT_TRUE(got.format == format);
-          const std::vector<float> m = decoded(got.m, format.m), v = decoded(got.v, format.v);
+          const size_t n = elements(want);
+          const std::vector<float> m = decoded(got.m, format.m, n), v = decoded(got.v, format.v, n);
           size_t at = 0;
           for (const ElementRange& p : want)
             for (size_t i = p.first; i < p.second; i++, at++) {
-              // the by-name format holds tensors only (gaps read as 0); shards hold gaps too
-              const bool known = in_tensor[i] || saved_stage == 1;
+              // the by-name files of element-wise formats hold tensors only (gaps read as 0); shards and the flat
+              // files of grouped formats hold gaps too
+              const bool known = in_tensor[i] || saved_stage == 1 || format.m.grouped();
               ASSERT_EQ(m[at], known ? all_m[i] : 0.0f) << "world " << world << " rank " << r << " element " << i;
               ASSERT_EQ(v[at], known ? all_v[i] : 0.0f) << "world " << world << " rank " << r << " element " << i;
             }
@@ -331,7 +342,7 @@ TEST_F(OptimizerFiles, ConvertsAnotherStateFormatOnLoadWithANote) {
                                      "_" + std::to_string(saved_stage));
         fs::create_directories(dir);
         const llmc::TrainerState st = write_state(dir, table, full, saved_world, saved_stage, saved);
-        const ShardLayout L = llmc::make_shard_layout(table, 2);
+        const ShardLayout L = llmc::make_shard_layout(table, 2, run.shard_alignment());
         const std::vector<ElementRange> want = L.owned(1);
         const llmc::OptimizerStateFiles files = llmc::read_optimizer_state(dir, st, table, want, run);
         EXPECT_EQ(files.note, std::string("optimizer state: checkpoint has ") + saved.name + " moments, this run " +
@@ -339,9 +350,10 @@ TEST_F(OptimizerFiles, ConvertsAnotherStateFormatOnLoadWithANote) {
         ASSERT_TRUE(files.moments.format == run);
         // expected: the saved codes, decoded, encoded in the run's format
         const StoredMoments saved_all = stored(full, whole(table), saved);
-        std::vector<float> m_all = decoded(saved_all.m, saved.m), v_all = decoded(saved_all.v, saved.v);
-        for (size_t i = 0; i < m_all.size(); i++)
-          if (!in_tensor[i] && saved_stage == 0) m_all[i] = v_all[i] = 0.0f;  // by name: gaps are not saved
+        const size_t total = table.total_elements;
+        std::vector<float> m_all = decoded(saved_all.m, saved.m, total), v_all = decoded(saved_all.v, saved.v, total);
+        for (size_t i = 0; i < m_all.size(); i++)  // by name (element-wise formats): gaps are not saved
+          if (!in_tensor[i] && saved_stage == 0 && !saved.m.grouped()) m_all[i] = v_all[i] = 0.0f;
         FullState as_saved(0);
         as_saved.m = m_all;
         as_saved.v = v_all;
@@ -349,8 +361,8 @@ TEST_F(OptimizerFiles, ConvertsAnotherStateFormatOnLoadWithANote) {
         EXPECT_TRUE(files.moments.m == expect.m) << "m";
         EXPECT_TRUE(files.moments.v == expect.v) << "v";
         // bf16 -> fp32 widens exactly; fp32 -> bf16 rounds to nearest even
-        if (run == StateFormat::bf16()) {
-          const std::vector<float> m = decoded(files.moments.m, run.m), exact = gather(full.m, want);
+        if (run == StateFormat::bf16() && saved == StateFormat::fp32()) {
+          const std::vector<float> m = decoded(files.moments.m, run.m, elements(want)), exact = gather(full.m, want);
           size_t rounded = 0;
           for (size_t i = 0; i < m.size(); i++) {
             ASSERT_EQ(m[i], llmc::bf16_decode(llmc::bf16_encode(exact[i]))) << i;
@@ -382,8 +394,8 @@ TEST_F(OptimizerFiles, PreviousBuildCheckpointsLoad) {
       EXPECT_TRUE(files.note.empty()) << files.note;
       for (size_t i = 0; i < table.total_elements; i++)
         if (in_tensor[i]) ASSERT_EQ(files.master_full[i], full.master[i]) << i;
-      const std::vector<float> m = decoded(files.moments.m, StateFormat::fp32().m),
-                               v = decoded(files.moments.v, StateFormat::fp32().v);
+      const std::vector<float> m = decoded(files.moments.m, StateFormat::fp32().m, files.moments.m.size() / 4),
+                               v = decoded(files.moments.v, StateFormat::fp32().v, files.moments.v.size() / 4);
       size_t at = 0;
       for (const ElementRange& p : want)
         for (size_t i = p.first; i < p.second; i++, at++) {

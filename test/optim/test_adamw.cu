@@ -8,6 +8,7 @@
 // and the same round-to-nearest-even encodings, so master, m, v and params are expected to match bit for bit.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -92,7 +93,8 @@ TYPED_TEST(AdamWKernel, MatchesReference) {
     llmc::adamw_update(typed.master.ptr + off, typed.params.ptr + off, typed.grads.ptr + off, typed.m.ptr + off,
                        typed.v.ptr + off, n, lr, beta1, beta2, eps, wd, p.t, d_scale.ptr, 0);
     llmc::adamw_update(format_of<Storage>(), dispatched.master.ptr + off, dispatched.params.ptr + off,
-                       dispatched.grads.ptr + off, dispatched.m.ptr + off, dispatched.v.ptr + off, n, lr, beta1,
+                       dispatched.grads.ptr + off, llmc::MomentView{dispatched.m.ptr + off, nullptr},
+                       llmc::MomentView{dispatched.v.ptr + off, nullptr}, n, lr, beta1,
                        beta2, eps, wd, p.t, d_scale.ptr, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -393,3 +395,136 @@ TYPED_TEST(AdamWState, DownloadRestoreRoundTrip) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------------------------------------------------
+// The grouped formats (fp8, fp8_expand): the fused per-group kernel against the CPU reference, bit for bit.
+
+namespace {
+
+const llmc::StateFormat* const kGroupedFormats[] = {&llmc::StateFormat::fp8(), &llmc::StateFormat::fp8_expand()};
+
+// The host storage block of a moment of n random values (v: squares, so non-negative).
+std::vector<uint8_t> random_moment(const llmc::MomentStorage& st, size_t n, std::mt19937_64& rng, bool square) {
+  std::vector<float> x = random_floats(n, rng, -1e-2f, 1e-2f);
+  if (square)
+    for (float& e : x) e *= e;
+  std::vector<uint8_t> block(st.bytes(n));
+  llmc::encode_moment(st, x.data(), n, block.data());
+  return block;
+}
+
+// The kernel on device copies of (master, params, m, v) and the reference on the host copies, over `steps` steps with
+// fresh gradients each, updating the elements [from, n) (from on a group boundary: an owned sub-range), then compares
+// every byte of both moment blocks, master and params.
+void run_grouped(const llmc::StateFormat& f, size_t n, size_t from, int steps, std::mt19937_64& rng,
+                 const std::function<void(std::vector<float>&, int)>& edit_grads = nullptr, float grad_scale = 0.7f) {
+  std::vector<float> master = random_floats(n, rng, -1, 1), params(n, 0.0f);
+  std::vector<uint8_t> m = random_moment(f.m, n, rng, false), v = random_moment(f.v, n, rng, true);
+  DeviceBuffer<float> d_master(master), d_scale(std::vector<float>{grad_scale});
+  DeviceBuffer<uint8_t> d_m(m), d_v(v);
+  DeviceBuffer<bf16> d_params(n);
+  CUDA_CHECK(cudaMemset(d_params.ptr, 0, n * sizeof(bf16)));
+  const size_t count = n - from;
+  for (int t = 1; t <= steps; t++) {
+    std::vector<float> g = random_floats(n, rng, -0.05f, 0.05f);
+    if (edit_grads) edit_grads(g, t);
+    DeviceBuffer<float> d_grads(g);
+    llmc::adamw_update(f, d_master.ptr + from, d_params.ptr + from, d_grads.ptr + from,
+                       llmc::moment_view(f.m, d_m.ptr, n, from), llmc::moment_view(f.v, d_v.ptr, n, from), count,
+                       3e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, d_scale.ptr, 0);
+    llmc::adamw_update_cpu(f, master.data() + from, params.data() + from, g.data() + from,
+                           llmc::moment_view(f.m, m.data(), n, from), llmc::moment_view(f.v, v.data(), n, from),
+                           count, 3e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, grad_scale);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(bitwise_equal("m (metadata and codes)", d_m.download(), m));
+  EXPECT_TRUE(bitwise_equal("v (metadata and codes)", d_v.download(), v));
+  EXPECT_TRUE(bitwise_equal("master", d_master.download(), master));
+  EXPECT_TRUE(bitwise_equal("params", to_float(d_params.download()), params));
+}
+
+}  // namespace
+
+// Several steps over whole groups, a partial last group, and an owned sub-range starting on a group boundary.
+TEST(AdamWGrouped, MatchesReferenceOverSteps) {
+  for (const llmc::StateFormat* f : kGroupedFormats)
+    for (auto [n, from] : std::vector<std::pair<size_t, size_t>>{{128, 0}, {300, 0}, {128 * 1000 + 77, 0},
+                                                                 {128 * 1000 + 77, 128 * 37}, {1, 0}}) {
+      SCOPED_TRACE(llmc::strformat("%s n %zu from %zu", f->name, n, from));
+      auto rng = rng_for_test();
+      run_grouped(*f, n, from, 3, rng);
+    }
+}
+
+// grad_scale NaN / inf (a skipped step): nothing is written, in the kernel and in the reference.
+TEST(AdamWGrouped, SkippedStepWritesNothing) {
+  for (const llmc::StateFormat* f : kGroupedFormats) {
+    SCOPED_TRACE(f->name);
+    auto rng = rng_for_test();
+    const size_t n = 300;
+    const std::vector<float> master = random_floats(n, rng, -1, 1), g = random_floats(n, rng, -1, 1);
+    const std::vector<uint8_t> m = random_moment(f->m, n, rng, false), v = random_moment(f->v, n, rng, true);
+    for (float scale : {NAN, INFINITY}) {
+      DeviceBuffer<float> d_master(master), d_grads(g), d_scale(std::vector<float>{scale});
+      DeviceBuffer<uint8_t> d_m(m), d_v(v);
+      DeviceBuffer<bf16> d_params(n);
+      CUDA_CHECK(cudaMemset(d_params.ptr, 0x3c, n * sizeof(bf16)));
+      const std::vector<bf16> params_before = d_params.download();
+      llmc::adamw_update(*f, d_master.ptr, d_params.ptr, d_grads.ptr, llmc::moment_view(f->m, d_m.ptr, n, 0),
+                         llmc::moment_view(f->v, d_v.ptr, n, 0), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, d_scale.ptr,
+                         0);
+      EXPECT_TRUE(bitwise_equal("master", d_master.download(), master)) << scale;
+      EXPECT_TRUE(bitwise_equal("m", d_m.download(), m)) << scale;
+      EXPECT_TRUE(bitwise_equal("v", d_v.download(), v)) << scale;
+      EXPECT_TRUE(bitwise_equal("params", d_params.download(), params_before)) << scale;
+    }
+  }
+}
+
+// A group whose update is not finite (an infinite gradient in group 1 at step 2) keeps its codes, metadata, master
+// and params; the other groups update as the reference does.
+TEST(AdamWGrouped, NonFiniteGroupKeepsItsState) {
+  for (const llmc::StateFormat* f : kGroupedFormats) {
+    SCOPED_TRACE(f->name);
+    auto rng = rng_for_test();
+    run_grouped(*f, 300, 0, 3, rng, [](std::vector<float>& g, int t) {
+      if (t == 2) g[128 + 5] = INFINITY;
+    });
+  }
+}
+
+// The optimizer over the whole table in a grouped format: one launch per tensor segment (each ending in a partial
+// group before the next tensor's alignment gap), two steps, against the reference per tensor.
+TEST(AdamWGrouped, OptimizerStepsMatchTheReferencePerTensor) {
+  for (const llmc::StateFormat* f : kGroupedFormats) {
+    SCOPED_TRACE(f->name);
+    auto rng = rng_for_test();
+    const llmc::ParamTable table = small_table();
+    const size_t N = table.total_elements;
+    const std::vector<float> init = random_floats(N, rng, -1, 1);
+    llmc::AdamW opt(table, config_for(*f), {{{0, N}, true}});
+    DeviceBuffer<bf16> params(N);
+    opt.set_master(init.data(), params.ptr, 0);
+    std::vector<float> ref_master = init, ref_params(N);
+    for (size_t i = 0; i < N; i++) ref_params[i] = round_bf16(init[i]);
+    std::vector<uint8_t> ref_m(f->m.bytes(N), 0), ref_v(f->v.bytes(N), 0);
+    for (int t = 1; t <= 2; t++) {
+      const std::vector<float> g = table_grads(table, rng);
+      DeviceBuffer<float> grads(g);
+      opt.step(params.ptr, grads.ptr, 1e-2f, t, /*grad_clip=*/0.0f, 0);
+      for (const llmc::ParamInfo& p : table.params)
+        llmc::adamw_update_cpu(*f, ref_master.data() + p.offset, ref_params.data() + p.offset, g.data() + p.offset,
+                               llmc::moment_view(f->m, ref_m.data(), N, p.offset),
+                               llmc::moment_view(f->v, ref_v.data(), N, p.offset), p.numel, 1e-2f, 0.9f, 0.95f,
+                               1e-8f, p.weight_decay ? 0.1f : 0.0f, t, 1.0f);
+    }
+    std::vector<float> master;
+    llmc::StoredMoments moments;
+    opt.download(&master, &moments);
+    EXPECT_TRUE(moments.format == *f);
+    EXPECT_TRUE(bitwise_equal("m", moments.m, ref_m));
+    EXPECT_TRUE(bitwise_equal("v", moments.v, ref_v));
+    EXPECT_TRUE(bitwise_equal("master", master, ref_master));
+    EXPECT_TRUE(bitwise_equal("params", to_float(params.download()), ref_params));
+  }
+}

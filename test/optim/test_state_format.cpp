@@ -41,7 +41,7 @@ nlohmann::json base_config() {
 }  // namespace
 
 TEST(StateFormat, TheFormatsOfThisBuild) {
-  EXPECT_EQ(llmc::state_format_names(), (std::vector<std::string>{"fp32", "bf16"}));
+  EXPECT_EQ(llmc::state_format_names(), (std::vector<std::string>{"fp32", "bf16", "fp8", "fp8_expand"}));
   EXPECT_TRUE(llmc::state_formats().front() == StateFormat::fp32());  // the default first
   EXPECT_TRUE(llmc::OptimizerConfig().state_format == StateFormat::fp32());
   EXPECT_TRUE(StateFormat::fp32() != StateFormat::bf16());
@@ -49,11 +49,39 @@ TEST(StateFormat, TheFormatsOfThisBuild) {
     SCOPED_TRACE(f.name);
     EXPECT_TRUE(llmc::parse_state_format(f.name) == f);
     EXPECT_EQ(llmc::find_state_format(f.name), &f);
-    EXPECT_EQ(f.m.group_size, 1u);  // element-wise: no metadata, any cut
-    EXPECT_EQ(f.v.group_size, 1u);
-    EXPECT_EQ(f.m.scales_per_group, 0);
-    EXPECT_EQ(f.shard_alignment(), 1u);
+    const bool grouped = f == StateFormat::fp8() || f == StateFormat::fp8_expand();
+    EXPECT_EQ(f.m.grouped(), grouped);
+    EXPECT_EQ(f.m.group_size, grouped ? 128u : 1u);  // element-wise: no metadata, any cut
+    EXPECT_EQ(f.v.group_size, grouped ? 128u : 1u);
+    EXPECT_EQ(f.m.scales_per_group, f == StateFormat::fp8() ? 1 : f == StateFormat::fp8_expand() ? 3 : 0);
+    EXPECT_EQ(f.shard_alignment(), grouped ? 128u : 1u);
   }
+}
+
+// Memory: bytes(n) counts the group metadata, for the partial last group too (what a memory breakdown must add up).
+TEST(StateFormat, GroupedSizesIncludeTheMetadata) {
+  const StateFormat& fp8 = StateFormat::fp8();
+  const StateFormat& ex = StateFormat::fp8_expand();
+  EXPECT_EQ(fp8.m.bytes(256), 256u + 2 * 4);
+  EXPECT_EQ(fp8.m.bytes(300), 300u + 3 * 4);
+  EXPECT_EQ(ex.v.bytes(300), 300u + 3 * 3 * 4);
+  EXPECT_EQ(ex.v.metadata_bytes(128), 12u);
+  EXPECT_EQ(ex.v.codes_bytes(300), 300u);
+  // bytes per parameter of m + v: 2 + 8/128 and 2 + 24/128 (COAT: 2.19)
+  EXPECT_DOUBLE_EQ((fp8.m.bytes(128000) + fp8.v.bytes(128000)) / 128000.0, 2.0625);
+  EXPECT_DOUBLE_EQ((ex.m.bytes(128000) + ex.v.bytes(128000)) / 128000.0, 2.1875);
+  EXPECT_STREQ(fp8.m.safetensors_dtype(), "F8_E4M3");
+  // a fresh (zero) block decodes to zeros
+  const llmc::StoredMoments z = llmc::StoredMoments::zeros(ex, 300);
+  std::vector<float> back(300, 1.0f);
+  llmc::decode_moment(ex.m, z.m.data(), 300, back.data());
+  for (float x : back) EXPECT_EQ(x, 0.0f);
+  // the views: metadata first, then the codes
+  std::vector<uint8_t> block(ex.m.bytes(300));
+  const llmc::MomentView at = llmc::moment_view(ex.m, block.data(), 300, 256);
+  EXPECT_EQ(static_cast<uint8_t*>(at.codes), block.data() + 36 + 256);
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(at.groups), block.data() + 2 * 12);
+  EXPECT_THROW(llmc::moment_view(ex.m, block.data(), 300, 64), llmc::Error);
 }
 
 TEST(StateFormat, SizesAndCheckpointDtypes) {
@@ -83,10 +111,10 @@ TEST(StateFormat, AGroupedFormatNeedsGroupAlignedCuts) {
 }
 
 TEST(StateFormat, UnknownNamesAreErrorsNamingTheKey) {
-  EXPECT_EQ(llmc::find_state_format("fp8"), nullptr);
-  const std::string msg = error_of([] { llmc::parse_state_format("fp8"); });
-  EXPECT_NE(msg.find("optimizer.state_format = 'fp8'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("fp32, bf16"), std::string::npos) << msg;
+  EXPECT_EQ(llmc::find_state_format("fp4"), nullptr);
+  const std::string msg = error_of([] { llmc::parse_state_format("fp4"); });
+  EXPECT_NE(msg.find("optimizer.state_format = 'fp4'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fp32, bf16, fp8, fp8_expand"), std::string::npos) << msg;
   EXPECT_NE(error_of([] { llmc::parse_state_format("FP32"); }).find("optimizer.state_format"), std::string::npos);
 }
 
@@ -105,7 +133,7 @@ TEST(StateFormat, ConfigKey) {
   in_file["optimizer"]["state_format"] = "bf16";
   EXPECT_TRUE(llmc::load_config_json(in_file, {}).optimizer.state_format == StateFormat::bf16());
 
-  for (const char* bad : {"optimizer.state_format=fp8", "optimizer.state_format=3"}) {
+  for (const char* bad : {"optimizer.state_format=fp4", "optimizer.state_format=3"}) {
     const std::string msg = error_of([&] { llmc::load_config_json(base_config(), {bad}); });
     EXPECT_NE(msg.find("optimizer.state_format"), std::string::npos) << bad << ": " << msg;
   }
@@ -114,7 +142,7 @@ TEST(StateFormat, ConfigKey) {
     if (d.key == "optimizer.state_format") {
       documented = true;
       EXPECT_EQ(d.type, "string");
-      EXPECT_NE(d.help.find("fp32 | bf16"), std::string::npos) << d.help;
+      EXPECT_NE(d.help.find("fp32 | bf16 | fp8 | fp8_expand"), std::string::npos) << d.help;
     }
   EXPECT_TRUE(documented);
 }
