@@ -11,10 +11,13 @@
 #   dev/bit_identity.sh compare A B [RESUMED]         compare two record dirs (and a resume dir against A); exit 1
 #                                                     on any difference, with a table of what matched
 # DATA (default: SRC/data/kjv, prepared with dev/data/prepare.py --kjv when missing) holds the shards.
+# MODELS and RECIPES (space-separated) narrow the cases; SETS adds --set overrides to every run (space-separated
+# key=value words), e.g. SETS="optimizer.state_format=fp8_expand" to record, resume and compare a build with itself.
 set -euo pipefail
 
-MODELS=(gpt2_mini llama_tiny)
-RECIPES=(bf16 fp8_tensorwise fp8_delayed fp8_blockwise)
+read -r -a MODELS <<<"${MODELS:-gpt2_mini llama_tiny}"
+read -r -a RECIPES <<<"${RECIPES:-bf16 fp8_tensorwise fp8_delayed fp8_blockwise}"
+read -r -a SETS <<<"${SETS:-}"
 STEPS=50
 
 die() { echo "bit_identity: $*" >&2; exit 2; }
@@ -32,6 +35,8 @@ case_args() {  # case_args MODEL RECIPE CKPT_DIR JSONL
        --set "checkpoint.dir=$ckpt" --set checkpoint.every=25 --set checkpoint.keep=0 \
        --set eval.every=25 --set eval.batches=4 --set sample.every=0 --set sample.tokens=24 --set log.every=10 \
        --set "log.jsonl=$jsonl" --set "data.train=$DATA/kjv_train_*.bin" --set "data.val=$DATA/kjv_val_*.bin"
+  local s
+  for s in ${SETS[@]+"${SETS[@]}"}; do echo --set "$s"; done
 }
 
 # summary.json of a run directory: losses, validation losses, samples, state-file hashes of the final checkpoint.
