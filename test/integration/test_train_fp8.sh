@@ -37,7 +37,7 @@ for line in open(sys.argv[1]):
 }
 # the model's planned activation buffers (BF16 copies of linear inputs are not kept when the linears save FP8 ones;
 # the FP8 copies themselves are reported on the same line and measured by the benchmark's peak memory)
-activation_mib() { sed -n 's/^memory: activations \([0-9.]*\) MiB.*/\1/p' "$1" | head -1; }
+activation_mib() { sed -n 's/^memory: .* activations \([0-9.]*\) MiB.*/\1/p' "$1" | head -1; }
 
 "$TRAIN_GPT" "${COMMON[@]}" --set log.numerics_every=0 --set "checkpoint.dir=$TMP/bf16" > "$TMP/bf16.log" 2>&1 ||
   { cat "$TMP/bf16.log"; exit 1; }

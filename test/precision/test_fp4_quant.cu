@@ -65,7 +65,8 @@ std::vector<float> model_like(int rows, int cols, std::mt19937_64& rng, bool spe
     for (int c = 0; c < cols; c++) x[static_cast<size_t>(r) * cols + c] = gpu_test::round_bf16(u(rng) * row_scale);
   }
   for (size_t i = 0; i < x.size(); i += 37) x[i] = 0.0f;
-  for (int c = 0; c < std::min(cols, 32); c++) x[c] = 0.0f;  // an all-zero block in row 0
+  if (rows > 0)
+    for (int c = 0; c < std::min(cols, 32); c++) x[c] = 0.0f;  // an all-zero block in row 0
   if (specials && rows > 2 && cols > 40) {
     x[static_cast<size_t>(1) * cols + 3] = gpu_test::round_bf16(3e38f);
     x[static_cast<size_t>(2) * cols + 5] = gpu_test::round_bf16(1e-38f);
