@@ -74,8 +74,8 @@ __host__ __device__ inline E4m3Remap mxfp4_element_to_e4m3(uint8_t e2m1_code, ui
   // is below 2^-10, code +-0, or above 448, saturated, whenever the clamp changes it).
   const int ec = e < -30 ? -30 : e > 30 ? 30 : e;
   const float v = mul_rn(e2m1_sig_1_5(e2m1_code) ? 1.5f : 1.0f, pow2_float(ec));
-  const uint8_t code = e4m3_rn(negative ? -v : v);
-  return {code, ec == e && e4m3_value(code) == v};
+  const uint8_t magnitude = e4m3_rn(v);
+  return {static_cast<uint8_t>(magnitude | (negative ? 0x80 : 0x00)), ec == e && e4m3_value(magnitude) == v};
 }
 
 // The BF16 value of an NVFP4 element without the tensor scale: e2m1 * E4M3 block scale, exact (NaN for the NaN
