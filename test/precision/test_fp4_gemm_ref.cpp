@@ -8,7 +8,7 @@
 // element with the kernels' element function on random operands with spread exponents, counts the inexact blocks of a
 // hand-built case (and gives the values worked out here), the expansion reference equals the element function, and
 // the FP64 GEMM reference equals a product of the FP32 dequantisation (fp4_dequantize_cpu). And the GEMM mapping of
-// the FP4 encodings (quant_gemm_operands_error and friends, host only).
+// the FP4 encodings (quant_gemm_operands_error and friends) and matmul_quant's FP4 argument errors, host only.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -311,6 +311,56 @@ TEST(Fp4GemmMapping, PairsSizesAndErrors) {
             round_up(777u * 1032 * 2, 256) + 64u * 1032 * 2 + 256);
   EXPECT_EQ(mxfp4_remap_cols(1056), 1152);
   EXPECT_EQ(nvfp4_expand_cols(1030), 1032);
+}
+
+// matmul_quant's FP4 argument errors come before any device work: each names what is wrong (fake, never
+// dereferenced, 256-byte aligned pointers).
+std::string quant_error(const QuantOperand& A, const QuantOperand& B, int M, int N, int K, const QuantGemmOptions& opt,
+                        bool d_fp32) {
+  try {
+    if (d_fp32) matmul_quant(reinterpret_cast<float*>(0x10000), A, B, M, N, K, opt, nullptr);
+    else matmul_quant(reinterpret_cast<bf16*>(0x10000), A, B, M, N, K, opt, nullptr);
+  } catch (const Error& e) {
+    EXPECT_FALSE(matmul_quant_supported(d_fp32, A, B, M, N, K, opt));
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Fp4GemmMapping, ArgumentErrorsNameTheProblem) {
+  const auto fake_u8 = reinterpret_cast<const uint8_t*>(0x20000);
+  const auto fake_f = reinterpret_cast<const float*>(0x30000);
+  auto operand = [&](const Encoding& e) {
+    QuantOperand o;
+    o.data = fake_u8, o.scale_inv = fake_f, o.encoding = e;
+    if (e.tensor_scale) o.tensor_scale_inv = fake_f;
+    return o;
+  };
+  const QuantOperand mx = operand(kMxfp4Encoding), nv = operand(kNvfp4Encoding), nvw = operand(kNvfp4WeightEncoding);
+  QuantGemmOptions opt;
+  opt.inexact_blocks = reinterpret_cast<unsigned long long*>(0x40000);
+  const QuantOperand e4m3 = operand({ElementFormat::E4M3, kWholeTensor, ScaleFormat::FP32});
+  std::string e = quant_error(mx, nvw, 256, 256, 256, opt, false);
+  EXPECT_TRUE(contains(e, "A is e2m1 1x32 e8m0 scales and B is e2m1 16x16 e4m3 scales + fp32 tensor scale")) << e;
+  e = quant_error(e4m3, mx, 256, 256, 256, opt, false);
+  EXPECT_TRUE(contains(e, "A is e4m3 tensor and B is e2m1 1x32")) << e;
+  e = quant_error(mx, mx, 777, 256, 256, opt, false);
+  EXPECT_TRUE(contains(e, "M=777 and N=256 must be multiples of 16")) << e;
+  e = quant_error(nv, nvw, 777, 100, 1004, opt, false);
+  EXPECT_TRUE(contains(e, "N=100 must be a multiple of 8")) << e;
+  QuantGemmOptions fast = opt;
+  fast.fast_accum = true;
+  EXPECT_TRUE(contains(quant_error(nv, nvw, 64, 64, 64, fast, false), "fast_accum with FP4 operands"));
+  QuantGemmOptions acc = opt;
+  acc.accumulate = true;
+  EXPECT_TRUE(contains(quant_error(mx, mx, 64, 64, 64, acc, false), "accumulate (D += A*B^T) is for an FP32 D"));
+  QuantGemmOptions no_counter;
+  e = quant_error(mx, mx, 64, 64, 64, no_counter, true);
+  EXPECT_TRUE(contains(e, "opt.inexact_blocks is null")) << e;
+  QuantOperand nv_no_scale = nv;
+  nv_no_scale.tensor_scale_inv = nullptr;
+  e = quant_error(nv_no_scale, nvw, 64, 64, 64, opt, true);
+  EXPECT_TRUE(contains(e, "A.tensor_scale_inv is null")) << e;
 }
 
 }  // namespace
