@@ -7,6 +7,28 @@
 //
 // An operand is src (rows, K): packed E2M1 codes and one-byte block scale codes in the layouts of
 // llmc/precision/tensor.h (quant_operand of an FP4 QTensor gives them), K along the rows.
+//
+// Why these mappings:
+//   MXFP4. The outer scales are cuBLASLt's VEC128_32F block scales on both operands (1x128 * 1x128, a pair Hopper
+//     runs and the fp8_blockwise wgrad already uses): A's per-row scale and B's per-output-column scale are both
+//     per-row scales of a (rows, K) operand, so no 128x128 tiles and no epilogue column scaling are needed, and each
+//     128-column run gets its own power of two, which keeps strictly more blocks exact than one scale per row (an
+//     element is lost only when its own run spans more than 17 binades). The scales multiply FP32 partial sums of
+//     exact E4M3 products by powers of two: exact while the results stay normal FP32 numbers. OUTER_VEC_32F (one
+//     scale per row / column) would be coarser and is not documented for Hopper.
+//   NVFP4. e2m1 * E4M3 scale needs up to 6 significant bits (fp4_remap.cuh), more than E4M3's 4 (of the 7 x 126
+//     products of nonzero E2M1 magnitudes and positive finite E4M3 scales, 63 exceed 448 and 212 of the other 819
+//     are not E4M3 values: test_fp4_gemm_ref), so the FP8 tensor cores cannot take it without rounding; BF16 holds it
+//     exactly. The FP32 tensor scales stay out of the operands (folding one into a BF16 element would round it) and
+//     enter once as alpha = fl(sa * sb): D = alpha * sum(a b) differs from the exact sa * sb * sum(a b) by two FP32
+//     roundings, as on Blackwell, where the NVFP4 GEMM applies the global scales in its epilogue too. Exact while
+//     alpha is a normal FP32 number (the two tensors' amax product above about 2688^2 * 2^-126, 8.5e-32).
+//
+// How the products report their numbers (benchmarks): a product is timed as the whole matmul_quant call (conversions
+// plus GEMM) and as the conversions alone, both on the same GPU as our own BF16 and FP8 GEMMs of the same logical
+// shape; throughput counts 2 M N K of the logical shape (never the padded K); each row names its route
+// ("mxfp4 -> e4m3 fp8" or "nvfp4 -> bf16"), the scratch bytes (quant_gemm_scratch_bytes) and the inexact-block count.
+// Nothing here is FP4 arithmetic speed: Hopper has none.
 #pragma once
 
 #include <cstddef>

@@ -296,6 +296,18 @@ void run_variant(const QuantOperand& A, const QuantOperand& B, int M, int N, int
   EXPECT_EQ(count, 0u) << what << ": model-like data must remap exactly";
 }
 
+// The number of differing bytes (the first few reported).
+template <class T>
+size_t bytes_differing(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  const auto* g = reinterpret_cast<const uint8_t*>(got.data());
+  const auto* w = reinterpret_cast<const uint8_t*>(want.data());
+  size_t bad = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()) * sizeof(T); i++)
+    if (g[i] != w[i] && bad++ < 5) ADD_FAILURE() << what << " byte " << i << ": got " << +g[i] << " want " << +w[i];
+  return bad;
+}
+
 // The conversions of one operand against the CPU references, byte for byte.
 void expect_conversion_matches_cpu(const QuantOperand& op, int rows, int K) {
   const HostOperand h(op, rows, K);
@@ -310,9 +322,8 @@ void expect_conversion_matches_cpu(const QuantOperand& op, int rows, int K) {
     std::vector<uint8_t> want_codes(codes.n);
     std::vector<float> want_scale(scale.n);
     const uint64_t want_count = mxfp4_to_e4m3_cpu(want_codes.data(), want_scale.data(), h.op);
-    EXPECT_EQ(codes.download(), want_codes) << "E4M3 codes of the remap";
-    const std::vector<float> got_scale = scale.download();
-    EXPECT_EQ(0, std::memcmp(got_scale.data(), want_scale.data(), scale.n * sizeof(float))) << "outer scales";
+    EXPECT_EQ(bytes_differing(codes.download(), want_codes, "E4M3 codes of the remap"), 0u);
+    EXPECT_EQ(bytes_differing(scale.download(), want_scale, "outer scales of the remap"), 0u);
     EXPECT_EQ(counter.download()[0], want_count);
     EXPECT_EQ(want_count, 0u) << "model-like data remaps exactly";
   } else {
@@ -323,7 +334,9 @@ void expect_conversion_matches_cpu(const QuantOperand& op, int rows, int K) {
     std::vector<uint16_t> want(out.n);
     nvfp4_to_bf16_cpu(want.data(), h.op);
     const std::vector<bf16> got = out.download();
-    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(uint16_t))) << "BF16 expansion";
+    std::vector<uint16_t> got_bits(got.size());
+    std::memcpy(got_bits.data(), got.data(), got.size() * sizeof(uint16_t));
+    EXPECT_EQ(bytes_differing(got_bits, want, "BF16 expansion"), 0u);
   }
 }
 
@@ -407,7 +420,8 @@ TEST(Fp4Gemm, Mxfp4InexactBlocksAreCounted) {
   CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
   mxfp4_to_e4m3(e4m3_codes.ptr, e4m3_scale.ptr, counter.ptr, A, M, K, 0);
   EXPECT_EQ(counter.download()[0], 2u);
-  EXPECT_EQ(e4m3_codes.download(), want_codes);
+  EXPECT_EQ(bytes_differing(e4m3_codes.download(), want_codes, "E4M3 codes of the remap"), 0u);
+  EXPECT_EQ(bytes_differing(e4m3_scale.download(), want_scale, "outer scales of the remap"), 0u);
 
   // The product counts A's 2 blocks (B's are exact) and equals the GEMM of the remapped values.
   CUDA_CHECK(cudaMemset(counter.ptr, 0, sizeof(unsigned long long)));
