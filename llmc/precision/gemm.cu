@@ -35,6 +35,12 @@
 // 128x128·1x128, never 128x128·128x128, and (on Hopper) only split accumulation with block scales. FP32 D with
 // beta = 1 accumulates into C = D (weight gradients); bf16 D takes the bias / GELU_AUX epilogues. Not exposed:
 // AMAX_D (cuBLASLt computes it only for FP8 outputs), FP8 outputs, E5M2 · E5M2 (no cuBLASLt kernel).
+//
+// FP4 (the route of a pair of encodings, quant_route, is the one place that tells FP4 products from FP8 ones): the
+// operands are converted by llmc/precision/fp4_gemm.h into the FP4 scratch buffer (grow-only, one per process) and
+// multiplied there: MXFP4 as E4M3 codes with VEC128_32F outer scales through the FP8 product above (K zero-padded to
+// a multiple of 128); NVFP4 as BF16 through a TN BF16 plan with alpha and beta read from the device
+// (CUBLASLT_POINTER_MODE_DEVICE: alpha = the product of the two tensor scales, computed on the device).
 #include "llmc/precision/gemm.h"
 
 #include <algorithm>
@@ -51,12 +57,14 @@
 #include <cublasLt.h>
 
 #include "llmc/core/common.h"
+#include "llmc/precision/fp4_gemm.h"
+#include "llmc/precision/fp4_quant.h"
 
 namespace llmc {
 
 namespace {
 
-enum class GemmOp : int { Forward = 0, Dgrad = 1, Wgrad = 2, Quantized = 3 };
+enum class GemmOp : int { Forward = 0, Dgrad = 1, Wgrad = 2, Quantized = 3, ExpandedBf16 = 4 };
 
 struct GemmKey {
   int M, N, K;
@@ -94,6 +102,7 @@ struct PlanSpec {
   const void* b_scale = nullptr;
   int a_scale_mode = -1, b_scale_mode = -1;
   bool fast_accum = false;
+  bool device_scalars = false;  // alpha and beta are device pointers (CUBLASLT_POINTER_MODE_DEVICE)
 };
 
 constexpr int kAlgoCandidates = 8;  // heuristic results kept per BF16 plan for the tuning below
@@ -114,6 +123,8 @@ struct GemmState {
   size_t workspace_bytes = 0;
   std::map<GemmKey, GemmPlan> plans;
   std::map<GemmKey, std::string> unsupported;  // FP8 combinations cuBLASLt refused, with its reason
+  void* fp4_scratch = nullptr;                 // the FP4 products' converted operands (grow-only)
+  size_t fp4_scratch_bytes = 0;
 };
 
 GemmState g_gemm;
@@ -204,6 +215,10 @@ bool create_plan(const GemmKey& key, const PlanSpec& s, GemmPlan* out, std::stri
   if (good && s.fast_accum) {
     int8_t fast = 1;
     good = set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast), "set FAST_ACCUM");
+  }
+  if (good && s.device_scalars) {
+    cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+    good = set(CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof(mode), "set POINTER_MODE");
   }
   // Operand layouts (column-major, before op).
   const int a_rows = (s.trans_a == CUBLAS_OP_N) ? s.m : s.k, a_cols = (s.trans_a == CUBLAS_OP_N) ? s.k : s.m;
@@ -627,6 +642,203 @@ void matmul_quant_impl(void* D, bool d_fp32, const QuantOperand& A, const QuantO
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// FP4 products: the route of a pair of encodings, the scratch layout, the argument rules and the two products.
+
+enum class QuantRoute { Fp8, Mxfp4AsE4m3, Nvfp4AsBf16, None };
+
+// Which product multiplies operands encoded a and b: FP8 (its own pairing rules in quant_gemm_operands_error), one
+// of the two FP4 families on both sides, or none (an FP4 operand with anything else).
+QuantRoute quant_route(const Encoding& a, const Encoding& b) {
+  if (a.element != ElementFormat::E2M1 && b.element != ElementFormat::E2M1) return QuantRoute::Fp8;
+  if (mxfp4_encoding(a) && mxfp4_encoding(b)) return QuantRoute::Mxfp4AsE4m3;
+  if (nvfp4_encoding(a) && nvfp4_encoding(b)) return QuantRoute::Nvfp4AsBf16;
+  return QuantRoute::None;
+}
+
+// The E4M3 operands an MXFP4 product runs on (fp4_gemm.h: 1x128 power-of-two outer scales).
+constexpr Encoding kRemappedMxfp4Encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::Pow2FP32};
+
+// Byte offsets in the FP4 scratch buffer (each part 256-byte aligned).
+struct Fp4ScratchLayout {
+  int Kp = 0;                                  // the converted operands' K (zero-padded)
+  size_t a = 0, b = 0, a_scale = 0, b_scale = 0;  // MXFP4: E4M3 codes and outer scales; NVFP4: BF16 (no scales)
+  size_t scalars = 0;                          // NVFP4: alpha, beta
+  size_t total = 0;
+};
+Fp4ScratchLayout fp4_scratch_layout(QuantRoute route, int M, int N, int K) {
+  auto part = [](size_t bytes) { return round_up(bytes, 256); };
+  Fp4ScratchLayout l;
+  if (route == QuantRoute::Mxfp4AsE4m3) {
+    l.Kp = mxfp4_remap_cols(K);
+    l.b = l.a + part(static_cast<size_t>(M) * l.Kp);
+    l.a_scale = l.b + part(static_cast<size_t>(N) * l.Kp);
+    l.b_scale = l.a_scale + part(scale_inv_bytes(kRemappedMxfp4Encoding, M, l.Kp));
+    l.total = l.b_scale + part(scale_inv_bytes(kRemappedMxfp4Encoding, N, l.Kp));
+  } else {
+    l.Kp = nvfp4_expand_cols(K);
+    l.b = l.a + part(static_cast<size_t>(M) * l.Kp * sizeof(bf16));
+    l.scalars = l.b + part(static_cast<size_t>(N) * l.Kp * sizeof(bf16));
+    l.total = l.scalars + part(2 * sizeof(float));
+  }
+  return l;
+}
+
+// The scratch buffer, at least `bytes` (grown by reallocation after the device finished its work on the old one).
+uint8_t* fp4_scratch(size_t bytes) {
+  if (bytes > g_gemm.fp4_scratch_bytes) {
+    if (g_gemm.fp4_scratch != nullptr) {
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaFree(g_gemm.fp4_scratch));
+      g_gemm.fp4_scratch = nullptr;
+      g_gemm.fp4_scratch_bytes = 0;
+    }
+    CUDA_CHECK(cudaMalloc(&g_gemm.fp4_scratch, bytes));
+    g_gemm.fp4_scratch_bytes = bytes;
+  }
+  return static_cast<uint8_t*>(g_gemm.fp4_scratch);
+}
+
+// Empty when the arguments describe an FP4 product; otherwise why not, naming the argument (as quant_argument_error).
+std::string fp4_argument_error(QuantRoute route, const void* D, bool d_fp32, const QuantOperand& A,
+                               const QuantOperand& B, int M, int N, int K, const QuantGemmOptions& opt,
+                               bool require_pointers) {
+  if (M <= 0 || N <= 0 || K <= 0) return strformat("invalid GEMM shape M=%d N=%d K=%d (all must be > 0)", M, N, K);
+  const std::string pair = quant_gemm_operands_error(A.encoding, "A", B.encoding, "B");
+  if (!pair.empty()) return pair;
+  const bool mx = route == QuantRoute::Mxfp4AsE4m3;
+  if (mx && (M % kQuantGemmAlign != 0 || N % kQuantGemmAlign != 0)) {
+    return strformat("M=%d and N=%d must be multiples of %d: the MXFP4 product runs as an FP8 GEMM of E4M3 copies "
+                     "(K is free: the copies are zero-padded)", M, N, kQuantGemmAlign);
+  }
+  if (!mx && N % kBf16ExpandColumns != 0) {
+    return strformat("N=%d must be a multiple of %d: the NVFP4 product runs as a BF16 GEMM and N is the leading "
+                     "dimension of D (M and K are free)", N, kBf16ExpandColumns);
+  }
+  if (opt.fast_accum) {
+    return "fast_accum with FP4 operands: the MXFP4 product runs on block-scaled FP8 kernels (split accumulation) and "
+           "the NVFP4 product in BF16; fast accumulation is for per-tensor FP8 scales only";
+  }
+  if (d_fp32 && (opt.bias != nullptr || opt.pre_gelu != nullptr)) {
+    return "bias / pre_gelu (the BIAS and GELU_AUX epilogues) are for a bf16 D (the forward product), not FP32 D";
+  }
+  if (!d_fp32 && opt.accumulate) return "accumulate (D += A*B^T) is for an FP32 D (weight gradients), not bf16 D";
+  if (require_pointers) {
+    if (D == nullptr) return "D is null";
+    for (auto [op, name] : {std::pair<const QuantOperand&, const char*>{A, "A"}, {B, "B"}}) {
+      if (op.data == nullptr || op.scale_inv == nullptr) return strformat("%s.data or %s.scale_inv is null", name, name);
+      if (!mx && op.tensor_scale_inv == nullptr) {
+        return strformat("%s.tensor_scale_inv is null: NVFP4 operands carry their FP32 tensor scale (quant_operand "
+                         "of the QTensor sets it)", name);
+      }
+    }
+    if (mx && opt.inexact_blocks == nullptr) {
+      return "opt.inexact_blocks is null: an MXFP4 product counts the blocks its E4M3 remap could not keep exactly "
+             "and must be given a device counter for them (zero it and report it)";
+    }
+  }
+  for (auto [p, name] : {std::pair<const void*, const char*>{D, "D"}, {opt.bias, "opt.bias"},
+                         {opt.pre_gelu, "opt.pre_gelu"}}) {
+    if (p != nullptr && pointer_alignment(p) < 16) {
+      return strformat("%s (%p) is not 16-byte aligned (cuBLASLt tensor-core GEMMs need 16-byte aligned buffers)",
+                       name, p);
+    }
+  }
+  return "";
+}
+
+// The cache key and the cuBLASLt description of the expanded NVFP4 product D (M,N) = alpha · A (M,Kp) · B (N,Kp)ᵀ
+// in BF16: the FP8 mapping at the top with BF16 operands and device alpha / beta.
+void expanded_bf16_key_and_spec(const void* D, bool d_fp32, const bf16* A, const bf16* B, int M, int N, int Kp,
+                                const QuantGemmOptions& opt, GemmKey* key, PlanSpec* spec) {
+  *key = GemmKey{M, N, Kp, GemmOp::ExpandedBf16, quant_epilogue(opt), opt.accumulate, pointer_alignment(B),
+                 pointer_alignment(A), pointer_alignment(D), pointer_alignment(opt.pre_gelu)};
+  key->d_type = d_fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  key->align_bias = pointer_alignment(opt.bias);
+  *spec = PlanSpec{CUBLAS_OP_T, CUBLAS_OP_N, /*m=*/N, /*n=*/M, /*k=*/Kp, /*lda=*/Kp, /*ldb=*/Kp, /*ldc=*/N,
+                   CUDA_R_16BF, CUDA_R_16BF, static_cast<cudaDataType_t>(key->d_type), opt.bias, opt.pre_gelu,
+                   /*aux_ld=*/N};
+  spec->device_scalars = true;
+}
+
+void matmul_fp4_impl(QuantRoute route, void* D, bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M,
+                     int N, int K, const QuantGemmOptions& opt, cudaStream_t stream) {
+  const std::string arg_error = fp4_argument_error(route, D, d_fp32, A, B, M, N, K, opt, true);
+  if (!arg_error.empty()) {
+    throw_error("matmul_quant: %s [%s]", arg_error.c_str(), describe_quant(d_fp32, A, B, M, N, K, opt).c_str());
+  }
+  const Fp4ScratchLayout l = fp4_scratch_layout(route, M, N, K);
+  uint8_t* scratch = fp4_scratch(l.total);
+  if (route == QuantRoute::Mxfp4AsE4m3) {
+    QuantOperand a8, b8;
+    a8.encoding = b8.encoding = kRemappedMxfp4Encoding;
+    a8.data = scratch + l.a;
+    b8.data = scratch + l.b;
+    a8.scale_inv = reinterpret_cast<const float*>(scratch + l.a_scale);
+    b8.scale_inv = reinterpret_cast<const float*>(scratch + l.b_scale);
+    mxfp4_to_e4m3(scratch + l.a, reinterpret_cast<float*>(scratch + l.a_scale), opt.inexact_blocks, A, M, K, stream);
+    mxfp4_to_e4m3(scratch + l.b, reinterpret_cast<float*>(scratch + l.b_scale), opt.inexact_blocks, B, N, K, stream);
+    matmul_quant_impl(D, d_fp32, a8, b8, M, N, l.Kp, opt, stream);
+    return;
+  }
+  if (current_compute_capability() < kBf16GemmMinComputeCapability) {
+    throw_error("matmul_quant: the NVFP4 product runs in BF16 and needs compute capability %d.%d or newer; this "
+                "device is %d.%d [%s]", kBf16GemmMinComputeCapability / 10, kBf16GemmMinComputeCapability % 10,
+                current_compute_capability() / 10, current_compute_capability() % 10,
+                describe_quant(d_fp32, A, B, M, N, K, opt).c_str());
+  }
+  if (g_gemm.handle == nullptr) gemm_init();
+  bf16* a16 = reinterpret_cast<bf16*>(scratch + l.a);
+  bf16* b16 = reinterpret_cast<bf16*>(scratch + l.b);
+  float* alpha_beta = reinterpret_cast<float*>(scratch + l.scalars);
+  nvfp4_to_bf16(a16, A, M, K, stream);
+  nvfp4_to_bf16(b16, B, N, K, stream);
+  nvfp4_gemm_alpha(alpha_beta, A.tensor_scale_inv, B.tensor_scale_inv, opt.accumulate ? 1.0f : 0.0f, stream);
+  GemmKey key{};
+  PlanSpec spec;
+  expanded_bf16_key_and_spec(D, d_fp32, a16, b16, M, N, l.Kp, opt, &key, &spec);
+  std::string why;
+  const GemmPlan* plan = find_quant_plan(key, spec, &why);
+  if (plan == nullptr) {
+    throw_error("matmul_quant: cuBLASLt does not run the BF16 GEMM of the expanded NVFP4 operands of %s on this "
+                "device (compute capability %d): %s; check matmul_quant_supported() first and fall back (e.g. bias / "
+                "GELU in separate kernels)", describe_quant(d_fp32, A, B, M, N, K, opt).c_str(),
+                current_compute_capability(), why.c_str());
+  }
+  auto set_ptr = [&](cublasLtMatmulDescAttributes_t attr, const void* p) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, attr, &p, sizeof(p)));
+  };
+  if (opt.bias != nullptr) set_ptr(CUBLASLT_MATMUL_DESC_BIAS_POINTER, opt.bias);
+  if (opt.pre_gelu != nullptr) set_ptr(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, opt.pre_gelu);
+  const cublasStatus_t st = cublasLtMatmul(g_gemm.handle, plan->desc, alpha_beta, b16, plan->a, a16, plan->b,
+                                           alpha_beta + 1, D, plan->c, D, plan->c, &plan->algo, g_gemm.workspace,
+                                           g_gemm.workspace_bytes, stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    throw_error("matmul_quant: cublasLtMatmul returned %s for the expanded NVFP4 operands of %s", status_name(st),
+                describe_quant(d_fp32, A, B, M, N, K, opt).c_str());
+  }
+}
+
+bool matmul_fp4_supported(QuantRoute route, bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M, int N,
+                          int K, const QuantGemmOptions& opt) {
+  if (!fp4_argument_error(route, nullptr, d_fp32, A, B, M, N, K, opt, false).empty()) return false;
+  if (cuda_device_count() == 0) return false;
+  const int Kp = fp4_scratch_layout(route, M, N, K).Kp;
+  if (route == QuantRoute::Mxfp4AsE4m3) {
+    QuantOperand a8, b8;
+    a8.encoding = b8.encoding = kRemappedMxfp4Encoding;
+    return matmul_quant_supported(d_fp32, a8, b8, M, N, Kp, opt);
+  }
+  if (current_compute_capability() < kBf16GemmMinComputeCapability) return false;
+  if (g_gemm.handle == nullptr) gemm_init();
+  GemmKey key{};
+  PlanSpec spec;
+  // Null pointers count as 256-byte aligned: the converted operands sit at 256-byte aligned offsets of the scratch
+  // buffer, and D is taken as matmul_quant_supported says.
+  expanded_bf16_key_and_spec(nullptr, d_fp32, nullptr, nullptr, M, N, Kp, opt, &key, &spec);
+  return find_quant_plan(key, spec, nullptr) != nullptr;
+}
+
 }  // namespace
 
 void gemm_init(size_t workspace_bytes) {
@@ -643,6 +855,9 @@ void gemm_shutdown() {
   for (auto& kv : g_gemm.plans) destroy_plan(kv.second);
   g_gemm.plans.clear();
   g_gemm.unsupported.clear();
+  cudaFree(g_gemm.fp4_scratch);
+  g_gemm.fp4_scratch = nullptr;
+  g_gemm.fp4_scratch_bytes = 0;
   cudaFree(g_gemm.workspace);
   g_gemm.workspace = nullptr;
   cublasLtDestroy(g_gemm.handle);
@@ -707,6 +922,18 @@ void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int 
 // Quantised products
 
 std::string quant_gemm_operands_error(const Encoding& a, const char* a_name, const Encoding& b, const char* b_name) {
+  switch (quant_route(a, b)) {
+    case QuantRoute::Mxfp4AsE4m3:
+    case QuantRoute::Nvfp4AsBf16:
+      return "";
+    case QuantRoute::None:
+      return strformat("%s is %s and %s is %s: an FP4 operand multiplies only an operand of its own FP4 family "
+                       "(mxfp4 * mxfp4, e2m1 1x32 e8m0 scales, remapped exactly into E4M3; nvfp4 * nvfp4, e2m1 1x16 "
+                       "or 16x16 e4m3 scales + fp32 tensor scale, expanded exactly into BF16)",
+                       a_name, encoding_name(a).c_str(), b_name, encoding_name(b).c_str());
+    case QuantRoute::Fp8:
+      break;
+  }
   for (auto [e, name] : {std::pair<const Encoding&, const char*>{a, a_name}, {b, b_name}}) {
     if (!scale_mode_row(e)) {
       return strformat("%s is %s: cuBLASLt multiplies e4m3 / e5m2 codes with fp32 (or pow2) scales per tensor, per "
@@ -732,12 +959,28 @@ std::string quant_gemm_operands_error(const Encoding& a, const char* a_name, con
 }
 
 int quant_gemm_min_compute_capability(const Encoding& a, const Encoding& b) {
+  switch (quant_route(a, b)) {
+    case QuantRoute::Mxfp4AsE4m3: return scale_mode_of(kRemappedMxfp4Encoding).min_cc;
+    case QuantRoute::Nvfp4AsBf16: return kBf16GemmMinComputeCapability;
+    case QuantRoute::None: throw_error("gemm: %s", quant_gemm_operands_error(a, "a", b, "b").c_str());
+    case QuantRoute::Fp8: break;
+  }
   return std::max(scale_mode_of(a).min_cc, scale_mode_of(b).min_cc);
 }
 
 int quant_gemm_dim_multiple(const Encoding& e) {
+  if (mxfp4_encoding(e)) return kQuantGemmAlign;
+  if (nvfp4_encoding(e)) return kBf16ExpandColumns;
   scale_mode_of(e);  // an encoding with a product
   return std::max(kQuantGemmAlign, e.block.cols);
+}
+
+size_t quant_gemm_scratch_bytes(const Encoding& a, const Encoding& b, int M, int N, int K) {
+  const QuantRoute route = quant_route(a, b);
+  if (route == QuantRoute::None) throw_error("gemm: %s", quant_gemm_operands_error(a, "a", b, "b").c_str());
+  if (route == QuantRoute::Fp8) return 0;
+  if (M <= 0 || N <= 0 || K <= 0) throw_error("quant_gemm_scratch_bytes: M=%d N=%d K=%d must be > 0", M, N, K);
+  return fp4_scratch_layout(route, M, N, K).total;
 }
 
 QuantOperand quant_operand(const QTensor& q, bool transposed) {
@@ -747,6 +990,7 @@ QuantOperand quant_operand(const QTensor& q, bool transposed) {
   const bool own_scales_t = transposed && !q.encoding.per_tensor();
   op.data = transposed ? q.data_t : q.data;
   op.scale_inv = own_scales_t ? q.scale_inv_t : q.scale_inv;
+  if (q.encoding.tensor_scale) op.tensor_scale_inv = transposed ? q.tensor_scale_inv_t : q.tensor_scale_inv;
   if (op.data == nullptr) {
     throw_error("quant_operand: the QTensor (%d x %d, %s) has no %s copy (its %s is null); quantise it with that "
                 "copy kept", q.rows, q.cols, encoding_name(q.encoding).c_str(),
@@ -761,16 +1005,22 @@ QuantOperand quant_operand(const QTensor& q, bool transposed) {
 
 void matmul_quant(bf16* D, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
                   const QuantGemmOptions& opt, cudaStream_t stream) {
-  matmul_quant_impl(D, false, A, B, M, N, K, opt, stream);
+  const QuantRoute route = quant_route(A.encoding, B.encoding);
+  if (route == QuantRoute::Fp8) matmul_quant_impl(D, false, A, B, M, N, K, opt, stream);
+  else matmul_fp4_impl(route, D, false, A, B, M, N, K, opt, stream);
 }
 
 void matmul_quant(float* D, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
                   const QuantGemmOptions& opt, cudaStream_t stream) {
-  matmul_quant_impl(D, true, A, B, M, N, K, opt, stream);
+  const QuantRoute route = quant_route(A.encoding, B.encoding);
+  if (route == QuantRoute::Fp8) matmul_quant_impl(D, true, A, B, M, N, K, opt, stream);
+  else matmul_fp4_impl(route, D, true, A, B, M, N, K, opt, stream);
 }
 
 bool matmul_quant_supported(bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
                             const QuantGemmOptions& opt) {
+  const QuantRoute route = quant_route(A.encoding, B.encoding);
+  if (route != QuantRoute::Fp8) return matmul_fp4_supported(route, d_fp32, A, B, M, N, K, opt);
   if (!quant_argument_error(nullptr, d_fp32, A, B, M, N, K, opt, false).empty()) return false;
   if (cuda_device_count() == 0) return false;
   if (!quant_device_error(A, B).empty()) return false;

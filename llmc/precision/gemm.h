@@ -1,7 +1,8 @@
 // llmc/precision/gemm.h: the cuBLASLt wrapper for every linear layer. BF16 inputs, FP32 accumulation, bias and GELU
 // epilogues, one workspace, algorithm selection cached per (shape, layout, epilogue); and the quantised products,
-// chosen from the operands' encodings (today FP8 with per-tensor, 1x128 or 128x128 block scales) in the TN form
-// Hopper's FP8 tensor cores require. CPU references: test/reference/precision_ref.h.
+// chosen from the operands' encodings (FP8 with per-tensor, 1x128 or 128x128 block scales; MXFP4 and NVFP4 carried
+// exactly onto the FP8 and BF16 tensor cores) in the TN form Hopper's FP8 tensor cores require. CPU references:
+// test/reference/precision_ref.h and test/reference/fp4_gemm_ref.h.
 //
 // All matrices are row-major as the model stores them:
 //   inp (M, K) activations, weight (N, K) in nn.Linear layout, out (M, N).
@@ -71,13 +72,29 @@ void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int 
 // combination cuBLASLt does not run on this GPU (no FP8 tensor cores, block scales below compute capability 9.0, an
 // epilogue its heuristic has no kernel for) is an llmc::Error naming the combination and cuBLASLt's status.
 // Not offered: quantised outputs, and the amax of D (cuBLASLt computes AMAX_D only for FP8 outputs).
+//
+// FP4 products (Hopper has no FP4 tensor cores; llmc/precision/fp4_gemm.h converts the operands, exactly, into a
+// scratch buffer the GEMM layer owns, and runs the product on them; quant_gemm_scratch_bytes gives its size):
+//   mxfp4 * mxfp4  both operands re-encoded as E4M3 with a power-of-two outer scale per (row, 128 columns), then the
+//                  FP8 product above with 1x128 scales on both sides (VEC128_32F; split accumulation). Exact unless
+//                  the elements of one row's 128-column run span more binades than E4M3 holds
+//                  (llmc/precision/fp4_remap.cuh); the MXFP4 blocks where that happened are added to
+//                  *opt.inexact_blocks (required). Compute capability 9.0; M, N multiples of 16; any K (zero-padded).
+//   nvfp4 * nvfp4  (1x16 or 16x16 blocks on either side) both operands expanded into BF16 (e2m1 * block scale,
+//                  exact), then a BF16 product D = alpha · A·Bᵀ with alpha = the two FP32 tensor scales' product
+//                  (a device scalar, as Blackwell's NVFP4 GEMMs apply it). Compute capability 8.0; N a multiple of 8;
+//                  any M and K.
+// The same options otherwise (bias / GELU_AUX for a bf16 D, accumulate for FP32 D; no fast_accum). Any other pair
+// with an FP4 operand is an llmc::Error naming both encodings.
 struct QuantOperand {
-  const uint8_t* data = nullptr;     // (rows, K) row-major codes
+  const uint8_t* data = nullptr;     // (rows, K) row-major codes (FP4: packed two per byte, tensor.h)
   Encoding encoding;                 // how they are encoded (element format, scale blocks, scale format)
-  const float* scale_inv = nullptr;  // device: 1 float, or the GEMM-ready block scales of (rows, K)
+  const float* scale_inv = nullptr;  // device: 1 float, or the GEMM-ready block scales of (rows, K) (FP4: one-byte
+                                     // scale codes, read as uint8_t)
+  const float* tensor_scale_inv = nullptr;  // device (1): the second-level FP32 decode scale (NVFP4), else unused
 };
-// The operands of a QTensor: its data with scale_inv, or (transposed) its data_t with scale_inv_t (whole-tensor
-// scale: scale_inv).
+// The operands of a QTensor: its data with scale_inv (and tensor_scale_inv), or (transposed) its data_t with
+// scale_inv_t (and tensor_scale_inv_t) (whole-tensor scale: scale_inv).
 QuantOperand quant_operand(const QTensor& q, bool transposed);
 
 struct QuantGemmOptions {
@@ -85,6 +102,10 @@ struct QuantGemmOptions {
   bf16* pre_gelu = nullptr;    // GELU_AUX: pre_gelu (M, N) = A·Bᵀ + bias, D = gelu_tanh(pre_gelu) (bf16 D only)
   bool accumulate = false;     // D += A·Bᵀ (FP32 D only)
   bool fast_accum = false;     // CUBLASLT_MATMUL_DESC_FAST_ACCUM: per-tensor scales only (fprop)
+  // MXFP4 products: device counter, increased by the number of A's and B's 32-element blocks that the E4M3 remap
+  // could not keep exactly (0 for data whose 128-column runs stay within E4M3's range; the caller zeroes and reports
+  // it, e.g. in the numerics telemetry). Required for them, unused otherwise.
+  unsigned long long* inexact_blocks = nullptr;
 };
 // D (M, N) bf16 = A·Bᵀ (+ bias, GELU_AUX).
 void matmul_quant(bf16* D, const QuantOperand& A, const QuantOperand& B, int M, int N, int K,
@@ -103,12 +124,17 @@ bool matmul_quant_supported(bool d_fp32, const QuantOperand& A, const QuantOpera
 // Empty when a product of operands encoded a and b exists, else why not, naming them a_name and b_name (e.g. "x",
 // "w"): an encoding with no cuBLASLt mapping, per-tensor with block scales, 128x128 on both sides, e5m2 on both.
 std::string quant_gemm_operands_error(const Encoding& a, const char* a_name, const Encoding& b, const char* b_name);
-// The compute capability that product needs (89: FP8 tensor cores; 90: block-scaled FP8); a and b as above.
+// The compute capability that product needs (89: FP8 tensor cores; 90: block-scaled FP8, MXFP4; 80: NVFP4 in BF16);
+// a and b as above.
 int quant_gemm_min_compute_capability(const Encoding& a, const Encoding& b);
 // The multiple every dimension (M, N, K) of a product with an operand encoded e must be: 16-byte rows of FP8 codes,
-// and whole blocks along K.
+// and whole blocks along K; for FP4 what the converted product needs of M and N (MXFP4 16, NVFP4 8: K is free).
 constexpr int kQuantGemmAlign = 16;
 int quant_gemm_dim_multiple(const Encoding& e);
+// Bytes of the scratch buffer the product of A (M, K) encoded a and B (N, K) encoded b converts its operands into
+// (0 for FP8 products), for the memory plan. The GEMM layer allocates it on first use and keeps the largest (freed by
+// gemm_shutdown); FP4 products share it as all GEMMs share the workspace, so they run on one stream at a time.
+size_t quant_gemm_scratch_bytes(const Encoding& a, const Encoding& b, int M, int N, int K);
 // The compute capability of the BF16 products (BF16 tensor cores).
 constexpr int kBf16GemmMinComputeCapability = 80;
 

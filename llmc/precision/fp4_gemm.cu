@@ -1,0 +1,153 @@
+// llmc/precision/fp4_gemm.cu: the kernels behind llmc/precision/fp4_gemm.h. The MXFP4 remap gives each warp one
+// (row, 128-column) run: lane l holds elements 4l .. 4l + 3 (lanes 8b .. 8b + 7 one 32-element MXFP4 block), the warp
+// takes the maximum element exponent (its outer scale), re-encodes and counts; the NVFP4 expansion is one thread per
+// output element. Element arithmetic: llmc/precision/fp4_remap.cuh.
+#include "llmc/precision/fp4_gemm.h"
+
+#include <climits>
+
+#include "llmc/core/common.h"
+#include "llmc/precision/encoding.h"
+#include "llmc/precision/fp4_quant.h"
+#include "llmc/precision/fp4_remap.cuh"
+#include "llmc/precision/scale_math.cuh"
+
+#if defined(__CUDACC__) && defined(__USE_FAST_MATH__)
+#error "llmc/precision/fp4_gemm.cu must be compiled without --use_fast_math: host and device must agree bit for bit"
+#endif
+
+namespace llmc {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr int kLaneElements = kE4m3RemapColumns / 32;  // 4
+constexpr int kMxfp4Block = 32;
+constexpr int kLanesPerMxfp4Block = kMxfp4Block / kLaneElements;  // 8
+static_assert(kE4m3RemapColumns % kMxfp4Block == 0, "a run holds whole MXFP4 blocks");
+
+unsigned grid_for(size_t threads, const char* who) {
+  const size_t blocks = ceil_div(threads, kThreads);
+  if (blocks > 0x7fffffffu) throw_error("%s: %zu threads are too many for one launch", who, threads);
+  return static_cast<unsigned>(blocks);
+}
+
+// codes (rows, Kp), scale_inv [j * ld + r] (j < Kp / 128, r < ld): one warp per (r, j), r running fastest.
+__global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes, float* scale_inv,
+                                                                 unsigned long long* inexact_blocks,
+                                                                 const uint8_t* src, const uint8_t* src_scales,
+                                                                 int rows, int K, int Kp, int src_ld, int ld) {
+  const size_t warp = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= static_cast<size_t>(ld) * (Kp / kE4m3RemapColumns)) return;  // whole warps
+  const int r = static_cast<int>(warp % ld), j = static_cast<int>(warp / ld);
+  if (r >= rows) {  // padding entry of the scale layout
+    if (lane == 0) scale_inv[static_cast<size_t>(j) * ld + r] = 1.0f;
+    return;
+  }
+  const int c0 = j * kE4m3RemapColumns + lane * kLaneElements;  // this lane's first element (even)
+  const int block = c0 / kMxfp4Block;
+  const bool block_in = c0 < K;  // c0 is the lane's first element; a block with any element < K has its scale
+  const uint8_t s = block_in ? src_scales[static_cast<size_t>(block) * src_ld + r] : kE8M0One;
+  const size_t row_bytes = (static_cast<size_t>(K) + 1) / 2;
+  uint8_t e2m1[kLaneElements];
+  int top = INT_MIN;  // the largest element exponent of this lane's nonzero finite elements
+  for (int i = 0; i < kLaneElements; i++) {
+    const int c = c0 + i;
+    e2m1[i] = c < K ? e2m1_nibble(src[r * row_bytes + c / 2], c) : 0;
+    if ((e2m1[i] & 0x7) != 0 && s != kE8M0NanCode) top = max(top, mxfp4_element_exponent(e2m1[i], s));
+  }
+  for (int offset = 16; offset > 0; offset /= 2) top = max(top, __shfl_xor_sync(0xffffffffu, top, offset));
+  const int R = top == INT_MIN ? 0 : top - kE4M3TopExponent;
+
+  uint32_t packed = 0;
+  bool inexact = false;
+  for (int i = 0; i < kLaneElements; i++) {
+    const E4m3Remap m = c0 + i < K ? mxfp4_element_to_e4m3(e2m1[i], s, R) : E4m3Remap{0, true};
+    packed |= static_cast<uint32_t>(m.code) << (8 * i);
+    inexact |= !m.exact;
+  }
+  *reinterpret_cast<uint32_t*>(codes + static_cast<size_t>(r) * Kp + c0) = packed;  // Kp % 128 == 0: 4-byte aligned
+  const unsigned ballot = __ballot_sync(0xffffffffu, inexact);
+  if (lane == 0) {
+    scale_inv[static_cast<size_t>(j) * ld + r] = pow2_float(R);
+    unsigned long long count = 0;
+    for (int b = 0; b < 32 / kLanesPerMxfp4Block; b++)
+      count += ((ballot >> (b * kLanesPerMxfp4Block)) & ((1u << kLanesPerMxfp4Block) - 1u)) != 0;
+    if (count != 0) atomicAdd(inexact_blocks, count);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) nvfp4_to_bf16_kernel(bf16* out, const uint8_t* src,
+                                                                 const uint8_t* src_scales, int rows, int K, int Kp,
+                                                                 BlockShape block, int src_ld) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<size_t>(rows) * Kp) return;
+  const int r = static_cast<int>(i / Kp), c = static_cast<int>(i % Kp);
+  float v = 0.0f;
+  if (c < K) {
+    const size_t row_bytes = (static_cast<size_t>(K) + 1) / 2;
+    v = nvfp4_element_value(e2m1_nibble(src[r * row_bytes + c / 2], c), src_scales[scale_index(block, r, c, src_ld)]);
+  }
+  out[i] = __float2bfloat16_rn(v);  // exact (fp4_remap.cuh)
+}
+
+__global__ void nvfp4_gemm_alpha_kernel(float* alpha_beta, const float* a_tsi, const float* b_tsi, float beta) {
+  alpha_beta[0] = mul_rn(a_tsi[0], b_tsi[0]);
+  alpha_beta[1] = beta;
+}
+
+void check_operand(const char* who, const QuantOperand& src, int rows, int K, bool want_mxfp4) {
+  if (want_mxfp4 ? !mxfp4_encoding(src.encoding) : !nvfp4_encoding(src.encoding))
+    throw_error("%s: src is %s; it takes %s", who, encoding_name(src.encoding).c_str(),
+                want_mxfp4 ? "e2m1 1x32 e8m0 scales (MXFP4)" : "e2m1 1x16 or 16x16 e4m3 scales + fp32 tensor scale (NVFP4)");
+  if (rows < 1 || K < 1) throw_error("%s: rows = %d, K = %d must be >= 1", who, rows, K);
+  if (src.data == nullptr || src.scale_inv == nullptr)
+    throw_error("%s: src.data and src.scale_inv must be device pointers", who);
+}
+
+}  // namespace
+
+int mxfp4_remap_cols(int K) { return static_cast<int>(round_up(static_cast<size_t>(K), kE4m3RemapColumns)); }
+int nvfp4_expand_cols(int K) { return static_cast<int>(round_up(static_cast<size_t>(K), kBf16ExpandColumns)); }
+
+void mxfp4_to_e4m3(uint8_t* codes, float* scale_inv, unsigned long long* inexact_blocks, const QuantOperand& src,
+                   int rows, int K, cudaStream_t stream) {
+  const char* who = "mxfp4_to_e4m3";
+  check_operand(who, src, rows, K, true);
+  if (codes == nullptr || scale_inv == nullptr || inexact_blocks == nullptr)
+    throw_error("%s: codes, scale_inv and inexact_blocks must be device pointers", who);
+  if (reinterpret_cast<uintptr_t>(codes) % 16 != 0) throw_error("%s: codes (%p) must be 16-byte aligned", who, codes);
+  const int Kp = mxfp4_remap_cols(K);
+  const Encoding out_encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::Pow2FP32};
+  const int ld = scale_inv_ld(out_encoding, rows, Kp);
+  const size_t warps = static_cast<size_t>(ld) * (Kp / kE4m3RemapColumns);
+  mxfp4_to_e4m3_kernel<<<grid_for(warps * 32, who), kThreads, 0, stream>>>(
+      codes, scale_inv, inexact_blocks, src.data, reinterpret_cast<const uint8_t*>(src.scale_inv), rows, K, Kp,
+      scale_inv_ld(src.encoding, rows, K), ld);
+  CUDA_CHECK_LAUNCH();
+}
+
+void nvfp4_to_bf16(bf16* out, const QuantOperand& src, int rows, int K, cudaStream_t stream) {
+  const char* who = "nvfp4_to_bf16";
+  check_operand(who, src, rows, K, false);
+  if (out == nullptr) throw_error("%s: out must be a device pointer", who);
+  const int Kp = nvfp4_expand_cols(K);
+  const size_t n = static_cast<size_t>(rows) * Kp;
+  nvfp4_to_bf16_kernel<<<grid_for(n, who), kThreads, 0, stream>>>(out, src.data,
+                                                                 reinterpret_cast<const uint8_t*>(src.scale_inv), rows,
+                                                                 K, Kp, src.encoding.block,
+                                                                 scale_inv_ld(src.encoding, rows, K));
+  CUDA_CHECK_LAUNCH();
+}
+
+void nvfp4_gemm_alpha(float* alpha_beta, const float* a_tensor_scale_inv, const float* b_tensor_scale_inv, float beta,
+                      cudaStream_t stream) {
+  if (alpha_beta == nullptr || a_tensor_scale_inv == nullptr || b_tensor_scale_inv == nullptr)
+    throw_error("nvfp4_gemm_alpha: alpha_beta and both operands' tensor_scale_inv must be device pointers");
+  nvfp4_gemm_alpha_kernel<<<1, 1, 0, stream>>>(alpha_beta, a_tensor_scale_inv, b_tensor_scale_inv, beta);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace llmc

@@ -1,0 +1,87 @@
+// llmc/precision/fp4_remap.cuh: the element arithmetic that carries FP4 operands onto Hopper's tensor cores exactly,
+// compiled on both sides (the kernels of llmc/precision/fp4_gemm.cu; the CPU test enumerates it against the E4M3
+// codec of llmc/core/dtypes.h): an MXFP4 element re-encoded as E4M3 under a power-of-two outer scale, and an NVFP4
+// element expanded into BF16.
+//
+// MXFP4 -> E4M3. An E2M1 magnitude is sig * 2^p with sig in {1, 1.5} and p in {-1, 0, 1, 2} (0.5 = 1 * 2^-1,
+// 1, 1.5, 2 = 1 * 2^1, 3 = 1.5 * 2^1, 4 = 1 * 2^2, 6 = 1.5 * 2^2); the element of a block with E8M0 scale 2^X is
+// sig * 2^E, E = X + p. Under an outer scale 2^R it must become the E4M3 value sig * 2^(E - R). E4M3 (e4m3fn: bias 7,
+// normals 2^-6 .. 1.75 * 2^8 = 448, subnormals m * 2^-9 for m = 1 .. 7) holds sig * 2^e exactly iff
+//   e <= 8                 (1 * 2^8 = 256 and 1.5 * 2^8 = 384 are normals; 2^9 = 512 is above 448), and
+//   e >= -9 for sig = 1    (2^-9 is the least subnormal),
+//   e >= -8 for sig = 1.5  (1.5 * 2^e = 3 * 2^(e-1) is a multiple of 2^-9 only from e = -8: the subnormal edge, where
+//                           the one mantissa bit of 1.5 needs a subnormal step of 2^(e-1)).
+// Zero is exact at any shift (+-0, the sign kept). So a whole block (all eight magnitudes) is exact for block shifts
+// k = X - R in [-8, 6] (fp4_recipes.md §0: 6 * 2^6 = 384; 0.5 * 2^-8 and 1.5 * 2^-8 = 3 * 2^-9 are subnormals), and
+// element by element over the wider ranges above (0.5: k in [-8, 9]; 1: [-9, 8]; 1.5: [-8, 8]; 2: [-10, 7];
+// 3: [-9, 7]; 4: [-11, 6]; 6: [-10, 6]).
+// The outer scale of a run of elements (fp4_gemm.h: a row's 128 consecutive elements) is R = max E - 8 over its
+// nonzero elements of finite blocks (0 for a run with none): the largest element lands in E4M3's top binade, nothing
+// ever exceeds 448, and an element is exact unless it lies more than 17 binades (16 for sig = 1.5) below the largest.
+// An element that is not exact becomes E4M3's round to nearest even of sig * 2^(E - R): a multiple of 2^-9 (its
+// subnormal grid), or +-0 at or below 2^-10 (a flush); the kernels count such blocks (fp4_gemm.h). An element of a
+// block with the E8M0 NaN scale becomes the E4M3 NaN code 0x7F (its dequantised value is NaN too).
+//
+// NVFP4 -> BF16. An element is e2m1 * s_b (times the FP32 tensor scale, which the GEMM applies as its alpha): e2m1
+// has at most 2 significant bits and an E4M3 scale at most 4, so the product has at most 6 (3 * 15 = 45 = 101101b)
+// and lies in [0.5 * 2^-9, 6 * 448] = [2^-10, 2688]; BF16 has 8 significant bits and normal exponents down to -126,
+// so the product is exact in FP32 and again in BF16, always. A block with the E4M3 NaN scale gives NaN elements.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "llmc/core/float_rn.cuh"
+#include "llmc/precision/fp4_codec.cuh"
+
+namespace llmc {
+
+constexpr int kE4M3TopExponent = 8;      // the largest binade of E4M3 (256 .. 448)
+constexpr int kE4M3LeastExponent = -9;   // 2^-9, the least E4M3 subnormal
+constexpr uint8_t kE4M3NanCode = 0x7F;
+
+// 2^e as an FP32 (exact), e in [-149, 127]: subnormals below -126.
+__host__ __device__ inline float pow2_float(int e) {
+  return e >= -126 ? bits_to_float(static_cast<uint32_t>(e + 127) << 23) : bits_to_float(1u << (e + 149));
+}
+
+// The exponent p of an E2M1 magnitude code m (1 .. 7: 0.5, 1, 1.5, 2, 3, 4, 6 = sig * 2^p) and whether its
+// significand is 1.5.
+__host__ __device__ inline int e2m1_exponent(uint8_t code) { return ((code & 0x7) >> 1) - 1; }
+__host__ __device__ inline bool e2m1_sig_1_5(uint8_t code) {
+  const int m = code & 0x7;
+  return (m & 1) && m > 1;
+}
+// The exponent E of an MXFP4 element: its E2M1 exponent plus the block's (E8M0 code c: X = c - 127).
+__host__ __device__ inline int mxfp4_element_exponent(uint8_t e2m1_code, uint8_t e8m0_code) {
+  return static_cast<int>(e8m0_code) - kE8M0Bias + e2m1_exponent(e2m1_code);
+}
+
+struct E4m3Remap {
+  uint8_t code;  // E4M3
+  bool exact;    // code * 2^R == e2m1 * 2^X exactly
+};
+// The E4M3 code of the MXFP4 element (E2M1 code, E8M0 block code) under the outer scale 2^R; the E8M0 NaN code gives
+// the E4M3 NaN code (exact: NaN stays NaN).
+__host__ __device__ inline E4m3Remap mxfp4_element_to_e4m3(uint8_t e2m1_code, uint8_t e8m0_code, int R) {
+  if (e8m0_code == kE8M0NanCode) return {kE4M3NanCode, true};
+  const bool negative = (e2m1_code & 0x8) != 0;
+  if ((e2m1_code & 0x7) == 0) return {static_cast<uint8_t>(negative ? 0x80 : 0x00), true};
+  const int e = mxfp4_element_exponent(e2m1_code, e8m0_code) - R;
+  // Clamped to [-30, 30], sig * 2^e is an exact normal FP32 whose E4M3 rounding equals that of the true value (which
+  // is below 2^-10, code +-0, or above 448, saturated, whenever the clamp changes it).
+  const int ec = e < -30 ? -30 : e > 30 ? 30 : e;
+  const float v = mul_rn(e2m1_sig_1_5(e2m1_code) ? 1.5f : 1.0f, pow2_float(ec));
+  const uint8_t magnitude = e4m3_rn(v);
+  return {static_cast<uint8_t>(magnitude | (negative ? 0x80 : 0x00)), ec == e && e4m3_value(magnitude) == v};
+}
+
+// The BF16 value of an NVFP4 element without the tensor scale: e2m1 * E4M3 block scale, exact (NaN for the NaN
+// scale code).
+__host__ __device__ inline float nvfp4_element_value(uint8_t e2m1_code, uint8_t e4m3_code) {
+  return mul_rn(e2m1_value(e2m1_code), e4m3_value(e4m3_code));
+}
+
+}  // namespace llmc
