@@ -80,7 +80,8 @@ __host__ __device__ inline uint8_t e2m1_nibble(uint8_t byte, int index) {
 
 __host__ __device__ inline float e2m1_value(uint8_t code) {
   const int m = code & 0x7;
-  const float v = m < 4 ? 0.5f * static_cast<float>(m) : m == 7 ? 6.0f : static_cast<float>(m - 2);  // 0 .. 1.5 ; 2, 3, 4
+  // 0 .. 1.5 ; 2, 3, 4
+  const float v = m < 4 ? 0.5f * static_cast<float>(m) : m == 7 ? 6.0f : static_cast<float>(m - 2);
   return (code & 0x8) ? -v : v;
 }
 

@@ -212,9 +212,11 @@ TEST(Fp4Quantize, StochasticRoundingIsReproducibleAndKeyed) {
   Buf<bf16> dx(xb.size());
   CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * sizeof(bf16), cudaMemcpyHostToDevice));
   auto run = [&](uint64_t seed, uint32_t step) {
-    Buf<uint8_t> data(llmc::code_bytes(llmc::kMxfp4Encoding, 64, 256)), s(llmc::scale_inv_bytes(llmc::kMxfp4Encoding, 64, 256));
+    Buf<uint8_t> data(llmc::code_bytes(llmc::kMxfp4Encoding, 64, 256));
+    Buf<uint8_t> s(llmc::scale_inv_bytes(llmc::kMxfp4Encoding, 64, 256));
     QTensor q;
-    q.rows = 64, q.cols = 256, q.encoding = llmc::kMxfp4Encoding, q.data = data.p, q.scale_inv = reinterpret_cast<float*>(s.p);
+    q.rows = 64, q.cols = 256, q.encoding = llmc::kMxfp4Encoding;
+    q.data = data.p, q.scale_inv = reinterpret_cast<float*>(s.p);
     QuantizeArgs args;
     args.rounding = Rounding::Stochastic;
     args.sr_key = {seed, step, 1};

@@ -134,8 +134,8 @@ TEST(Hadamard, MatchesDenseMatricesAndIsOrthogonal) {
 }
 
 TEST(Fp4Formulas, HandComputedNvfp4AndMxfp4Blocks) {
-  // NVFP4: tensor amax 448 * 6 / 10 = 268.8 is not needed: take A = 2688, s_enc = 1; block amax 12 -> s_b = e4m3(2) = 2,
-  // multiplier 0.5: 12 -> 6, 5 -> e2m1(2.5) = 2 (tie to even), -1 -> -0.5.
+  // NVFP4: tensor amax 448 * 6 / 10 = 268.8 is not needed: take A = 2688, s_enc = 1; block amax 12 -> s_b = e4m3(2) =
+  // 2, multiplier 0.5: 12 -> 6, 5 -> e2m1(2.5) = 2 (tie to even), -1 -> -0.5.
   EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(2688.0f), 1.0f);
   EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(0.0f), 1.0f);
   EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(INFINITY), 1.0f);
@@ -174,9 +174,10 @@ TEST(Fp4Formulas, HandComputedNvfp4AndMxfp4Blocks) {
   EXPECT_EQ(llmc::mxfp4_scale_code(1e-40f), 0);
   EXPECT_EQ(llmc::mxfp4_scale_code(INFINITY), 0xFF);
   EXPECT_EQ(llmc::mxfp4_scale_code(std::numeric_limits<float>::max()), 252);
-  for (int code = 0; code < 255; code++)
-    EXPECT_EQ(llmc::mxfp4_element_multiplier(static_cast<uint8_t>(code)) * llmc::e8m0_decode(static_cast<uint8_t>(code)),
-              1.0f) << code;
+  for (int code = 0; code < 255; code++) {
+    const uint8_t c = static_cast<uint8_t>(code);
+    EXPECT_EQ(llmc::mxfp4_element_multiplier(c) * llmc::e8m0_decode(c), 1.0f) << code;
+  }
 }
 
 TEST(Fp4Reference, QuantisesBlocksAsTheFormulasSay) {
