@@ -186,11 +186,11 @@ def hadamard_rows(v, size, signs):
 def hadamard_error_bound(v, size):
     """A bound on |FP32 butterfly result - exact| per element of hadamard_rows(v): log2(size) levels of FP32 additions
     on partial sums bounded by sum |v_j| over the block, then one FP32 multiplication by the (rounded) 1/sqrt(size):
-    (log2(size) + 3) * 2^-24 * sum_j |v_j| / sqrt(size) (one more unit for the rounding of 1/sqrt(32) and one for
-    the float32 rounding of the float64 result)."""
+    (log2(size) + 3) * (2^-24 * sum_j |v_j| / sqrt(size) + 2^-149) (one more unit for the rounding of 1/sqrt(32),
+    one for the float32 rounding of the float64 result; 2^-149 covers roundings among subnormals)."""
     rows, cols = v.shape
     sums = np.abs(v.astype(np.float64)).reshape(rows, cols // size, size).sum(axis=2, keepdims=True)
-    bound = (np.log2(size) + 3) * 2.0**-24 * sums / np.sqrt(size)
+    bound = (np.log2(size) + 3) * (2.0**-24 * sums / np.sqrt(size) + 2.0**-149)
     return np.broadcast_to(bound, (rows, cols // size, size)).reshape(rows, cols)
 
 
@@ -218,10 +218,10 @@ def unblock(blocks, br, bc, rows, cols):
     return blocks.reshape(rb, cb, br, bc).transpose(0, 2, 1, 3).reshape(rb * br, cb * bc)[:rows, :cols]
 
 
-def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy, index=None):
+def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy):
     """Codes (rows, cols) and block scale codes (rows_b, cols_b) of v (float32 (rows, cols)); for NVFP4 also the FP32
-    tensor decode scale. sr: None (RTN) or (seed, step, tensor); index: the elements' random-number indices
-    (default: row-major in v)."""
+    tensor decode scale. sr: None (RTN) or (seed, step, tensor); element i of v (row-major) draws random word i of
+    copy `copy`."""
     rows, cols = v.shape
     blocks = block_view(v, br, bc)
     with np.errstate(invalid="ignore"):
@@ -243,8 +243,7 @@ def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy, index=None)
     if sr is None:
         codes = e2m1_rtn(y)
     else:
-        if index is None:
-            index = np.arange(rows * cols, dtype=np.uint64).reshape(rows, cols)
+        index = np.arange(rows * cols, dtype=np.uint64).reshape(rows, cols)
         codes = e2m1_stochastic(y, random_words(index, copy, *sr))
     zeroed = unblock(np.broadcast_to((multiplier == 0)[:, :, None], blocks.shape), br, bc, rows, cols)
     codes = np.where(zeroed, np.uint8(0), codes).astype(np.uint8)
@@ -311,17 +310,3 @@ def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=T
             out["tensor_scale_inv" + name] = tsi
     return out
 
-
-def dequantize(packed, scale_codes, rows, cols, encoding, tensor_scale_inv=None):
-    """Values (rows, cols) float64 of a quantised copy: e2m1 * block scale (* tensor_scale_inv for NVFP4)."""
-    family, br, bc = ENCODINGS[encoding]
-    codes = np.stack([packed & 0xF, packed >> 4], axis=2).reshape(rows, -1)[:, :cols]
-    values = codes.astype(np.uint8).view(E2M1).astype(np.float64)
-    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
-    if br == 16:
-        idx = (r // 16) * round_up(ceil_div(cols, 16), 4) + c // 16
-    else:
-        idx = (c // bc) * round_up(rows, 4) + r
-    dtype = E4M3 if family == "nvfp4" else E8M0
-    scale = scale_codes[idx].view(dtype).astype(np.float64)
-    return values * scale * (float(tensor_scale_inv) if family == "nvfp4" else 1.0)

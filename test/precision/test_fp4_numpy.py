@@ -13,7 +13,8 @@ quantiser comparison of a rotated copy then takes the C++ rotated values as its 
 The NumPy reference is also checked on its own: Philox4x32-10 known-answer vectors, E2M1 rounding against the
 spec's thresholds, and hand-computed blocks.
 
-Exit code 77 (skipped under CTest) when numpy or ml_dtypes is not installed.
+Exit code 77 (skipped under CTest) when numpy or ml_dtypes (0.5 or later: float4_e2m1fn, float8_e8m0fnu) is not
+installed.
 """
 
 import sys
@@ -23,6 +24,10 @@ try:
     import ml_dtypes
 except ImportError as e:
     print(f"test_fp4_numpy.py: skipped: {e} (pip install numpy ml_dtypes)")
+    sys.exit(77)
+if not all(hasattr(ml_dtypes, t) for t in ("float4_e2m1fn", "float8_e4m3fn", "float8_e8m0fnu")):
+    print(f"test_fp4_numpy.py: skipped: ml_dtypes {ml_dtypes.__version__} has no FP4 / E8M0 types "
+          "(pip install -U ml_dtypes: 0.5 or later)")
     sys.exit(77)
 
 import os
@@ -38,11 +43,8 @@ F32 = np.float32
 
 
 def dump_tool():
-    path = os.environ.get("LLM8_FP4_REF_DUMP")
-    if path:
-        return path
-    fallback = os.path.join(HERE, "..", "..", "build", "test", "fp4_ref_dump")
-    return fallback if os.path.exists(fallback) else None
+    path = os.environ.get("LLM8_FP4_REF_DUMP") or os.path.join(HERE, "..", "..", "build", "test", "fp4_ref_dump")
+    return path if os.path.isfile(path) else None
 
 
 def bf16(values):
