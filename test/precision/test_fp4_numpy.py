@@ -11,7 +11,8 @@ Hadamard transforms: the C++ FP32 butterflies and the NumPy dense float64 produc
 (fp4_numpy_ref.hadamard_error_bound), not always to the last bit (the FP32 partial sums and 1/sqrt(32) round); the
 quantiser comparison of a rotated copy then takes the C++ rotated values as its input so that it is bit exact.
 The NumPy reference is also checked on its own: Philox4x32-10 known-answer vectors, E2M1 rounding against the
-spec's thresholds, and hand-computed blocks.
+spec's thresholds, stochastic rounding unbiased over many Philox draws within a stated bound and keyed by seed, step
+and tensor, and hand-computed blocks.
 
 Exit code 77 (skipped under CTest) when numpy or ml_dtypes (0.5 or later: float4_e2m1fn, float8_e8m0fnu) is not
 installed.
@@ -222,6 +223,24 @@ class NumpyReferenceOnItsOwn(unittest.TestCase):
         words = (np.arange(0, 2**24, 64, dtype=np.uint64) << np.uint64(8)).astype(np.uint32)
         up = ref.e2m1_stochastic(np.full(words.shape, F32(2.25)), words) == 0x5
         self.assertEqual(int(up.sum()), len(words) // 4)
+
+    def test_stochastic_rounding_is_unbiased_and_keyed(self):
+        # n Philox draws per value: the mean of the rounded values is y within 6 standard deviations of a Bernoulli
+        # mean on the step g (at most g / (2 sqrt n)) plus the drawing's own bias (below g * 2^-24)
+        n = 1 << 16
+        index = np.arange(n, dtype=np.uint64)
+        e2m1 = ml_dtypes.float4_e2m1fn
+        for k, y in enumerate([0.1, 0.3, 0.6, 1.1, 1.9, 2.2, 3.7, 4.5, 5.99, -0.7, -2.9, -5.2]):
+            g = 0.5 if abs(y) < 2 else 1.0 if abs(y) < 4 else 2.0
+            words = ref.random_words(index, 0, 0xC0FFEE + k, 3, 4)
+            codes = ref.e2m1_stochastic(np.full(n, F32(y)), words)
+            mean = codes.astype(np.uint8).view(e2m1).astype(np.float64).mean()
+            self.assertLessEqual(abs(mean - float(F32(y))), g * (6 / (2 * np.sqrt(n)) + 2.0**-24), y)
+        x = bf16(np.random.default_rng(3).standard_normal((32, 64)))
+        a = ref.quantize(x, "nvfp4", sr=(5, 1, 2))
+        self.assertTrue(all(np.array_equal(a[k], b) for k, b in ref.quantize(x, "nvfp4", sr=(5, 1, 2)).items()))
+        for other in ((6, 1, 2), (5, 2, 2), (5, 1, 3)):  # seed, step and tensor each change the bits
+            self.assertFalse(np.array_equal(a["data"], ref.quantize(x, "nvfp4", sr=other)["data"]), other)
 
     def test_hand_computed_blocks(self):
         # NVFP4 with tensor amax 6: s_enc = 448, a block of amax 6 has s_b = 448 and multiplier 1
