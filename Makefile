@@ -22,8 +22,9 @@ SANITIZE_FLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=
 SANITIZE_ENV := \
   ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0:strict_string_checks=1:detect_stack_use_after_return=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# What it builds: the CPU GoogleTest binaries (test/<layer>/test_*.cpp) and the trainer the integration tests drive.
-SANITIZE_TARGETS := train_gpt $(sort $(basename $(notdir $(wildcard test/*/test_*.cpp))))
+# What it builds: the CPU GoogleTest binaries (test/<layer>/test_*.cpp), the trainer the integration tests drive and
+# the FP4 reference's command-line face that test/precision/test_fp4_numpy.py drives.
+SANITIZE_TARGETS := train_gpt fp4_ref_dump $(sort $(basename $(notdir $(wildcard test/*/test_*.cpp))))
 
 .PHONY: all setup build test test-sanitize quickstart bench clean data
 

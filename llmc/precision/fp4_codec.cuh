@@ -22,7 +22,10 @@
 //   block decode scale                  s_b = e4m3(a_b / 6 * s_enc)   (FP32: (a_b / 6) then * s_enc, then E4M3 round
 //                                                          to nearest even, saturating at 448); a non-finite a_b gives
 //                                                          the E4M3 NaN code 0x7F;
-//   element multiplier                  m_b = s_enc / float(s_b)   (0 when s_b is 0 or NaN: that block's codes are 0)
+//   element multiplier                  m_b = min(s_enc / float(s_b), FLT_MAX)   (FP32; 0 when s_b is 0 or NaN: that
+//                                                          block's codes are 0; the clamp, as Transformer Engine's,
+//                                                          acts only when A < 6 * 448 * 2^9 / FLT_MAX and s_b < 1,
+//                                                          where an infinite m_b would turn 0 into NaN and x into 6)
 //   code                                e2m1(x * m_b)   (FP32 product, then RTN or SR; saturates at +-6)
 //   value                               e2m1 * s_b / s_enc, computed as (e2m1 * s_b) * (1 / s_enc).
 // MXFP4 (OCP Microscaling Formats v1.0 §6.3, the variant of the MX spec itself; Quartet's backward range matching
@@ -77,7 +80,8 @@ __host__ __device__ inline uint8_t e2m1_nibble(uint8_t byte, int index) {
 
 __host__ __device__ inline float e2m1_value(uint8_t code) {
   const int m = code & 0x7;
-  const float v = m < 4 ? 0.5f * static_cast<float>(m) : m == 7 ? 6.0f : static_cast<float>(m - 2);  // 0 .. 1.5 ; 2, 3, 4
+  // 0 .. 1.5 ; 2, 3, 4
+  const float v = m < 4 ? 0.5f * static_cast<float>(m) : m == 7 ? 6.0f : static_cast<float>(m - 2);
   return (code & 0x8) ? -v : v;
 }
 
@@ -123,7 +127,7 @@ __host__ __device__ inline uint8_t nvfp4_block_scale_code(float block_amax, floa
 __host__ __device__ inline float nvfp4_element_multiplier(uint8_t block_code, float s_enc) {
   const float s_b = e4m3_value(block_code);
   if (!(s_b > 0.0f)) return 0.0f;  // zero or NaN
-  return div_rn(s_enc, s_b);
+  return fminf(div_rn(s_enc, s_b), FLT_MAX);  // as s_enc: finite, so that a zero element stays zero
 }
 
 // --------------------------------------------------------------------------------------------------------------

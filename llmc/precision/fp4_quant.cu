@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
     float value = 0.0f;
     if (i < n) {
       const int p = p0 + i;
-      value = a.column ? load_x(a.x, static_cast<size_t>(p) * a.cols + o) : load_x(a.x, static_cast<size_t>(o) * a.cols + p);
+      value = a.column ? load_x(a.x, static_cast<size_t>(p) * a.cols + o)
+                       : load_x(a.x, static_cast<size_t>(o) * a.cols + p);
     }
     v[i] = value;
   }
@@ -203,7 +204,8 @@ __global__ void __launch_bounds__(kThreads) fp4_tile_kernel(const TileArgs a) {
   const size_t tile = id / kTileSide;
   const int j = static_cast<int>(id % kTileSide);
   const bool active = tile < static_cast<size_t>(a.row_tiles) * a.col_tiles;
-  const int rb = active ? static_cast<int>(tile / a.col_tiles) : 0, cb = active ? static_cast<int>(tile % a.col_tiles) : 0;
+  const int rb = active ? static_cast<int>(tile / a.col_tiles) : 0;
+  const int cb = active ? static_cast<int>(tile % a.col_tiles) : 0;
   const int r0 = rb * kTileSide, c0 = cb * kTileSide;
   const int tile_rows = active ? min(kTileSide, a.rows - r0) : 0, tile_cols = active ? min(kTileSide, a.cols - c0) : 0;
   float row[kTileSide];  // row j of the tile
@@ -298,13 +300,16 @@ float* scratch_floats(int n, cudaStream_t stream) {
 void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cudaStream_t stream) {
   const char* who = "fp4_quantize";
   const Encoding& e = q.encoding;
-  if (!fp4_encoding(e)) throw_error("%s: q.encoding is %s; the FP4 quantisers take %s", who, encoding_name(e).c_str(), kFp4Doc);
+  if (!fp4_encoding(e))
+    throw_error("%s: q.encoding is %s; the FP4 quantisers take %s", who, encoding_name(e).c_str(), kFp4Doc);
   if (q.rows < 0 || q.cols < 0) throw_error("%s: q.rows = %d, q.cols = %d must be >= 0", who, q.rows, q.cols);
   check_options(who, q, args);
   const bool nvfp4 = nvfp4_encoding(e);
-  if (q.data && !q.scale_inv) throw_error("%s: q.data is set but q.scale_inv (its %s scales) is null", who, scale_format_name(e.scale));
+  if (q.data && !q.scale_inv)
+    throw_error("%s: q.data is set but q.scale_inv (its %s scales) is null", who, scale_format_name(e.scale));
   if (q.data_t && !q.scale_inv_t) throw_error("%s: q.data_t is set but q.scale_inv_t is null", who);
-  if (nvfp4 && q.data && !q.tensor_scale_inv) throw_error("%s: NVFP4 q.data needs q.tensor_scale_inv (its FP32 tensor scale)", who);
+  if (nvfp4 && q.data && !q.tensor_scale_inv)
+    throw_error("%s: NVFP4 q.data needs q.tensor_scale_inv (its FP32 tensor scale)", who);
   if (nvfp4 && q.data_t && !q.tensor_scale_inv_t) throw_error("%s: NVFP4 q.data_t needs q.tensor_scale_inv_t", who);
   const size_t n = static_cast<size_t>(q.rows) * q.cols;
   if (n > 0 && !x) throw_error("%s: x is null (%d x %d)", who, q.rows, q.cols);
@@ -334,7 +339,8 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
     TileArgs t{};
     t.x = x;
     t.rows = q.rows, t.cols = q.cols;
-    t.row_tiles = static_cast<int>(ceil_div(q.rows, kTileSide)), t.col_tiles = static_cast<int>(ceil_div(q.cols, kTileSide));
+    t.row_tiles = static_cast<int>(ceil_div(q.rows, kTileSide));
+    t.col_tiles = static_cast<int>(ceil_div(q.cols, kTileSide));
     t.data = q.data, t.scales = scales, t.data_t = q.data_t, t.scales_t = scales_t;
     t.ld = scale_inv_ld(e, q.rows, q.cols), t.ld_t = scale_inv_ld(e, q.cols, q.rows);
     t.tensor_amax = source_amax;
@@ -407,7 +413,8 @@ void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t 
   if (n == 0) return;
   const bool nvfp4 = nvfp4_encoding(q.encoding);
   if (!out || !codes || !scales || (nvfp4 && !tsi))
-    throw_error("%s: out, the codes, their scales%s must be device pointers", who, nvfp4 ? " and the tensor scale" : "");
+    throw_error("%s: out, the codes, their scales%s must be device pointers", who,
+                nvfp4 ? " and the tensor scale" : "");
   fp4_dequantize_kernel<<<grid_of(n, who), kThreads, 0, stream>>>(out, codes, scales, tsi, rows, cols, q.encoding.block,
                                                                  scale_inv_ld(q.encoding, rows, cols), nvfp4);
   CUDA_CHECK_LAUNCH();
@@ -440,7 +447,8 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
     const uint8_t code = e2m1_nibble(codes[r * row_bytes + c / 2], c);
     const float xf = load_x(x, i);
     const uint8_t s = scales[scale_index(block, r, c, ld)];
-    const float deq = nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tsi) : mul_rn(e2m1_value(code), e8m0_value(s));
+    const float deq =
+        nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tsi) : mul_rn(e2m1_value(code), e8m0_value(s));
     const double err = static_cast<double>(xf) - static_cast<double>(deq);
     sum_x2 += static_cast<double>(xf) * xf;
     sum_err2 += err * err;
@@ -451,16 +459,20 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
   }
   const size_t entries = static_cast<size_t>(scale_rows) * scale_cols;
   for (size_t e = thread; e < entries; e += stride)
-    max_scale = max(max_scale, __float_as_uint(fabsf(block_decode_scale(scales[(e / scale_cols) * ld + e % scale_cols], nvfp4, tsi))));
+    max_scale =
+        max(max_scale,
+            __float_as_uint(fabsf(block_decode_scale(scales[(e / scale_cols) * ld + e % scale_cols], nvfp4, tsi))));
   const double sums[5] = {block_sum(saturated), block_sum(underflow), block_sum(nonzero), block_sum(sum_x2),
                           block_sum(sum_err2)};
   __shared__ unsigned maxes[2][kThreads / kWarpSize];
   amax = warp_max_bits(amax);
   max_scale = warp_max_bits(max_scale);
-  if (threadIdx.x % kWarpSize == 0) maxes[0][threadIdx.x / kWarpSize] = amax, maxes[1][threadIdx.x / kWarpSize] = max_scale;
+  if (threadIdx.x % kWarpSize == 0)
+    maxes[0][threadIdx.x / kWarpSize] = amax, maxes[1][threadIdx.x / kWarpSize] = max_scale;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 0; w < kThreads / kWarpSize; w++) amax = max(amax, maxes[0][w]), max_scale = max(max_scale, maxes[1][w]);
+    for (int w = 0; w < kThreads / kWarpSize; w++)
+      amax = max(amax, maxes[0][w]), max_scale = max(max_scale, maxes[1][w]);
     double* p = partials + static_cast<size_t>(blockIdx.x) * kQuantStatsSlots;
     p[0] = amax;
     p[1] = max_scale;

@@ -1,10 +1,10 @@
 // llmc/precision/hadamard.cuh: the block Hadamard transforms that quantisers apply before rounding (compiled on the
 // host and the device: the FP4 kernels, llmc/precision/fp4_quant.cu, and their references compute the same bits).
 //
-//   hadamard_transform<N>(v, signs): v[0 .. N) <- H_N · diag(s) · v, N = 16 or 32, where s_i = -1 when bit i of `signs` is
-//   set (else +1; signs = 0 is the plain transform) and H_N is the normalised Sylvester (Walsh–Hadamard) matrix,
-//   H_N[i][j] = (-1)^popcount(i & j) / sqrt(N). With random signs this is the random Hadamard transform (RHT) of the
-//   NVFP4 recipe (N = 16: reference doc fp4_recipes.md §3, wgrad inputs) and Quartet's re-randomised rotation
+//   hadamard_transform<N>(v, signs): v[0 .. N) <- H_N · diag(s) · v, N = 16 or 32, where s_i = -1 when bit i of
+//   `signs` is set (else +1; signs = 0 is the plain transform) and H_N is the normalised Sylvester (Walsh–Hadamard)
+//   matrix, H_N[i][j] = (-1)^popcount(i & j) / sqrt(N). With random signs this is the random Hadamard transform (RHT)
+//   of the NVFP4 recipe (N = 16: reference doc fp4_recipes.md §3, wgrad inputs) and Quartet's re-randomised rotation
 //   (N = 32, §1). H_N · diag(s) is orthogonal: rotating both operands of a product along K leaves it unchanged.
 //
 // Arithmetic (FP32, every operation rounded to nearest even: llmc/core/float_rn.cuh): the signs are applied exactly

@@ -5,7 +5,8 @@
 // copies; and the device E2M1 conversion (fp4_codec.cuh's threshold form) and the device Hadamard transform against
 // the host. Each run draws a fresh seed (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
 // odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte), magnitudes 2^-20 .. 2^12 per row,
-// exact zeros, an all-zero block, huge (3e38) and tiny (1e-38) values. Non-finite inputs: a NaN or inf in a block
+// exact zeros, an all-zero block, huge (3e38) and tiny (1e-38) values, a whole tensor of tiny values (amax ~2^-118:
+// the clamped NVFP4 scales). Non-finite inputs: a NaN or inf in a block
 // gives that block the NaN scale code (E4M3 0x7F / E8M0 0xFF) and zero codes, on both sides. Every output buffer is
 // poisoned (0xEE) so an unwritten byte shows up.
 #include <algorithm>
@@ -196,6 +197,15 @@ TEST(Fp4Quantize, NonFiniteBlocksGetNanScalesOnBothSides) {
     if (c.hadamard == 0) run_case(c, 32, 64, x, rng(), true);  // NVFP4 with a finite given amax
 }
 
+TEST(Fp4Quantize, TinyTensorAmaxMatchesHost) {
+  // tensor amax about 2^-118: NVFP4's s_enc clamps to FLT_MAX and blocks far below the amax have E4M3 scales under
+  // 1, so the element multiplier s_enc / s_b is clamped to FLT_MAX too (fp4_codec.cuh); their zeros stay code 0
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  std::vector<float> x = model_like(32, 64, rng, false);
+  for (float& v : x) v = gpu_test::round_bf16(v * 0x1p-130f);
+  for (const Case& c : kCases) run_case(c, 32, 64, x, rng(), false);
+}
+
 TEST(Fp4Quantize, StochasticRoundingIsReproducibleAndKeyed) {
   auto rng = gpu_test::make_rng("test_fp4_quant");
   const std::vector<float> x = model_like(64, 256, rng, false);
@@ -203,9 +213,11 @@ TEST(Fp4Quantize, StochasticRoundingIsReproducibleAndKeyed) {
   Buf<bf16> dx(xb.size());
   CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * sizeof(bf16), cudaMemcpyHostToDevice));
   auto run = [&](uint64_t seed, uint32_t step) {
-    Buf<uint8_t> data(llmc::code_bytes(llmc::kMxfp4Encoding, 64, 256)), s(llmc::scale_inv_bytes(llmc::kMxfp4Encoding, 64, 256));
+    Buf<uint8_t> data(llmc::code_bytes(llmc::kMxfp4Encoding, 64, 256));
+    Buf<uint8_t> s(llmc::scale_inv_bytes(llmc::kMxfp4Encoding, 64, 256));
     QTensor q;
-    q.rows = 64, q.cols = 256, q.encoding = llmc::kMxfp4Encoding, q.data = data.p, q.scale_inv = reinterpret_cast<float*>(s.p);
+    q.rows = 64, q.cols = 256, q.encoding = llmc::kMxfp4Encoding;
+    q.data = data.p, q.scale_inv = reinterpret_cast<float*>(s.p);
     QuantizeArgs args;
     args.rounding = Rounding::Stochastic;
     args.sr_key = {seed, step, 1};

@@ -134,8 +134,8 @@ TEST(Hadamard, MatchesDenseMatricesAndIsOrthogonal) {
 }
 
 TEST(Fp4Formulas, HandComputedNvfp4AndMxfp4Blocks) {
-  // NVFP4: tensor amax 448 * 6 / 10 = 268.8 is not needed: take A = 2688, s_enc = 1; block amax 12 -> s_b = e4m3(2) = 2,
-  // multiplier 0.5: 12 -> 6, 5 -> e2m1(2.5) = 2 (tie to even), -1 -> -0.5.
+  // NVFP4: tensor amax 448 * 6 / 10 = 268.8 is not needed: take A = 2688, s_enc = 1; block amax 12 -> s_b = e4m3(2) =
+  // 2, multiplier 0.5: 12 -> 6, 5 -> e2m1(2.5) = 2 (tie to even), -1 -> -0.5.
   EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(2688.0f), 1.0f);
   EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(0.0f), 1.0f);
   EXPECT_EQ(llmc::nvfp4_tensor_encode_scale(INFINITY), 1.0f);
@@ -145,6 +145,24 @@ TEST(Fp4Formulas, HandComputedNvfp4AndMxfp4Blocks) {
   EXPECT_EQ(llmc::nvfp4_block_scale_code(NAN, 1.0f), 0x7F);
   EXPECT_EQ(llmc::nvfp4_element_multiplier(0x7F, 1.0f), 0.0f);
   EXPECT_EQ(llmc::nvfp4_element_multiplier(0x00, 1.0f), 0.0f);
+  // a tensor amax under 6 * 448 * 2^9 / FLT_MAX: s_enc clamps to FLT_MAX, and for a block scale under 1 so does
+  // s_enc / s_b (unclamped it is inf, and a zero element would become NaN, code 0x7); the zero keeps code 0
+  const float flt_max = std::numeric_limits<float>::max(), s_max = llmc::nvfp4_tensor_encode_scale(1e-36f);
+  EXPECT_EQ(s_max, flt_max);
+  const uint8_t small_sb = llmc::nvfp4_block_scale_code(1e-40f, s_max);
+  EXPECT_LT(llmc::fp8_decode(small_sb, llmc::ElementFormat::E4M3), 1.0f);
+  EXPECT_EQ(llmc::nvfp4_element_multiplier(small_sb, s_max), flt_max);
+  {
+    std::vector<float> x(32, 0.0f);
+    x[0] = 1e-36f, x[16] = 1e-40f;  // x[17 ..] zeros in the block of scale small_sb
+    std::vector<uint8_t> data(llmc::code_bytes(llmc::kNvfp4Encoding, 1, 32));
+    std::vector<uint8_t> s(llmc::scale_inv_bytes(llmc::kNvfp4Encoding, 1, 32));
+    llmc::Fp4CpuOut out;
+    out.data = data.data(), out.scale_inv = s.data();
+    llmc::fp4_quantize_cpu(&out, x.data(), 1, 32, llmc::kNvfp4Encoding, llmc::QuantizeArgs{}, nullptr);
+    EXPECT_EQ(s[4], small_sb);
+    for (int i = 17; i < 32; i++) EXPECT_EQ(llmc::e2m1_unpack(data[i / 2], i), 0) << i;
+  }
   // the block amax maps to 6 * s_b within E4M3 rounding: a_b = 7 -> 7/6 -> e4m3 1.125 (nearest), multiplier 1/1.125
   EXPECT_EQ(llmc::fp8_decode(llmc::nvfp4_block_scale_code(7.0f, 1.0f), llmc::ElementFormat::E4M3), 1.125f);
   // MXFP4: amax 5 -> floor(log2 5) = 2 -> X = 0 -> code 127, multiplier 1; amax 8 -> X = 1; amax 7.99 -> X = 0 (7.99
@@ -156,9 +174,10 @@ TEST(Fp4Formulas, HandComputedNvfp4AndMxfp4Blocks) {
   EXPECT_EQ(llmc::mxfp4_scale_code(1e-40f), 0);
   EXPECT_EQ(llmc::mxfp4_scale_code(INFINITY), 0xFF);
   EXPECT_EQ(llmc::mxfp4_scale_code(std::numeric_limits<float>::max()), 252);
-  for (int code = 0; code < 255; code++)
-    EXPECT_EQ(llmc::mxfp4_element_multiplier(static_cast<uint8_t>(code)) * llmc::e8m0_decode(static_cast<uint8_t>(code)),
-              1.0f) << code;
+  for (int code = 0; code < 255; code++) {
+    const uint8_t c = static_cast<uint8_t>(code);
+    EXPECT_EQ(llmc::mxfp4_element_multiplier(c) * llmc::e8m0_decode(c), 1.0f) << code;
+  }
 }
 
 TEST(Fp4Reference, QuantisesBlocksAsTheFormulasSay) {

@@ -54,8 +54,9 @@ uint32_t amax_bits_of(const float* v, int n) {
 }
 
 // One copy of a 1xN encoding: src (out_rows, out_cols) row-major (x itself, or x transposed), optionally rotated.
-void quantize_runs(uint8_t* codes, uint8_t* scales, float* tensor_scale_inv, const std::vector<float>& src, int out_rows,
-                   int out_cols, const Encoding& e, const QuantizeArgs& args, bool rotate, float source_amax, int copy) {
+void quantize_runs(uint8_t* codes, uint8_t* scales, float* tensor_scale_inv, const std::vector<float>& src,
+                   int out_rows, int out_cols, const Encoding& e, const QuantizeArgs& args, bool rotate,
+                   float source_amax, int copy) {
   const bool nvfp4 = nvfp4_encoding(e);
   const int n = e.block.cols, ld = scale_inv_ld(e, out_rows, out_cols);
   std::vector<float> v = src;
