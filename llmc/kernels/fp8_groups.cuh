@@ -1,6 +1,7 @@
-// llmc/kernels/fp8_groups.cuh: the device side of the FP8 1x16 group copies of llmc/kernels/fp8_groups.h: the cast of
-// a 16-value group held by a pair of lanes (the producers' and the standalone quantiser's one copy of it), and the input
-// loaders over which the backward kernels are templated (BF16: the tensor itself; FP8 groups: its dequantised copy).
+// llmc/kernels/fp8_groups.cuh: the device side of the FP8 1x16 group copies of llmc/kernels/fp8_groups.h: the cast
+// of a 16-value group held by a pair of lanes (the producers' and the standalone quantiser's one copy of it), and the
+// input loaders over which the backward kernels are templated (BF16: the tensor itself; FP8 groups: its dequantised
+// copy).
 // Bit-exact with the CPU reference (test/reference/group_quant_ref.cpp): the amax is a max over bits, the scales are
 // fp8_group_scales' correctly rounded divisions, x * q and code * d are __fmul_rn, and the conversion is
 // cvt.rn.satfinite, which the host fp8_encode reproduces.

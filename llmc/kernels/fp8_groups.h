@@ -20,7 +20,8 @@
 //                   its values to E4M3 precision relative to 2^-117.)
 //   a = 0:          d = 1, q = 1 (the codes are +-0).
 //   a inf or NaN:   d = NaN, q = 1: every value of the group dequantises to NaN, so a non-finite activation gives
-//                   non-finite gradients in backward (as the BF16 tensor would) and the step's non-finite check sees it.
+//                   non-finite gradients in backward (as the BF16 tensor would) and the step's non-finite check
+//                   sees it.
 // FP32 scales rather than powers of two: COAT's (group amax / 448). The error is E4M3's rounding of x * q (relative
 // 2^-4 for normal codes) either way; an FP32 scale puts the group maximum on 448 (the whole top binade is used, where a
 // power of two leaves up to half of it unused and pushes the small values of the group one binade closer to E4M3's

@@ -8,7 +8,7 @@
 #include "llmc/kernels/fp8_groups.cuh"
 
 #if defined(__CUDACC__) && defined(__USE_FAST_MATH__)
-#error "llmc/precision/group_quant.cu must be compiled without --use_fast_math: the scales must match the host reference"
+#error "llmc/precision/group_quant.cu must be compiled without --use_fast_math: the scales must match the host"
 #endif
 
 namespace llmc {
@@ -66,7 +66,9 @@ bool fp8_groups_encoding(const Encoding& e) { return e == kFp8Groups1x16; }
 
 size_t fp8_groups_code_bytes(int rows, int cols) { return code_bytes(kFp8Groups1x16, rows, cols); }
 size_t fp8_groups_scale_bytes(int rows, int cols) { return scale_inv_bytes(kFp8Groups1x16, rows, cols); }
-size_t fp8_groups_bytes(int rows, int cols) { return fp8_groups_code_bytes(rows, cols) + fp8_groups_scale_bytes(rows, cols); }
+size_t fp8_groups_bytes(int rows, int cols) {
+  return fp8_groups_code_bytes(rows, cols) + fp8_groups_scale_bytes(rows, cols);
+}
 
 Fp8GroupsOut fp8_groups_out(const QTensor& q, float* group_amax) {
   if (!fp8_groups_encoding(q.encoding))

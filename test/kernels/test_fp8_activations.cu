@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -131,13 +132,15 @@ TEST_P(RmsNormFp8Test, BackwardOnExactCopyEqualsBf16Backward) {
   ASSERT_TRUE(bitwise_equal("pow2 copy is bf16-exact", to_float(to_bf16(x)), x));
   const std::vector<float> dout = random_bf16_values(x.size(), rng, -1, 1);
   const std::vector<float> weight = random_bf16_values(s.cols, rng, 0.5f, 1.5f);
-  const std::vector<float> dinp0 = random_bf16_values(x.size(), rng, -1, 1), dweight0 = random_floats(s.cols, rng, -1, 1);
+  const std::vector<float> dinp0 = random_bf16_values(x.size(), rng, -1, 1);
+  const std::vector<float> dweight0 = random_floats(s.cols, rng, -1, 1);
   std::vector<float> out(x.size()), rstd(s.rows);
   llmc::rmsnorm_forward_cpu(out.data(), rstd.data(), x.data(), weight.data(), s.rows, s.cols, 1e-5f);
   auto d_x = upload_bf16(x);
   DeviceGroups g(s.rows, s.cols);
   g.upload(copy);
-  const RmsBackwardRun a = run_rmsnorm_backward(s, static_cast<const bf16*>(d_x.ptr), dout, weight, rstd, dinp0, dweight0);
+  const bf16* bf16_x = d_x.ptr;
+  const RmsBackwardRun a = run_rmsnorm_backward(s, bf16_x, dout, weight, rstd, dinp0, dweight0);
   const RmsBackwardRun b = run_rmsnorm_backward(s, g.in(), dout, weight, rstd, dinp0, dweight0);
   EXPECT_TRUE(bitwise_equal("dinp fp8 vs bf16", b.dinp, a.dinp));
   EXPECT_TRUE(bitwise_equal("dweight fp8 vs bf16", b.dweight, a.dweight));
@@ -152,13 +155,15 @@ TEST_P(RmsNormFp8Test, BackwardMatchesReferenceAndBf16WithinQuantisationBound) {
   const std::vector<float> xq = dequant(copy, s.rows, s.cols);
   const std::vector<float> dout = random_bf16_values(x.size(), rng, -1, 1);
   const std::vector<float> weight = random_bf16_values(s.cols, rng, 0.5f, 1.5f);
-  const std::vector<float> dinp0 = random_bf16_values(x.size(), rng, -1, 1), dweight0 = random_floats(s.cols, rng, -1, 1);
+  const std::vector<float> dinp0 = random_bf16_values(x.size(), rng, -1, 1);
+  const std::vector<float> dweight0 = random_floats(s.cols, rng, -1, 1);
   std::vector<float> out(x.size()), rstd(s.rows);
   llmc::rmsnorm_forward_cpu(out.data(), rstd.data(), x.data(), weight.data(), s.rows, s.cols, 1e-5f);
   auto d_x = upload_bf16(x);
   DeviceGroups g(s.rows, s.cols);
   g.upload(copy);
-  const RmsBackwardRun a = run_rmsnorm_backward(s, static_cast<const bf16*>(d_x.ptr), dout, weight, rstd, dinp0, dweight0);
+  const bf16* bf16_x = d_x.ptr;
+  const RmsBackwardRun a = run_rmsnorm_backward(s, bf16_x, dout, weight, rstd, dinp0, dweight0);
   const RmsBackwardRun b = run_rmsnorm_backward(s, g.in(), dout, weight, rstd, dinp0, dweight0);
   // Against the reference on the dequantised values (test_llama_kernels' tolerances).
   std::vector<float> ref_dinp = dinp0, ref_dweight = dweight0;
@@ -264,7 +269,8 @@ TEST_P(SwigluFp8Test, BackwardMatchesReferenceAndBf16WithinQuantisationBound) {
     for (int j = 0; j < F; j++) {
       const size_t gi = static_cast<size_t>(n) * 2 * F + j, ui = gi + F;
       const double d = std::fabs(dout[static_cast<size_t>(n) * F + j]);
-      const double e_g = std::fabs(static_cast<double>(xq[gi]) - x[gi]), e_u = std::fabs(static_cast<double>(xq[ui]) - x[ui]);
+      const double e_g = std::fabs(static_cast<double>(xq[gi]) - x[gi]);
+      const double e_u = std::fabs(static_cast<double>(xq[ui]) - x[ui]);
       const double gv = x[gi], sig = 1.0 / (1.0 + std::exp(-gv)), dsilu = sig * (1.0 + gv * (1.0 - sig));
       bound[gi] = d * (e_u * std::fabs(dsilu) + std::fabs(static_cast<double>(xq[ui])) * 0.5 * e_g);
       bound[ui] = d * 1.1 * e_g;
@@ -317,7 +323,8 @@ TEST_P(GeluFp8Test, BackwardOnExactCopyAndWithinQuantisationBound) {
     auto d_x = upload_bf16(dequant(copy, s.rows, s.cols));
     DeviceGroups g(s.rows, s.cols);
     g.upload(copy);
-    EXPECT_TRUE(bitwise_equal("gelu dinp fp8 vs bf16 (exact copy)", run(g.in()), run(static_cast<const bf16*>(d_x.ptr))));
+    const bf16* bf16_x = d_x.ptr;
+    EXPECT_TRUE(bitwise_equal("gelu dinp fp8 vs bf16 (exact copy)", run(g.in()), run(bf16_x)));
   }
   const std::vector<float> x = wide_range_bf16(n, rng, 2);
   const llmc::Fp8GroupsCpu copy = llmc::fp8_groups_quantize_cpu(x.data(), s.rows, s.cols);

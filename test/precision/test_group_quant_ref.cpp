@@ -1,7 +1,8 @@
-// test/precision/test_group_quant_ref: the CPU reference of the FP8 1x16 group copies (test/reference/group_quant_ref.h,
-// which the GPU tests test/precision/test_group_quant and test/kernels/test_fp8_activations trust bit for bit) checked
-// on its own against the definition of llmc/kernels/fp8_groups.h: the scale rule's cases (all-zero, +-0, inf, NaN,
-// below the 2^-117 clamp, exact powers of two), each group's largest element on +-448, the error of every dequantised
+// test/precision/test_group_quant_ref: the CPU reference of the FP8 1x16 group copies
+// (test/reference/group_quant_ref.h, which the GPU tests test/precision/test_group_quant and
+// test/kernels/test_fp8_activations trust bit for bit) checked on its own against the definition of
+// llmc/kernels/fp8_groups.h: the scale rule's cases (all-zero, +-0, inf, NaN, below the 2^-117 clamp, exact powers of
+// two), each group's largest element on +-448, the error of every dequantised
 // value within E4M3's half ulp, padding entries; the sizes the memory plan uses; the quantize() table's entry and its
 // refusals, raised on the host before any CUDA call.
 #include <cmath>
@@ -113,7 +114,8 @@ TEST(Fp8GroupsRef, ErrorWithinE4M3HalfUlp) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int rows = 64, cols = 256;
   std::vector<float> x(rows * cols);
-  for (size_t i = 0; i < x.size(); i++) x[i] = bf16_round(normal(rng) * std::ldexp(1.0f, static_cast<int>(i % 23) - 11));
+  for (size_t i = 0; i < x.size(); i++)
+    x[i] = bf16_round(normal(rng) * std::ldexp(1.0f, static_cast<int>(i % 23) - 11));
   const llmc::Fp8GroupsCpu g = llmc::fp8_groups_quantize_cpu(x.data(), rows, cols);
   const std::vector<float> v = llmc::fp8_groups_dequantize_cpu(g.codes.data(), g.scale_inv.data(), rows, cols);
   const int ld = llmc::fp8_groups_ld(rows);

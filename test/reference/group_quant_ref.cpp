@@ -1,4 +1,5 @@
-// test/reference/group_quant_ref.cpp: the CPU reference of the FP8 1x16 group copies (test/reference/group_quant_ref.h).
+// test/reference/group_quant_ref.cpp: the CPU reference of the FP8 1x16 group copies
+// (test/reference/group_quant_ref.h).
 #include "test/reference/group_quant_ref.h"
 
 #include <algorithm>
@@ -27,7 +28,8 @@ Fp8GroupsCpu fp8_groups_quantize_cpu(const float* x, int rows, int cols) {
       float d, q;
       fp8_group_scales(amax, &d, &q);
       for (int k = 0; k < kFp8GroupSize; k++)
-        out.codes[static_cast<size_t>(r) * cols + g * kFp8GroupSize + k] = fp8_encode(mul_rn(v[k], q), ElementFormat::E4M3);
+        out.codes[static_cast<size_t>(r) * cols + g * kFp8GroupSize + k] =
+            fp8_encode(mul_rn(v[k], q), ElementFormat::E4M3);
       out.scale_inv[static_cast<size_t>(g) * ld + r] = d;
       out.group_amax[static_cast<size_t>(g) * ld + r] = amax;
     }
@@ -42,7 +44,8 @@ std::vector<float> fp8_groups_dequantize_cpu(const uint8_t* codes, const float* 
   for (int r = 0; r < rows; r++)
     for (int c = 0; c < cols; c++) {
       const size_t i = static_cast<size_t>(r) * cols + c;
-      out[i] = mul_rn(fp8_decode(codes[i], ElementFormat::E4M3), scale_inv[static_cast<size_t>(c / kFp8GroupSize) * ld + r]);
+      const float d = scale_inv[static_cast<size_t>(c / kFp8GroupSize) * ld + r];
+      out[i] = mul_rn(fp8_decode(codes[i], ElementFormat::E4M3), d);
     }
   return out;
 }
