@@ -1,8 +1,12 @@
 // llmc/kernels/gelu.cu: GELU with the tanh approximation (GPT-2, PyTorch approximate="tanh"), forward and in-place backward;
 // kernels and CPU references. Any length n: full 8-element packs use 128-bit accesses, the last partial pack is scalar.
+// The forward optionally writes the FP8 1x16 copy of its input (template kSave; the input seen as (rows, cols)), the
+// backward reads the input through a loader (BF16 or that copy; llmc/kernels/fp8_groups.cuh): one copy of each
+// algorithm, the BF16 instantiations are the kernels as they were.
 #include <cmath>
 
 #include "llmc/core/cuda_utils.cuh"
+#include "llmc/kernels/fp8_groups.cuh"
 #include "llmc/kernels/gelu.h"
 
 namespace llmc {
@@ -25,11 +29,19 @@ __device__ inline float gelu_grad_device(float x) {
 
 // out (n) = gelu(inp). One thread per pack of 8 elements; the pack at n/8 (if n % 8 != 0) is done element by element.
 // amax (may be null): max |out| (one atomic per warp). Every thread reaches the end (no early return).
-__global__ void gelu_forward_kernel(bf16* out, float* amax, const bf16* inp, size_t n) {
+// kSave: the FP8 copy of inp, seen as (rows, cols) with cols a multiple of 16 (so n % 8 == 0 and threads t, t ^ 1 hold
+// the two halves of a group), into save.
+template <bool kSave>
+__global__ void gelu_forward_kernel(bf16* out, float* amax, const bf16* inp, size_t n, const Fp8GroupsOut save,
+                                    int rows, int cols) {
   const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   unsigned bits = 0;
   if (i + 8 <= n) {
     const x128 x = load128cs(inp + i);
+    if constexpr (kSave) {
+      const int row = static_cast<int>(i / cols);
+      fp8_groups_store8(save, x, row, static_cast<int>(i - static_cast<size_t>(row) * cols), rows, cols);
+    }
     x128 y;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
@@ -49,23 +61,31 @@ __global__ void gelu_forward_kernel(bf16* out, float* amax, const bf16* inp, siz
   }
 }
 
-// dinout (n) = dinout * gelu'(inp).
+// dinout (n) = dinout * gelu'(inp). inp: the loader of the input, seen as (n / cols, cols) (an FP8 copy needs row and
+// column; with it n % 8 == 0 and the scalar tail never runs).
 // amax (may be null): max |result| (one atomic per warp).
-__global__ void gelu_backward_inplace_kernel(bf16* dinout, float* amax, const bf16* inp, size_t n) {
+template <class Loader>
+__global__ void gelu_backward_inplace_kernel(bf16* dinout, float* amax, const Loader inp, size_t n, int cols) {
   const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   unsigned bits = 0;
   if (i + 8 <= n) {
-    const x128 x = load128cs(inp + i);
+    int row = 0, c = 0;
+    if constexpr (Loader::kGroups) {
+      row = static_cast<int>(i / cols);
+      c = static_cast<int>(i - static_cast<size_t>(row) * cols);
+    }
+    float x[8];
+    inp.load8cs(x, i, row, c);
     x128 d = load128cs(dinout + i);
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-      d[k] = __float2bfloat16_rn(__bfloat162float(d[k]) * gelu_grad_device(__bfloat162float(x[k])));
+      d[k] = __float2bfloat16_rn(__bfloat162float(d[k]) * gelu_grad_device(x[k]));
       bits = max(bits, amax_bits(fabsf(__bfloat162float(d[k]))));
     }
     store128(dinout + i, d);
-  } else {
+  } else if constexpr (!Loader::kGroups) {
     for (size_t j = i; j < n; j++) {
-      dinout[j] = __float2bfloat16_rn(__bfloat162float(dinout[j]) * gelu_grad_device(__bfloat162float(inp[j])));
+      dinout[j] = __float2bfloat16_rn(__bfloat162float(dinout[j]) * gelu_grad_device(inp.load1(j)));
       bits = max(bits, amax_bits(fabsf(__bfloat162float(dinout[j]))));
     }
   }
@@ -77,27 +97,55 @@ __global__ void gelu_backward_inplace_kernel(bf16* dinout, float* amax, const bf
 
 namespace {
 
-// One thread per 8 elements: both kernels over (out, amax, inp, n), after the alignment checks every 16-byte access
-// needs.
-template <typename Kernel>
-void launch_gelu(Kernel kernel, const char* name, const char* out_name, bf16* out, float* amax, const bf16* inp,
-                 size_t n, cudaStream_t stream) {
+// One thread per 8 elements: a kernel over (out, amax, inp, n, extra...), after the alignment checks every 16-byte
+// access needs.
+template <typename Kernel, typename Input, typename... Extra>
+void launch_gelu(Kernel kernel, const char* name, const char* out_name, bf16* out, float* amax, const Input inp,
+                 size_t n, cudaStream_t stream, Extra... extra) {
   require_aligned16(name, out_name, out);
-  require_aligned16(name, "inp", inp);
   if (n == 0) return;
   const int block = 256;
-  kernel<<<ceil_div(ceil_div(n, 8), block), block, 0, stream>>>(out, amax, inp, n);
+  kernel<<<ceil_div(ceil_div(n, 8), block), block, 0, stream>>>(out, amax, inp, n, extra...);
   CUDA_CHECK_LAUNCH();
+}
+
+size_t gelu_fp8_elements(const char* kernel, int N, int C) {
+  if (N < 0) throw_error("%s: N = %d must be >= 0", kernel, N);
+  return static_cast<size_t>(N) * static_cast<size_t>(C);
 }
 
 }  // namespace
 
 void gelu_forward(bf16* out, const bf16* inp, size_t n, cudaStream_t stream, float* out_amax) {
-  launch_gelu(gelu_forward_kernel, "gelu_forward", "out", out, out_amax, inp, n, stream);
+  require_aligned16("gelu_forward", "inp", inp);
+  launch_gelu(gelu_forward_kernel<false>, "gelu_forward", "out", out, out_amax, inp, n, stream, Fp8GroupsOut{}, 0, 0);
+}
+
+void gelu_forward(bf16* out, const bf16* inp, int N, int C, cudaStream_t stream, float* out_amax,
+                  const Fp8GroupsOut& save_inp) {
+  const char* kernel = "gelu_forward";
+  require_aligned16(kernel, "inp", inp);
+  const size_t n = gelu_fp8_elements(kernel, N, C);
+  if (!save_inp.wanted()) {
+    launch_gelu(gelu_forward_kernel<false>, kernel, "out", out, out_amax, inp, n, stream, save_inp, N, C);
+    return;
+  }
+  require_fp8_groups(kernel, "save_inp (C)", save_inp.codes, save_inp.scale_inv, C);
+  launch_gelu(gelu_forward_kernel<true>, kernel, "out", out, out_amax, inp, n, stream, save_inp, N, C);
 }
 
 void gelu_backward_inplace(bf16* dinout, const bf16* inp, size_t n, cudaStream_t stream, float* dinp_amax) {
-  launch_gelu(gelu_backward_inplace_kernel, "gelu_backward_inplace", "dinout", dinout, dinp_amax, inp, n, stream);
+  require_aligned16("gelu_backward_inplace", "inp", inp);
+  launch_gelu(gelu_backward_inplace_kernel<Bf16Loader>, "gelu_backward_inplace", "dinout", dinout, dinp_amax,
+              Bf16Loader{inp}, n, stream, 0);
+}
+
+void gelu_backward_inplace(bf16* dinout, const Fp8Groups& inp, int N, int C, cudaStream_t stream, float* dinp_amax) {
+  const char* kernel = "gelu_backward_inplace (fp8 input)";
+  const size_t n = gelu_fp8_elements(kernel, N, C);
+  require_fp8_groups(kernel, "inp (C)", inp.codes, inp.scale_inv, C);
+  launch_gelu(gelu_backward_inplace_kernel<Fp8GroupsLoader>, kernel, "dinout", dinout, dinp_amax,
+              fp8_groups_loader(inp, N), n, stream, C);
 }
 
 }  // namespace llmc

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "llmc/kernels/conventions.h"
+#include "llmc/kernels/fp8_groups.h"
 
 namespace llmc {
 
@@ -11,5 +12,12 @@ namespace llmc {
 void gelu_forward(bf16* out, const bf16* inp, size_t n, cudaStream_t stream, float* out_amax = nullptr);
 // dinout (n): in = d out, out = d inp = d out * gelu'(inp)
 void gelu_backward_inplace(bf16* dinout, const bf16* inp, size_t n, cudaStream_t stream, float* dinp_amax = nullptr);
+// The same over inp (N, C) with save_inp (optional): the FP8 1x16 copy of inp (llmc/kernels/fp8_groups.h; C a
+// multiple of 16), written in the same pass, for the backward that reads it; out is the same bits either way.
+void gelu_forward(bf16* out, const bf16* inp, int N, int C, cudaStream_t stream, float* out_amax,
+                  const Fp8GroupsOut& save_inp);
+// The backward with inp (N, C) read from its FP8 1x16 copy: the same kernel and arithmetic on the dequantised values.
+void gelu_backward_inplace(bf16* dinout, const Fp8Groups& inp, int N, int C, cudaStream_t stream,
+                           float* dinp_amax = nullptr);
 
 }  // namespace llmc

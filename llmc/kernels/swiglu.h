@@ -4,14 +4,22 @@
 #pragma once
 
 #include "llmc/kernels/conventions.h"
+#include "llmc/kernels/fp8_groups.h"
 
 namespace llmc {
 
 // gate_up (N, 2F) holds per row [gate (F) | up (F)] (the fused gate_proj|up_proj GEMM output);
 // out (N, F) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
-void swiglu_forward(bf16* out, const bf16* gate_up, int N, int F, cudaStream_t stream, float* out_amax = nullptr);
+// save_gate_up (optional): the FP8 1x16 copy of gate_up (N, 2F) (llmc/kernels/fp8_groups.h; F a multiple of 16),
+// written in the same pass, for the backward that reads it; out is the same bits either way.
+void swiglu_forward(bf16* out, const bf16* gate_up, int N, int F, cudaStream_t stream, float* out_amax = nullptr,
+                    const Fp8GroupsOut& save_gate_up = {});
 // dgate_up (N, 2F) = [dout * up * silu'(gate) | dout * silu(gate)] (overwritten).
 void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int N, int F, cudaStream_t stream,
+                     float* dgate_up_amax = nullptr);
+// The same with gate_up read from its FP8 1x16 copy (F a multiple of 16): the same kernel and arithmetic on the
+// dequantised values.
+void swiglu_backward(bf16* dgate_up, const bf16* dout, const Fp8Groups& gate_up, int N, int F, cudaStream_t stream,
                      float* dgate_up_amax = nullptr);
 
 }  // namespace llmc

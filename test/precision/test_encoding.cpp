@@ -173,9 +173,10 @@ TEST(Encoding, SmallBlockScaleSizes) {
 TEST(Encoding, QuantizersOfThisBuild) {
   for (const Encoding& e : {kE4M3Tensor, kE5M2Tensor, kE4M3Rows, kE5M2Rows, kE4M3Tiles,
                             Encoding{ElementFormat::E5M2, kBlock128x128}, Encoding{ElementFormat::E4M3, kBlock1x128},
-                            kNvfp4, kMxfp4, Encoding{ElementFormat::E2M1, kBlock16x16, ScaleFormat::E4M3, true}})
+                            kNvfp4, kMxfp4, Encoding{ElementFormat::E2M1, kBlock16x16, ScaleFormat::E4M3, true},
+                            kCoatGroups})
     EXPECT_TRUE(has_quantizer(e)) << encoding_name(e) << ": " << quantizer_error(e);
-  for (const Encoding& e : {kCoatGroups, Encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::E8M0},
+  for (const Encoding& e : {Encoding{ElementFormat::E5M2, kBlock1x16}, Encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::E8M0},
                             Encoding{ElementFormat::E2M1, kBlock1x16, ScaleFormat::E8M0},
                             Encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::FP32, true}}) {
     const std::string why = quantizer_error(e);
