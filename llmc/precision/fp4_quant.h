@@ -37,8 +37,9 @@ inline bool fp4_encoding(const Encoding& e) { return nvfp4_encoding(e) || mxfp4_
 //     1 = data_t; 16x16 tiles use data's index for both copies so their codes agree);
 //   args.hadamard: size 16 or 32 along each rotated copy's quantisation direction; that direction's length must be a
 //     multiple of the size and of it the block length (1x16 takes size 16; 1x32 takes 16 or 32); not with 16x16 tiles.
-// Scale arrays' padding entries are the code of 1.0. data / data_t are written with byte stores where a row's bytes
-// are not a multiple of the block's; every pointer 16-byte aligned.
+// An empty x (rows or cols 0) encodes nothing: only the scale arrays' padding and q.amax (0) are written, no tensor
+// scale. Scale arrays' padding entries are the code of 1.0. data / data_t are written with byte stores where a row's
+// bytes are not a multiple of the block's; every pointer 16-byte aligned.
 void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cudaStream_t stream);
 
 // out (rows, cols) FP32 = the values of q.data (transposed = true: q.data_t, (cols, rows)), fp4_codec.cuh's formula.

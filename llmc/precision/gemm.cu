@@ -825,9 +825,17 @@ bool matmul_fp4_supported(QuantRoute route, bool d_fp32, const QuantOperand& A, 
   if (cuda_device_count() == 0) return false;
   const int Kp = fp4_scratch_layout(route, M, N, K).Kp;
   if (route == QuantRoute::Mxfp4AsE4m3) {
+    // The FP8 plan of the real call: its operands and scales at their places in the scratch buffer (a block-scaled
+    // plan asked for without scale pointers is not the one the call makes).
+    const Fp4ScratchLayout l = fp4_scratch_layout(route, M, N, K);
+    uint8_t* scratch = fp4_scratch(l.total);
     QuantOperand a8, b8;
     a8.encoding = b8.encoding = kRemappedMxfp4Encoding;
-    return matmul_quant_supported(d_fp32, a8, b8, M, N, Kp, opt);
+    a8.data = scratch + l.a;
+    b8.data = scratch + l.b;
+    a8.scale_inv = reinterpret_cast<const float*>(scratch + l.a_scale);
+    b8.scale_inv = reinterpret_cast<const float*>(scratch + l.b_scale);
+    return matmul_quant_supported(d_fp32, a8, b8, M, N, l.Kp, opt);
   }
   if (current_compute_capability() < kBf16GemmMinComputeCapability) return false;
   if (g_gemm.handle == nullptr) gemm_init();

@@ -13,6 +13,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -162,11 +163,20 @@ inline std::vector<double> fp32_sum_tolerance(const std::vector<float>& abs_sum,
 // per chunk, chunks spread over 32 lanes, 32 lane sums, then the += into the gradient.
 inline double column_sum_depth(int N) { return 32 + std::ceil(std::ceil(N / 32.0) / 32.0) + 32 + 1; }
 
+// The same bits, or both NaN: a NaN's payload is no kernel's contract (the device's canonical NaN is 0x7fffffff, a
+// widened bf16 NaN 0x7fff0000, the host's 0x7fc00000), every other value must match bit for bit.
+template <class T>
+bool same_bits_or_both_nan(const T& a, const T& b) {
+  if (std::memcmp(&a, &b, sizeof(T)) == 0) return true;
+  if constexpr (std::is_floating_point_v<T>) return std::isnan(a) && std::isnan(b);
+  return false;
+}
+
 template <class T>
 ::testing::AssertionResult bitwise_equal(const char* what, const std::vector<T>& a, const std::vector<T>& b) {
   if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
   for (size_t i = 0; i < a.size(); i++)
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0)
+    if (!same_bits_or_both_nan(a[i], b[i]))
       return ::testing::AssertionFailure() << what << ": first difference at element " << i;
   return ::testing::AssertionSuccess();
 }
