@@ -699,6 +699,15 @@ uint8_t* fp4_scratch(size_t bytes) {
   return static_cast<uint8_t*>(g_gemm.fp4_scratch);
 }
 
+// The E4M3 operands an MXFP4 product runs on: the remapped codes and outer scales at their places in the scratch.
+void remapped_mxfp4_operands(uint8_t* scratch, const Fp4ScratchLayout& l, QuantOperand* a8, QuantOperand* b8) {
+  a8->encoding = b8->encoding = kRemappedMxfp4Encoding;
+  a8->data = scratch + l.a;
+  b8->data = scratch + l.b;
+  a8->scale_inv = reinterpret_cast<const float*>(scratch + l.a_scale);
+  b8->scale_inv = reinterpret_cast<const float*>(scratch + l.b_scale);
+}
+
 // Empty when the arguments describe an FP4 product; otherwise why not, naming the argument (as quant_argument_error).
 std::string fp4_argument_error(QuantRoute route, const void* D, bool d_fp32, const QuantOperand& A,
                                const QuantOperand& B, int M, int N, int K, const QuantGemmOptions& opt,
@@ -771,11 +780,7 @@ void matmul_fp4_impl(QuantRoute route, void* D, bool d_fp32, const QuantOperand&
   uint8_t* scratch = fp4_scratch(l.total);
   if (route == QuantRoute::Mxfp4AsE4m3) {
     QuantOperand a8, b8;
-    a8.encoding = b8.encoding = kRemappedMxfp4Encoding;
-    a8.data = scratch + l.a;
-    b8.data = scratch + l.b;
-    a8.scale_inv = reinterpret_cast<const float*>(scratch + l.a_scale);
-    b8.scale_inv = reinterpret_cast<const float*>(scratch + l.b_scale);
+    remapped_mxfp4_operands(scratch, l, &a8, &b8);
     mxfp4_to_e4m3(scratch + l.a, reinterpret_cast<float*>(scratch + l.a_scale), opt.inexact_blocks, A, M, K, stream);
     mxfp4_to_e4m3(scratch + l.b, reinterpret_cast<float*>(scratch + l.b_scale), opt.inexact_blocks, B, N, K, stream);
     matmul_quant_impl(D, d_fp32, a8, b8, M, N, l.Kp, opt, stream);
@@ -830,11 +835,7 @@ bool matmul_fp4_supported(QuantRoute route, bool d_fp32, const QuantOperand& A, 
     const Fp4ScratchLayout l = fp4_scratch_layout(route, M, N, K);
     uint8_t* scratch = fp4_scratch(l.total);
     QuantOperand a8, b8;
-    a8.encoding = b8.encoding = kRemappedMxfp4Encoding;
-    a8.data = scratch + l.a;
-    b8.data = scratch + l.b;
-    a8.scale_inv = reinterpret_cast<const float*>(scratch + l.a_scale);
-    b8.scale_inv = reinterpret_cast<const float*>(scratch + l.b_scale);
+    remapped_mxfp4_operands(scratch, l, &a8, &b8);
     return matmul_quant_supported(d_fp32, a8, b8, M, N, l.Kp, opt);
   }
   if (current_compute_capability() < kBf16GemmMinComputeCapability) return false;
