@@ -423,7 +423,7 @@ void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t 
 // ---------------------------------------------------------------------------------------------------------------
 // Telemetry: a fixed grid strides over the elements in a fixed pattern; each block reduces its threads' sums in a
 // fixed order (block_sum) into a partials array; one block combines them in a fixed order (as fp8_quant_stats).
-constexpr int kStatsBlocks = 256;
+constexpr int kStatsBlocks = kQuantStatsBlocks;
 
 // The decode scale of a block: its scale value (times the tensor's decode scale for NVFP4).
 __device__ inline float block_decode_scale(uint8_t s, bool nvfp4, float tsi) {
@@ -481,22 +481,6 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
   }
 }
 
-__global__ void fp4_quant_stats_finish_kernel(double* out, const double* partials, double elements) {
-  if (threadIdx.x != 0) return;
-  unsigned amax = 0, max_scale = 0;
-  double sums[5] = {0, 0, 0, 0, 0};
-  for (int b = 0; b < kStatsBlocks; b++) {
-    const double* p = partials + static_cast<size_t>(b) * kQuantStatsSlots;
-    amax = max(amax, static_cast<unsigned>(p[0]));
-    max_scale = max(max_scale, static_cast<unsigned>(p[1]));
-    for (int k = 0; k < 5; k++) sums[k] += p[2 + k];
-  }
-  out[0] = __uint_as_float(amax);
-  out[1] = 1.0 / static_cast<double>(__uint_as_float(max_scale));
-  for (int k = 0; k < 5; k++) out[2 + k] = sums[k];
-  out[7] = elements;
-}
-
 void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream) {
   const char* who = "fp4_quant_stats";
   if (!fp4_encoding(q.encoding))
@@ -513,8 +497,7 @@ void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStr
       partials, x, q.data, reinterpret_cast<const uint8_t*>(q.scale_inv), q.tensor_scale_inv, q.rows, q.cols,
       q.encoding.block, scale_inv_ld(q.encoding, q.rows, q.cols), scale_rows, scale_cols, nvfp4);
   CUDA_CHECK_LAUNCH();
-  fp4_quant_stats_finish_kernel<<<1, 32, 0, stream>>>(stats_out, partials, static_cast<double>(q.rows) * q.cols);
-  CUDA_CHECK_LAUNCH();
+  combine_quant_stats(stats_out, partials, static_cast<double>(q.rows) * q.cols, stream);
   CUDA_CHECK(cudaFreeAsync(partials, stream));
 }
 

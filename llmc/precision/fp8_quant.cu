@@ -578,7 +578,7 @@ void fp8_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t 
 // fixed pattern; each block reduces its threads' sums in a fixed order (block_sum) into 8 doubles of a partials
 // array (counts are exact integers in a double). Stage 2: one block combines the kStatsBlocks partials in a fixed
 // order. The partials live in stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the caller's stream).
-constexpr int kStatsBlocks = 256;
+constexpr int kStatsBlocks = kQuantStatsBlocks;
 constexpr int kStatsThreads = 256;
 
 // Slots (llmc/precision/quantize.h): 0 amax, 1 min scale, 2 saturated, 3 underflow, 4 nonzero, 5 sum x^2,
@@ -665,8 +665,8 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* 
   }
 }
 
-__global__ void __launch_bounds__(kStatsBlocks) fp8_quant_stats_finish_kernel(double* out, const double* partials,
-                                                                              double elements) {
+__global__ void __launch_bounds__(kStatsBlocks) combine_quant_stats_kernel(double* out, const double* partials,
+                                                                           double elements) {
   const double* p = partials + static_cast<size_t>(threadIdx.x) * kQuantStatsSlots;  // one block's partials
   unsigned amax = static_cast<unsigned>(p[0]), max_si = static_cast<unsigned>(p[1]);
   double sums[5];
@@ -696,10 +696,13 @@ void fp8_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStr
   else
     fp8_quant_stats_kernel<ElementFormat::E5M2><<<kStatsBlocks, kStatsThreads, 0, stream>>>(partials, a);
   CUDA_CHECK_LAUNCH();
-  fp8_quant_stats_finish_kernel<<<1, kStatsBlocks, 0, stream>>>(stats_out, partials,
-                                                                static_cast<double>(q.rows) * q.cols);
-  CUDA_CHECK_LAUNCH();
+  combine_quant_stats(stats_out, partials, static_cast<double>(q.rows) * q.cols, stream);
   CUDA_CHECK(cudaFreeAsync(partials, stream));
+}
+
+void combine_quant_stats(double* stats_out, const double* partials, double elements, cudaStream_t stream) {
+  combine_quant_stats_kernel<<<1, kStatsBlocks, 0, stream>>>(stats_out, partials, elements);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace llmc

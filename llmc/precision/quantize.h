@@ -82,6 +82,11 @@ struct QuantStats {
 // count, nonzero count, sum x^2, sum err^2, element count), computed deterministically by q's quantiser family.
 constexpr int kQuantStatsSlots = 8;
 void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream);
+// The families' shared second stage: a family's stats kernel runs kQuantStatsBlocks blocks, each writing
+// kQuantStatsSlots partials (slot 0 the amax bits, slot 1 the largest scale_inv bits, as exact doubles; slots 2-6 its
+// sums); this combines them in a fixed order into stats_out and adds the element count (slot 7).
+constexpr int kQuantStatsBlocks = 256;
+void combine_quant_stats(double* stats_out, const double* partials, double elements, cudaStream_t stream);
 QuantStats finish_quant_stats(const double* host_slots);  // the 8 slots (downloaded) -> fractions and dB
 
 }  // namespace llmc
