@@ -5,7 +5,7 @@
 # (scripts/repro/fp8_parity_report.py: final val loss, vs BF16 in %, tokens, steps, ...) to OUT.
 #
 #   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B] [--seed S]
-#                                          [--out DIR] [--data DIR] [--corpus DIR] [--tolerance PCT] [--dry]
+#                                          [--out DIR] [--data DIR] [--corpus DIR] [--tolerance PCT] [--dry] [--report]
 #                                          [--recipes "bf16 fp8_tensorwise ..."] [--build DIR]
 #                                          [--set section.key=value ... --tag NAME]
 #   --model (or MODEL in the environment): gpt2-124m (default; configs/gpt2_124m_bf16.json, batch 32 x 1024, lr 6e-4,
@@ -14,7 +14,8 @@
 #   train.seed --seed (default 42, the config's), validation every steps/4 on 40 batches.
 #   --set adds overrides to every run (e.g. --set precision.pow2_scales=false) and --tag names that variant: its logs
 #   are <recipe>_<tag>.jsonl, so variants can share an output directory with the plain runs.
-#   --dry prints the commands and runs nothing (no binary or data needed).
+#   --dry prints the commands and runs nothing (no binary or data needed); --report only writes the plot and the table
+#   from the logs already in OUT (after runs made one recipe at a time).
 #   data = data/pysrc, tokenised on first use by dev/data/prepare.py --python-sources from --corpus (default: this
 #   Python's site-packages, *.py files: a large public text tree present on every machine with Python); with fewer
 #   training tokens than a run trains on, the runs repeat data (the same for every recipe) and a warning says so.
@@ -22,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-gpt2-124m}; STEPS=3072; BATCH=""; SEED=42; OUT=""; DATA=data/pysrc; CORPUS=""; BUILD=build
-TOLERANCE=0.25; DRY=0
+TOLERANCE=0.25; DRY=0; REPORT_ONLY=0
 RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
 EXTRA=(); TAG=""
 while [ $# -gt 0 ]; do
@@ -38,9 +39,10 @@ while [ $# -gt 0 ]; do
     --build) BUILD=$2; shift 2 ;;
     --tolerance) TOLERANCE=$2; shift 2 ;;
     --dry) DRY=1; shift ;;
+    --report) REPORT_ONLY=1; shift ;;
     --set) EXTRA+=(--set "$2"); shift 2 ;;
     --tag) TAG=_$2; shift 2 ;;
-    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "fp8_loss_parity: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -66,7 +68,7 @@ echo "fp8_loss_parity: $TITLE, recipes $RECIPES: $STEPS steps x $((BATCH * SEQ))
      "train.seed $SEED, out $OUT"
 
 # 1. Data.
-if [ "$DRY" -eq 0 ]; then
+if [ "$DRY" -eq 0 ] && [ "$REPORT_ONLY" -eq 0 ]; then
   [ -x "$TRAIN_GPT" ] || fail "$TRAIN_GPT not found: build first (cmake --build build --target train_gpt)"
   mkdir -p "$OUT"
   if ! ls "$DATA"/pysrc_train_*.bin >/dev/null 2>&1; then
@@ -92,6 +94,7 @@ fi
 
 # 2. The runs: identical but for precision.recipe.
 for recipe in $RECIPES; do
+  [ "$REPORT_ONLY" -eq 0 ] || break
   run=$recipe$TAG
   cmd=("$TRAIN_GPT" --config "$CONFIG" --set precision.recipe="$recipe"
        --set "data.train=$DATA/pysrc_train_*.bin" --set "data.val=$DATA/pysrc_val_*.bin"

@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     --force) FORCE=1; shift ;;
     --tflops) TFLOPS=$2; shift 2 ;;
     --overhead-s) OVERHEAD_S=$2; shift 2 ;;
-    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,26p "$0"; exit 0 ;;
     *) echo "fp8_stability: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

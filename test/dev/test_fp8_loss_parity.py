@@ -128,6 +128,16 @@ class TestReport(unittest.TestCase):
         self.assertIn("| fp8_blockwise | 2.0100 | +0.50% | NO |", text)
         self.assertEqual(self.report(*RECIPES, "--tolerance", "1").returncode, 0)
 
+    def test_script_report_only(self):
+        """--report: the table of the logs already there, without the binary, data or runs."""
+        for recipe, val in zip(RECIPES, (2.0, 2.001, 2.002, 2.003)):
+            write_log(os.path.join(self.out, recipe + ".jsonl"), val)
+        proc = run("--report", "--out", self.out, env={"TRAIN_GPT": "/nonexistent/train_gpt"})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn("== bf16", proc.stdout)
+        self.assertIn("| fp8_blockwise | 2.0030 | +0.15% | yes |", proc.stdout)
+        self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
+
     def test_variant_against_plain_bf16_and_missing_log(self):
         write_log(os.path.join(self.out, "bf16.jsonl"), 2.0)
         write_log(os.path.join(self.out, "fp8_blockwise_v.jsonl"), 2.002)
