@@ -25,8 +25,14 @@ The train/val split is decided per document from a hash of its text (and --seed)
 order or on the number of workers; identical documents always land in the same split. If --val-fraction > 0 and the
 hash gives no validation document, the document with the smallest hash goes to val (and symmetrically for train).
 
+Presets: --kjv (the bundled KJV, one document per book) and --python-sources (every *.py file under the given
+directories, by default this Python's site-packages: a large public text tree on every machine with Python, used as
+the long-run corpus; one document per file, 0.5% of the files held out for validation, undecodable bytes replaced).
+A preset only fills options the command line leaves out.
+
 Examples:
     python3 dev/data/prepare.py --kjv                       # bundled KJV -> data/kjv/kjv_{train,val}_000000.bin
+    python3 dev/data/prepare.py --python-sources            # site-packages *.py -> data/pysrc/pysrc_{train,val}_*.bin
     python3 dev/data/prepare.py --name code --out data/code --ext .py,.md --split-docs file  src/ docs/
     python3 dev/data/prepare.py --name notes --split-docs blank-lines notes.txt.gz --val-fraction 0.05
 
@@ -71,6 +77,8 @@ MAGIC_UINT32, VERSION_UINT32 = 20240801, 7
 MAX_SHARD_TOKENS = 2**31 - 1  # h[2] is an int32
 
 SPLIT_MODES = ("file", "kjv-books", "blank-lines")
+DEFAULT_VAL_FRACTION = 0.1
+PYTHON_SOURCES_VAL_FRACTION = 0.005  # ~0.5% of the files: still thousands of documents in a site-packages tree
 # A KJV verse line starts with its reference: book abbreviation (maybe with a leading digit), chapter:verse.
 KJV_REFERENCE = re.compile(r"^(\d?[A-Za-z]+)(\d+):(\d+) ")
 
@@ -191,6 +199,18 @@ def has_extension(filename, extensions):
         return True
     name = filename[:-3] if filename.endswith(".gz") else filename
     return any(name.endswith(ext) or filename.endswith(ext) for ext in extensions)
+
+
+def python_site_packages():
+    """The running Python's site-packages directories (purelib, then platlib where it differs), those that exist."""
+    import sysconfig
+    paths = sysconfig.get_paths()
+    found = []
+    for key in ("purelib", "platlib"):
+        path = paths.get(key)
+        if path and os.path.isdir(path) and path not in found:
+            found.append(path)
+    return found
 
 
 def list_input_files(paths, extensions):
@@ -724,37 +744,63 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         description="Tokenise text with GPT-2's BPE (bundled vocabulary, offline) into llm.c-format token shards.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python3 dev/data/prepare.py --kjv   (the bundled KJV corpus -> data/kjv/)")
+        epilog="Examples: python3 dev/data/prepare.py --kjv   (the bundled KJV corpus -> data/kjv/)\n"
+               "          python3 dev/data/prepare.py --python-sources   (site-packages *.py -> data/pysrc/)")
     p.add_argument("inputs", nargs="*", help="text files, .gz files, or directories (searched recursively)")
     p.add_argument("--kjv", action="store_true",
                    help="prepare the bundled KJV corpus: input dev/data/kjv/kjv.txt.gz, --split-docs kjv-books, "
                         "--name kjv, --out <repo>/data/kjv (each can still be overridden)")
+    p.add_argument("--python-sources", action="store_true",
+                   help="prepare Python sources: the *.py files under the input directories (default: this Python's "
+                        "site-packages), --split-docs file, --val-fraction 0.005, --encoding-errors replace, "
+                        "--name pysrc, --out <repo>/data/pysrc (each can still be overridden)")
     p.add_argument("--name", help="shard name prefix: <out>/<name>_{train,val}_NNNNNN.bin")
     p.add_argument("--out", help="output directory (default: data/<name>)")
     p.add_argument("--ext", default="", help="comma-separated extensions for files found in directories, e.g. .txt,.py "
                                              "(a .gz suffix is looked through); default: all files")
     p.add_argument("--split-docs", choices=SPLIT_MODES, default=None,
                    help="what one document is: a whole file (default), a KJV book, or a blank-line-separated block")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents for validation (default 0.1)")
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help=f"fraction of documents for validation (default {DEFAULT_VAL_FRACTION}; "
+                        f"--python-sources: {PYTHON_SOURCES_VAL_FRACTION})")
     p.add_argument("--seed", type=int, default=1337, help="salt of the document hash that decides the split")
     p.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 100M)")
     p.add_argument("--vocab-size", type=int, default=GPT2_VOCAB_SIZE,
                    help="vocabulary size; above 65536 the shards hold uint32 tokens (default 50257)")
     p.add_argument("--uint32", action="store_true", help="write uint32 tokens (magic 20240801, version 7)")
     p.add_argument("--vocab-dir", default=DEFAULT_VOCAB_DIR, help="folder with encoder.json and vocab.bpe")
-    p.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict",
-                   help="what to do with bytes that are not UTF-8 (default: stop with an error)")
+    p.add_argument("--encoding-errors", choices=("strict", "replace"), default=None,
+                   help="what to do with bytes that are not UTF-8 (default: stop with an error; --python-sources: "
+                        "replace)")
     p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
                    help="tokenising threads (tiktoken releases the GIL); the output does not depend on it")
     p.add_argument("--quiet", action="store_true", help="only print errors")
     args = p.parse_args(argv)
 
+    if args.kjv and args.python_sources:
+        p.error("--kjv and --python-sources are two presets: give one")
     if args.kjv:
         args.inputs = args.inputs or [KJV_CORPUS]
         args.name = args.name or "kjv"
         args.out = args.out or os.path.join(REPO_ROOT, "data", "kjv")
         args.split_docs = args.split_docs or "kjv-books"
+    if args.python_sources:
+        if not args.inputs:
+            args.inputs = python_site_packages()
+            if not args.inputs:
+                p.error("--python-sources: this Python has no site-packages directory; give the directories to read")
+        for path in args.inputs:
+            if not os.path.isdir(path):
+                p.error(f"--python-sources: '{path}' is not a directory (hint: give directories that hold .py files, "
+                        f"or none for this Python's site-packages)")
+        args.name = args.name or "pysrc"
+        args.out = args.out or os.path.join(REPO_ROOT, "data", "pysrc")
+        args.ext = args.ext or ".py"
+        args.val_fraction = PYTHON_SOURCES_VAL_FRACTION if args.val_fraction is None else args.val_fraction
+        args.encoding_errors = args.encoding_errors or "replace"
     args.split_docs = args.split_docs or "file"
+    args.val_fraction = DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction
+    args.encoding_errors = args.encoding_errors or "strict"
     if not args.inputs:
         p.error("give input files or directories, or --kjv for the bundled corpus")
     if not args.name:

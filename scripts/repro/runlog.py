@@ -1,0 +1,89 @@
+"""scripts/repro/runlog.py: reading train_gpt's JSONL metrics for the FP8 reports, and the arithmetic they share.
+
+Owns: reading every record of a metrics file (null losses kept: a skipped step's loss is null), the final validation
+loss, the loss relative to a baseline in percent, and the loss-spike count of the stability grid. Used by
+fp8_parity_report.py (scripts/fp8_loss_parity.sh) and fp8_stability_report.py (scripts/repro/fp8_stability.sh).
+
+Records (llmc/run/metrics.h): {"type":"train","step":S,"loss":L|null,...,"tokens":T}, {"type":"eval","step":S,
+"val_loss":V|null}, {"type":"skip","step":S,"loss":...,"consecutive":K} (the divergence guard skipped step S).
+"""
+import json
+import math
+
+# A loss spike (fp8_stability_report.py): a train step whose loss exceeds the median of the finite losses of the
+# SPIKE_WINDOW steps before it by more than SPIKE_THRESHOLD nats. Consecutive such steps are one spike. Steps with
+# fewer than SPIKE_WINDOW finite losses before them are never spikes (the early fast fall is no baseline).
+SPIKE_WINDOW = 50
+SPIKE_THRESHOLD = 0.5  # nats
+
+
+def read_records(path):
+    """Every JSON object of a JSONL file, in order. A line that is not JSON is a ValueError naming the file and line,
+    except a partial last line (a run killed while writing), which is dropped."""
+    records = []
+    with open(path) as f:
+        lines = f.read().split("\n")
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if n == len(lines):  # no newline after it: cut off mid-write
+                break
+            raise ValueError(f"{path}:{n}: not a JSON line: {line[:80]}") from None
+    return records
+
+
+def finite(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def train_losses(records):
+    """[(step, loss or None)] of the train records in order; None where the loss was not finite (null in JSONL)."""
+    return [(r["step"], float(r["loss"]) if finite(r.get("loss")) else None)
+            for r in records if r.get("type") == "train"]
+
+
+def final_val_loss(records):
+    """The val_loss of the last eval record, None when there is none or it is null."""
+    evals = [r for r in records if r.get("type") == "eval"]
+    return float(evals[-1]["val_loss"]) if evals and finite(evals[-1].get("val_loss")) else None
+
+
+def skipped_steps(records):
+    """Number of steps the divergence guard skipped (non-finite loss or gradient norm)."""
+    return sum(1 for r in records if r.get("type") == "skip")
+
+
+def trained_tokens(records):
+    """Tokens over all train records (each holds its step's tokens)."""
+    return int(sum(r.get("tokens") or 0 for r in records if r.get("type") == "train"))
+
+
+def relative_pct(value, base):
+    """(value - base) / base in percent; None when either is missing or base is 0."""
+    if value is None or base is None or base == 0:
+        return None
+    return (value - base) / base * 100.0
+
+
+def median(values):
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def spike_steps(losses, window=SPIKE_WINDOW, threshold=SPIKE_THRESHOLD):
+    """The first step of every loss spike (see SPIKE_WINDOW) in losses = [(step, loss or None)]."""
+    history, starts, in_spike = [], [], False
+    for step, loss in losses:
+        if loss is None:
+            continue  # a skipped step: counted as skipped, never as a spike, and not part of the baseline
+        spiking = len(history) >= window and loss > median(history[-window:]) + threshold
+        if spiking and not in_spike:
+            starts.append(step)
+        in_spike = spiking
+        history.append(loss)
+    return starts

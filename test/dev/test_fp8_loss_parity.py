@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""test/dev/test_fp8_loss_parity.py: scripts/fp8_loss_parity.sh's --dry output and its table
+(scripts/repro/fp8_parity_report.py), on CPU, run from the repository root.
+
+--dry: GPT-2 124M by default (its config, 32 x 1024 tokens, lr 6e-4, runs/fp8_parity) and Llama 350M with --model or
+MODEL (its config, 16 x 2048, lr 3e-4), one command per recipe, identical but for the recipe and the log (same seed,
+data and schedule), >= 100M tokens per run by default, --seed, --set / --tag placed last; unknown model, recipe and
+corpus directory are rejected (exit 2). The report on synthetic logs: final val loss, the difference to BF16 in
+percent, the tolerance column and exit code, tokens and steps, variants against the plain BF16 run, a missing log.
+"""
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO_ROOT, "scripts", "fp8_loss_parity.sh")
+REPORT = os.path.join(REPO_ROOT, "scripts", "repro", "fp8_parity_report.py")
+RECIPES = ["bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"]
+
+
+def run(*args, env=None):
+    e = dict(os.environ)
+    e.pop("MODEL", None)
+    e.update(env or {})
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, cwd=REPO_ROOT, env=e, timeout=120)
+
+
+def commands(stdout):
+    return [shlex.split(line) for line in stdout.splitlines() if "--config" in line]
+
+
+def overrides(cmd):
+    return {v.partition("=")[0]: v.partition("=")[2] for f, v in zip(cmd, cmd[1:]) if f == "--set"}
+
+
+class TestDry(unittest.TestCase):
+    def check_same_but_recipe(self, cmds):
+        stripped = {tuple(a for a in c if not a.startswith(("precision.recipe=", "log.jsonl="))) for c in cmds}
+        self.assertEqual(len(stripped), 1)
+
+    def test_gpt2_default(self):
+        proc = run("--dry")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        cmds = commands(proc.stdout)
+        self.assertEqual([overrides(c)["precision.recipe"] for c in cmds], RECIPES)
+        self.check_same_but_recipe(cmds)
+        for c in cmds:
+            o = overrides(c)
+            self.assertEqual(c[1:3], ["--config", "configs/gpt2_124m_bf16.json"])
+            self.assertEqual((o["train.micro_batch"], o["train.seq_len"], o["train.lr"], o["train.seed"],
+                              o["data.train"], o["data.val"]),
+                             ("32", "1024", "6e-4", "42", "data/pysrc/pysrc_train_*.bin", "data/pysrc/pysrc_val_*.bin"))
+            self.assertEqual(o["log.jsonl"], f"runs/fp8_parity/{o['precision.recipe']}.jsonl")
+            tokens = int(o["train.steps"]) * int(o["train.micro_batch"]) * int(o["train.seq_len"])
+            self.assertGreaterEqual(tokens, 100_000_000)
+        self.assertIn("100663296 tokens per run", proc.stdout)
+
+    def test_llama(self):
+        for args, env in ((["--model", "llama-350m"], None), ([], {"MODEL": "llama-350m"})):
+            proc = run("--dry", *args, "--seed", "7", env=env)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            cmds = commands(proc.stdout)
+            self.assertEqual(len(cmds), 4)
+            self.check_same_but_recipe(cmds)
+            o = overrides(cmds[0])
+            self.assertIn("configs/llama_350m_bf16.json", cmds[0])
+            self.assertEqual((o["train.micro_batch"], o["train.seq_len"], o["train.lr"], o["train.seed"]),
+                             ("16", "2048", "3e-4", "7"))
+            self.assertEqual(o["log.jsonl"], "runs/fp8_parity_llama-350m/bf16.jsonl")
+
+    def test_variant(self):
+        proc = run("--dry", "--recipes", "fp8_blockwise", "--set", "precision.pow2_scales=false", "--tag", "nopow2",
+                   "--set", "train.seed=43")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        (cmd,) = commands(proc.stdout)
+        self.assertEqual(cmd[-4:], ["--set", "precision.pow2_scales=false", "--set", "train.seed=43"])
+        self.assertEqual(overrides(cmd)["train.seed"], "43")  # the variant's override is the last one: it wins
+        self.assertEqual(overrides(cmd)["log.jsonl"], "runs/fp8_parity/fp8_blockwise_nopow2.jsonl")
+
+    def test_errors(self):
+        for args, env, word in ((["--model", "gpt2-xl"], None, "unknown model 'gpt2-xl'"),
+                                ([], {"MODEL": "bogus"}, "unknown model 'bogus'"),
+                                (["--recipes", "bf16 fp8_x"], None, "unknown recipe 'fp8_x'"),
+                                (["--corpus", "/no/such/dir"], None, "--corpus '/no/such/dir' is not a directory"),
+                                (["--steps", "x"], None, "--steps")):
+            with self.subTest(args=args, env=env):
+                proc = run("--dry", *args, env=env)
+                self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+                self.assertIn(word, proc.stderr)
+        proc = run("--out", os.path.join(tempfile.gettempdir(), "never"), env={"TRAIN_GPT": "/nonexistent/train_gpt"})
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("not found: build first", proc.stderr)
+
+
+def write_log(path, final_val, steps=8, tokens=1000):
+    with open(path, "w") as f:
+        for s in range(1, steps + 1):
+            f.write(json.dumps({"type": "train", "step": s, "loss": 3.0 - 0.1 * s, "ms": 10.0 + s,
+                                "tokens": tokens}) + "\n")
+        f.write(json.dumps({"type": "eval", "step": steps, "val_loss": final_val}) + "\n")
+
+
+class TestReport(unittest.TestCase):
+    def setUp(self):
+        self.out = tempfile.mkdtemp(prefix="test_parity_")
+        self.addCleanup(shutil.rmtree, self.out)
+
+    def report(self, *args):
+        return subprocess.run([sys.executable, REPORT, self.out, *args, "--title", "T"], capture_output=True,
+                              text=True, timeout=60)
+
+    def test_table(self):
+        for recipe, val in zip(RECIPES, (2.0, 2.004, 1.99, 2.01)):
+            write_log(os.path.join(self.out, recipe + ".jsonl"), val)
+        proc = self.report(*RECIPES)
+        self.assertEqual(proc.returncode, 1, proc.stderr)  # blockwise +0.50% and delayed -0.50% exceed 0.25%
+        with open(os.path.join(self.out, "summary.md")) as f:
+            text = f.read()
+        self.assertIn("| recipe | final val loss | vs bf16 | within 0.25% |", text)
+        self.assertIn("| bf16 | 2.0000 | +0.00% | yes | 2.2000 | 17.0 | 0 | 8,000 | 8 |", text)
+        self.assertIn("| fp8_tensorwise | 2.0040 | +0.20% | yes |", text)
+        self.assertIn("| fp8_delayed | 1.9900 | -0.50% | NO |", text)
+        self.assertIn("| fp8_blockwise | 2.0100 | +0.50% | NO |", text)
+        self.assertEqual(self.report(*RECIPES, "--tolerance", "1").returncode, 0)
+
+    def test_script_report_only(self):
+        """--report: the table of the logs already there, without the binary, data or runs."""
+        for recipe, val in zip(RECIPES, (2.0, 2.001, 2.002, 2.003)):
+            write_log(os.path.join(self.out, recipe + ".jsonl"), val)
+        proc = run("--report", "--out", self.out, env={"TRAIN_GPT": "/nonexistent/train_gpt"})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn("== bf16", proc.stdout)
+        self.assertIn("| fp8_blockwise | 2.0030 | +0.15% | yes |", proc.stdout)
+        self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
+
+    def test_variant_against_plain_bf16_and_missing_log(self):
+        write_log(os.path.join(self.out, "bf16.jsonl"), 2.0)
+        write_log(os.path.join(self.out, "fp8_blockwise_v.jsonl"), 2.002)
+        proc = self.report("fp8_blockwise", "--tag", "_v")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(os.path.join(self.out, "summary_v.md")) as f:
+            self.assertIn("| fp8_blockwise_v | 2.0020 | +0.10% | yes |", f.read())
+        proc = self.report("fp8_delayed")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("cannot read the fp8_delayed run", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
