@@ -141,6 +141,43 @@ bool layer_stays_bf16(const PrecisionRecipe& r, int layer, int n_layer) {
   return false;
 }
 
+namespace {
+
+// The encodings precision.* can express that have a quantiser and a GEMM partner among themselves.
+std::vector<Encoding> configurable_encodings() {
+  std::vector<Encoding> expressible;
+  for (ElementFormat f : kElementFormats)
+    for (BlockShape b : kBlockShapes)
+      for (ScaleFormat s : {ScaleFormat::FP32, ScaleFormat::Pow2FP32}) {
+        const Encoding e{f, b, s, false};
+        if (encoding_error(e).empty() && quantizer_error(e).empty()) expressible.push_back(e);
+      }
+  std::vector<Encoding> usable;
+  for (const Encoding& a : expressible)
+    for (const Encoding& b : expressible)
+      if (quant_gemm_operands_error(a, "a", b, "b").empty()) {
+        usable.push_back(a);
+        break;
+      }
+  return usable;
+}
+
+}  // namespace
+
+std::vector<ElementFormat> configurable_element_formats() {
+  std::vector<ElementFormat> out;
+  for (const Encoding& e : configurable_encodings())
+    if (std::find(out.begin(), out.end(), e.element) == out.end()) out.push_back(e.element);
+  return out;
+}
+
+std::vector<BlockShape> configurable_block_shapes() {
+  std::vector<BlockShape> out;
+  for (const Encoding& e : configurable_encodings())
+    if (std::find(out.begin(), out.end(), e.block) == out.end()) out.push_back(e.block);
+  return out;
+}
+
 void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
   fill_precision_recipe(r.recipe, nullptr);  // a known preset
   for (int l : r.bf16_layers)

@@ -75,6 +75,11 @@ void fill_precision_recipe(const std::string& name, PrecisionRecipe* out);
 // both sides of one GEMM, fast accumulation with blocks, delayed scaling with blocks...): throws llmc::Error naming
 // the precision.* key and why.
 void validate_precision_recipe(const PrecisionRecipe& r, int n_layer);
+// The choices of precision.*_format and precision.*_granularity: the element formats and block shapes of the encodings
+// those keys can express (FP32 or power-of-two scales, no second-level tensor scale) that this build can quantise and
+// that take part in at least one quantised GEMM with another such encoding.
+std::vector<ElementFormat> configurable_element_formats();
+std::vector<BlockShape> configurable_block_shapes();
 // True when block n (0-based) of an n_layer model is listed in bf16_layers (negative indices count from the end).
 bool layer_stays_bf16(const PrecisionRecipe& r, int layer, int n_layer);
 LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearKind kind);

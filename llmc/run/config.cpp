@@ -97,7 +97,7 @@ float json_to_float(const json& v, const char* key) {
   [](const RunConfig& c) { return json(c.member); },                            \
   [](RunConfig& c, const json& v) { c.member = v.get<decltype(c.member)>(); }
 // The element format and the block shape of a role's encoding (llmc/precision/encoding.h), stored as their names (the
-// choices of the row are the names this build can quantise).
+// choices of the row are configurable_element_formats / configurable_block_shapes, llmc/precision/recipe.h).
 #define ELEMENT_ACCESS(encoding)                                                       \
   [](const RunConfig& c) { return json(element_format_name(c.encoding.element)); },   \
   [](RunConfig& c, const json& v) { parse_element_format(v.get<std::string>(), &c.encoding.element); }
@@ -105,14 +105,14 @@ float json_to_float(const json& v, const char* key) {
   [](const RunConfig& c) { return json(block_shape_name(c.encoding.block)); },        \
   [](RunConfig& c, const json& v) { parse_block_shape(v.get<std::string>(), &c.encoding.block); }
 
-std::vector<std::string> quantizable_element_names() {
+std::vector<std::string> configurable_element_names() {
   std::vector<std::string> names;
-  for (ElementFormat f : quantizable_element_formats()) names.push_back(element_format_name(f));
+  for (ElementFormat f : configurable_element_formats()) names.push_back(element_format_name(f));
   return names;
 }
-std::vector<std::string> quantizable_block_names() {
+std::vector<std::string> configurable_block_names() {
   std::vector<std::string> names;
-  for (BlockShape b : quantizable_block_shapes()) names.push_back(block_shape_name(b));
+  for (BlockShape b : configurable_block_shapes()) names.push_back(block_shape_name(b));
   return names;
 }
 
@@ -141,7 +141,7 @@ const std::vector<KeySchema>& schema() {
   using T = KeyType;
   static const std::string recipe_help =
       "precision recipe preset: " + precision_recipe_summaries() + "; the keys below override its fields";
-  static const std::vector<std::string> formats = quantizable_element_names(), blocks = quantizable_block_names();
+  static const std::vector<std::string> formats = configurable_element_names(), blocks = configurable_block_names();
   namespace L = size_limits;
   static const std::vector<KeySchema> table = {
       // model: a preset fills every key; explicit keys override it. Without a preset the defaults are gpt2-124m's.

@@ -263,3 +263,13 @@ TEST(Recipe, EncodingsWithoutAQuantiserAreRefused) {
   r.x = {ElementFormat::E2M1, kBlock1x32, ScaleFormat::E8M0};
   EXPECT_EQ(validation_error(r), "");
 }
+
+// The choices precision.*_format / *_granularity offer are the encodings a quantised linear can use: FP4 elements and
+// the 1x16 / 1x32 / 16x16 blocks have quantisers but no GEMM these keys can express (their scale formats are not
+// expressible, or the GEMM mapping refuses them), so they are not offered.
+TEST(Recipe, ConfigurableChoicesAreTheLinearsEncodings) {
+  const std::vector<ElementFormat> elements = configurable_element_formats();
+  EXPECT_EQ(elements, (std::vector<ElementFormat>{ElementFormat::E4M3, ElementFormat::E5M2}));
+  const std::vector<BlockShape> blocks = configurable_block_shapes();
+  EXPECT_EQ(blocks, (std::vector<BlockShape>{kWholeTensor, kBlock1x128, kBlock128x128}));
+}
