@@ -57,19 +57,26 @@ void log_numerics(MetricsLogger& logger, int step, const std::vector<TensorNumer
   auto finite_or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
   double worst_snr = INFINITY;
   std::string worst;
+  long long inexact = 0;
   for (const TensorNumerics& t : numerics) {
-    logger.log_record({{"type", "numerics"}, {"step", step}, {"tensor", t.name},
-                       {"amax", finite_or_null(t.stats.amax)}, {"scale", finite_or_null(t.stats.scale)},
-                       {"saturated_frac", t.stats.saturated_frac}, {"underflow_frac", t.stats.underflow_frac},
-                       {"snr_db", finite_or_null(t.stats.snr_db)}});
+    nlohmann::json record = {{"type", "numerics"}, {"step", step}, {"tensor", t.name},
+                             {"amax", finite_or_null(t.stats.amax)}, {"scale", finite_or_null(t.stats.scale)},
+                             {"saturated_frac", t.stats.saturated_frac}, {"underflow_frac", t.stats.underflow_frac},
+                             {"snr_db", finite_or_null(t.stats.snr_db)}};
+    if (t.inexact_blocks >= 0) {
+      record["inexact_blocks"] = t.inexact_blocks;
+      inexact += t.inexact_blocks;
+    }
+    logger.log_record(record);
     if (t.stats.snr_db < worst_snr) {
       worst_snr = t.stats.snr_db;
       worst = t.name;
     }
   }
   if (!numerics.empty())
-    std::printf("step %d | numerics: %zu quantised tensors, lowest SNR %.1f dB (%s)\n", step, numerics.size(),
-                worst_snr, worst.c_str());
+    std::printf("step %d | numerics: %zu quantised tensors, lowest SNR %.1f dB (%s)%s\n", step, numerics.size(),
+                worst_snr, worst.c_str(),
+                inexact > 0 ? strformat("; %lld MXFP4 blocks not exact in E4M3", inexact).c_str() : "");
 }
 
 }  // namespace

@@ -15,6 +15,11 @@
 // tensor's amax for the next update (in the first step, before any history exists, it scales from the current amax).
 // Block scales come from each block's own amax inside the block quantiser. Every quantisation goes through the one
 // dispatch point, llmc/precision/quantize.h.
+// FP4 plans use the same flow: E2M1 codes packed two per byte with their one-byte block scales, NVFP4's FP32 tensor
+// scales in this layer's small scalar piece (tensor_scales_); dy may be rounded stochastically (both copies, from
+// the precision state's keyed random stream), and the transposed copies of x and dy, the operands of wgrad, may be
+// rotated by the run's random Hadamard transform along the tokens: (dYᵀH)(XᵀH)ᵀ = dYᵀX, so the product needs no
+// inverse. The weight is never rotated (fprop and dgrad read it).
 #include "llmc/precision/linear.h"
 
 #include <algorithm>
@@ -45,6 +50,10 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
     : state_(state), name_(std::move(name)), kind_(kind), layer_(layer), N_(out_features), K_(in_features),
       max_rows_(max_rows), plan_(plan) {
   if (!plan_.quantized) return;
+  if ((plan_.dy_stochastic_rounding || plan_.wgrad_hadamard != 0) &&
+      (plan_.x.element != ElementFormat::E2M1 || plan_.dy.element != ElementFormat::E2M1))
+    throw_error("%s: stochastic rounding and the wgrad Hadamard transform need FP4 x and dy (validate the recipe "
+                "first)", name_.c_str());
   if (N_ % kQuantGemmAlign != 0 || K_ % kQuantGemmAlign != 0)
     throw_error("%s: quantised GEMMs need in/out features that are multiples of %d (got %d x %d); keep this layer in "
                 "BF16 (precision.bf16_layers) or change the model shape", name_.c_str(), kQuantGemmAlign, N_, K_);
@@ -71,7 +80,12 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   const size_t x_bytes = save ? align256(code_bytes(xe, K_, max_rows_)) : 0;
   const size_t x_scales = save && !xe.per_tensor() ? align256(scale_inv_bytes(xe, K_, max_rows_)) : 0;
   const bool cache_t = plan_.cache_weight_transpose;
-  weight_cache_bytes_ = (cache_t ? 2 : 1) * w_bytes + w_scales;
+  const bool fp4 = xe.element == ElementFormat::E2M1 || we.element == ElementFormat::E2M1 ||
+                   dye.element == ElementFormat::E2M1;
+  constexpr size_t kInexactOffset = 64;  // bytes: after the tensor scales
+  static_assert(kTensorScaleSlots * sizeof(float) <= kInexactOffset, "FP4 scalars overlap");
+  const size_t scalars = fp4 ? align256(kInexactOffset + sizeof(unsigned long long)) : 0;
+  weight_cache_bytes_ = (cache_t ? 2 : 1) * w_bytes + w_scales + scalars;
   saved_input_bytes_ = x_bytes + x_scales;
   const size_t total = weight_cache_bytes_ + saved_input_bytes_;
   memory_bytes_ = total;
@@ -94,7 +108,26 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
       x_saved_.data_t = reinterpret_cast<uint8_t*>(p);
       p += x_bytes;
       if (!xe.per_tensor()) x_saved_.scale_inv_t = reinterpret_cast<float*>(p);
+      p += x_scales;
     }
+    if (fp4) {
+      CUDA_CHECK(cudaMemset(p, 0, scalars));
+      tensor_scales_ = reinterpret_cast<float*>(p);
+      inexact_blocks_ = reinterpret_cast<unsigned long long*>(p + kInexactOffset);
+      if (we.tensor_scale) {
+        wq_.tensor_scale_inv = tensor_scales_ + kTsWeight;
+        wq_.tensor_scale_inv_t = tensor_scales_ + kTsWeightT;
+      }
+      if (xe.tensor_scale) x_saved_.tensor_scale_inv_t = tensor_scales_ + kTsSavedInputT;
+    }
+  }
+  // The FP4 products convert their operands into the GEMM layer's scratch (0 for FP8): fprop x·wᵀ, dgrad dy·w,
+  // wgrad dyᵀ·x at the largest M.
+  if (fp4) {
+    const int M = max_rows_;
+    gemm_scratch_bytes_ = std::max({quant_gemm_scratch_bytes(xe, we, M, N_, K_),
+                                    quant_gemm_scratch_bytes(dye, we, M, K_, N_),
+                                    quant_gemm_scratch_bytes(dye, xe, N_, K_, M)});
   }
   // Shared scratch this layer needs at its largest M (codes in bytes, scales in entries).
   const int M = max_rows_;
@@ -103,7 +136,7 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   state_.reserve(kScratchRowsT, code_bytes(dye, N_, M), !dye.per_tensor() ? scale_inv_count(dye, N_, M) : 0);
   if (!cache_t) state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), 0);
   if (!save) state_.reserve(kScratchInputT, code_bytes(xe, K_, M), !xe.per_tensor() ? scale_inv_count(xe, K_, M) : 0);
-  state_.add(this);
+  index_ = state_.add(this);
 }
 
 Linear::~Linear() {
@@ -120,11 +153,31 @@ float* Linear::dy_amax_slot() const {
   return state_.amax_ptr(dy_slot_);
 }
 
+QuantizeArgs Linear::block_args(LinearRole role, const QTensor& q) const {
+  QuantizeArgs args;
+  if (role == LinearRole::Dy && plan_.dy_stochastic_rounding) {
+    args.rounding = Rounding::Stochastic;
+    args.sr_key = state_.stochastic_key(index_, role);
+  }
+  if (role != LinearRole::W && plan_.wgrad_hadamard != 0 && q.data_t != nullptr) {
+    args.hadamard.size = plan_.wgrad_hadamard;
+    args.hadamard.signs = state_.hadamard_signs(plan_.wgrad_hadamard);
+    args.hadamard.data_t = true;
+  }
+  return args;
+}
+
+QuantGemmOptions Linear::gemm_options() const {
+  QuantGemmOptions g;
+  g.inexact_blocks = inexact_blocks_;
+  return g;
+}
+
 // Quantises a BF16 tensor src (rows, cols) into q (whose data / data_t / scales are set by the caller) with the
 // per-tensor slot `slot` or with block scales. amax_ready: the producer already wrote the amax into the slot.
-void Linear::quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training,
+void Linear::quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, LinearRole role,
                               cudaStream_t s) {
-  QuantizeArgs args;
+  QuantizeArgs args = q.encoding.per_tensor() ? QuantizeArgs() : block_args(role, q);
   args.margin = plan_.margin;
   if (q.encoding.per_tensor()) {
     float* amax = state_.amax_ptr(slot);
@@ -184,7 +237,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
     // Without a cached transpose the cast still writes one (into scratch, discarded): that also fills the 128x128
     // transposed scales, which are kept.
     if (!plan_.cache_weight_transpose) wq_.data_t = state_.scratch(kScratchWeightT);
-    quantize_operand(wq_, w_slot_, w, /*amax_ready=*/false, training, s);
+    quantize_operand(wq_, w_slot_, w, /*amax_ready=*/false, training, LinearRole::W, s);
     if (!plan_.cache_weight_transpose) wq_.data_t = nullptr;
     weight_cache_valid_ = true;
     weight_cache_recorded_ = training;
@@ -197,12 +250,14 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   xq.encoding = plan_.x;
   xq.data = state_.scratch(kScratchRows);
   if (!xq.encoding.per_tensor()) xq.scale_inv = state_.scratch_scales(kScratchRows);
+  if (xq.encoding.tensor_scale) xq.tensor_scale_inv = tensor_scales_ + kTsInput;
   const bool save = training && plan_.save_quantized_input;
   if (save) {
     xq.data_t = x_saved_.data_t;
     xq.scale_inv_t = x_saved_.scale_inv_t;
+    xq.tensor_scale_inv_t = x_saved_.tensor_scale_inv_t;
   }
-  quantize_operand(xq, x_slot_, x, opt.x_amax_ready, training, s);
+  quantize_operand(xq, x_slot_, x, opt.x_amax_ready, training, LinearRole::X, s);
   if (save) {
     x_saved_.rows = M;
     x_saved_.scale = xq.scale;
@@ -216,7 +271,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   // The GEMM with as much of the bias / GELU as the epilogue supports for this combination (block scales support
   // neither; then the bias is added and the GELU applied by our kernels, which also report the output amax).
   const QuantOperand A = quant_operand(xq, false), B = quant_operand(wq_, false);
-  QuantGemmOptions g;
+  QuantGemmOptions g = gemm_options();
   g.fast_accum = plan_.fast_accum_fprop;
   g.bias = bias;
   g.pre_gelu = opt.pre_gelu;
@@ -269,7 +324,11 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
     dyq.scale_inv = state_.scratch_scales(kScratchRows);
     dyq.scale_inv_t = state_.scratch_scales(kScratchRowsT);
   }
-  quantize_operand(dyq, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, s);
+  if (dyq.encoding.tensor_scale) {
+    dyq.tensor_scale_inv = tensor_scales_ + kTsDy;
+    dyq.tensor_scale_inv_t = tensor_scales_ + kTsDyT;
+  }
+  quantize_operand(dyq, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, LinearRole::Dy, s);
   if (state_.numerics_requested() && dyq.data != nullptr) state_.record_numerics(name_ + ".dy", dyq, dy, s);
 
   // dgrad: dx (M, K) = dYq (M, N) · Wᵀq (K, N)ᵀ
@@ -279,7 +338,7 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
       wt.data_t = state_.scratch(kScratchWeightT);
       fp8_transpose_codes(wt.data_t, wq_.data, N_, K_, s);
     }
-    QuantGemmOptions g;
+    const QuantGemmOptions g = gemm_options();
     matmul_quant(dx, quant_operand(dyq, false), quant_operand(wt, true), M, K_, N_, g, s);
     if (opt.x_pre_gelu != nullptr)
       gelu_backward_inplace(dx, opt.x_pre_gelu, (size_t)M * K_, s, opt.dx_amax);
@@ -302,6 +361,8 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
     QuantizeArgs args;
     if (!xt.encoding.per_tensor()) {
       xt.scale_inv_t = state_.scratch_scales(kScratchInputT);
+      if (xt.encoding.tensor_scale) xt.tensor_scale_inv_t = tensor_scales_ + kTsInputT;
+      args = block_args(LinearRole::X, xt);
     } else {
       // the forward's per-tensor x scale (same micro-step) without measuring the amax again
       xt.scale = state_.scale_ptr(x_slot_);
@@ -310,7 +371,7 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
     }
     quantize(xt, x, args, s);
   }
-  QuantGemmOptions g;
+  QuantGemmOptions g = gemm_options();
   g.accumulate = true;
   matmul_quant(dw, quant_operand(dyq, true), quant_operand(xt, true), N_, K_, M, g, s);
 }

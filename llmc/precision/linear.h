@@ -8,7 +8,11 @@
 //                   quantised GEMMs of llmc/precision/gemm: fprop Y = Xq·Wqᵀ, dgrad dX = dYq·(Wᵀq)ᵀ, wgrad
 //                   dW += dYᵀq·(Xᵀq)ᵀ. The weight is quantised once per optimizer step (with its transposed copy) and
 //                   reused by every micro-step; the input is saved for wgrad as its transposed quantised copy when
-//                   the plan says so (the model then keeps no BF16 copy of it).
+//                   the plan says so (the model then keeps no BF16 copy of it). FP4 plans (NVFP4, MXFP4) take the
+//                   same path with packed E2M1 codes: the output gradients may be rounded stochastically and the two
+//                   weight-gradient operands rotated by a random Hadamard transform along the tokens (the plan's
+//                   dy_stochastic_rounding and wgrad_hadamard), and the products run exactly on Hopper's BF16 or FP8
+//                   tensor cores (llmc/precision/fp4_gemm.h).
 #pragma once
 
 #include <functional>
@@ -20,7 +24,9 @@
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
+#include "llmc/precision/gemm.h"
 #include "llmc/precision/precision_state.h"
+#include "llmc/precision/quantize.h"
 #include "llmc/precision/recipe.h"
 #include "llmc/precision/tensor.h"
 
@@ -92,8 +98,21 @@ class Linear {
   LinearKind kind_;
   int layer_, N_, K_, max_rows_;
   LinearPlan plan_;
-  // Quantises src (q.rows, q.cols) into q: block scales, or the per-tensor slot's scale (current / delayed).
-  void quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, cudaStream_t s);
+  int index_ = -1;  // registration order in the precision state (names its random streams)
+  // Quantises src (q.rows, q.cols) into q as operand `role`: block scales (with the plan's rounding and, on the
+  // transposed copy of x and dy, its wgrad Hadamard transform), or the per-tensor slot's scale (current / delayed).
+  void quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, LinearRole role,
+                        cudaStream_t s);
+  // The quantiser arguments of a block-scaled operand `role` (rounding, random key, Hadamard transform of data_t).
+  QuantizeArgs block_args(LinearRole role, const QTensor& q) const;
+  // The GEMM options every quantised product of this layer starts from (the MXFP4 inexact-block counter).
+  QuantGemmOptions gemm_options() const;
+  // FP4 plans: the FP32 decode scales of every NVFP4 copy this layer makes (kTensorScaleSlots, in memory_) and the
+  // device counter of its MXFP4 products' inexact blocks (in memory_); null otherwise.
+  enum TensorScaleSlot : int { kTsWeight, kTsWeightT, kTsSavedInputT, kTsInput, kTsDy, kTsDyT, kTsInputT,
+                               kTensorScaleSlots };
+  float* tensor_scales_ = nullptr;
+  unsigned long long* inexact_blocks_ = nullptr;
   // Quantised operands. Per-tensor slots index into the PrecisionState arrays (-1 = none).
   int x_slot_ = -1, w_slot_ = -1, dy_slot_ = -1;
   QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step
@@ -104,7 +123,8 @@ class Linear {
   int saved_rows_ = 0;
   void* memory_ = nullptr;  // one allocation for wq_ and x_saved_ (none when the state only counts its memory)
   size_t memory_bytes_ = 0;
-  size_t weight_cache_bytes_ = 0;  // of memory_bytes_: wq_ (codes, transposed codes, block scales)
+  size_t weight_cache_bytes_ = 0;  // of memory_bytes_: wq_ (codes, transposed codes, block scales), FP4 scalars
+  size_t gemm_scratch_bytes_ = 0;  // the FP4 products' operand conversions at max_rows (the GEMM layer's scratch)
   size_t saved_input_bytes_ = 0;   // of memory_bytes_: x_saved_
 };
 

@@ -31,9 +31,45 @@ PrecisionState::~PrecisionState() {
   if (numerics_) cudaFree(numerics_);
 }
 
-void PrecisionState::add(Linear* linear) {
+int PrecisionState::add(Linear* linear) {
   if (allocated_) throw_error("PrecisionState: linear %s registered after the first forward", linear->name().c_str());
   linears_.push_back(linear);
+  return static_cast<int>(linears_.size()) - 1;
+}
+
+void PrecisionState::set_random_stream(uint64_t seed, int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    throw_error("PrecisionState: rank %d of %d ranks", rank, world_size);
+  seed_ = seed;
+  rank_ = rank;
+  world_size_ = world_size;
+}
+
+void PrecisionState::begin_step(long long step) {
+  if (step < 0) throw_error("PrecisionState: step %lld", step);
+  step_ = step;
+  micro_ = -1;
+}
+
+StochasticKey PrecisionState::stochastic_key(int index, LinearRole role) const {
+  // tensor = ((micro * world_size + rank) * linears + index) * 3 + role, unique within a step; it wraps only past
+  // 2^32 / (3 * linears * world_size) micro-steps of one step. The step itself is the key's own word.
+  constexpr uint64_t kRoles = 3;
+  const uint64_t micro = static_cast<uint64_t>(std::max<long long>(micro_, 0));
+  const uint64_t stream = (micro * world_size_ + rank_) * linears_.size() + static_cast<uint64_t>(index);
+  StochasticKey key;
+  key.seed = seed_;
+  key.step = static_cast<uint32_t>(step_);
+  key.tensor = static_cast<uint32_t>(stream * kRoles + static_cast<uint64_t>(role));
+  return key;
+}
+
+uint32_t PrecisionState::hadamard_signs(int size) const {
+  StochasticKey key;
+  key.seed = seed_;
+  key.step = 0;
+  key.tensor = 0xffffffffu;  // a stream of its own: no rounding key reaches it within a step's first 2^32 - 1 numbers
+  return random_signs(key, size);
 }
 
 int PrecisionState::new_slot(const std::string& name, ElementFormat f) {
@@ -127,7 +163,10 @@ void PrecisionState::begin_forward(cudaStream_t s) {
   if (recipe_.scaling == ScalingMode::Current) CUDA_CHECK(cudaMemsetAsync(amax_, 0, padded_slots() * sizeof(float), s));
 }
 
-void PrecisionState::begin_backward(cudaStream_t s) { begin_forward(s); }
+void PrecisionState::begin_backward(cudaStream_t s) {
+  micro_++;
+  begin_forward(s);
+}
 
 void PrecisionState::end_step(cudaStream_t s) {
   for (Linear* l : linears_) l->weights_changed();
@@ -172,6 +211,16 @@ std::vector<TensorNumerics> PrecisionState::collect_numerics(cudaStream_t s) {
   for (size_t i = 0; i < numerics_names_.size(); i++)
     out.push_back({numerics_names_[i], finish_quant_stats(host.data() + i * kQuantStatsSlots)});
   numerics_names_.clear();
+  // The MXFP4 products' inexact blocks since the last report, on each linear's x entry (then counted afresh).
+  for (const Linear* l : linears_) {
+    if (l->inexact_blocks_ == nullptr || l->plan_.x.scale != ScaleFormat::E8M0) continue;
+    unsigned long long count = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&count, l->inexact_blocks_, sizeof count, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemsetAsync(l->inexact_blocks_, 0, sizeof count, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    for (TensorNumerics& t : out)
+      if (t.name == l->name_ + ".x") t.inexact_blocks = static_cast<long long>(count);
+  }
   return out;
 }
 
@@ -181,13 +230,15 @@ size_t PrecisionState::device_bytes() const { return memory().total(); }
 PrecisionMemory PrecisionState::memory() const {
   PrecisionMemory m;
   if (linears_.empty() && slot_names_.empty()) return m;
+  size_t gemm_scratch = 0;  // the GEMM layer keeps its largest FP4 conversion scratch
   for (const Linear* l : linears_) {
     m.weight_caches += l->weight_cache_bytes_;
     m.saved_inputs += l->saved_input_bytes_;
+    gemm_scratch = std::max(gemm_scratch, l->gemm_scratch_bytes_);
   }
   const Layout o = layout();
   m.scaling = o.slot_bytes;
-  m.scratch = o.bytes - o.slot_bytes;
+  m.scratch = o.bytes - o.slot_bytes + gemm_scratch;
   return m;
 }
 

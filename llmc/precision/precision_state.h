@@ -33,7 +33,8 @@ enum class DeviceMemory { Allocate, Count };
 struct PrecisionMemory {
   size_t weight_caches = 0;   // every linear's quantised weight (and its transposed copy / block scales), per step
   size_t saved_inputs = 0;    // the linears' quantised inputs kept for the weight gradient (saved activations)
-  size_t scratch = 0;         // the shared quantised operands (x, dy and their transposes) and their block scales
+  size_t scratch = 0;         // the shared quantised operands (x, dy and their transposes) and their block scales,
+                              // and the largest FP4 operand conversion of the GEMM layer (llmc/precision/gemm.h)
   size_t scaling = 0;         // per-tensor scale / scale_inv / amax slots, formats and the amax histories
   size_t total() const { return weight_caches + saved_inputs + scratch + scaling; }
 };
@@ -51,7 +52,14 @@ enum ScratchId : int {
 struct TensorNumerics {
   std::string name;   // "transformer.h.3.attn.c_attn.x" (x / w / dy)
   QuantStats stats;
+  // On the "x" entry of a linear whose products are MXFP4: how many 32-element blocks of its operands the exact E4M3
+  // remap could not keep exactly (llmc/precision/fp4_gemm.h) since the previous report, over all its products; -1
+  // elsewhere.
+  long long inexact_blocks = -1;
 };
+
+// Which operand of a linear a random stream belongs to (stochastic rounding keys).
+enum class LinearRole : int { X = 0, W = 1, Dy = 2 };
 
 class PrecisionState {
  public:
@@ -64,7 +72,7 @@ class PrecisionState {
   // False for a state that only counts its memory (DeviceMemory::Count): it and its linears never touch the device.
   bool allocates() const { return memory_ == DeviceMemory::Allocate; }
   // Registers a linear (called by its constructor). All linears are created before the first forward.
-  void add(Linear* linear);
+  int add(Linear* linear);  // its index (registration order)
   // Before a forward / backward: zeroes the producer amax slots (current scaling).
   void begin_forward(cudaStream_t s);
   void begin_backward(cudaStream_t s);
@@ -77,6 +85,18 @@ class PrecisionState {
   // A step the divergence guard skipped: the amaxes it recorded for delayed scaling are dropped.
   void discard_step(cudaStream_t s);
   void set_amax_reducer(std::function<void(float*, int, cudaStream_t)> reducer) { amax_reducer_ = std::move(reducer); }
+  // The random streams of stochastic rounding and of the random Hadamard signs (FP4 recipes): the run's seed and this
+  // rank (of world_size; ranks draw different streams), and the 0-based optimizer step the following micro-steps
+  // belong to (the session sets it before every step, so a resumed run draws what the uninterrupted one drew;
+  // begin_backward counts the micro-steps of the step).
+  void set_random_stream(uint64_t seed, int rank, int world_size);
+  void begin_step(long long step);
+  // The key of the random bits of `role` of the linear registered `index`-th, in the current micro-step: (seed, step,
+  // a tensor number unique to (micro-step, rank, linear, role) within the step; fp4_rng.cuh).
+  StochasticKey stochastic_key(int index, LinearRole role) const;
+  // The run's random sign vector of a size-`size` Hadamard transform (one for every layer and step, as NVIDIA's
+  // NVFP4 recipe keeps it).
+  uint32_t hadamard_signs(int size) const;
   // Telemetry: when requested, every quantisation of the following training forward/backward also measures its
   // numerics (once per tensor); collect_numerics() returns them (synchronises) and ends the request.
   void request_numerics() { numerics_requested_ = true; }
@@ -138,6 +158,10 @@ class PrecisionState {
   int history_pos_ = 0;
   long long steps_recorded_ = 0;
   std::function<void(float*, int, cudaStream_t)> amax_reducer_;
+  uint64_t seed_ = 0;
+  int rank_ = 0, world_size_ = 1;
+  long long step_ = 0;
+  long long micro_ = -1;  // micro-steps of step_ begun (begin_backward), minus one
   std::vector<size_t> scratch_bytes_, scratch_floats_;
   std::vector<uint8_t*> scratch_ptrs_;
   std::vector<float*> scratch_scale_ptrs_;

@@ -12,6 +12,13 @@
 //                   measured here (GPT-2 124M, 1000 steps, dev/bench/NOTES.md) E4M3 dy with power-of-two scales ended
 //                   2.2% above BF16's validation loss (0.5% of the gradients underflowed to zero), E5M2 dy +0.01%,
 //                   E4M3 dy without power-of-two scales -0.8%. precision.dy_format = "e4m3" gives DeepSeek's choice.
+//   nvfp4           NVIDIA's NVFP4 recipe (arXiv 2509.25149, shared/reference/fp4_recipes.md §3): E2M1 codes in 1x16
+//                   blocks with E4M3 block scales under an FP32 tensor scale; weights in 16x16 tiles, so one set of
+//                   codes serves fprop and dgrad; output gradients rounded stochastically (SR on gradients only); a
+//                   random Hadamard transform of size 16 on both weight-gradient operands, along the tokens, with
+//                   one sign vector for the run; the last block in BF16 (the paper keeps under 15% of the linears in
+//                   BF16, mostly at the end). On Hopper the products run on BF16 tensor cores from operands expanded
+//                   exactly from the FP4 codes (llmc/precision/fp4_gemm.h): FP4 numerics and storage, not FP4 speed.
 // All quantising presets keep the lm_head and the embeddings in BF16 and save the linear inputs for backward
 // quantised. A preset starts from PrecisionRecipe's defaults (x, w E4M3 and dy E5M2 per tensor, FP32 scales).
 #include "llmc/precision/recipe.h"
@@ -59,6 +66,19 @@ const RecipePreset kPresets[] = {
        r.scaling = ScalingMode::Current;
        r.fast_accum = false;
      }},
+    {"nvfp4", "E2M1 1x16 blocks (w 16x16), E4M3 block + FP32 tensor scales, stochastic dy, RHT-16 wgrad; BF16 "
+              "products on Hopper",
+     [](PrecisionRecipe& r) {
+       r.quantize_linears = true;
+       r.x = role_encoding(ElementFormat::E2M1, kBlock1x16, false);
+       r.w = role_encoding(ElementFormat::E2M1, kBlock16x16, false);
+       r.dy = role_encoding(ElementFormat::E2M1, kBlock1x16, false);
+       r.scaling = ScalingMode::Current;
+       r.fast_accum = false;
+       r.dy_stochastic_rounding = true;
+       r.wgrad_hadamard = 16;
+       r.bf16_layers = {-1};
+     }},
 };
 
 const RecipePreset* find_preset(const std::string& name) {
@@ -93,6 +113,14 @@ const char* linear_kind_name(LinearKind k) {
     case LinearKind::LmHead: return "lm_head";
   }
   return "?";
+}
+
+Encoding role_encoding(ElementFormat element, BlockShape block, bool pow2) {
+  if (element == ElementFormat::E2M1) {
+    if (block == kBlock1x16 || block == kBlock16x16) return {element, block, ScaleFormat::E4M3, true};  // NVFP4
+    if (block == kBlock1x32) return {element, block, ScaleFormat::E8M0, false};                        // MXFP4
+  }
+  return {element, block, pow2 ? ScaleFormat::Pow2FP32 : ScaleFormat::FP32, false};
 }
 
 void PrecisionRecipe::set_pow2_scales(bool on) {
@@ -143,14 +171,16 @@ bool layer_stays_bf16(const PrecisionRecipe& r, int layer, int n_layer) {
 
 namespace {
 
-// The encodings precision.* can express that have a quantiser and a GEMM partner among themselves.
+// The encodings precision.* can express (role_encoding) that have a quantiser and a GEMM partner among themselves.
 std::vector<Encoding> configurable_encodings() {
   std::vector<Encoding> expressible;
   for (ElementFormat f : kElementFormats)
     for (BlockShape b : kBlockShapes)
-      for (ScaleFormat s : {ScaleFormat::FP32, ScaleFormat::Pow2FP32}) {
-        const Encoding e{f, b, s, false};
-        if (encoding_error(e).empty() && quantizer_error(e).empty()) expressible.push_back(e);
+      for (bool pow2 : {false, true}) {
+        const Encoding e = role_encoding(f, b, pow2);
+        if (encoding_error(e).empty() && quantizer_error(e).empty() &&
+            std::find(expressible.begin(), expressible.end(), e) == expressible.end())
+          expressible.push_back(e);
       }
   std::vector<Encoding> usable;
   for (const Encoding& a : expressible)
@@ -200,7 +230,10 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
                   "\"%s\": block scales always come from the block's own amax (use scaling \"current\", or "
                   "granularity \"tensor\")", role.name, block_shape_name(role.e.block).c_str());
   }
-  if (r.x.scale != r.w.scale || r.x.scale != r.dy.scale)
+  const auto fp32_scaled = [](const Encoding& e) {
+    return e.scale == ScaleFormat::FP32 || e.scale == ScaleFormat::Pow2FP32;
+  };
+  if (fp32_scaled(r.x) && fp32_scaled(r.w) && fp32_scaled(r.dy) && (r.x.scale != r.w.scale || r.x.scale != r.dy.scale))
     throw_error("precision.pow2_scales: the x, w and dy scale formats differ (%s, %s, %s); one scale format serves "
                 "all three roles", scale_format_name(r.x.scale), scale_format_name(r.w.scale),
                 scale_format_name(r.dy.scale));
@@ -222,6 +255,25 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
       throw_error("precision.amax_compute must be \"max\" or \"most_recent\" (got '%s')", r.amax_compute.c_str());
   }
   if (r.margin < 0 || r.margin > 16) throw_error("precision.margin must be in [0, 16] (got %d)", r.margin);
+  if (r.dy_stochastic_rounding && r.dy.element != ElementFormat::E2M1)
+    throw_error("precision.dy_rounding = \"stochastic\" needs FP4 output gradients (precision.dy_format = \"e2m1\", "
+                "got %s): the FP8 quantisers round to nearest; set precision.dy_rounding to \"nearest\"",
+                encoding_name(r.dy).c_str());
+  if (r.wgrad_hadamard != 0) {
+    if (r.wgrad_hadamard != 16 && r.wgrad_hadamard != 32)
+      throw_error("precision.wgrad_hadamard must be 0 (none), 16 or 32 (got %d)", r.wgrad_hadamard);
+    // Both operands of the weight-gradient product are rotated along the tokens, inside their scale blocks.
+    for (const Role& role : {roles[0], roles[2]}) {
+      const BlockShape b = role.e.block;
+      if (role.e.element != ElementFormat::E2M1 || b.rows != 1 || b.cols % r.wgrad_hadamard != 0)
+        throw_error("precision.wgrad_hadamard = %d rotates x and dy inside their 1xN FP4 scale blocks (N a multiple "
+                    "of %d), but precision.%s is %s; set precision.wgrad_hadamard to 0, or use FP4 1x16 / 1x32 "
+                    "blocks", r.wgrad_hadamard, r.wgrad_hadamard, role.name, encoding_name(role.e).c_str());
+    }
+  }
+  if (!r.cache_weight_transpose && r.w.element == ElementFormat::E2M1)
+    throw_error("precision.cache_weight_transpose = false transposes FP8 weight codes in every backward; FP4 weights "
+                "(%s) keep their transposed copy: set it to true", encoding_name(r.w).c_str());
 }
 
 LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearKind kind) {
@@ -242,6 +294,8 @@ LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearK
   // projection saves no quantised copy: its wgrad quantises the BF16 tensor again, and the copy's memory is saved.
   p.save_quantized_input = r.save_quantized_inputs && kind != LinearKind::AttnOut;
   p.cache_weight_transpose = r.cache_weight_transpose;
+  p.dy_stochastic_rounding = r.dy_stochastic_rounding;
+  p.wgrad_hadamard = r.wgrad_hadamard;
   return p;
 }
 
@@ -253,7 +307,10 @@ bool keeps_amax_history(const PrecisionRecipe& r) {
 
 int quantized_dim_multiple(const PrecisionRecipe& r) {
   if (!r.quantize_linears) return 1;
-  return std::max({quant_gemm_dim_multiple(r.x), quant_gemm_dim_multiple(r.w), quant_gemm_dim_multiple(r.dy)});
+  // Every quantised linear's in / out features are multiples of kQuantGemmAlign (Linear checks them), and a wgrad
+  // Hadamard transform runs along the tokens in whole transforms.
+  return std::max({quant_gemm_dim_multiple(r.x), quant_gemm_dim_multiple(r.w), quant_gemm_dim_multiple(r.dy),
+                   kQuantGemmAlign, r.wgrad_hadamard});
 }
 
 int recipe_min_compute_capability(const PrecisionRecipe& r) {
@@ -272,6 +329,11 @@ std::string describe_recipe(const PrecisionRecipe& r) {
       s += strformat(" (history %d, %s, margin %d)", r.amax_history_len, r.amax_compute.c_str(), r.margin);
   }
   s += r.fast_accum ? "; fast accumulation in fprop" : "; split accumulation";
+  if (r.dy_stochastic_rounding) s += "; dy rounded stochastically";
+  if (r.wgrad_hadamard != 0) s += strformat("; random Hadamard-%d on the wgrad operands", r.wgrad_hadamard);
+  if (r.x.element == ElementFormat::E2M1)
+    s += r.x.scale == ScaleFormat::E8M0 ? "; FP4 numerics, products on FP8 tensor cores (exact E4M3 remap)"
+                         : "; FP4 numerics, products on BF16 tensor cores (exact expansion)";
   if (!r.bf16_layers.empty()) {
     s += "; bf16 layers:";
     for (int l : r.bf16_layers) s += " " + std::to_string(l);

@@ -2,10 +2,11 @@
 // "fp8_tensorwise", then any field overridden) resolves to a PrecisionRecipe, and the questions the models, the
 // trainer and the config ask are answered here: which linears are quantised and how (plan_linear: the encodings of
 // x = the input, w = the weight, dy = the output gradient, how whole-tensor scales are found, fast accumulation,
-// whether the input is saved for backward quantised), whether the recipe quantises anything at all, whether it keeps
-// amax histories (checkpointed), the multiple a quantised GEMM needs of every dimension, and the compute capability
-// the recipe needs. Layers listed in bf16_layers, the lm_head (by default) and the embeddings stay BF16. The presets
-// are one table in recipe.cpp; names, help text and errors are generated from it. Host code only.
+// whether the input is saved for backward quantised, how output gradients are rounded, which Hadamard transform the
+// weight-gradient operands get), whether the recipe quantises anything at all, whether it keeps amax histories
+// (checkpointed), the multiple a quantised GEMM needs of every dimension, and the compute capability the recipe
+// needs. Layers listed in bf16_layers, the lm_head (by default) and the embeddings stay BF16. The presets are one
+// table in recipe.cpp; names, help text and errors are generated from it. Host code only.
 #pragma once
 
 #include <string>
@@ -37,7 +38,12 @@ struct PrecisionRecipe {
   bool save_quantized_inputs = true;  // (fp8_activations) save linear inputs for backward quantised (transposed
                                       // copy) instead of BF16
   bool cache_weight_transpose = true;  // keep each quantised weight's transposed codes for dgrad (false: transpose
-                                       // the row codes in every backward: less memory, one pass more)
+                                       // the row codes in every backward: less memory, one pass more; FP8 only)
+  bool dy_stochastic_rounding = false;  // (dy_rounding) output gradients rounded stochastically (FP4 dy only; the
+                                        // random bits are keyed by the run seed, step, micro-step and tensor)
+  int wgrad_hadamard = 0;  // size (16 or 32) of the random Hadamard transform applied, along the tokens, to both
+                           // operands of the weight-gradient product (dyᵀ and xᵀ; FP4 only; 0 = none). One sign
+                           // vector for the whole run and every layer, drawn from the run seed.
 
   // precision.pow2_scales: the roles' scales are FP32 rounded down to powers of two (Pow2FP32) rather than FP32.
   // Setting it changes only roles whose scales are FP32 or Pow2FP32.
@@ -60,6 +66,8 @@ struct LinearPlan {
   bool fast_accum_fprop = false;
   bool save_quantized_input = false;   // the input is kept for wgrad as its transposed quantised copy (no BF16 copy)
   bool cache_weight_transpose = true;  // the transposed weight codes live for the optimizer step (else per backward)
+  bool dy_stochastic_rounding = false; // dy's codes (both copies) rounded stochastically
+  int wgrad_hadamard = 0;              // Hadamard size of the wgrad operands dyᵀ and xᵀ (along the tokens), or 0
 };
 
 // The presets known to this build, in the order the docs list them.
@@ -80,6 +88,11 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer);
 // that take part in at least one quantised GEMM with another such encoding.
 std::vector<ElementFormat> configurable_element_formats();
 std::vector<BlockShape> configurable_block_shapes();
+// The encoding a role gets from the config keys precision.<role>_format and precision.<role>_granularity: FP8
+// elements take FP32 scales (power-of-two ones with pow2), E2M1 elements the scales their block implies (1x16 and
+// 16x16: NVFP4's E4M3 block scales under an FP32 tensor scale; 1x32: MXFP4's E8M0 scales; other blocks: FP32, which
+// validation then refuses).
+Encoding role_encoding(ElementFormat element, BlockShape block, bool pow2);
 // True when block n (0-based) of an n_layer model is listed in bf16_layers (negative indices count from the end).
 bool layer_stays_bf16(const PrecisionRecipe& r, int layer, int n_layer);
 LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearKind kind);
@@ -92,9 +105,11 @@ bool quantizes_linears(const PrecisionRecipe& r);
 // checkpointed with the scales.
 bool keeps_amax_history(const PrecisionRecipe& r);
 // The multiple that every dimension of a quantised linear GEMM must be (the tokens B*T, the channels, the hidden
-// width): 16 for per-tensor FP8, 128 with 1x128 / 128x128 blocks; 1 when nothing is quantised.
+// width): 16 for per-tensor FP8, 128 with 1x128 / 128x128 blocks, 16 for NVFP4 and MXFP4 (32 for the tokens with a
+// size-32 wgrad Hadamard transform); 1 when nothing is quantised.
 int quantized_dim_multiple(const PrecisionRecipe& r);
-// The compute capability the recipe's GEMMs need: 80 for BF16, 89 for per-tensor FP8, 90 for block-wise FP8.
+// The compute capability the recipe's GEMMs need: 80 for BF16 and NVFP4 (its products run in BF16), 89 for
+// per-tensor FP8, 90 for block-wise FP8 and MXFP4.
 int recipe_min_compute_capability(const PrecisionRecipe& r);
 // One line for logs: "fp8_blockwise (x e4m3 1x128 pow2 scales, w e4m3 128x128 pow2 scales, dy e5m2 1x128 pow2
 // scales; split accumulation; ...)".

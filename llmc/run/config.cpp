@@ -97,13 +97,23 @@ float json_to_float(const json& v, const char* key) {
   [](const RunConfig& c) { return json(c.member); },                            \
   [](RunConfig& c, const json& v) { c.member = v.get<decltype(c.member)>(); }
 // The element format and the block shape of a role's encoding (llmc/precision/encoding.h), stored as their names (the
-// choices of the row are configurable_element_formats / configurable_block_shapes, llmc/precision/recipe.h).
-#define ELEMENT_ACCESS(encoding)                                                       \
-  [](const RunConfig& c) { return json(element_format_name(c.encoding.element)); },   \
-  [](RunConfig& c, const json& v) { parse_element_format(v.get<std::string>(), &c.encoding.element); }
-#define BLOCK_ACCESS(encoding)                                                         \
-  [](const RunConfig& c) { return json(block_shape_name(c.encoding.block)); },        \
-  [](RunConfig& c, const json& v) { parse_block_shape(v.get<std::string>(), &c.encoding.block); }
+// choices of the row are configurable_element_formats / configurable_block_shapes, llmc/precision/recipe.h); the
+// scale format follows from them (role_encoding: FP8 keeps its FP32 / power-of-two scales, E2M1 takes NVFP4's or
+// MXFP4's by its block), so the keys may be set in any order.
+#define ELEMENT_ACCESS(encoding)                                                                        \
+  [](const RunConfig& c) { return json(element_format_name(c.encoding.element)); },                    \
+  [](RunConfig& c, const json& v) {                                                                     \
+    ElementFormat f = c.encoding.element;                                                                \
+    parse_element_format(v.get<std::string>(), &f);                                                      \
+    c.encoding = role_encoding(f, c.encoding.block, c.encoding.scale == ScaleFormat::Pow2FP32);          \
+  }
+#define BLOCK_ACCESS(encoding)                                                                          \
+  [](const RunConfig& c) { return json(block_shape_name(c.encoding.block)); },                         \
+  [](RunConfig& c, const json& v) {                                                                     \
+    BlockShape b = c.encoding.block;                                                                     \
+    parse_block_shape(v.get<std::string>(), &b);                                                         \
+    c.encoding = role_encoding(c.encoding.element, b, c.encoding.scale == ScaleFormat::Pow2FP32);        \
+  }
 
 std::vector<std::string> configurable_element_names() {
   std::vector<std::string> names;
@@ -242,10 +252,12 @@ const std::vector<KeySchema>& schema() {
 
       // precision: the preset named in precision.recipe fills every key below; explicit keys override it.
       row("precision", "recipe", T::String, recipe_help.c_str(), LLMC_ACCESS(precision.recipe)),
-      one_of(row("precision", "x_format", T::String, "FP8 format of linear inputs", ELEMENT_ACCESS(precision.x)),
+      one_of(row("precision", "x_format", T::String,
+                 "element format of linear inputs (e2m1 = FP4: 1x16 / 16x16 blocks give NVFP4 scales, 1x32 MXFP4)",
+                 ELEMENT_ACCESS(precision.x)),
              formats),
-      one_of(row("precision", "w_format", T::String, "FP8 format of weights", ELEMENT_ACCESS(precision.w)), formats),
-      one_of(row("precision", "dy_format", T::String, "FP8 format of output gradients", ELEMENT_ACCESS(precision.dy)),
+      one_of(row("precision", "w_format", T::String, "element format of weights", ELEMENT_ACCESS(precision.w)), formats),
+      one_of(row("precision", "dy_format", T::String, "element format of output gradients", ELEMENT_ACCESS(precision.dy)),
              formats),
       one_of(row("precision", "x_granularity", T::String, "scaling granularity of linear inputs",
                  BLOCK_ACCESS(precision.x)), blocks),
@@ -273,15 +285,26 @@ const std::vector<KeySchema>& schema() {
           LLMC_ACCESS(precision.fast_accum)),
       row("precision", "bf16_layers", T::IntList, "blocks that stay in BF16, e.g. [0, -1] (negative = from the end)",
           LLMC_ACCESS(precision.bf16_layers)),
-      row("precision", "lm_head_fp8", T::Bool, "run the lm_head GEMMs in FP8 too (embeddings always stay BF16)",
+      row("precision", "lm_head_fp8", T::Bool, "run the lm_head GEMMs quantised too (embeddings always stay BF16)",
           LLMC_ACCESS(precision.quantize_lm_head)),
       row("precision", "fp8_activations", T::Bool,
-          "save linear inputs for backward as FP8 (their transposed copies) instead of BF16",
+          "save linear inputs for backward quantised (their transposed FP8 / FP4 copies) instead of BF16",
           LLMC_ACCESS(precision.save_quantized_inputs)),
       row("precision", "cache_weight_transpose", T::Bool,
           "keep each FP8 weight's transposed codes for the optimizer step (false: transpose them in every backward, "
           "1 byte less per FP8 parameter, one more pass over the weights per micro-step)",
           LLMC_ACCESS(precision.cache_weight_transpose)),
+      one_of(row("precision", "dy_rounding", T::String,
+                 "rounding of the output gradients' codes: nearest (ties to even) or stochastic (FP4 only; random "
+                 "bits keyed by train.seed, step, micro-step and tensor, so runs repeat and resume bit for bit)",
+                 [](const RunConfig& c) { return json(c.precision.dy_stochastic_rounding ? "stochastic" : "nearest"); },
+                 [](RunConfig& c, const json& v) {
+                   c.precision.dy_stochastic_rounding = v.get<std::string>() == "stochastic";
+                 }), {"nearest", "stochastic"}),
+      between(row("precision", "wgrad_hadamard", T::Int,
+                  "size of the random Hadamard transform applied along the tokens to both weight-gradient operands "
+                  "(dy and x; FP4 1xN blocks only; one sign vector per run, from train.seed): 0 (none), 16 or 32",
+                  LLMC_ACCESS(precision.wgrad_hadamard)), 0, 32),
 
       one_of(row("parallel", "init", T::String, "how ranks find each other: auto | mpi | tcp | fs | none",
                  LLMC_ACCESS(parallel.init)), {"auto", "mpi", "tcp", "fs", "none"}),

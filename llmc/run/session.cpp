@@ -71,6 +71,8 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm, cudaStream_t 
 
   gemm_init();
   model_ = make_model(cfg.model, B, T, cfg.train.recompute, cfg.precision);
+  // Stochastic rounding and random Hadamard signs draw from the run's seed; each rank its own stream.
+  model_->precision_state()->set_random_stream(static_cast<uint64_t>(cfg.train.seed), comm.rank(), world_size);
   optimizer_ = std::make_unique<ZeroAdamW>(comm, model_->table(), model_->params(), model_->grads(), cfg.optimizer,
                                            cfg.parallel.zero_stage);
   if (comm.distributed()) {
@@ -216,7 +218,8 @@ StepReport TrainingSession::train_step(int step, double lr, bool measure_numeric
   StepReport r;
   r.step = step + 1;
   PrecisionState* precision = model_->precision_state();
-  if (measure_numerics && precision) precision->request_numerics();
+  precision->begin_step(step);  // the random streams of this step's micro-steps (a resumed run draws the same)
+  if (measure_numerics) precision->request_numerics();
   // The step's data first: a bad shard or token on one rank stops every rank here, naming it.
   comm_.check_all_ok(capture_error([&] {
                        for (int micro = 0; micro < accum; micro++)

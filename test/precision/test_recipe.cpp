@@ -3,7 +3,9 @@
 // encodings, what is saved for backward, amax histories, the GEMM dimension multiple, the compute capability); the
 // plan of each linear (BF16 layers, lm_head, granularity-dependent scaling and fast accumulation); validation of
 // impossible combinations and of encodings this build cannot quantise, with errors naming the precision.* key; the
-// names and help generated from the preset table; the precision.pow2_scales mapping onto the scale formats.
+// names and help generated from the preset table; the precision.pow2_scales mapping onto the scale formats; the FP4
+// roles (role_encoding: the scales an E2M1 block implies), the nvfp4 preset and its switches (stochastic dy, the wgrad
+// Hadamard transform) with what they refuse.
 #include <iterator>
 #include <string>
 #include <vector>
@@ -40,6 +42,9 @@ const Encoding kE5M2{ElementFormat::E5M2};
 const Encoding kE4M3Rows{ElementFormat::E4M3, kBlock1x128, ScaleFormat::Pow2FP32};
 const Encoding kE5M2Rows{ElementFormat::E5M2, kBlock1x128, ScaleFormat::Pow2FP32};
 const Encoding kE4M3Tiles{ElementFormat::E4M3, kBlock128x128, ScaleFormat::Pow2FP32};
+const Encoding kNvfp4Rows{ElementFormat::E2M1, kBlock1x16, ScaleFormat::E4M3, true};
+const Encoding kNvfp4Tiles{ElementFormat::E2M1, kBlock16x16, ScaleFormat::E4M3, true};
+const Encoding kMxfp4Rows{ElementFormat::E2M1, kBlock1x32, ScaleFormat::E8M0, false};
 
 }  // namespace
 
@@ -67,6 +72,22 @@ TEST(Recipe, PresetFields) {
   EXPECT_TRUE(b.pow2_scales());
   EXPECT_FALSE(b.fast_accum);
   EXPECT_EQ(b.recipe, "fp8_blockwise");
+  EXPECT_FALSE(b.dy_stochastic_rounding);
+  EXPECT_EQ(b.wgrad_hadamard, 0);
+  // NVIDIA's NVFP4 recipe: 1x16 x and dy, 16x16 w, E4M3 block scales under an FP32 tensor scale, SR on gradients
+  // only, RHT-16 on the wgrad inputs, the last block in BF16.
+  const PrecisionRecipe n = preset("nvfp4");
+  EXPECT_TRUE(n.quantize_linears);
+  EXPECT_EQ(n.x, kNvfp4Rows);
+  EXPECT_EQ(n.w, kNvfp4Tiles);
+  EXPECT_EQ(n.dy, kNvfp4Rows);
+  EXPECT_TRUE(n.dy_stochastic_rounding);
+  EXPECT_EQ(n.wgrad_hadamard, 16);
+  EXPECT_EQ(n.bf16_layers, std::vector<int>{-1});
+  EXPECT_FALSE(n.fast_accum);
+  EXPECT_FALSE(n.quantize_lm_head);
+  EXPECT_TRUE(n.save_quantized_inputs);
+  EXPECT_TRUE(n.cache_weight_transpose);
   EXPECT_FALSE(precision_recipe_preset("fp8", nullptr));
 }
 
@@ -84,6 +105,7 @@ TEST(Recipe, QueriesOfEveryPreset) {
       {"fp8_tensorwise", true, kE4M3, kE4M3, kE5M2, false, 16, 89},
       {"fp8_delayed", true, kE4M3, kE4M3, kE5M2, true, 16, 89},
       {"fp8_blockwise", true, kE4M3Rows, kE4M3Tiles, kE5M2Rows, false, 128, 90},
+      {"nvfp4", true, kNvfp4Rows, kNvfp4Tiles, kNvfp4Rows, false, 16, 80},  // products in BF16 on Hopper
   };
   ASSERT_EQ(precision_recipe_names().size(), std::size(cases));
   for (size_t i = 0; i < std::size(cases); i++) {
@@ -105,6 +127,8 @@ TEST(Recipe, QueriesOfEveryPreset) {
       // Saved for backward: the quantised input, except the attention output's (kept in BF16 for attention anyway).
       EXPECT_EQ(p.save_quantized_input, kind != LinearKind::AttnOut) << c.name << " " << linear_kind_name(kind);
       EXPECT_EQ(p.amax_history_len, c.history ? 1024 : 1) << c.name;
+      EXPECT_EQ(p.dy_stochastic_rounding, r.dy_stochastic_rounding) << c.name;
+      EXPECT_EQ(p.wgrad_hadamard, r.wgrad_hadamard) << c.name;
     }
     EXPECT_FALSE(plan_linear(r, -1, 12, LinearKind::LmHead).quantized) << c.name;  // the lm_head stays BF16
   }
@@ -184,17 +208,18 @@ TEST(Recipe, Pow2ScalesKeyMapsOntoTheScaleFormats) {
 
 TEST(Recipe, NamesHelpAndDescription) {
   EXPECT_EQ(precision_recipe_names(),
-            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"}));
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4"}));
   EXPECT_EQ(precision_recipe_summaries(),
             "bf16 (every GEMM in BF16; sm_80) | fp8_tensorwise (current per-tensor scaling; sm_89) | fp8_delayed "
-            "(amax history; sm_89) | fp8_blockwise (1x128 / 128x128 blocks; sm_90)");
+            "(amax history; sm_89) | fp8_blockwise (1x128 / 128x128 blocks; sm_90) | nvfp4 (E2M1 1x16 blocks (w "
+            "16x16), E4M3 block + FP32 tensor scales, stochastic dy, RHT-16 wgrad; BF16 products on Hopper; sm_80)");
   try {
     PrecisionRecipe r;
     fill_precision_recipe("fp8_magic", &r);
     ADD_FAILURE() << "no error for an unknown preset";
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "precision.recipe: unknown recipe 'fp8_magic' (known in this build: bf16, "
-                                   "fp8_tensorwise, fp8_delayed, fp8_blockwise)")) << e.what();
+                                   "fp8_tensorwise, fp8_delayed, fp8_blockwise, nvfp4)")) << e.what();
   }
   PrecisionRecipe unknown;
   unknown.recipe = "fp8";
@@ -207,6 +232,14 @@ TEST(Recipe, NamesHelpAndDescription) {
   EXPECT_TRUE(contains(d, "linear inputs saved as e4m3")) << d;
   EXPECT_TRUE(contains(describe_recipe(preset("fp8_delayed")), "delayed scaling (history 1024, max, margin 0)"));
   EXPECT_EQ(describe_recipe(preset("bf16")), "bf16 (all GEMMs in BF16)");
+  const std::string n = describe_recipe(preset("nvfp4"));
+  EXPECT_TRUE(contains(n, "x e2m1 1x16 e4m3 scales + fp32 tensor scale, w e2m1 16x16 e4m3 scales + fp32 tensor "
+                          "scale, dy e2m1 1x16 e4m3 scales + fp32 tensor scale")) << n;
+  EXPECT_TRUE(contains(n, "dy rounded stochastically; random Hadamard-16 on the wgrad operands")) << n;
+  EXPECT_TRUE(contains(n, "FP4 numerics, products on BF16 tensor cores (exact expansion)")) << n;
+  EXPECT_TRUE(contains(n, "bf16 layers: -1")) << n;
+  EXPECT_TRUE(contains(n, "linear inputs saved as e2m1")) << n;
+  EXPECT_FALSE(contains(n, "scaling")) << n;  // no per-tensor scaling mode to speak of
 }
 
 TEST(Recipe, ImpossibleCombinations) {
@@ -242,6 +275,79 @@ TEST(Recipe, ImpossibleCombinations) {
   EXPECT_EQ(validation_error(r), "");
 }
 
+// The FP4 roles: the scales an E2M1 block implies, the nvfp4 preset's plans, and the switches it brings.
+TEST(Recipe, Fp4RolesAndSwitches) {
+  EXPECT_EQ(role_encoding(ElementFormat::E2M1, kBlock1x16, false), kNvfp4Rows);
+  EXPECT_EQ(role_encoding(ElementFormat::E2M1, kBlock16x16, true), kNvfp4Tiles);  // pow2 does not apply to FP4
+  EXPECT_EQ(role_encoding(ElementFormat::E2M1, kBlock1x32, false), kMxfp4Rows);
+  EXPECT_EQ(role_encoding(ElementFormat::E4M3, kBlock1x128, true), kE4M3Rows);
+  EXPECT_EQ(role_encoding(ElementFormat::E5M2, kWholeTensor, false), kE5M2);
+  // E2M1 with a block no FP4 format has: FP32 scales, which nothing quantises.
+  EXPECT_EQ(role_encoding(ElementFormat::E2M1, kBlock1x128, false),
+            (Encoding{ElementFormat::E2M1, kBlock1x128, ScaleFormat::FP32, false}));
+
+  const PrecisionRecipe n = preset("nvfp4");
+  EXPECT_FALSE(plan_linear(n, 11, 12, LinearKind::Qkv).quantized);  // the last block stays BF16
+  EXPECT_FALSE(plan_linear(n, -1, 12, LinearKind::LmHead).quantized);
+  const LinearPlan p = plan_linear(n, 0, 12, LinearKind::MlpDown);
+  EXPECT_TRUE(p.quantized);
+  EXPECT_TRUE(p.dy_stochastic_rounding);
+  EXPECT_EQ(p.wgrad_hadamard, 16);
+  EXPECT_FALSE(p.fast_accum_fprop);
+  EXPECT_EQ(p.scaling, ScalingMode::Current);
+  EXPECT_TRUE(p.save_quantized_input);
+  EXPECT_EQ(validation_error(n, 1), std::string());  // one block: it is the last, so nothing is quantised but valid
+  // The ablations of the NVFP4 paper are valid recipes: no SR, no RHT, 1x16 weights.
+  PrecisionRecipe a = n;
+  a.dy_stochastic_rounding = false;
+  a.wgrad_hadamard = 0;
+  a.w = kNvfp4Rows;
+  EXPECT_EQ(validation_error(a), "");
+  EXPECT_EQ(quantized_dim_multiple(a), 16);
+  // MXFP4 for every role, with a size-32 transform along the tokens: the tokens must be a multiple of 32.
+  PrecisionRecipe mx = n;
+  mx.x = mx.w = mx.dy = kMxfp4Rows;
+  mx.wgrad_hadamard = 32;
+  EXPECT_EQ(validation_error(mx), "");
+  EXPECT_EQ(quantized_dim_multiple(mx), 32);
+  EXPECT_EQ(recipe_min_compute_capability(mx), 90);
+  EXPECT_TRUE(contains(describe_recipe(mx), "products on FP8 tensor cores (exact E4M3 remap)")) << describe_recipe(mx);
+}
+
+TEST(Recipe, Fp4CombinationsRefused) {
+  PrecisionRecipe r = preset("fp8_tensorwise");
+  r.dy_stochastic_rounding = true;  // the FP8 quantisers round to nearest
+  EXPECT_TRUE(contains(validation_error(r), "precision.dy_rounding = \"stochastic\" needs FP4 output gradients"))
+      << validation_error(r);
+  r = preset("fp8_blockwise");
+  r.wgrad_hadamard = 16;
+  EXPECT_TRUE(contains(validation_error(r), "precision.wgrad_hadamard = 16 rotates x and dy")) << validation_error(r);
+  r = preset("nvfp4");
+  r.wgrad_hadamard = 8;
+  EXPECT_TRUE(contains(validation_error(r), "precision.wgrad_hadamard must be 0 (none), 16 or 32 (got 8)"))
+      << validation_error(r);
+  r.wgrad_hadamard = 32;  // wider than NVFP4's 16-element blocks
+  EXPECT_TRUE(contains(validation_error(r), "but precision.x is e2m1 1x16")) << validation_error(r);
+  r = preset("nvfp4");
+  r.x = kNvfp4Tiles;  // a 2-D x: its transposed copy could not be rotated along the tokens, nor multiplied with dy
+  EXPECT_FALSE(validation_error(r).empty());
+  r = preset("nvfp4");
+  r.cache_weight_transpose = false;
+  EXPECT_TRUE(contains(validation_error(r), "precision.cache_weight_transpose = false")) << validation_error(r);
+  r = preset("nvfp4");
+  r.w = kMxfp4Rows;  // the two FP4 families do not multiply each other
+  EXPECT_TRUE(contains(validation_error(r), "an FP4 operand multiplies only an operand of its own FP4 family"))
+      << validation_error(r);
+  r = preset("nvfp4");
+  r.dy = kE5M2Rows;  // FP8 gradients with FP4 weights: no product
+  r.dy_stochastic_rounding = false;
+  r.wgrad_hadamard = 0;
+  EXPECT_FALSE(validation_error(r).empty());
+  r = preset("nvfp4");
+  r.fast_accum = true;
+  EXPECT_TRUE(contains(validation_error(r), "precision.fast_accum")) << validation_error(r);
+}
+
 // An encoding this build has no quantiser for is refused by validation, naming the keys, before any kernel.
 TEST(Recipe, EncodingsWithoutAQuantiserAreRefused) {
   PrecisionRecipe r = preset("fp8_tensorwise");
@@ -264,12 +370,13 @@ TEST(Recipe, EncodingsWithoutAQuantiserAreRefused) {
   EXPECT_EQ(validation_error(r), "");
 }
 
-// The choices precision.*_format / *_granularity offer are the encodings a quantised linear can use: FP4 elements and
-// the 1x16 / 1x32 / 16x16 blocks have quantisers but no GEMM these keys can express (their scale formats are not
-// expressible, or the GEMM mapping refuses them), so they are not offered.
+// The choices precision.*_format / *_granularity offer are the encodings a quantised linear can use (role_encoding of
+// an element and a block): FP8 per tensor, 1x128 and 128x128, and FP4 (E2M1) in NVFP4's 1x16 / 16x16 and MXFP4's
+// 1x32 blocks. E4M3 1x16 (the saved activations' copies) has a quantiser but no GEMM, so it adds no choice.
 TEST(Recipe, ConfigurableChoicesAreTheLinearsEncodings) {
   const std::vector<ElementFormat> elements = configurable_element_formats();
-  EXPECT_EQ(elements, (std::vector<ElementFormat>{ElementFormat::E4M3, ElementFormat::E5M2}));
+  EXPECT_EQ(elements, (std::vector<ElementFormat>{ElementFormat::E4M3, ElementFormat::E5M2, ElementFormat::E2M1}));
   const std::vector<BlockShape> blocks = configurable_block_shapes();
-  EXPECT_EQ(blocks, (std::vector<BlockShape>{kWholeTensor, kBlock1x128, kBlock128x128}));
+  EXPECT_EQ(blocks, (std::vector<BlockShape>{kWholeTensor, kBlock1x128, kBlock128x128, kBlock1x16, kBlock1x32,
+                                             kBlock16x16}));
 }

@@ -114,13 +114,15 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 77u);  // 13 model keys + 17 precision keys + the 47 fields of the other sections
+  EXPECT_EQ(docs.size(), 79u);  // 13 model keys + 19 precision keys + the 47 fields of the other sections
   EXPECT_EQ(doc("checkpoint.overwrite").default_value, "false");
   EXPECT_EQ(doc("train.allow_nonfinite_init").default_value, "false");
   EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
   EXPECT_EQ(doc("precision.bf16_layers").default_value, "[]");
   EXPECT_EQ(doc("precision.dy_format").default_value, "\"e5m2\"");
   EXPECT_EQ(doc("precision.x_granularity").default_value, "\"tensor\"");
+  EXPECT_EQ(doc("precision.dy_rounding").default_value, "\"nearest\"");
+  EXPECT_EQ(doc("precision.wgrad_hadamard").default_value, "0");
   EXPECT_EQ(doc("train.lr").default_value, json(6e-4).dump());
   EXPECT_EQ(doc("train.lr").type, "float");
   EXPECT_EQ(doc("train.steps").default_value, "100");
@@ -269,8 +271,64 @@ TEST(Config, PaddedVocabRoundsUp) {
 
 TEST(Config, RecipeNames) {
   EXPECT_EQ(llmc::recipe_names(),
-            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise"}));
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4"}));
   EXPECT_EQ(llmc::load_config_json(with("precision", "recipe", "bf16"), {}).precision.recipe, "bf16");
+}
+
+// The FP4 keys: an E2M1 role takes the scales its block implies whatever order the keys come in, the nvfp4 preset's
+// switches are keys, and the resolved config reloads to the same recipe.
+TEST(Config, Fp4RolesAndSwitches) {
+  llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "nvfp4"), {});
+  EXPECT_EQ(c.precision.w, (llmc::Encoding{llmc::ElementFormat::E2M1, llmc::kBlock16x16, llmc::ScaleFormat::E4M3,
+                                           true}));
+  EXPECT_TRUE(c.precision.dy_stochastic_rounding);
+  EXPECT_EQ(c.precision.wgrad_hadamard, 16);
+  // The paper's ablations as keys: 1x16 weights, no SR, no RHT.
+  c = llmc::load_config_json(with("precision", "recipe", "nvfp4"),
+                             {"precision.w_granularity=1x16", "precision.dy_rounding=nearest",
+                              "precision.wgrad_hadamard=0"});
+  EXPECT_EQ(c.precision.w, c.precision.x);
+  EXPECT_FALSE(c.precision.dy_stochastic_rounding);
+  EXPECT_EQ(c.precision.wgrad_hadamard, 0);
+  // MXFP4 from an FP8 preset, keys in either order: every role E2M1 1x32 with E8M0 scales.
+  c = llmc::load_config_json(with("precision", "recipe", "fp8_tensorwise"),
+                             {"precision.x_granularity=1x32", "precision.x_format=e2m1", "precision.w_format=e2m1",
+                              "precision.w_granularity=1x32", "precision.dy_granularity=1x32",
+                              "precision.dy_format=e2m1", "precision.fast_accum=false"});
+  const llmc::Encoding mx{llmc::ElementFormat::E2M1, llmc::kBlock1x32, llmc::ScaleFormat::E8M0, false};
+  EXPECT_EQ(c.precision.x, mx);
+  EXPECT_EQ(c.precision.w, mx);
+  EXPECT_EQ(c.precision.dy, mx);
+  // Back to FP8: the roles take FP32 scales again (and the FP4-only switches must go).
+  c = llmc::load_config_json(with("precision", "recipe", "nvfp4"),
+                             {"precision.x_format=e4m3", "precision.x_granularity=tensor", "precision.w_format=e4m3",
+                              "precision.w_granularity=tensor", "precision.dy_format=e5m2",
+                              "precision.dy_granularity=tensor", "precision.dy_rounding=nearest",
+                              "precision.wgrad_hadamard=0"});
+  EXPECT_EQ(c.precision.x, (llmc::Encoding{llmc::ElementFormat::E4M3}));
+  EXPECT_EQ(c.precision.dy, (llmc::Encoding{llmc::ElementFormat::E5M2}));
+  // One role alone cannot leave its family: the GEMM mapping names both operands.
+  expect_error(load_error(with("precision", "recipe", "nvfp4"), {"precision.x_format=e4m3"}),
+               {"the fprop GEMM", "an FP4 operand multiplies only an operand of its own FP4 family"});
+  // The resolved nvfp4 config reloads to the same recipe.
+  c = llmc::load_config_json(with("precision", "recipe", "nvfp4"), {"precision.bf16_layers=[0, -1]"});
+  const json dumped = llmc::config_to_json(c);
+  EXPECT_EQ(dumped["precision"]["dy_rounding"], "stochastic");
+  EXPECT_EQ(dumped["precision"]["wgrad_hadamard"], 16);
+  EXPECT_EQ(dumped["precision"]["w_granularity"], "16x16");
+  const llmc::RunConfig back = llmc::load_config_json(dumped, {});
+  EXPECT_EQ(llmc::config_to_json(back), dumped);
+  // Switches the recipe cannot take name their key.
+  expect_error(load_error(with("precision", "recipe", "fp8_tensorwise"), {"precision.dy_rounding=stochastic"}),
+               {"precision.dy_rounding = \"stochastic\" needs FP4 output gradients"});
+  expect_error(load_error(with("precision", "recipe", "nvfp4"), {"precision.wgrad_hadamard=8"}),
+               {"precision.wgrad_hadamard must be 0 (none), 16 or 32"});
+  expect_error(load_error(with("precision", "recipe", "nvfp4"), {"precision.dy_rounding=random"}),
+               {"precision.dy_rounding must be one of nearest, stochastic"});
+  // The tokens of a micro-batch are a multiple of 16 (whole Hadamard transforms, FP4 GEMM rows).
+  json j = with("precision", "recipe", "nvfp4");
+  j["train"] = {{"micro_batch", 1}, {"seq_len", 100}};
+  expect_error(load_error(j), {"micro_batch * train.seq_len", "multiple of 16"});
 }
 
 // The recipe preset fills the precision section; explicit keys (file or --set) override single fields.
@@ -477,10 +535,10 @@ TEST(ConfigErrors, PrecisionCombinations) {
   expect_error(load_error(j), {"precision.bf16_layers", "expected a list of integers"});
   j = recipe("fp8_tensorwise");
   j["precision"]["x_format"] = "e3m4";
-  expect_error(load_error(j), {"precision.x_format must be one of e4m3, e5m2", "e3m4"});
+  expect_error(load_error(j), {"precision.x_format must be one of e4m3, e5m2, e2m1", "e3m4"});
   j = recipe("fp8_tensorwise");
   j["precision"]["dy_granularity"] = "1x64";
-  expect_error(load_error(j), {"precision.dy_granularity must be one of tensor, 1x128, 128x128"});
+  expect_error(load_error(j), {"precision.dy_granularity must be one of tensor, 1x128, 128x128, 1x16, 1x32, 16x16"});
   // FP8 GEMMs: B*T and the widths must be multiples of 16 (128 with blocks).
   j = recipe("fp8_blockwise");
   j["train"] = {{"micro_batch", 1}, {"seq_len", 100}};

@@ -111,6 +111,38 @@ TEST(MemoryPlan, ActivationsFollowTheRecipeRecomputeAndMicroBatch) {
   }
 }
 
+// FP4 storage: under nvfp4 (every block quantised here, to compare like with like) the saved linear inputs are the
+// packed E2M1 copies with their one-byte 1x16 scales (9/16 of the FP8 bytes at these sizes), the weight caches hold
+// 4-bit codes, and the scratch counts the GEMM layer's BF16 expansion of the largest product's operands.
+TEST(MemoryPlan, Fp4SavesLessThanFp8) {
+  for (const char* preset : {"gpt2-124m", "llama-1b"}) {
+    SCOPED_TRACE(preset);
+    const int B = 4, T = 1024, M = B * T;
+    const RunConfig fp8 = config(preset, "fp8_tensorwise", B, T);
+    const RunConfig fp4 = config(preset, "nvfp4", B, T, {"precision.bf16_layers=[]"});
+    const ModelMemory q8 = plan_model_memory(fp8.model, B, T, 0, fp8.precision);
+    const ModelMemory q4 = plan_model_memory(fp4.model, B, T, 0, fp4.precision);
+    EXPECT_EQ(q4.activation(ActivationUse::Saved), q8.activation(ActivationUse::Saved));  // the same BF16 buffers
+    EXPECT_EQ(q4.precision.saved_inputs * 16, q8.precision.saved_inputs * 9);  // no padding at these sizes
+    EXPECT_LT(q4.precision.weight_caches, q8.precision.weight_caches * 10 / 16);
+    // The saved inputs are exactly the transposed E2M1 copies (K, M) and their scales, per saving linear.
+    const ModelSpec& m = fp4.model;
+    const Encoding& x = fp4.precision.x;
+    auto saved = [&](int K) { return round_up(code_bytes(x, K, M), 256) + round_up(scale_inv_bytes(x, K, M), 256); };
+    // GPT-2 c_attn, c_fc, mlp.c_proj; Llama qkv, gate|up, down (the attention projection saves none)
+    const size_t per_block = 2 * saved(m.n_embd) + saved(m.ffn_hidden);
+    EXPECT_EQ(q4.precision.saved_inputs, per_block * m.n_layer);
+    const size_t expand = quant_gemm_scratch_bytes(x, fp4.precision.w, M, m.ffn_hidden, m.n_embd);
+    EXPECT_GE(q4.precision.scratch, expand);
+    EXPECT_LT(q8.precision.scratch, q4.precision.scratch);
+    // The default keeps the last block in BF16: its inputs are BF16 activations again.
+    const RunConfig def = config(preset, "nvfp4", B, T);
+    const ModelMemory d = plan_model_memory(def.model, B, T, 0, def.precision);
+    EXPECT_EQ(d.precision.saved_inputs, per_block * (m.n_layer - 1));
+    EXPECT_GT(d.activation(ActivationUse::Saved), q4.activation(ActivationUse::Saved));
+  }
+}
+
 // The optimizer-state row is the state format's m.bytes(n) + v.bytes(n): bf16 halves fp32.
 TEST(MemoryPlan, OptimizerStatesFollowTheStateFormat) {
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {
