@@ -9,32 +9,13 @@
 # Skipped (exit 77) without a GPU, or when the GPU has no FP8 tensor cores.
 set -euo pipefail
 TRAIN_GPT=${1:?usage: test_train_fp8.sh path/to/train_gpt}
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "SKIPPED: no NVIDIA GPU (this test trains on one)"
-  exit 77
-fi
-cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-if [ "${cc:-0}" -lt 89 ]; then
-  echo "SKIPPED: FP8 needs compute capability 8.9 or newer (this GPU: $cc)"
-  exit 77
-fi
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-python3 dev/data/prepare.py --kjv --out "$TMP/data" --quiet
-COMMON=(--config configs/gpt2_tiny_bf16.json
-        --set "data.train=$TMP/data/kjv_train_*.bin" --set "data.val=$TMP/data/kjv_val_*.bin"
-        --set train.steps=12 --set train.warmup_steps=2 --set eval.every=6 --set eval.batches=4
-        --set sample.tokens=16 --set sample.every=0 --set checkpoint.every=6 --set log.every=1
-        --set log.numerics_every=6)
+source test/integration/training_common.sh
+require_gpu 89 "FP8 needs compute capability 8.9 or newer"
+prepare_kjv
+short_run configs/gpt2_tiny_bf16.json
+COMMON+=(--set log.numerics_every=6)
 fail=0
 
-losses() {  # losses <jsonl>: "step loss" per train record, full precision as logged
-  python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r["type"] == "train": print(r["step"], repr(r["loss"]))' "$1"
-}
 # the model's planned activation buffers (BF16 copies of linear inputs are not kept when the linears save FP8 ones;
 # the FP8 copies themselves are reported on the same line and measured by the benchmark's peak memory)
 activation_mib() { sed -n 's/^memory: .* activations \([0-9.]*\) MiB.*/\1/p' "$1" | head -1; }

@@ -13,25 +13,11 @@
 # Skipped (exit 77) without a GPU.
 set -euo pipefail
 TRAIN_GPT=${1:?usage: test_train_llama_gpu.sh path/to/train_gpt}
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "SKIPPED: no NVIDIA GPU (this test trains on one)"
-  exit 77
-fi
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-python3 dev/data/prepare.py --kjv --out "$TMP/data" --quiet
-COMMON=(--config configs/llama_tiny_bf16.json
-        --set "data.train=$TMP/data/kjv_train_*.bin" --set "data.val=$TMP/data/kjv_val_*.bin"
-        --set train.steps=12 --set train.warmup_steps=2 --set eval.every=6 --set eval.batches=4
-        --set sample.tokens=16 --set sample.every=0 --set checkpoint.every=6 --set log.every=1)
+source test/integration/training_common.sh
+require_gpu
+prepare_kjv
+short_run configs/llama_tiny_bf16.json
 
-losses() {  # losses <jsonl>: "step loss" per train record, full precision as logged
-  python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r["type"] == "train": print(r["step"], repr(r["loss"]))' "$1"
-}
 run() {  # run NAME ARGS...: train, print the log on failure
   local name=$1; shift
   "$TRAIN_GPT" "${COMMON[@]}" "$@" > "$TMP/$name.log" 2>&1 || { echo "FAIL: run $name"; cat "$TMP/$name.log"; exit 1; }

@@ -9,7 +9,12 @@
 //   - GELU forward / backward options,
 //   - delayed scaling: the first step scales from the current amax, later steps from the history,
 //   - numerics telemetry names and sanity,
-//   - the BF16 plan is exactly the cuBLASLt BF16 path.
+//   - the BF16 plan is exactly the cuBLASLt BF16 path;
+//   - FP4 plans (nvfp4, its ablations, MXFP4 for every role): fprop, dgrad and wgrad equal the FP64 product of the
+//     operands the host FP4 quantisers make with the same arguments (x RTN, w 16x16 or 1x16 RTN, dy stochastic with
+//     the precision state's key, the transposed x and dy rotated by the run's Hadamard signs), within the bounds of
+//     the FP4 product paths (test_fp4_gemm); stochastic rounding repeats for the same step and micro-step and changes
+//     with them; the MXFP4 inexact-block count reaches the telemetry.
 // Fresh random inputs each run (seed printed; LLM8_TEST_SEED replays).
 #include <algorithm>
 #include <cmath>
@@ -28,6 +33,7 @@
 #include "llmc/precision/gemm.h"
 #include "llmc/precision/linear.h"
 #include "llmc/precision/recipe.h"
+#include "test/reference/fp4_gemm_ref.h"
 #include "test/reference/kernels_ref.h"
 #include "test/reference/precision_ref.h"
 
@@ -166,6 +172,21 @@ std::vector<double> product(const std::vector<float>& a, const std::vector<float
   return d;
 }
 
+// The telemetry of linear `name` after a training forward and backward: an entry per role (x, w, dy), each with a
+// positive amax, an SNR above min_snr dB and fractions in range.
+void expect_role_telemetry(const std::vector<TensorNumerics>& numerics, const std::string& name, double min_snr) {
+  std::vector<std::string> names;
+  for (const TensorNumerics& t : numerics) {
+    names.push_back(t.name);
+    EXPECT_GT(t.stats.snr_db, min_snr) << t.name;
+    EXPECT_GE(t.stats.saturated_frac, 0.0) << t.name;
+    EXPECT_LT(t.stats.underflow_frac, 0.5) << t.name;
+    EXPECT_GT(t.stats.amax, 0.0) << t.name;
+  }
+  for (const char* role : {".x", ".w", ".dy"})
+    EXPECT_NE(std::find(names.begin(), names.end(), name + role), names.end()) << name << role;
+}
+
 // FP64 product of host-quantised operands (matmul_quant_cpu).
 std::vector<double> fp8_product(const HostQ& a, bool at, const HostQ& b, bool bt, int M, int N, int K,
                                 const float* bias = nullptr) {
@@ -189,6 +210,33 @@ struct Problem {
   }
 };
 
+// One training micro-step of `lin` on p (telemetry requested): forward with the bias, backward from the saved input
+// into dw = dw0 + dW; the outputs (poisoned before) and the key its dy was drawn with.
+struct MicroStep {
+  std::vector<float> out, dx, dw;
+  StochasticKey dy_key;
+};
+MicroStep train_micro_step(PrecisionState& state, Linear& lin, const Problem& p) {
+  const int M = p.M, N = p.N, K = p.K;
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), bias(upload(p.bias)), dy(upload(p.dy));
+  Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
+  Dev<float> dw((size_t)N * K);
+  CUDA_CHECK(cudaMemcpy(dw.ptr, p.dw0.data(), p.dw0.size() * sizeof(float), cudaMemcpyHostToDevice));
+  out.poison();
+  dx.poison();
+  state.request_numerics();
+  state.begin_forward(0);
+  lin.forward(out.ptr, x->ptr, w->ptr, bias->ptr, M, /*training=*/true, 0);
+  state.begin_backward(0);
+  MicroStep r;
+  r.dy_key = state.stochastic_key(0, LinearRole::Dy);  // the first registered linear's, this micro-step
+  lin.backward(dx.ptr, dw.ptr, dy->ptr, /*x=*/nullptr, w->ptr, M, 0);
+  r.out = download(out.ptr, out.n);
+  r.dx = download(dx.ptr, dx.n);
+  r.dw = download(dw.ptr, dw.n);
+  return r;
+}
+
 PrecisionRecipe recipe(const char* name) {
   PrecisionRecipe r;
   EXPECT_TRUE(precision_recipe_preset(name, &r));
@@ -207,19 +255,8 @@ TEST_P(LinearFp8, ProductsMatchHostQuantisedReference) {
   PrecisionState state(r);
   Linear lin(state, "test.linear", LinearKind::MlpUp, 1, N, K, plan, M);
 
-  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), bias(upload(p.bias)), dy(upload(p.dy));
-  Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
-  Dev<float> dw((size_t)N * K);
-  CUDA_CHECK(cudaMemcpy(dw.ptr, p.dw0.data(), p.dw0.size() * sizeof(float), cudaMemcpyHostToDevice));
-  out.poison();
-  dx.poison();
-  state.request_numerics();
-  state.begin_forward(0);
-  lin.forward(out.ptr, x->ptr, w->ptr, bias->ptr, M, /*training=*/true, 0);
-  state.begin_backward(0);
-  lin.backward(dx.ptr, dw.ptr, dy->ptr, /*x=*/nullptr, w->ptr, M, 0);
-  const std::vector<float> out_h = download(out.ptr, out.n), dx_h = download(dx.ptr, dx.n),
-                           dw_h = download(dw.ptr, dw.n);
+  const MicroStep step = train_micro_step(state, lin, p);
+  const std::vector<float>&out_h = step.out, &dx_h = step.dx, &dw_h = step.dw;
 
   // Host references from the quantisation references.
   const HostQ xq = host_quantize(p.x, M, K, plan.x);
@@ -275,18 +312,7 @@ TEST_P(LinearFp8, ProductsMatchHostQuantisedReference) {
   EXPECT_LT(e_wgrad, 0.12);
 
   // Telemetry: one record per quantised role, with sane values.
-  const std::vector<TensorNumerics> numerics = state.collect_numerics(0);
-  std::vector<std::string> names;
-  for (const TensorNumerics& t : numerics) {
-    names.push_back(t.name);
-    EXPECT_GT(t.stats.snr_db, 10.0) << t.name;
-    EXPECT_GE(t.stats.saturated_frac, 0.0) << t.name;
-    EXPECT_LT(t.stats.underflow_frac, 0.5) << t.name;
-    EXPECT_GT(t.stats.amax, 0.0) << t.name;
-  }
-  EXPECT_NE(std::find(names.begin(), names.end(), "test.linear.x"), names.end());
-  EXPECT_NE(std::find(names.begin(), names.end(), "test.linear.w"), names.end());
-  EXPECT_NE(std::find(names.begin(), names.end(), "test.linear.dy"), names.end());
+  expect_role_telemetry(state.collect_numerics(0), "test.linear", 10.0);
 }
 
 TEST_P(LinearFp8, WeightCacheProducerAmaxAndDeterminism) {
@@ -476,6 +502,197 @@ TEST(LinearDelayed, ScalesFollowTheHistory) {
   EXPECT_EQ(history, history2);
   EXPECT_EQ(restored.describe(), state.describe());
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// FP4 plans
+
+// One FP4 copy made on the host by fp4_quantize_cpu: packed codes, one-byte scale codes, the NVFP4 decode scale.
+struct HostFp4 {
+  std::vector<uint8_t> codes, scales;
+  float tensor_scale_inv = 1.0f;
+  Encoding e;
+  int rows = 0, K = 0;
+  Fp4CpuOperand op() const {
+    Fp4CpuOperand o;
+    o.codes = codes.data();
+    o.scales = scales.data();
+    o.tensor_scale_inv = tensor_scale_inv;
+    o.encoding = e;
+    o.rows = rows;
+    o.K = K;
+    return o;
+  }
+};
+// The row copy (transposed = false) or the transposed copy of x (rows, cols) quantised as the linear does it.
+HostFp4 host_fp4(const std::vector<float>& x, int rows, int cols, const Encoding& e, const QuantizeArgs& args,
+                 bool transposed) {
+  HostFp4 h;
+  h.e = e;
+  h.rows = transposed ? cols : rows;
+  h.K = transposed ? rows : cols;
+  h.codes.resize(code_bytes(e, h.rows, h.K));
+  h.scales.resize(scale_inv_bytes(e, h.rows, h.K));
+  Fp4CpuOut out;
+  (transposed ? out.data_t : out.data) = h.codes.data();
+  (transposed ? out.scale_inv_t : out.scale_inv) = h.scales.data();
+  fp4_quantize_cpu(&out, x.data(), rows, cols, e, args, nullptr);
+  h.tensor_scale_inv = transposed ? out.tensor_scale_inv_t : out.tensor_scale_inv;
+  return h;
+}
+// FP64 D = A·Bᵀ over the exact FP4 values (+ bias), and sum |a b|.
+void fp4_reference(std::vector<double>* d, std::vector<double>* absref, const HostFp4& a, const HostFp4& b,
+                   const float* bias = nullptr) {
+  d->assign((size_t)a.rows * b.rows, 0.0);
+  absref->assign(d->size(), 0.0);
+  fp4_matmul_cpu(d->data(), absref->data(), a.op(), b.op(), 0, a.rows);
+  if (bias)
+    for (int m = 0; m < a.rows; m++)
+      for (int n = 0; n < b.rows; n++) (*d)[(size_t)m * b.rows + n] += bias[n];
+}
+
+PrecisionRecipe fp4_recipe(const std::string& variant) {
+  PrecisionRecipe r = recipe("nvfp4");
+  r.bf16_layers.clear();
+  if (variant == "nvfp4_rtn") r.dy_stochastic_rounding = false;
+  if (variant == "nvfp4_no_rht") r.wgrad_hadamard = 0;
+  if (variant == "nvfp4_1x16_w") r.w = r.x;
+  if (variant == "mxfp4") {
+    r.x = r.w = r.dy = role_encoding(ElementFormat::E2M1, kBlock1x32, false);
+    r.wgrad_hadamard = 32;
+  }
+  validate_precision_recipe(r, 4);
+  return r;
+}
+
+class LinearFp4 : public ::testing::TestWithParam<const char*> {};
+
+// The three products of one training micro-step against the host-quantised FP4 operands.
+TEST_P(LinearFp4, ProductsMatchHostQuantisedReference) {
+  std::mt19937_64 rng(seed() ^ 17 ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe r = fp4_recipe(GetParam());
+  const LinearPlan plan = plan_linear(r, 1, 4, LinearKind::MlpUp);
+  ASSERT_TRUE(plan.quantized);
+  PrecisionState state(r);
+  state.set_random_stream(seed(), 0, 1);
+  state.begin_step(41);
+  Linear lin(state, "fp4.linear", LinearKind::MlpUp, 1, N, K, plan, M);
+  EXPECT_TRUE(lin.saves_quantized_input());
+  EXPECT_EQ(lin.x_amax_slot(), nullptr);  // no per-tensor slot: FP4 tensors are scaled from their blocks
+
+  const MicroStep step = train_micro_step(state, lin, p);
+  const std::vector<float>&out_h = step.out, &dx_h = step.dx, &dw_h = step.dw;
+  const StochasticKey& dy_key = step.dy_key;
+
+  // The host copies, with the arguments the plan implies.
+  QuantizeArgs rtn, rotate_t, dy_args;
+  if (plan.wgrad_hadamard != 0) {
+    rotate_t.hadamard = {plan.wgrad_hadamard, state.hadamard_signs(plan.wgrad_hadamard), false, true};
+  }
+  dy_args.hadamard = rotate_t.hadamard;
+  if (plan.dy_stochastic_rounding) {
+    dy_args.rounding = Rounding::Stochastic;
+    dy_args.sr_key = dy_key;
+  }
+  QuantizeArgs dy_rows = dy_args;  // the row copy never rotates
+  dy_rows.hadamard = HadamardOption();
+  const HostFp4 xq = host_fp4(p.x, M, K, plan.x, rtn, false);
+  const HostFp4 xtq = host_fp4(p.x, M, K, plan.x, rotate_t, true);
+  const HostFp4 wq = host_fp4(p.w, N, K, plan.w, rtn, false);
+  const HostFp4 wtq = host_fp4(p.w, N, K, plan.w, rtn, true);
+  const HostFp4 dyq = host_fp4(p.dy, M, N, plan.dy, dy_rows, false);
+  const HostFp4 dytq = host_fp4(p.dy, M, N, plan.dy, dy_args, true);
+
+  // Accumulation bounds of the FP4 paths (derived in test_fp4_gemm): NVFP4 runs exact BF16 operands on BF16 tensor
+  // cores, (4 K + 8) 2^-24 of sum |a b|; MXFP4 exact E4M3 operands with split accumulation, 2^-11 + 4 K 2^-24 (here
+  // 2^-10, as this file allows the FP8 products); + 2^-9 in fprop where the bias is added after the product's
+  // rounding.
+  const bool mx = plan.x.scale == ScaleFormat::E8M0;
+  auto accumulation = [&](int k) {
+    const double u = std::ldexp(1.0, -24);
+    return mx ? std::ldexp(1.0, -10) + 4.0 * k * u : (4.0 * k + 8.0) * u;
+  };
+  std::vector<double> ref, absref;
+  fp4_reference(&ref, &absref, xq, wq, p.bias.data());
+  expect_close("fp4 fprop", out_h, ref, absref, std::ldexp(1.0, -8), accumulation(K) + std::ldexp(1.0, -9));
+  fp4_reference(&ref, &absref, dyq, wtq);
+  expect_close("fp4 dgrad", dx_h, ref, absref, std::ldexp(1.0, -8), accumulation(N));
+  fp4_reference(&ref, &absref, dytq, xtq);
+  for (size_t i = 0; i < ref.size(); i++) {
+    ref[i] += p.dw0[i];
+    absref[i] += std::fabs(p.dw0[i]);
+  }
+  expect_close("fp4 wgrad", dw_h, ref, absref, 1e-6, accumulation(M));
+
+  // What FP4 costs against the unquantised operands (loose, printed): E2M1 keeps one mantissa bit, so an element
+  // errs by up to 1/4 of its block's scale step; a product of two such operands stays within 40% (relative Frobenius
+  // norm) on these Gaussian operands with outliers, the Hadamard-rotated wgrad included (the rotation is orthogonal).
+  std::vector<double> out_exact = product(p.x, p.w, M, N, K);
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) out_exact[(size_t)m * N + n] += p.bias[n];
+  const std::vector<float> wt = transpose(p.w, N, K), dyt = transpose(p.dy, M, N), xt = transpose(p.x, M, K);
+  std::vector<double> dw_exact = product(dyt, xt, N, K, M);
+  for (size_t i = 0; i < dw_exact.size(); i++) dw_exact[i] += p.dw0[i];
+  const double e_fprop = rel_error(out_h, out_exact), e_dgrad = rel_error(dx_h, product(p.dy, wt, M, K, N)),
+               e_wgrad = rel_error(dw_h, dw_exact);
+  std::printf("  %s: relative error vs unquantised fprop %.3f dgrad %.3f wgrad %.3f\n", GetParam(), e_fprop, e_dgrad,
+              e_wgrad);
+  EXPECT_LT(e_fprop, 0.4);
+  EXPECT_LT(e_dgrad, 0.4);
+  EXPECT_LT(e_wgrad, 0.4);
+
+  // Telemetry: x, w, dy of FP4 tensors; the MXFP4 count of inexact remapped blocks on the x entry (0 on these data:
+  // no 128-column run spans more binades than E4M3 holds).
+  const std::vector<TensorNumerics> numerics = state.collect_numerics(0);
+  expect_role_telemetry(numerics, "fp4.linear", 8.0);
+  for (const TensorNumerics& t : numerics)
+    EXPECT_EQ(t.inexact_blocks, mx && t.name == "fp4.linear.x" ? 0 : -1) << t.name;
+}
+
+// Stochastic rounding is a function of (seed, step, micro-step, rank, linear): the same step replayed (a resumed run)
+// gives the same bits; the next micro-step and another step draw other bits; RTN plans never change.
+TEST_P(LinearFp4, RandomStreamsRepeatPerStepAndMicroStep) {
+  std::mt19937_64 rng(seed() ^ 19 ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe r = fp4_recipe(GetParam());
+  const LinearPlan plan = plan_linear(r, 0, 4, LinearKind::Qkv);
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), dy(upload(p.dy));
+  struct Grads {
+    std::vector<float> dx, dw;
+  };
+  // Micro-steps `micros` of step `step` from a fresh state (as after a resume); the grads of the last one.
+  auto run = [&](long long step, int micros, int rank) {
+    PrecisionState state(r);
+    state.set_random_stream(1234, rank, 2);
+    Linear lin(state, "q", LinearKind::Qkv, 0, N, K, plan, M);
+    Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
+    Dev<float> dw((size_t)N * K);
+    state.begin_step(step);
+    for (int i = 0; i < micros; i++) {
+      CUDA_CHECK(cudaMemset(dw.ptr, 0, dw.n * sizeof(float)));
+      state.begin_forward(0);
+      lin.forward(out.ptr, x->ptr, w->ptr, nullptr, M, true, 0);
+      state.begin_backward(0);
+      lin.backward(dx.ptr, dw.ptr, dy->ptr, nullptr, w->ptr, M, 0);
+    }
+    return Grads{download(dx.ptr, dx.n), download(dw.ptr, dw.n)};
+  };
+  auto same = [](const Grads& a, const Grads& b) {
+    return a.dx.size() == b.dx.size() && std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * sizeof(float)) == 0 &&
+           std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * sizeof(float)) == 0;
+  };
+  const Grads a = run(7, 1, 0);
+  EXPECT_TRUE(same(a, run(7, 1, 0))) << "the same step and micro-step must repeat bit for bit";
+  const bool sr = plan.dy_stochastic_rounding;
+  EXPECT_EQ(!same(a, run(8, 1, 0)), sr) << "another step";
+  EXPECT_EQ(!same(a, run(7, 2, 0)), sr) << "another micro-step";
+  EXPECT_EQ(!same(a, run(7, 1, 1)), sr) << "another rank";
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, LinearFp4,
+                         ::testing::Values("nvfp4", "nvfp4_rtn", "nvfp4_no_rht", "nvfp4_1x16_w", "mxfp4"));
 
 // The BF16 plan is the cuBLASLt BF16 path, bit for bit.
 TEST(LinearBf16, IsTheBf16Gemm) {
