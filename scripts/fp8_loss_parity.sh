@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/fp8_loss_parity.sh: the FP8 loss-parity experiment. One model trained from the same seed on the same data
 # in BF16 and with every FP8 recipe; each FP8 run must end within --tolerance (relative, default 0.25%) of the BF16
-# run's validation loss. Writes the JSONL logs, the loss-curve plot (scripts/plot_runs.py) and a Markdown table
+# run's validation loss. Any other recipe of the build (nvfp4) can be named with --recipes: scripts/repro/nvfp4.sh
+# runs its comparison and ablations through this script. Writes the JSONL logs, the loss-curve plot (scripts/plot_runs.py) and a Markdown table
 # (scripts/repro/fp8_parity_report.py: final val loss, vs BF16 in %, tokens, steps, ...) to OUT.
 #
 #   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B] [--seed S]
@@ -54,7 +55,7 @@ case "$MODEL" in
               BATCH=${BATCH:-16}; OUT=${OUT:-runs/fp8_parity_llama-350m} ;;
   *) fail "unknown model '$MODEL' (choose from: gpt2-124m llama-350m)" ;;
 esac
-KNOWN_RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
+KNOWN_RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise nvfp4"
 for r in $RECIPES; do
   case " $KNOWN_RECIPES " in *" $r "*) ;; *) fail "unknown recipe '$r' (choose from: $KNOWN_RECIPES)" ;; esac
 done
@@ -117,6 +118,6 @@ done
 files=(); labels=()
 for recipe in $RECIPES; do files+=("$OUT/$recipe$TAG.jsonl"); labels+=(--label "$recipe$TAG"); done
 python3 scripts/plot_runs.py "${files[@]}" "${labels[@]}" --out "$OUT/fp8_loss_parity$TAG.png" --x tokens \
-  --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens: BF16 vs FP8 recipes" --ymax 6 || true
+  --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens: BF16 vs low-precision recipes" --ymax 6 || true
 python3 scripts/repro/fp8_parity_report.py "$OUT" $RECIPES --tag "$TAG" --tolerance "$TOLERANCE" \
   --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ) = $TOKENS tokens, same seed ($SEED) and data"

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""scripts/repro/fp4_report.py: the Markdown table of an FP4 reproduction (scripts/repro/nvfp4.sh) beside the paper.
+
+Reads <out>/<run>.jsonl for every run named by --runs (train_gpt's JSONL logs: the plain recipes bf16,
+fp8_tensorwise, nvfp4 and the ablation variants <recipe>_<tag>) and writes <out>/<paper>.md:
+  - per run: the final validation loss, its difference to the bf16 run and to the fp8_tensorwise run in percent
+    ((run - base) / base), for an ablation (a run named <recipe>_<tag>) its difference to the plain <recipe> run and
+    whether it raised the loss, the skipped steps, the tokens, and what the paper found for that run;
+  - the goals given by --goal RUN=PCT (e.g. nvfp4=2: nvfp4 within 2% of BF16), each met or not.
+and <out>/<paper>.png, the loss curves of every run (scripts/plot_runs.py), when matplotlib is there.
+Exit code: 0 when every goal is met, 1 when one is not, 2 when a log is missing or has no validation loss.
+
+  usage: fp4_report.py OUT --paper nvfp4 --runs bf16 fp8_tensorwise nvfp4 nvfp4_no_sr ... [--goal nvfp4=2 ...]
+"""
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runlog  # noqa: E402
+from fp8_parity_report import gpu_name  # noqa: E402
+
+# What each paper reports for the runs of its reproduction (shared/reference/fp4_recipes.md), in its own terms.
+PAPERS = {
+    "nvfp4": {
+        "title": "NVIDIA NVFP4 recipe (arXiv 2509.25149)",
+        "runs": {
+            "nvfp4": "12B, 10T tokens: ~1.5% above FP8 at the end (<1% in the stable phase); 8B, 1T tokens: 1.5% "
+                     "relative loss error (MXFP4: 2.5%)",
+            "nvfp4_no_sr": "Fig. 4: round-to-nearest gradients raise the loss",
+            "nvfp4_no_rht": "Fig. 4: no Hadamard transform on the wgrad inputs raises the loss",
+            "nvfp4_w1x16": "Fig. 4: 1x16 instead of 16x16 weight blocks raises the loss",
+            "nvfp4_all_fp4": "keeps <15% of the linears in BF16, mostly the last blocks (last 4 only: also stable)",
+        },
+    },
+}
+
+
+def base_recipe(run, runs):
+    """The plain run an ablation varies: the longest other run name that prefixes it followed by '_'."""
+    bases = [r for r in runs if r != run and run.startswith(r + "_")]
+    return max(bases, key=len) if bases else None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="the directory of the runs' JSONL logs")
+    ap.add_argument("--paper", required=True, choices=sorted(PAPERS))
+    ap.add_argument("--runs", nargs="+", required=True, help="run names: <out>/<run>.jsonl")
+    ap.add_argument("--goal", action="append", default=[], metavar="RUN=PCT",
+                    help="RUN's final validation loss within PCT percent of bf16's (repeatable)")
+    ap.add_argument("--no-plot", action="store_true", help="write the table only")
+    args = ap.parse_args(argv)
+    paper = PAPERS[args.paper]
+    goals = {}
+    for g in args.goal:
+        run, _, pct = g.partition("=")
+        try:
+            goals[run] = float(pct)
+        except ValueError:
+            ap.error(f"--goal {g}: expected RUN=PCT")
+        if run not in args.runs:
+            ap.error(f"--goal {g}: {run} is not among --runs")
+
+    records, final = {}, {}
+    for run in args.runs:
+        path = os.path.join(args.out, run + ".jsonl")
+        try:
+            records[run] = runlog.read_records(path)
+        except (OSError, ValueError) as e:
+            print(f"fp4_report.py: cannot read the {run} run: {e}", file=sys.stderr)
+            return 2
+        final[run] = runlog.final_val_loss(records[run])
+        if final[run] is None:
+            print(f"fp4_report.py: {path} has no finite validation loss (did the run finish?)", file=sys.stderr)
+            return 2
+
+    def rel(run, base):
+        return f"{runlog.relative_pct(final[run], final[base]):+.2f}%" if base in final else "—"
+
+    rows = []
+    for run in args.runs:
+        base = base_recipe(run, args.runs)
+        if base is not None:
+            delta = runlog.relative_pct(final[run], final[base])
+            ablation = f"{delta:+.2f}% ({'raises' if delta > 0 else 'does not raise'} the loss)"
+        else:
+            ablation = "—"
+        rows.append(f"| {run} | {final[run]:.4f} | {rel(run, 'bf16')} | {rel(run, 'fp8_tensorwise')} | {ablation} | "
+                    f"{runlog.skipped_steps(records[run])} | {runlog.trained_tokens(records[run]):,} | "
+                    f"{paper['runs'].get(run, '—')} |")
+    ok = True
+    goal_lines = []
+    for run, pct in goals.items():
+        if "bf16" not in final:
+            print("fp4_report.py: a goal needs the bf16 run among --runs", file=sys.stderr)
+            return 2
+        d = runlog.relative_pct(final[run], final["bf16"])
+        met = abs(d) <= pct
+        ok &= met
+        goal_lines.append(f"- {run} within {pct:g}% of BF16: {d:+.2f}%, {'met' if met else 'NOT met'}")
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    table = [f"{paper['title']} in our numbers; {gpu_name()}; {date}. Same seed and data for every run; the FP4 "
+             "products run exactly on BF16 tensor cores (Hopper has no FP4 ones): FP4 numerics, not FP4 speed.", "",
+             "| run | final val loss | vs bf16 | vs fp8_tensorwise | ablation vs its recipe | skipped steps | tokens | "
+             "paper |",
+             "|---|---|---|---|---|---|---|---|"] + rows
+    if goal_lines:
+        table += [""] + goal_lines
+    with open(os.path.join(args.out, f"{args.paper}.md"), "w") as f:
+        f.write("\n".join(table) + "\n")
+    print("\n".join(table))
+    if not args.no_plot:
+        here = os.path.dirname(os.path.abspath(__file__))
+        cmd = [sys.executable, os.path.join(here, "..", "plot_runs.py")]
+        cmd += [os.path.join(args.out, r + ".jsonl") for r in args.runs]
+        for r in args.runs:
+            cmd += ["--label", r]
+        cmd += ["--out", os.path.join(args.out, f"{args.paper}.png"), "--x", "tokens", "--title", paper["title"]]
+        if subprocess.run(cmd).returncode != 0:
+            print("fp4_report.py: no plot (scripts/plot_runs.py failed: is matplotlib installed?)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
