@@ -34,6 +34,18 @@ int cuda_device_count();
 // "NVIDIA H100 80GB HBM3" etc.; empty when there is no GPU.
 std::string cuda_device_name(int device = 0);
 
+// The value among `values` whose name_of(value) is s: true with *out set, or false (out untouched). For the
+// parse_* functions of small named enumerations.
+template <typename T, size_t N, typename NameOf>
+bool find_by_name(const std::string& s, const T (&values)[N], NameOf name_of, T* out) {
+  for (const T& v : values)
+    if (s == name_of(v)) {
+      *out = v;
+      return true;
+    }
+  return false;
+}
+
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 inline size_t round_up(size_t a, size_t b) { return ceil_div(a, b) * b; }
 

@@ -46,12 +46,7 @@ int element_format_bits(ElementFormat f) { return element_format_info(f).bits; }
 float element_format_max(ElementFormat f) { return element_format_info(f).max; }
 
 bool parse_element_format(const std::string& s, ElementFormat* out) {
-  for (ElementFormat f : kElementFormats)
-    if (s == element_format_name(f)) {
-      *out = f;
-      return true;
-    }
-  return false;
+  return find_by_name(s, kElementFormats, element_format_name, out);
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "llmc/core/common.h"
+#include "llmc/core/file_io.h"
 
 namespace llmc {
 
@@ -274,19 +275,11 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
                 hint.c_str());
   }
   std::string text(static_cast<size_t>(size), '\0');
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      throw_error("cannot read %s '%s': %s", what.c_str(), path.c_str(),
-                  n < 0 ? std::strerror(err) : "the file became shorter while it was read");
-    }
-    done += static_cast<size_t>(n);
-  }
+  const IoResult r = read_fully(fd, text.data(), text.size());
   ::close(fd);
+  if (!r.ok())
+    throw_error("cannot read %s '%s': %s", what.c_str(), path.c_str(),
+                r.ended ? "the file became shorter while it was read" : r.what());
   return text;
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "llmc/core/common.h"
+#include "llmc/core/file_io.h"
 
 namespace llmc {
 
@@ -174,19 +175,9 @@ std::string random_bytes(size_t n) {
   if (done == n) return out;
   const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_error("cannot read random bytes: getrandom failed and /dev/urandom: %s", std::strerror(errno));
-  while (done < n) {
-    const ssize_t got = ::read(fd, out.data() + done, n - done);
-    if (got > 0) {
-      done += size_t(got);
-    } else if (got < 0 && errno == EINTR) {
-      continue;
-    } else {
-      const int err = got < 0 ? errno : EIO;
-      ::close(fd);
-      throw_error("cannot read random bytes from /dev/urandom: %s", std::strerror(err));
-    }
-  }
+  const IoResult r = read_fully(fd, out.data() + done, n - done);
   ::close(fd);
+  if (!r.ok()) throw_error("cannot read random bytes from /dev/urandom: %s", r.what());
   return out;
 }
 

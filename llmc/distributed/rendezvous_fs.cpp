@@ -18,6 +18,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "llmc/core/file_io.h"
 #include "llmc/distributed/hmac_sha256.h"
 #include "llmc/distributed/rendezvous.h"
 #include "llmc/distributed/rendezvous_protocol.h"
@@ -40,21 +41,12 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = strformat("%s.tmp.%d", path.c_str(), static_cast<int>(::getpid()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) throw_error("rendezvous: cannot write %s: %s", tmp.c_str(), std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n > 0) {
-      done += size_t(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw_error("rendezvous: cannot write %s: %s", tmp.c_str(), std::strerror(err));
-    }
-  }
+  const IoResult written = write_fully(fd, text.data(), text.size());
   ::close(fd);
+  if (!written.ok()) {
+    ::unlink(tmp.c_str());
+    throw_error("rendezvous: cannot write %s: %s", tmp.c_str(), written.what());
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());

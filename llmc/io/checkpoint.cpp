@@ -22,6 +22,7 @@
 #endif
 
 #include "llmc/core/common.h"
+#include "llmc/core/file_io.h"
 #include "llmc/core/input_safety.h"
 
 namespace fs = std::filesystem;
@@ -159,17 +160,10 @@ void fsync_dir(const std::string& dir) {
 void write_file_synced(const std::string& path, const void* data, size_t nbytes) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_error("checkpoint: cannot create %s: %s", path.c_str(), std::strerror(errno));
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (nbytes > 0) {
-    ssize_t n = ::write(fd, p, std::min(nbytes, size_t(1) << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      throw_error("checkpoint: cannot write %s: %s (hint: is the disk full?)", path.c_str(), std::strerror(err));
-    }
-    p += n;
-    nbytes -= size_t(n);
+  const IoResult written = write_fully(fd, data, nbytes);
+  if (!written.ok()) {
+    ::close(fd);
+    throw_error("checkpoint: cannot write %s: %s (hint: is the disk full?)", path.c_str(), written.what());
   }
   if (::fsync(fd) != 0) {
     int err = errno;

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "llmc/core/common.h"
+#include "llmc/core/file_io.h"
 #include "llmc/core/input_safety.h"
 
 namespace llmc {
@@ -52,16 +53,10 @@ void pread_tokens(int fd, const ShardInfo& info, size_t first_token, size_t coun
   const size_t num_bytes = count * info.bytes_per_token;
   const off_t offset = static_cast<off_t>(kHeaderBytes + first_token * info.bytes_per_token);
   bytes.resize(num_bytes);
-  size_t done = 0;
-  while (done < num_bytes) {
-    ssize_t got = ::pread(fd, bytes.data() + done, num_bytes - done, offset + static_cast<off_t>(done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
-      throw_error("data shard '%s': read of %zu bytes at offset %lld failed (%s): was the file changed or truncated?",
-                  info.path.c_str(), num_bytes, static_cast<long long>(offset),
-                  got < 0 ? std::strerror(errno) : "end of file");
-    done += static_cast<size_t>(got);
-  }
+  const IoResult r = pread_fully(fd, bytes.data(), num_bytes, static_cast<uint64_t>(offset));
+  if (!r.ok())
+    throw_error("data shard '%s': read of %zu bytes at offset %lld failed (%s): was the file changed or truncated?",
+                info.path.c_str(), num_bytes, static_cast<long long>(offset), r.what());
 }
 
 // Token i of bytes read by pread_tokens.

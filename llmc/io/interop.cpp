@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
+#include "llmc/core/file_io.h"
 #include "llmc/core/input_safety.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/io/safetensors.h"
@@ -561,15 +562,8 @@ ModelWeights import_llmc(const std::string& path) {
   });
   const size_t file_size = static_cast<size_t>(size);
   auto read_at = [&](size_t offset, void* dst, size_t nbytes) {
-    uint8_t* p = static_cast<uint8_t*>(dst);
-    while (nbytes > 0) {
-      const ssize_t n = ::pread(fd, p, std::min(nbytes, size_t(1) << 30), static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw_error("llm.c import: cannot read %s: %s", path.c_str(), n < 0 ? std::strerror(errno) : "EOF");
-      p += n;
-      offset += static_cast<size_t>(n);
-      nbytes -= static_cast<size_t>(n);
-    }
+    const IoResult r = pread_fully(fd, dst, nbytes, offset);
+    if (!r.ok()) throw_error("llm.c import: cannot read %s: %s", path.c_str(), r.what());
   };
   if (file_size < kLlmcHeaderBytes)
     throw_error("llm.c import: %s is %zu bytes, too short for the 1024-byte header of an llm.c model file",

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
+#include "llmc/core/file_io.h"
 #include "llmc/core/input_safety.h"
 
 namespace llmc {
@@ -24,7 +25,6 @@ namespace {
 constexpr size_t kHeaderLengthBytes = 8;               // the u64 N at the start of the file
 constexpr size_t kMaxHeaderBytes = 100u * 1024 * 1024;  // same limit as the python package
 constexpr size_t kHeaderAlignment = 8;                  // data section starts at a multiple of 8 bytes
-constexpr size_t kIoChunkBytes = size_t(1) << 30;       // pread/write at most 1 GiB per call
 const char* const kMetadataKey = "__metadata__";
 
 std::string parent_dir(const std::string& path) {
@@ -35,14 +35,9 @@ std::string parent_dir(const std::string& path) {
 }
 
 void write_all(int fd, const void* data, size_t nbytes, const std::string& path) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (nbytes > 0) {
-    ssize_t n = ::write(fd, p, std::min(nbytes, kIoChunkBytes));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw_error("safetensors: cannot write %s: %s (hint: is the disk full?)", path.c_str(), std::strerror(errno));
-    p += n;
-    nbytes -= size_t(n);
-  }
+  const IoResult written = write_fully(fd, data, nbytes);
+  if (!written.ok())
+    throw_error("safetensors: cannot write %s: %s (hint: is the disk full?)", path.c_str(), written.what());
 }
 
 void fsync_dir(const std::string& dir) {
@@ -235,18 +230,11 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), fil
 }
 
 void SafetensorsReader::read_at(size_t offset, void* dst, size_t nbytes, const std::string& what) const {
-  uint8_t* out = static_cast<uint8_t*>(dst);
-  while (nbytes > 0) {
-    ssize_t n = ::pread(file_->fd, out, std::min(nbytes, kIoChunkBytes), off_t(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_error("safetensors: %s: read error in %s: %s", path_.c_str(), what.c_str(), std::strerror(errno));
-    if (n == 0)
-      throw_error("safetensors: %s: unexpected end of file while reading %s (file truncated after opening?)",
-                  path_.c_str(), what.c_str());
-    out += n;
-    offset += size_t(n);
-    nbytes -= size_t(n);
-  }
+  const IoResult r = pread_fully(file_->fd, dst, nbytes, offset);
+  if (r.ended)
+    throw_error("safetensors: %s: unexpected end of file while reading %s (file truncated after opening?)",
+                path_.c_str(), what.c_str());
+  if (!r.ok()) throw_error("safetensors: %s: read error in %s: %s", path_.c_str(), what.c_str(), r.what());
 }
 
 const std::vector<TensorEntry>& SafetensorsReader::tensors() const { return tensors_; }

@@ -25,30 +25,28 @@ struct ElementCodec {
 
 void encode_f32(const float* values, size_t n, void* codes) { std::memcpy(codes, values, n * sizeof(float)); }
 void decode_f32(const void* codes, size_t n, float* values) { std::memcpy(values, codes, n * sizeof(float)); }
-void encode_bf16(const float* values, size_t n, void* codes) {
-  uint16_t* out = static_cast<uint16_t*>(codes);
-  for (size_t i = 0; i < n; i++) out[i] = bf16_encode(values[i]);
+// Element by element through a scalar codec: BF16, and E4M3 codes on their own (the grouped storages scale them; see
+// encode_grouped).
+template <typename Code, Code (*encode)(float)>
+void encode_each(const float* values, size_t n, void* codes) {
+  Code* out = static_cast<Code*>(codes);
+  for (size_t i = 0; i < n; i++) out[i] = encode(values[i]);
 }
-void decode_bf16(const void* codes, size_t n, float* values) {
-  const uint16_t* in = static_cast<const uint16_t*>(codes);
-  for (size_t i = 0; i < n; i++) values[i] = bf16_decode(in[i]);
+template <typename Code, float (*decode)(Code)>
+void decode_each(const void* codes, size_t n, float* values) {
+  const Code* in = static_cast<const Code*>(codes);
+  for (size_t i = 0; i < n; i++) values[i] = decode(in[i]);
 }
-
-// E4M3 codes on their own (the grouped storages scale them; see encode_grouped).
-void encode_e4m3(const float* values, size_t n, void* codes) {
-  uint8_t* out = static_cast<uint8_t*>(codes);
-  for (size_t i = 0; i < n; i++) out[i] = e4m3_encode(values[i]);
-}
-void decode_e4m3(const void* codes, size_t n, float* values) {
-  const uint8_t* in = static_cast<const uint8_t*>(codes);
-  for (size_t i = 0; i < n; i++) values[i] = e4m3_decode(in[i]);
-}
+uint8_t e4m3_code(float x) { return e4m3_encode(x); }
+float e4m3_value(uint8_t code) { return e4m3_decode(code); }
 
 const ElementCodec& codec(MomentElement element) {
   static const ElementCodec codecs[] = {
       {MomentElement::F32, sizeof(float), "F32", encode_f32, decode_f32},
-      {MomentElement::BF16, sizeof(uint16_t), "BF16", encode_bf16, decode_bf16},
-      {MomentElement::E4M3, sizeof(uint8_t), "F8_E4M3", encode_e4m3, decode_e4m3},
+      {MomentElement::BF16, sizeof(uint16_t), "BF16", encode_each<uint16_t, bf16_encode>,
+       decode_each<uint16_t, bf16_decode>},
+      {MomentElement::E4M3, sizeof(uint8_t), "F8_E4M3", encode_each<uint8_t, e4m3_code>,
+       decode_each<uint8_t, e4m3_value>},
   };
   for (const ElementCodec& c : codecs)
     if (c.element == element) return c;

@@ -19,12 +19,7 @@ const char* scale_format_name(ScaleFormat f) {
 }
 
 bool parse_scale_format(const std::string& s, ScaleFormat* out) {
-  for (ScaleFormat f : kScaleFormats)
-    if (s == scale_format_name(f)) {
-      *out = f;
-      return true;
-    }
-  return false;
+  return find_by_name(s, kScaleFormats, scale_format_name, out);
 }
 
 int scale_format_bytes(ScaleFormat f) {
@@ -37,12 +32,7 @@ std::string block_shape_name(BlockShape b) {
 }
 
 bool parse_block_shape(const std::string& s, BlockShape* out) {
-  for (BlockShape b : kBlockShapes)
-    if (s == block_shape_name(b)) {
-      *out = b;
-      return true;
-    }
-  return false;
+  return find_by_name(s, kBlockShapes, block_shape_name, out);
 }
 
 namespace {
