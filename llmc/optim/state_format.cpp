@@ -104,10 +104,15 @@ const std::vector<StateFormat>& state_formats() {
   return formats;
 }
 
-const StateFormat& StateFormat::fp32() { return state_formats()[0]; }
-const StateFormat& StateFormat::bf16() { return state_formats()[1]; }
-const StateFormat& StateFormat::fp8() { return state_formats()[2]; }
-const StateFormat& StateFormat::fp8_expand() { return state_formats()[3]; }
+static const StateFormat& state_format_by_id(StateFormat::Id id) {
+  for (const StateFormat& f : state_formats())
+    if (f.id == id) return f;
+  throw_error("internal error: state format %d is not in state_formats()", static_cast<int>(id));
+}
+const StateFormat& StateFormat::fp32() { return state_format_by_id(Id::FP32); }
+const StateFormat& StateFormat::bf16() { return state_format_by_id(Id::BF16); }
+const StateFormat& StateFormat::fp8() { return state_format_by_id(Id::FP8); }
+const StateFormat& StateFormat::fp8_expand() { return state_format_by_id(Id::FP8_EXPAND); }
 
 std::vector<std::string> state_format_names() {
   std::vector<std::string> names;
@@ -129,22 +134,29 @@ const StateFormat& parse_state_format(const std::string& name) {
               valid.c_str());
 }
 
-void encode_moment(const MomentStorage& storage, const float* values, size_t n, void* block) {
+namespace {
+// The one switch over moment scalings: plain() for ungrouped storage, grouped(Storage{}) with the grouped codec type.
+template <class Plain, class Grouped>
+void dispatch_scaling(const MomentStorage& storage, Plain&& plain, Grouped&& grouped) {
   switch (storage.scaling) {
-    case MomentScaling::None: codec(storage.element).encode(values, n, block); return;
-    case MomentScaling::GroupMax: encode_grouped<Fp8Moments>(storage, values, n, block); return;
-    case MomentScaling::RangeExpansion: encode_grouped<Fp8ExpandMoments>(storage, values, n, block); return;
+    case MomentScaling::None: plain(); return;
+    case MomentScaling::GroupMax: grouped(Fp8Moments{}); return;
+    case MomentScaling::RangeExpansion: grouped(Fp8ExpandMoments{}); return;
   }
   throw_error("internal error: unknown moment scaling %d", static_cast<int>(storage.scaling));
 }
+}  // namespace
+
+void encode_moment(const MomentStorage& storage, const float* values, size_t n, void* block) {
+  dispatch_scaling(
+      storage, [&] { codec(storage.element).encode(values, n, block); },
+      [&](auto kind) { encode_grouped<decltype(kind)>(storage, values, n, block); });
+}
 
 void decode_moment(const MomentStorage& storage, const void* block, size_t n, float* values) {
-  switch (storage.scaling) {
-    case MomentScaling::None: codec(storage.element).decode(block, n, values); return;
-    case MomentScaling::GroupMax: decode_grouped<Fp8Moments>(storage, block, n, values); return;
-    case MomentScaling::RangeExpansion: decode_grouped<Fp8ExpandMoments>(storage, block, n, values); return;
-  }
-  throw_error("internal error: unknown moment scaling %d", static_cast<int>(storage.scaling));
+  dispatch_scaling(
+      storage, [&] { codec(storage.element).decode(block, n, values); },
+      [&](auto kind) { decode_grouped<decltype(kind)>(storage, block, n, values); });
 }
 
 }  // namespace llmc
