@@ -7,6 +7,7 @@
 #include <climits>
 
 #include "llmc/core/common.h"
+#include "llmc/core/cuda_utils.cuh"
 #include "llmc/precision/encoding.h"
 #include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/fp4_remap.cuh"
@@ -79,18 +80,38 @@ __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes,
   }
 }
 
+// One thread per 8 output columns of a row (Kp is a multiple of 8, and 8 columns never straddle a 16-column NVFP4
+// block: one scale code). `vector`: the row's code bytes are 4-byte aligned (K % 8 == 0, src aligned) and out is
+// 16-byte aligned, so the eight codes are one 32-bit load and the eight values one 128-bit store; otherwise element by
+// element. The values are nvfp4_element_value's either way.
 __global__ void __launch_bounds__(kThreads) nvfp4_to_bf16_kernel(bf16* out, const uint8_t* src,
                                                                  const uint8_t* src_scales, int rows, int K, int Kp,
-                                                                 BlockShape block, int src_ld) {
+                                                                 BlockShape block, int src_ld, bool vector) {
+  const int chunks = Kp / kBf16ExpandColumns;
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<size_t>(rows) * Kp) return;
-  const int r = static_cast<int>(i / Kp), c = static_cast<int>(i % Kp);
-  float v = 0.0f;
-  if (c < K) {
-    const size_t row_bytes = (static_cast<size_t>(K) + 1) / 2;
-    v = nvfp4_element_value(e2m1_nibble(src[r * row_bytes + c / 2], c), src_scales[scale_index(block, r, c, src_ld)]);
+  if (i >= static_cast<size_t>(rows) * chunks) return;
+  const int r = static_cast<int>(i / chunks), c0 = static_cast<int>(i % chunks) * kBf16ExpandColumns;
+  const size_t row_bytes = (static_cast<size_t>(K) + 1) / 2;
+  const uint8_t* codes = src + r * row_bytes;
+  x128 v = x128::filled(0.0f);
+  if (c0 < K) {
+    const uint8_t scale = src_scales[scale_index(block, r, c0, src_ld)];
+    if (vector) {
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + c0 / 2);
+#pragma unroll
+      for (int k = 0; k < kBf16ExpandColumns; k++)
+        v[k] = __float2bfloat16_rn(nvfp4_element_value(static_cast<uint8_t>((word >> (4 * k)) & 0xFu), scale));
+    } else {
+      for (int k = 0; k < kBf16ExpandColumns && c0 + k < K; k++)
+        v[k] = __float2bfloat16_rn(nvfp4_element_value(e2m1_nibble(codes[(c0 + k) / 2], c0 + k), scale));
+    }
   }
-  out[i] = __float2bfloat16_rn(v);  // exact (fp4_remap.cuh)
+  bf16* dst = out + static_cast<size_t>(r) * Kp + c0;
+  if (vector) {
+    store128(dst, v);
+  } else {
+    for (int k = 0; k < kBf16ExpandColumns; k++) dst[k] = v[k];
+  }
 }
 
 __global__ void nvfp4_gemm_alpha_kernel(float* alpha_beta, const float* a_tsi, const float* b_tsi, float beta) {
@@ -134,11 +155,12 @@ void nvfp4_to_bf16(bf16* out, const QuantOperand& src, int rows, int K, cudaStre
   check_operand(who, src, rows, K, false);
   if (out == nullptr) throw_error("%s: out must be a device pointer", who);
   const int Kp = nvfp4_expand_cols(K);
-  const size_t n = static_cast<size_t>(rows) * Kp;
-  nvfp4_to_bf16_kernel<<<grid_for(n, who), kThreads, 0, stream>>>(out, src.data,
-                                                                 reinterpret_cast<const uint8_t*>(src.scale_inv), rows,
-                                                                 K, Kp, src.encoding.block,
-                                                                 scale_inv_ld(src.encoding, rows, K));
+  const size_t threads = static_cast<size_t>(rows) * (Kp / kBf16ExpandColumns);
+  const bool vector = K % kBf16ExpandColumns == 0 && reinterpret_cast<uintptr_t>(src.data) % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  nvfp4_to_bf16_kernel<<<grid_for(threads, who), kThreads, 0, stream>>>(
+      out, src.data, reinterpret_cast<const uint8_t*>(src.scale_inv), rows, K, Kp, src.encoding.block,
+      scale_inv_ld(src.encoding, rows, K), vector);
   CUDA_CHECK_LAUNCH();
 }
 

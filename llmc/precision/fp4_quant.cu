@@ -7,10 +7,11 @@
 //   fp4_run_kernel<N>: one thread per 1xN block of one output copy. Row-wise copy: threads walk the blocks of a row
 //     in order (a warp reads contiguous runs of x); column-wise copy (data_t, blocks along the rows of x): adjacent
 //     threads take adjacent columns of the same rows (each of the N loads of a warp is one contiguous run of x). The
-//     thread loads its N values, applies the Hadamard transform if asked, takes the block amax (max over the bits of
-//     |v|: order independent, a NaN wins), computes the scale code and the element multiplier, rounds, packs two
-//     codes per byte and stores them (one 8- or 16-byte store for a full block when the row's bytes allow, else
-//     bytes). In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes into a slot.
+//     thread loads its N values (8 at a time for a row-wise copy of 16-byte aligned rows), applies the Hadamard
+//     transform if asked, takes the block amax (max over the bits of |v|: order independent, a NaN wins), computes
+//     the scale code and the element multiplier, rounds, packs two codes per byte and stores them (one 8- or 16-byte
+//     store for a full block when the row's bytes allow, else bytes). In amax mode (the NVFP4 tensor amax of a
+//     rotated copy) it only maxes the block amaxes into a slot.
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
 //     tile amax is a max over the 16 lanes (shuffles), lane j writes row j's codes to data and quantises column j of
 //     the tile (the same values, the same scale: the same codes) into row j of the tile in data_t.
@@ -46,6 +47,7 @@ struct RunArgs {
   const bf16* x;
   int rows, cols;           // the source
   bool column;              // false: data (blocks along cols); true: data_t (blocks along rows)
+  bool vector_rows;         // row-wise copy of an x whose rows are 16-byte aligned: full blocks load 8 bf16 at a time
   uint8_t* codes;           // (out_rows, out_cols) packed, or null in amax mode
   uint8_t* scales;          // [kb * ld + o]
   int out_rows, out_cols, ld, blocks_per_row;
@@ -107,15 +109,24 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   const int p0 = kb * N;
   const int n = active ? min(N, a.out_cols - p0) : 0;
   float v[N];
+  if (a.vector_rows && n == N) {
 #pragma unroll
-  for (int i = 0; i < N; i++) {
-    float value = 0.0f;
-    if (i < n) {
-      const int p = p0 + i;
-      value = a.column ? load_x(a.x, static_cast<size_t>(p) * a.cols + o)
-                       : load_x(a.x, static_cast<size_t>(o) * a.cols + p);
+    for (int w = 0; w < N / 8; w++) {
+      const x128 packed = load128(a.x + static_cast<size_t>(o) * a.cols + p0 + 8 * w);
+#pragma unroll
+      for (int k = 0; k < 8; k++) v[8 * w + k] = __bfloat162float(packed[k]);
     }
-    v[i] = value;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      float value = 0.0f;
+      if (i < n) {
+        const int p = p0 + i;
+        value = a.column ? load_x(a.x, static_cast<size_t>(p) * a.cols + o)
+                         : load_x(a.x, static_cast<size_t>(o) * a.cols + p);
+      }
+      v[i] = value;
+    }
   }
   if (a.hadamard != 0 && n == N) {
 #pragma unroll
@@ -361,6 +372,7 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
       a.x = x;
       a.rows = q.rows, a.cols = q.cols;
       a.column = copy == 1;
+      a.vector_rows = !a.column && q.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
       a.out_rows = a.column ? q.cols : q.rows, a.out_cols = a.column ? q.rows : q.cols;
       a.ld = scale_inv_ld(e, a.out_rows, a.out_cols);
       a.blocks_per_row = static_cast<int>(ceil_div(a.out_cols, e.block.cols));
