@@ -140,6 +140,33 @@ __host__ __device__ inline uint8_t mxfp4_scale_code(float block_amax) {
   const int exponent_field = static_cast<int>(bits >> 23);
   return static_cast<uint8_t>(exponent_field > 2 ? exponent_field - 2 : 0);
 }
+// QuEST's Gaussian block scale (Quartet's forward; arXiv 2502.05003 and 2505.14669): for a block of 32 values v (after
+// the Hadamard transform) with FP32 sums s1 = sum v_i and s2 = sum v_i * v_i taken in order i = 0 .. 31 from 0,
+// mean = s1 / 32, var = s2 / 32 - mean * mean, sigma = sqrt(var) (1 when var is negative by rounding), scale =
+// kQuestClipPerSigma * sigma + 1e-8 (every operation FP32, rounded to nearest even) and the E8M0 code
+// floor(log2(scale)) + 127: elements beyond 2.92 sigma (rounded down to a power of two) clip at +-6. The largest code
+// 254 when scale is not finite (squares beyond FLT_MAX); the NaN code for a block with a non-finite element
+// (block_amax_bits: the max over the bits of |v_i|), whose codes are 0. A block of equal values has sigma 0 and clips.
+constexpr int kGaussianBlock = 32;
+constexpr float kQuestClipPerSigma = 2.92247856f / 6.0f;  // QuEST's MSE-optimal Gaussian clip over max(E2M1)
+__host__ __device__ inline uint8_t mxfp4_gaussian_scale_code(const float* v, uint32_t block_amax_bits) {
+  if (block_amax_bits >= 0x7f800000u) return kE8M0NanCode;
+  float s1 = 0.0f, s2 = 0.0f;
+  for (int i = 0; i < kGaussianBlock; i++) {
+    s1 = add_rn(s1, v[i]);
+    s2 = add_rn(s2, mul_rn(v[i], v[i]));
+  }
+  const float mean = div_rn(s1, 32.0f), mean_square = div_rn(s2, 32.0f);
+  const float var = add_rn(mean_square, -mul_rn(mean, mean));
+  const float sigma = var >= 0.0f ? sqrt_rn(var) : 1.0f;
+  const uint32_t bits = float_to_bits(add_rn(mul_rn(kQuestClipPerSigma, sigma), 1e-8f));  // >= 1e-8: normal
+  return static_cast<uint8_t>(bits >= 0x7f800000u ? 254u : bits >> 23);
+}
+// Whether element v of a block with element multiplier m keeps its value's range (QuEST's trust mask): |v * m| < 6,
+// nothing clipped; false for a NaN v and in a zeroed block (m = 0).
+__host__ __device__ inline bool e2m1_trusted(float v, float multiplier) {
+  return multiplier != 0.0f && fabsf(mul_rn(v, multiplier)) < 6.0f;
+}
 // 2^-X = 2^(127 - code) for the element codes (exact; 0 for the NaN code; code 254, 2^-127, is never produced)
 __host__ __device__ inline float mxfp4_element_multiplier(uint8_t code) {
   if (code == kE8M0NanCode) return 0.0f;

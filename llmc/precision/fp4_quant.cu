@@ -60,6 +60,8 @@ struct RunArgs {
   int hadamard;               // 0, 16 or 32
   uint32_t signs;
   float* amax_out;            // amax mode: the block amaxes are maxed into it (nothing else is written)
+  bool gaussian;              // MXFP4: QuEST's Gaussian block scales instead of the amax rule
+  uint32_t* trust_mask;       // MXFP4 data copy: the block's trust bits [o * blocks_per_row + kb], or null
 };
 
 __device__ inline float load_x(const bf16* x, size_t i) { return __bfloat162float(x[i]); }
@@ -146,8 +148,22 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   if (id == 0 && a.tensor_scale_inv) a.tensor_scale_inv[0] = div_rn(1.0f, s_enc);
   uint8_t scale_code;
   float multiplier;
-  block_scale(a.nvfp4, s_enc, amax, &scale_code, &multiplier);
+  bool gaussian = false;
+  if constexpr (N == kGaussianBlock) gaussian = a.gaussian;
+  if (gaussian) {
+    scale_code = mxfp4_gaussian_scale_code(v, amax);
+    multiplier = mxfp4_element_multiplier(scale_code);
+  } else {
+    block_scale(a.nvfp4, s_enc, amax, &scale_code, &multiplier);
+  }
   a.scales[static_cast<size_t>(kb) * a.ld + o] = scale_code;
+  if (a.trust_mask) {
+    uint32_t trusted = 0;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+      if (i < n && e2m1_trusted(v[i], multiplier)) trusted |= 1u << i;
+    a.trust_mask[static_cast<size_t>(o) * a.blocks_per_row + kb] = trusted;
+  }
 
   Rounder round{a.stochastic, a.key, a.copy};
   const uint64_t index0 = static_cast<uint64_t>(o) * a.out_cols + p0;
@@ -279,9 +295,23 @@ void launch_run(const RunArgs& a, int block_len, cudaStream_t stream) {
 }
 
 void check_options(const char* who, const QTensor& q, const QuantizeArgs& args) {
-  const HadamardOption& h = args.hadamard;
   if (args.rounding != Rounding::Nearest && args.rounding != Rounding::Stochastic)
     throw_error("%s: unknown rounding %d", who, static_cast<int>(args.rounding));
+  if (args.mxfp4_scale != Mxfp4Scale::Amax && args.mxfp4_scale != Mxfp4Scale::Gaussian)
+    throw_error("%s: unknown mxfp4_scale %d", who, static_cast<int>(args.mxfp4_scale));
+  const bool mxfp4 = mxfp4_encoding(q.encoding);
+  if (args.mxfp4_scale == Mxfp4Scale::Gaussian) {
+    if (!mxfp4)
+      throw_error("%s: Gaussian (QuEST) block scales are an MXFP4 rule; %s has its own", who,
+                  encoding_name(q.encoding).c_str());
+    if ((q.data && q.cols % kGaussianBlock != 0) || (q.data_t && q.rows % kGaussianBlock != 0))
+      throw_error("%s: Gaussian block scales take whole blocks of %d; (%d, %d) has a partial one along a quantised "
+                  "direction", who, kGaussianBlock, q.rows, q.cols);
+  }
+  if (args.trust_mask && (!mxfp4 || !q.data))
+    throw_error("%s: a trust mask is kept for the data copy of an MXFP4 tensor (%s%s)", who,
+                encoding_name(q.encoding).c_str(), q.data ? "" : ", no data copy asked for");
+  const HadamardOption& h = args.hadamard;
   if (!h.any()) return;
   const BlockShape b = q.encoding.block;
   if (b.rows != 1)
@@ -383,6 +413,8 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
       a.hadamard = rotate ? args.hadamard.size : 0;
       a.signs = args.hadamard.signs;
       a.tensor_amax = source_amax;
+      a.gaussian = args.mxfp4_scale == Mxfp4Scale::Gaussian;
+      a.trust_mask = copy == 0 ? args.trust_mask : nullptr;
       if (nvfp4 && rotate) {  // the amax of the rotated values first
         a.amax_out = scratch + 1 + copy;
         launch_run(a, e.block.cols, stream);

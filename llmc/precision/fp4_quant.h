@@ -1,6 +1,7 @@
 // llmc/precision/fp4_quant.h: the FP4 quantiser family: E2M1 codes packed two per byte with NVFP4 scales (1x16 runs
-// or 16x16 tiles, E4M3 block scales under an FP32 second-level tensor scale) or MXFP4 scales (1x32 runs, E8M0), round
-// to nearest even or stochastic rounding, an optional block Hadamard transform fused in. Models and linears reach it
+// or 16x16 tiles, E4M3 block scales under an FP32 second-level tensor scale) or MXFP4 scales (1x32 runs, E8M0, from
+// the block amax or QuEST's Gaussian rule, with its trust mask), round to nearest even or stochastic rounding, an
+// optional block Hadamard transform fused in. Models and linears reach it
 // through llmc/precision/quantize.h; tests call it directly. The formulas are llmc/precision/fp4_codec.cuh's (the
 // exact NVFP4 and MXFP4 rules are written there), the random numbers fp4_rng.cuh's, the transforms hadamard.cuh's;
 // the layouts tensor.h's. The host references (test/reference/precision_ref.h) give the same bytes.
@@ -35,6 +36,8 @@ inline bool fp4_encoding(const Encoding& e) { return nvfp4_encoding(e) || mxfp4_
 //   args.rounding, args.sr_key: RTN or stochastic rounding (the random word of element i of a copy is
 //     random_word(sr_key, i, copy), i the element's index in that copy's row-major layout, copy 0 = data,
 //     1 = data_t; 16x16 tiles use data's index for both copies so their codes agree);
+//   args.mxfp4_scale (MXFP4): the OCP amax rule or QuEST's Gaussian scales (then the quantised directions' lengths
+//     are multiples of 32); args.trust_mask (MXFP4, with data): which elements of each data block were not clipped;
 //   args.hadamard: size 16 or 32 along each rotated copy's quantisation direction; that direction's length must be a
 //     multiple of the size and of it the block length (1x16 takes size 16; 1x32 takes 16 or 32); not with 16x16 tiles.
 // An empty x (rows or cols 0) encodes nothing: only the scale arrays' padding and q.amax (0) are written, no tensor

@@ -107,9 +107,11 @@ std::vector<BlockShape> quantizable_block_shapes() {
 
 void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream) {
   const QuantizerFamily& f = family_of("quantize", q.encoding);
-  if (!f.rounding_and_hadamard && (args.rounding != Rounding::Nearest || args.hadamard.any()))
-    throw_error("quantize: %s (the %s quantiser) rounds to nearest without a Hadamard transform; stochastic rounding "
-                "and Hadamard transforms are options of the fp4 quantisers", encoding_name(q.encoding).c_str(), f.name);
+  if (!f.rounding_and_hadamard && (args.rounding != Rounding::Nearest || args.hadamard.any() ||
+                                   args.mxfp4_scale != Mxfp4Scale::Amax || args.trust_mask))
+    throw_error("quantize: %s (the %s quantiser) rounds to nearest without a Hadamard transform; stochastic rounding, "
+                "Hadamard transforms, Gaussian scales and trust masks are options of the fp4 quantisers",
+                encoding_name(q.encoding).c_str(), f.name);
   f.quantize(q, src, args, stream);
 }
 

@@ -44,6 +44,11 @@ struct HadamardOption {
   bool any() const { return size != 0 && (data || data_t); }
 };
 
+// How MXFP4 block scales are chosen (llmc/precision/fp4_codec.cuh has both rules): Amax, the OCP MX rule from the
+// block's largest magnitude; Gaussian, QuEST's (Quartet's forward) from the block's standard deviation, which clips
+// the outliers it trades for resolution (whole 32-element blocks only).
+enum class Mxfp4Scale : uint8_t { Amax, Gaussian };
+
 struct QuantizeArgs {
   ScaleSource source = ScaleSource::Amax;
   const float* amax = nullptr;   // Amax: device (1), max |src| (its producer filled it, or amax_bf16 measured it);
@@ -53,6 +58,10 @@ struct QuantizeArgs {
   Rounding rounding = Rounding::Nearest;
   StochasticKey sr_key;          // Stochastic: the key of the random numbers (fp4_rng.cuh)
   HadamardOption hadamard;
+  Mxfp4Scale mxfp4_scale = Mxfp4Scale::Amax;  // MXFP4 encodings only
+  uint32_t* trust_mask = nullptr;  // MXFP4, data copy: one word per block, [r * blocks_per_row + kb] (device), bit i
+                                   // set when element i of the block was not clipped (fp4_codec.cuh's e2m1_trusted):
+                                   // QuEST's trust mask, which lets the backward pass gradients only where it is set
 };
 
 // q (its encoding, shape, and the buffers the encoding needs: codes data / data_t where wanted, scale and scale_inv

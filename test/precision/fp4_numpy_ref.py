@@ -18,6 +18,11 @@ Definitions (reference doc /work/shared/reference/fp4_recipes.md):
   MXFP4 (OCP Microscaling Formats v1.0, §6.3): blocks of 32 along the quantisation direction; shared exponent
     X = floor(log2(a_b)) - 2 (2 = emax of E2M1), clamped to the E8M0 range [-127, 127], stored as E8M0 (code X + 127);
     element code e2m1(x / 2^X).
+  QuEST's Gaussian MXFP4 scales (Quartet's forward; reference doc fp4_recipes.md §1-2): per block of 32 (after the
+    Hadamard transform) sigma = sqrt(E[v^2] - E[v]^2) (the moments as FP32 sums in element order; 1 where the
+    difference is negative), scale = (2.92247856 / 6) * sigma + 1e-8, X = floor(log2(scale)) (254 as the code where
+    scale is not finite), element code e2m1(x / 2^X) saturating at 6; the trust mask marks the elements with
+    |x / 2^X| < 6, the ones not clipped.
   llm8's conventions for the blocks the papers leave open (fp4_quant.h, fp4_codec.cuh): an all-zero block has scale
     1.0; a block with an inf or NaN element gets the scale format's NaN code and zero element codes; an NVFP4 block
     whose scale rounds to 0 gets zero element codes; a copy rotated by a Hadamard transform takes its NVFP4 tensor
@@ -166,6 +171,28 @@ def mxfp4_scale_codes(block_amax):
     return np.where(np.isfinite(a), codes, np.uint8(E8M0_NAN)).astype(np.uint8)
 
 
+QUEST_CLIP_PER_SIGMA = F32(2.92247856) / F32(6.0)
+
+
+def mxfp4_gaussian_scale_codes(blocks):
+    """E8M0 codes of QuEST's scales for blocks (..., 32) float32; NaN for a block with an inf or NaN element."""
+    v = np.asarray(blocks, F32)
+    with np.errstate(all="ignore"):
+        s1 = np.add.accumulate(v, axis=-1, dtype=F32)[..., -1]  # sequential FP32 sums, element order
+        s2 = np.add.accumulate(v * v, axis=-1, dtype=F32)[..., -1]
+        n = F32(v.shape[-1])
+        mean, mean_square = s1 / n, s2 / n
+        var = mean_square - mean * mean
+        sigma = np.where(var >= 0, np.sqrt(np.where(var >= 0, var, F32(0))), F32(1.0)).astype(F32)
+        scale = (QUEST_CLIP_PER_SIGMA * sigma + F32(1e-8)).astype(F32)
+    finite = np.isfinite(scale)
+    _, e = np.frexp(np.where(finite, scale, F32(1.0)))  # scale >= 1e-8 is normal: floor(log2) = e - 1
+    codes = np.where(finite, e.astype(np.int64) - 1 + 127, 254).astype(np.uint8)
+    with np.errstate(invalid="ignore"):
+        nonfinite_block = ~np.all(np.isfinite(v), axis=-1)
+    return np.where(nonfinite_block, np.uint8(E8M0_NAN), codes).astype(np.uint8)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Hadamard
 def hadamard_matrix(n):
@@ -218,10 +245,10 @@ def unblock(blocks, br, bc, rows, cols):
     return blocks.reshape(rb, cb, br, bc).transpose(0, 2, 1, 3).reshape(rb * br, cb * bc)[:rows, :cols]
 
 
-def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy):
-    """Codes (rows, cols) and block scale codes (rows_b, cols_b) of v (float32 (rows, cols)); for NVFP4 also the FP32
-    tensor decode scale. sr: None (RTN) or (seed, step, tensor); element i of v (row-major) draws random word i of
-    copy `copy`."""
+def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy, gaussian=False):
+    """Codes (rows, cols), block scale codes (rows_b, cols_b) and the trust mask (rows, cols) bool of v (float32
+    (rows, cols)); for NVFP4 also the FP32 tensor decode scale. sr: None (RTN) or (seed, step, tensor); element i of v
+    (row-major) draws random word i of copy `copy`. gaussian: MXFP4 with QuEST's scales (whole blocks only)."""
     rows, cols = v.shape
     blocks = block_view(v, br, bc)
     with np.errstate(invalid="ignore"):
@@ -234,7 +261,12 @@ def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy):
             multiplier = np.where(s_b > 0, np.minimum(F32(s_enc) / s_b, F32(FLT_MAX)), F32(0.0)).astype(F32)
         tensor_scale_inv = F32(1.0) / s_enc
     else:
-        scales = mxfp4_scale_codes(block_amax)
+        if gaussian:
+            if v.shape[1] % bc:
+                raise ValueError("Gaussian scales take whole blocks of 32")
+            scales = mxfp4_gaussian_scale_codes(blocks)
+        else:
+            scales = mxfp4_scale_codes(block_amax)
         x = scales.astype(np.int64) - 127
         multiplier = np.where(scales == E8M0_NAN, 0.0, np.ldexp(1.0, -np.clip(x, -127, 127))).astype(F32)
         tensor_scale_inv = None
@@ -247,7 +279,9 @@ def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy):
         codes = e2m1_stochastic(y, random_words(index, copy, *sr))
     zeroed = unblock(np.broadcast_to((multiplier == 0)[:, :, None], blocks.shape), br, bc, rows, cols)
     codes = np.where(zeroed, np.uint8(0), codes).astype(np.uint8)
-    return codes, scales, tensor_scale_inv
+    with np.errstate(invalid="ignore"):
+        trusted = ~zeroed & (np.abs(y) < F32(E2M1_MAX))
+    return codes, scales, tensor_scale_inv, trusted
 
 
 def scale_layout(block_scales, ld_rows, one):
@@ -266,7 +300,16 @@ def tile_layout(tile_scales, one):
     return out.reshape(-1)
 
 
-def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=True, rotated=None):
+def pack_trust_mask(trusted, block):
+    """(rows, cols) bool, cols a multiple of `block` (32) -> the little-endian bytes of one uint32 word per block, bit i
+    = element i of the block, blocks in row-major order."""
+    rows, cols = trusted.shape
+    bits = trusted.reshape(rows, cols // block, block).astype(np.uint64)
+    words = np.sum(bits << np.arange(block, dtype=np.uint64), axis=-1).astype("<u4")
+    return words.reshape(-1).view(np.uint8)
+
+
+def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=True, rotated=None, gaussian=False):
     """The FP4 quantisation of x (float32 (rows, cols), values exactly representable in bf16) in `encoding` (a key of
     ENCODINGS), as fp4_quantize computes it.
       amax: the NVFP4 tensor amax of the unrotated copies (None: max |x|);
@@ -275,6 +318,7 @@ def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=T
       rotated: optional {'data': (rows, cols), 'data_t': (cols, rows)} float32 values of the rotated copies to use
         instead of hadamard_rows' (the test feeds the C++ transform's values in, so that the quantiser itself
         compares bit for bit where the FP32 butterflies and the dense product differ in the last bit).
+      gaussian: MXFP4 only, QuEST's Gaussian block scales; the result then also holds 'trust_mask' (the data copy's).
     Returns a dict with, per wanted copy, 'data' / 'data_t' (packed bytes), 'scale_inv' / 'scale_inv_t' (scale codes
     in tensor.h's layouts) and, for NVFP4, 'tensor_scale_inv' / 'tensor_scale_inv_t' (float32)."""
     family, br, bc = ENCODINGS[encoding]
@@ -287,7 +331,7 @@ def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=T
     if br == 16:  # 16x16 tiles: one quantisation, the transposed copy is its transpose
         if hadamard is not None or family != "nvfp4":
             raise ValueError("16x16 tiles are NVFP4 only and take no Hadamard transform")
-        codes, tiles, tsi = block_codes_and_scales(x, family, 16, 16, source_amax, sr, 0)
+        codes, tiles, tsi, _ = block_codes_and_scales(x, family, 16, 16, source_amax, sr, 0)
         if data:
             out.update(data=pack_codes(codes), scale_inv=tile_layout(tiles, one), tensor_scale_inv=tsi)
         if data_t:
@@ -303,8 +347,10 @@ def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=T
             src = hadamard_rows(src, hadamard[0], hadamard[1]) if given is None else np.asarray(given, F32)
             with np.errstate(invalid="ignore"):
                 tensor_amax = F32(np.max(np.abs(src)))
-        codes, scales, tsi = block_codes_and_scales(src, family, 1, bc, tensor_amax, sr, copy)
+        codes, scales, tsi, trusted = block_codes_and_scales(src, family, 1, bc, tensor_amax, sr, copy, gaussian)
         out["data" + name] = pack_codes(codes)
+        if gaussian and copy == 0:
+            out["trust_mask"] = pack_trust_mask(trusted, bc)
         out["scale_inv" + name] = scale_layout(scales, src.shape[0], one)
         if family == "nvfp4":
             out["tensor_scale_inv" + name] = tsi

@@ -5,12 +5,14 @@
 // CASES (text), per case two lines:
 //   case ENCODING ROWS COLS SR SEED STEP TENSOR HSIZE HSIGNS HDATA HDATA_T AMAX DATA DATA_T
 //   X0 X1 ... (ROWS * COLS FP32 bit patterns, hex)
-// ENCODING: nvfp4 (1x16), nvfp4_2d (16x16 tiles), mxfp4 (1x32); SR 0 = round to nearest, 1 = stochastic with key
+// ENCODING: nvfp4 (1x16), nvfp4_2d (16x16 tiles), mxfp4 (1x32), mxfp4_quest (1x32 with QuEST's Gaussian scales and
+// the data copy's trust mask); SR 0 = round to nearest, 1 = stochastic with key
 // (SEED, STEP, TENSOR); HSIZE 0 / 16 / 32 with sign word HSIGNS (hex) and which copies it rotates (HDATA, HDATA_T
 // 0 / 1); AMAX: "-" (measured) or the FP32 bits (hex) of the NVFP4 tensor amax; DATA, DATA_T: which copies to make.
 // OUT (text), per case, for each copy made (suffix "" for data, "_t" for data_t): lines "data HEX", "scale_inv HEX"
-// (bytes), "tensor_scale_inv BITS" (NVFP4), and for a rotated copy "rotated BITS..." (the values hadamard_cpu gives
-// the copy's source (rows, cols) or transposed (cols, rows)), then "end".
+// (bytes), "tensor_scale_inv BITS" (NVFP4), "trust_mask HEX" (mxfp4_quest, data: the little-endian words), and for
+// a rotated copy "rotated BITS..." (the values hadamard_cpu gives the copy's source (rows, cols) or transposed (cols,
+// rows)), then "end".
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -34,8 +36,8 @@ using llmc::Encoding;
 Encoding encoding_named(const std::string& name) {
   if (name == "nvfp4") return llmc::kNvfp4Encoding;
   if (name == "nvfp4_2d") return llmc::kNvfp4WeightEncoding;
-  if (name == "mxfp4") return llmc::kMxfp4Encoding;
-  std::fprintf(stderr, "fp4_ref_dump: unknown encoding '%s' (nvfp4, nvfp4_2d, mxfp4)\n", name.c_str());
+  if (name == "mxfp4" || name == "mxfp4_quest") return llmc::kMxfp4Encoding;
+  std::fprintf(stderr, "fp4_ref_dump: unknown encoding '%s' (nvfp4, nvfp4_2d, mxfp4, mxfp4_quest)\n", name.c_str());
   std::exit(2);
 }
 
@@ -109,6 +111,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     const Encoding e = encoding_named(enc_name);
+    const bool quest = enc_name == "mxfp4_quest";
+    if (quest) args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;
     args.rounding = sr ? llmc::Rounding::Stochastic : llmc::Rounding::Nearest;
     args.sr_key = {seed, step, tensor};
     args.hadamard.signs = static_cast<uint32_t>(std::stoul(signs_text, nullptr, 16));
@@ -120,7 +124,9 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> data(llmc::code_bytes(e, rows, cols)), scale(llmc::scale_inv_bytes(e, rows, cols));
     std::vector<uint8_t> data_t(llmc::code_bytes(e, cols, rows)), scale_t(llmc::scale_inv_bytes(e, cols, rows));
     llmc::Fp4CpuOut o;
+    std::vector<uint32_t> trust(static_cast<size_t>(rows) * ((cols + 31) / 32));
     if (want_data) o.data = data.data(), o.scale_inv = scale.data();
+    if (want_data && quest) o.trust_mask = trust.data();
     if (want_data_t) o.data_t = data_t.data(), o.scale_inv_t = scale_t.data();
     llmc::fp4_quantize_cpu(&o, x.data(), rows, cols, e, args, has_amax ? &amax : nullptr);
 
@@ -130,6 +136,11 @@ int main(int argc, char** argv) {
       put_bytes(out, "data", data);
       put_bytes(out, "scale_inv", scale);
       if (nvfp4) put_floats(out, "tensor_scale_inv", {o.tensor_scale_inv});
+      if (quest) {
+        std::vector<uint8_t> bytes(trust.size() * 4);
+        std::memcpy(bytes.data(), trust.data(), bytes.size());  // little-endian words
+        put_bytes(out, "trust_mask", bytes);
+      }
       if (h && args.hadamard.data)
         put_floats(out, "rotated", rotated_copy(x, rows, cols, false, args.hadamard.size, args.hadamard.signs));
     }

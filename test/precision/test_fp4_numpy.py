@@ -142,6 +142,20 @@ def cases():
                             f"{'sr' if sr else 'rtn'}", enc, x, opts))
     out.append(("nvfp4/normal_64x256/rht16_unsigned", "nvfp4", "normal_64x256",
                 dict(hadamard=(16, 0, True, True), amax=F32(2.0))))
+    # QuEST's Gaussian MXFP4 scales and trust mask (mxfp4_quest): whole blocks of 32 along the quantised directions,
+    # with the fixed Hadamard-32 of Quartet's forward (signs 0), a randomised one, and none
+    xs = inputs()
+    for x in names:
+        rows, cols = xs[x].shape
+        if cols % 32:
+            continue
+        both = rows % 32 == 0
+        rotations = [None] if x == "huge_max_32x64" else [None, (32, 0, True, both), (32, 0x9E3779B9, True, both)]
+        for h in rotations:  # (huge_max's butterflies overflow where the dense product does not: no rotation)
+            for sr in (None, (7, 2, 1)):
+                opts = dict(sr=sr, hadamard=h, data_t=both)
+                tag = "plain" if h is None else f"h32{'s' if h[1] else ''}"
+                out.append((f"mxfp4_quest/{x}/{tag}/{'sr' if sr else 'rtn'}", "mxfp4_quest", x, opts))
     return out
 
 
@@ -175,7 +189,7 @@ def run_cpp(tool, all_cases, xs):
             current = {}
         elif key == "end":
             results.append(current)
-        elif key in ("data", "data_t", "scale_inv", "scale_inv_t"):
+        elif key in ("data", "data_t", "scale_inv", "scale_inv_t", "trust_mask"):
             current[key] = np.frombuffer(bytes.fromhex(rest), np.uint8)
         else:  # tensor scales and rotated values: FP32 bit patterns
             current[key] = np.array([int(w, 16) for w in rest.split()], np.uint32).view(F32)
@@ -263,6 +277,27 @@ class NumpyReferenceOnItsOwn(unittest.TestCase):
         self.assertEqual(q["scale_inv"].tolist(), [0] + [ref.E4M3_ONE] * 3 + [ref.E4M3_NAN] + [ref.E4M3_ONE] * 3)
         self.assertEqual(q["data"].reshape(-1).tolist(), [0] * 16)
 
+    def test_hand_computed_gaussian_block(self):
+        # +-1 alternating with x[0] = 1.625: sigma ~ 1.025, scale = 0.487 sigma ~ 0.499 -> X = -2 (code 125); the
+        # elements times 4: +-4 (codes 6 / 14, trusted) and 6.5, clipped to 6 (code 7) and not trusted
+        x = np.array([[1.0, -1.0] * 16], F32)
+        x[0, 0] = 1.625
+        q = ref.quantize(x, "mxfp4", data_t=False, gaussian=True)
+        self.assertEqual(q["scale_inv"].tolist(), [125, 127, 127, 127])
+        self.assertEqual(q["data"].reshape(-1).tolist(), [0xE7] + [0xE6] * 15)
+        self.assertEqual(q["trust_mask"].view("<u4").tolist(), [0xFFFFFFFE])
+        # a zero block: sigma 0, scale 1e-8 -> X = floor(log2 1e-8) = -27; zero codes, all trusted
+        q = ref.quantize(np.zeros((1, 32), F32), "mxfp4", data_t=False, gaussian=True)
+        self.assertEqual(int(q["scale_inv"][0]), 127 - 27)
+        self.assertEqual(q["trust_mask"].view("<u4").tolist(), [0xFFFFFFFF])
+        # a non-finite element: NaN scale, zero codes, nothing trusted
+        x[0, 3] = np.inf
+        q = ref.quantize(x, "mxfp4", data_t=False, gaussian=True)
+        self.assertEqual(int(q["scale_inv"][0]), ref.E8M0_NAN)
+        self.assertEqual(q["trust_mask"].view("<u4").tolist(), [0])
+        with self.assertRaises(ValueError):  # whole blocks only
+            ref.quantize(np.ones((1, 48), F32), "mxfp4", data_t=False, gaussian=True)
+
     def test_dense_hadamard_is_orthogonal(self):
         for n in (16, 32):
             h = ref.hadamard_matrix(n)
@@ -299,8 +334,10 @@ class CppAgainstNumpy(unittest.TestCase):
                     exact_rotated += int(np.sum(bits(cpp_values[finite]) == bits(dense[finite])))
                     total_rotated += int(finite.sum())
                     rotated[copy] = cpp_values
-                want = ref.quantize(x, enc, amax=opts.get("amax"), sr=opts.get("sr"), hadamard=h,
-                                    data=opts.get("data", True), data_t=opts.get("data_t", True), rotated=rotated)
+                quest = enc == "mxfp4_quest"
+                want = ref.quantize(x, "mxfp4" if quest else enc, amax=opts.get("amax"), sr=opts.get("sr"),
+                                    hadamard=h, data=opts.get("data", True), data_t=opts.get("data_t", True),
+                                    rotated=rotated, gaussian=quest)
                 for key, w in want.items():
                     self.assertIn(key, got)
                     g = got[key]

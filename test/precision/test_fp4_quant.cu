@@ -80,12 +80,13 @@ struct Case {
   Rounding rounding;
   int hadamard;  // 0, 16, 32: rotates data_t (and data when rotate_data)
   bool rotate_data;
+  bool gaussian = false;  // MXFP4: QuEST's Gaussian scales, and the data copy's trust mask compared too
 };
 
 std::string name(const Case& c, int rows, int cols) {
-  return llmc::strformat("%s %s hadamard %d%s, %d x %d", llmc::encoding_name(c.e).c_str(),
-                         c.rounding == Rounding::Stochastic ? "SR" : "RTN", c.hadamard,
-                         c.rotate_data ? " (both copies)" : "", rows, cols);
+  return llmc::strformat("%s%s %s hadamard %d%s, %d x %d", llmc::encoding_name(c.e).c_str(),
+                         c.gaussian ? " Gaussian scales" : "", c.rounding == Rounding::Stochastic ? "SR" : "RTN",
+                         c.hadamard, c.rotate_data ? " (both copies)" : "", rows, cols);
 }
 
 template <class T>
@@ -107,6 +108,7 @@ void run_case(const Case& c, int rows, int cols, const std::vector<float>& x, ui
   Buf<uint8_t> data(llmc::code_bytes(e, rows, cols)), data_t(llmc::code_bytes(e, cols, rows));
   Buf<uint8_t> s(llmc::scale_inv_bytes(e, rows, cols)), s_t(llmc::scale_inv_bytes(e, cols, rows));
   Buf<float> tsi(1), tsi_t(1), amax(1), given(1);
+  Buf<uint32_t> trust(c.gaussian ? static_cast<size_t>(rows) * llmc::ceil_div(cols, 32) : 0);
   QTensor q;
   q.rows = rows, q.cols = cols, q.encoding = e;
   q.data = data.p, q.data_t = data_t.p;
@@ -120,6 +122,7 @@ void run_case(const Case& c, int rows, int cols, const std::vector<float>& x, ui
   args.hadamard.signs = llmc::random_signs({seed, 0, 0}, c.hadamard ? c.hadamard : 16);
   args.hadamard.data = c.rotate_data;
   args.hadamard.data_t = c.hadamard != 0;
+  if (c.gaussian) args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian, args.trust_mask = trust.p;
   float given_value = 0.0f;
   if (given_amax) {  // a producer's amax, larger than max |x|: the scales must follow it, not max |x|
     given_value = 2.0f * llmc::amax_bf16_cpu(x.data(), x.size());
@@ -132,7 +135,15 @@ void run_case(const Case& c, int rows, int cols, const std::vector<float>& x, ui
   std::vector<uint8_t> rd(data.n), rs(s.n), rdt(data_t.n), rst(s_t.n);
   llmc::Fp4CpuOut ref;
   ref.data = rd.data(), ref.scale_inv = rs.data(), ref.data_t = rdt.data(), ref.scale_inv_t = rst.data();
+  std::vector<uint32_t> rtrust(trust.n);
+  if (c.gaussian) ref.trust_mask = rtrust.data();
   llmc::fp4_quantize_cpu(&ref, x.data(), rows, cols, e, args, given_amax ? &given_value : nullptr);
+  if (c.gaussian) {
+    expect_bytes_equal(trust.get(), rtrust, "trust_mask");
+    size_t clipped = 0;
+    for (uint32_t w : rtrust) clipped += 32 - __builtin_popcount(w);
+    if (rows * cols >= 4096) EXPECT_GT(clipped, 0u) << "model-like data has elements beyond 2.92 sigma";
+  }
   expect_bytes_equal(data.get(), rd, "data");
   expect_bytes_equal(s.get(), rs, "scale_inv");
   expect_bytes_equal(data_t.get(), rdt, "data_t");
@@ -166,6 +177,9 @@ const Case kCases[] = {
     {llmc::kMxfp4Encoding, Rounding::Nearest, 32, true},
     {llmc::kMxfp4Encoding, Rounding::Stochastic, 32, false},
     {llmc::kMxfp4Encoding, Rounding::Nearest, 16, true},
+    {llmc::kMxfp4Encoding, Rounding::Nearest, 32, true, true},  // Quartet's forward: Hadamard-32, QuEST scales
+    {llmc::kMxfp4Encoding, Rounding::Stochastic, 32, false, true},
+    {llmc::kMxfp4Encoding, Rounding::Nearest, 0, false, true},
 };
 
 TEST(Fp4Quantize, ModelShapedMatchesHostBitForBit) {
@@ -183,6 +197,7 @@ TEST(Fp4Quantize, OddShapesAndGivenAmaxMatchHost) {
       const bool rows_ok = c.hadamard == 0 || sh[0] % c.hadamard == 0;
       const bool cols_ok = !c.rotate_data || sh[1] % c.hadamard == 0;
       if (!rows_ok || !cols_ok) continue;  // a rotated direction must be a multiple of the transform size
+      if (c.gaussian && (sh[0] % 32 != 0 || sh[1] % 32 != 0)) continue;  // Gaussian scales take whole blocks
       run_case(c, sh[0], sh[1], x, rng(), false);
       if (c.e.tensor_scale) run_case(c, sh[0], sh[1], x, rng(), true);
     }
@@ -205,6 +220,26 @@ TEST(Fp4Quantize, TinyTensorAmaxMatchesHost) {
   std::vector<float> x = model_like(32, 64, rng, false);
   for (float& v : x) v = gpu_test::round_bf16(v * 0x1p-130f);
   for (const Case& c : kCases) run_case(c, 32, 64, x, rng(), false);
+}
+
+TEST(Fp4Quantize, GaussianScalesAndTrustMasksAreMxfp4Options) {
+  Buf<bf16> x(64 * 48);
+  Buf<uint8_t> codes(64 * 48), scales(64 * 64);
+  Buf<uint32_t> trust(64 * 2);
+  QTensor q;
+  q.rows = 64, q.cols = 64, q.data = codes.p, q.scale_inv = reinterpret_cast<float*>(scales.p);
+  QuantizeArgs args;
+  args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;
+  q.encoding = llmc::kNvfp4Encoding;
+  EXPECT_THROW(llmc::quantize(q, x.p, args, 0), llmc::Error);  // NVFP4 has its own scales
+  q.encoding = llmc::kMxfp4Encoding, q.cols = 48;
+  EXPECT_THROW(llmc::quantize(q, x.p, args, 0), llmc::Error);  // a partial block of 16
+  args = QuantizeArgs{};
+  args.trust_mask = trust.p;
+  q.cols = 64, q.data = nullptr, q.data_t = codes.p, q.scale_inv_t = reinterpret_cast<float*>(scales.p);
+  EXPECT_THROW(llmc::quantize(q, x.p, args, 0), llmc::Error);  // the mask belongs to the data copy
+  q.encoding = Encoding{llmc::ElementFormat::E4M3, llmc::kWholeTensor, llmc::ScaleFormat::FP32, false};
+  EXPECT_THROW(llmc::quantize(q, x.p, args, 0), llmc::Error);  // not an option of the FP8 quantisers
 }
 
 TEST(Fp4Quantize, StochasticRoundingIsReproducibleAndKeyed) {

@@ -21,18 +21,35 @@ namespace llmc {
 
 namespace {
 
+uint32_t amax_bits_of(const float* v, int n) {
+  uint32_t m = 0;
+  for (int i = 0; i < n; i++) m = std::max(m, abs_bits_host(v[i]));
+  return m;
+}
+
 struct BlockScale {
   uint8_t code;
   float multiplier;
 };
 
-BlockScale scale_of(bool nvfp4, float block_amax, float s_enc) {
+BlockScale amax_scale(bool nvfp4, float block_amax, float s_enc) {
   if (nvfp4) {
     const uint8_t c = nvfp4_block_scale_code(block_amax, s_enc);
     return {c, nvfp4_element_multiplier(c, s_enc)};
   }
   const uint8_t c = mxfp4_scale_code(block_amax);
   return {c, mxfp4_element_multiplier(c)};
+}
+
+// The scale of a 1xN block of len values: the amax rule, or for MXFP4 with Gaussian scales QuEST's.
+BlockScale scale_of(bool nvfp4, const float* block, int len, const QuantizeArgs& args, float s_enc) {
+  const uint32_t amax_bits = amax_bits_of(block, len);
+  if (!nvfp4 && args.mxfp4_scale == Mxfp4Scale::Gaussian) {
+    if (len != kGaussianBlock) throw_error("fp4_quantize_cpu: Gaussian scales take whole blocks of 32");
+    const uint8_t c = mxfp4_gaussian_scale_code(block, amax_bits);
+    return {c, mxfp4_element_multiplier(c)};
+  }
+  return amax_scale(nvfp4, bits_to_float(amax_bits), s_enc);
 }
 
 uint8_t round_one(float v, float multiplier, const QuantizeArgs& args, uint64_t index, int copy) {
@@ -47,16 +64,10 @@ void put_code(uint8_t* codes, int out_cols, int r, int c, uint8_t code) {
   byte = (c & 1) ? e2m1_pack(e2m1_unpack(byte, 0), code) : e2m1_pack(code, e2m1_unpack(byte, 1));
 }
 
-uint32_t amax_bits_of(const float* v, int n) {
-  uint32_t m = 0;
-  for (int i = 0; i < n; i++) m = std::max(m, abs_bits_host(v[i]));
-  return m;
-}
-
 // One copy of a 1xN encoding: src (out_rows, out_cols) row-major (x itself, or x transposed), optionally rotated.
-void quantize_runs(uint8_t* codes, uint8_t* scales, float* tensor_scale_inv, const std::vector<float>& src,
-                   int out_rows, int out_cols, const Encoding& e, const QuantizeArgs& args, bool rotate,
-                   float source_amax, int copy) {
+void quantize_runs(uint8_t* codes, uint8_t* scales, float* tensor_scale_inv, uint32_t* trust_mask,
+                   const std::vector<float>& src, int out_rows, int out_cols, const Encoding& e,
+                   const QuantizeArgs& args, bool rotate, float source_amax, int copy) {
   const bool nvfp4 = nvfp4_encoding(e);
   const int n = e.block.cols, ld = scale_inv_ld(e, out_rows, out_cols);
   std::vector<float> v = src;
@@ -71,8 +82,14 @@ void quantize_runs(uint8_t* codes, uint8_t* scales, float* tensor_scale_inv, con
     for (int c0 = 0; c0 < out_cols; c0 += n) {
       const int len = std::min(n, out_cols - c0);
       const float* block = v.data() + static_cast<size_t>(r) * out_cols + c0;
-      const BlockScale s = scale_of(nvfp4, bits_to_float(amax_bits_of(block, len)), s_enc);
+      const BlockScale s = scale_of(nvfp4, block, len, args, s_enc);
       scales[static_cast<size_t>(c0 / n) * ld + r] = s.code;
+      if (trust_mask) {
+        uint32_t trusted = 0;
+        for (int i = 0; i < len; i++)
+          if (e2m1_trusted(block[i], s.multiplier)) trusted |= 1u << i;
+        trust_mask[static_cast<size_t>(r) * ceil_div(out_cols, n) + c0 / n] = trusted;
+      }
       for (int i = 0; i < len; i++)
         put_code(codes, out_cols, r, c0 + i,
                  round_one(block[i], s.multiplier, args, static_cast<uint64_t>(r) * out_cols + c0 + i, copy));
@@ -114,7 +131,7 @@ void fp4_quantize_cpu(Fp4CpuOut* out, const float* x, int rows, int cols, const 
         uint32_t m = 0;
         for (int r = 16 * rb; r < r_end; r++)
           for (int c = 16 * cb; c < c_end; c++) m = std::max(m, abs_bits_host(x[static_cast<size_t>(r) * cols + c]));
-        const BlockScale s = scale_of(true, bits_to_float(m), s_enc);
+        const BlockScale s = amax_scale(true, bits_to_float(m), s_enc);
         if (out->data) out->scale_inv[static_cast<size_t>(rb) * ld + cb] = s.code;
         if (out->data_t) out->scale_inv_t[static_cast<size_t>(cb) * ld_t + rb] = s.code;
         for (int r = 16 * rb; r < r_end; r++)
@@ -130,14 +147,14 @@ void fp4_quantize_cpu(Fp4CpuOut* out, const float* x, int rows, int cols, const 
   const bool h = args.hadamard.any();
   if (out->data) {
     std::vector<float> src(x, x + count);
-    quantize_runs(out->data, out->scale_inv, &out->tensor_scale_inv, src, rows, cols, e, args, h && args.hadamard.data,
-                  source_amax, 0);
+    quantize_runs(out->data, out->scale_inv, &out->tensor_scale_inv, out->trust_mask, src, rows, cols, e, args,
+                  h && args.hadamard.data, source_amax, 0);
   }
   if (out->data_t) {
     std::vector<float> src_t(count);
     for (int r = 0; r < rows; r++)
       for (int c = 0; c < cols; c++) src_t[static_cast<size_t>(c) * rows + r] = x[static_cast<size_t>(r) * cols + c];
-    quantize_runs(out->data_t, out->scale_inv_t, &out->tensor_scale_inv_t, src_t, cols, rows, e, args,
+    quantize_runs(out->data_t, out->scale_inv_t, &out->tensor_scale_inv_t, nullptr, src_t, cols, rows, e, args,
                   h && args.hadamard.data_t, source_amax, 1);
   }
 }

@@ -42,9 +42,9 @@ QuantStats fp8_quant_stats_cpu(const float* x, const uint8_t* data, const float*
                                const Encoding& e);
 
 // -----------------------------------------------------------------------------------------------------------------
-// FP4 (fp4_ref.cpp): x (rows, cols) of values exactly representable in bf16, e an FP4 encoding, args' rounding,
-// sr_key and hadamard as fp4_quantize takes them (args.amax is ignored: tensor_amax, host, is the NVFP4 tensor amax
-// of the unrotated copies; null: max |x|). Outputs (each may be null: that copy is not made): codes packed as
+// FP4 (fp4_ref.cpp): x (rows, cols) of values exactly representable in bf16, e an FP4 encoding, args' rounding, sr_key,
+// hadamard and mxfp4_scale as fp4_quantize takes them (args.amax is ignored: tensor_amax, host, is the NVFP4 tensor
+// amax of the unrotated copies; null: max |x|). Outputs (each may be null: that copy is not made): codes packed as
 // tensor.h says, scale codes in the GEMM-ready layouts with padding entries of 1.0, and for NVFP4 the FP32 decode
 // tensor scales of the two copies.
 struct Fp4CpuOut {
@@ -54,6 +54,7 @@ struct Fp4CpuOut {
   uint8_t* scale_inv_t = nullptr;   // scale_inv_bytes(e, cols, rows)
   float tensor_scale_inv = 0.0f;
   float tensor_scale_inv_t = 0.0f;
+  uint32_t* trust_mask = nullptr;   // MXFP4, with data: rows * ceil(cols / 32) words (args.trust_mask's layout)
 };
 void fp4_quantize_cpu(Fp4CpuOut* out, const float* x, int rows, int cols, const Encoding& e, const QuantizeArgs& args,
                       const float* tensor_amax);
