@@ -149,13 +149,14 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   uint8_t scale_code;
   float multiplier;
   bool gaussian = false;
-  if constexpr (N == kGaussianBlock) gaussian = a.gaussian;
-  if (gaussian) {
-    scale_code = mxfp4_gaussian_scale_code(v, amax);
-    multiplier = mxfp4_element_multiplier(scale_code);
-  } else {
-    block_scale(a.nvfp4, s_enc, amax, &scale_code, &multiplier);
+  if constexpr (N == kGaussianBlock) {
+    if (a.gaussian) {
+      gaussian = true;
+      scale_code = mxfp4_gaussian_scale_code(v, amax);
+      multiplier = mxfp4_element_multiplier(scale_code);
+    }
   }
+  if (!gaussian) block_scale(a.nvfp4, s_enc, amax, &scale_code, &multiplier);
   a.scales[static_cast<size_t>(kb) * a.ld + o] = scale_code;
   if (a.trust_mask) {
     uint32_t trusted = 0;
