@@ -14,7 +14,7 @@ namespace {
 
 constexpr size_t kMaxCall = size_t(1) << 30;  // bytes per read / write call
 
-// One loop for the three: call(p, len, done) transfers up to len bytes of the remaining ones.
+// One loop for the three: call(done, len) transfers up to len bytes after the first `done` ones.
 template <typename Call>
 IoResult transfer(size_t n, Call call) {
   IoResult r;
