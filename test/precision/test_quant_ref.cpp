@@ -460,15 +460,40 @@ TEST(QuantizeDispatch, RefusesWhatNoQuantiserHandles) {
                "quant_stats: this build has no quantiser for e2m1");
   q.encoding = {ElementFormat::E4M3, llmc::BlockShape{4, 8}};
   expect_error([&] { llmc::quantize(q, x, args, 0); }, "not an encoding");
-  // Stochastic rounding and Hadamard transforms are FP4 options: an FP8 family refuses them.
+  // Stochastic rounding, Hadamard transforms, Gaussian scales and trust masks are FP4 options: an FP8 family refuses
+  // them.
   q.encoding = tensor_encoding(ElementFormat::E4M3);
   args.amax = floats;
   args.rounding = llmc::Rounding::Stochastic;
-  expect_error([&] { llmc::quantize(q, x, args, 0); }, "stochastic rounding and Hadamard transforms");
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "are options of the fp4 quantisers");
   args = llmc::QuantizeArgs();
   args.hadamard.size = 16;
   args.hadamard.data = true;
-  expect_error([&] { llmc::quantize(q, x, args, 0); }, "stochastic rounding and Hadamard transforms");
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "are options of the fp4 quantisers");
+  args = llmc::QuantizeArgs();
+  args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "are options of the fp4 quantisers");
+  args = llmc::QuantizeArgs();
+  args.trust_mask = reinterpret_cast<uint32_t*>(floats);
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "are options of the fp4 quantisers");
+  args = llmc::QuantizeArgs();
+  // QuEST's Gaussian scales: MXFP4 only, whole blocks of 32 along every quantised direction; the trust mask belongs
+  // to an MXFP4 data copy.
+  args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;
+  q.encoding = llmc::kNvfp4Encoding;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "Gaussian (QuEST) block scales are an MXFP4 rule");
+  q.encoding = llmc::kMxfp4Encoding;
+  q.cols = 48;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "take whole blocks of 32; (64, 48)");
+  q.cols = 64;
+  args = llmc::QuantizeArgs();
+  args.trust_mask = reinterpret_cast<uint32_t*>(floats);
+  q.encoding = llmc::kNvfp4Encoding;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "a trust mask is kept for the data copy of an MXFP4 tensor");
+  q.encoding = llmc::kMxfp4Encoding;
+  q.data = nullptr;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "no data copy asked for");
+  q.data = bytes;
   args = llmc::QuantizeArgs();
   // The FP4 family's own checks: NVFP4 needs its tensor scale slot; Hadamard sizes and tiles.
   q.encoding = llmc::kNvfp4Encoding;
