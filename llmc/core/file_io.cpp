@@ -16,8 +16,9 @@ constexpr size_t kMaxCall = size_t(1) << 30;  // bytes per read / write call
 
 // One loop for the three: call(done, len) transfers up to len bytes after the first `done` ones.
 template <typename Call>
-IoResult transfer(size_t n, Call call) {
+IoResult transfer(size_t n, bool write, Call call) {
   IoResult r;
+  r.write = write;
   size_t done = 0;
   while (done < n) {
     const ssize_t got = call(done, std::min(n - done, kMaxCall));
@@ -40,24 +41,25 @@ IoResult transfer(size_t n, Call call) {
 
 const char* IoResult::what() const {
   if (error != 0) return std::strerror(error);
-  return ended ? "end of file (or no byte written)" : "no error";
+  if (ended) return write ? "no byte written" : "end of file";
+  return "no error";
 }
 
 IoResult read_fully(int fd, void* buf, size_t n) {
   char* p = static_cast<char*>(buf);
-  return transfer(n, [&](size_t done, size_t len) { return ::read(fd, p + done, len); });
+  return transfer(n, false, [&](size_t done, size_t len) { return ::read(fd, p + done, len); });
 }
 
 IoResult pread_fully(int fd, void* buf, size_t n, uint64_t offset) {
   char* p = static_cast<char*>(buf);
-  return transfer(n, [&](size_t done, size_t len) {
+  return transfer(n, false, [&](size_t done, size_t len) {
     return ::pread(fd, p + done, len, static_cast<off_t>(offset + done));
   });
 }
 
 IoResult write_fully(int fd, const void* buf, size_t n) {
   const char* p = static_cast<const char*>(buf);
-  return transfer(n, [&](size_t done, size_t len) { return ::write(fd, p + done, len); });
+  return transfer(n, true, [&](size_t done, size_t len) { return ::write(fd, p + done, len); });
 }
 
 }  // namespace llmc

@@ -13,8 +13,9 @@ namespace llmc {
 struct IoResult {
   int error = 0;       // errno of the call that failed, 0 if none did
   bool ended = false;  // a read met the end of the file, or a write wrote nothing, before the n bytes
+  bool write = false;  // the transfer was a write
   bool ok() const { return error == 0 && !ended; }
-  const char* what() const;  // strerror(error), or that the file ended (a write: wrote nothing)
+  const char* what() const;  // strerror(error), "end of file" (a read) or "no byte written" (a write)
 };
 
 IoResult read_fully(int fd, void* buf, size_t n);                     // from the file position

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes,
 // One thread per 8 output columns of a row (Kp is a multiple of 8, and 8 columns never straddle a 16-column NVFP4
 // block: one scale code). `vector`: the row's code bytes are 4-byte aligned (K % 8 == 0, src aligned) and out is
 // 16-byte aligned, so the eight codes are one 32-bit load and the eight values one 128-bit store; otherwise element by
-// element. The values are nvfp4_element_value's either way.
+// element. The values are nvfp4_element_value's either way, exact in BF16 (fp4_remap.cuh).
 __global__ void __launch_bounds__(kThreads) nvfp4_to_bf16_kernel(bf16* out, const uint8_t* src,
                                                                  const uint8_t* src_scales, int rows, int K, int Kp,
                                                                  BlockShape block, int src_ld, bool vector) {

@@ -19,7 +19,7 @@ struct QuantizerFamily {
   bool (*handles)(const Encoding&);
   void (*quantize)(const QTensor&, const bf16*, const QuantizeArgs&, cudaStream_t);
   void (*stats)(double*, const QTensor&, const bf16*, cudaStream_t);
-  bool rounding_and_hadamard;  // honours QuantizeArgs::rounding and ::hadamard (others take only the defaults)
+  bool fp4_options;  // honours QuantizeArgs' rounding, hadamard, mxfp4_scale and trust_mask (others: the defaults)
 };
 
 void quantize_fp8_tensorwise(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream) {
@@ -107,7 +107,7 @@ std::vector<BlockShape> quantizable_block_shapes() {
 
 void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaStream_t stream) {
   const QuantizerFamily& f = family_of("quantize", q.encoding);
-  if (!f.rounding_and_hadamard && (args.rounding != Rounding::Nearest || args.hadamard.any() ||
+  if (!f.fp4_options && (args.rounding != Rounding::Nearest || args.hadamard.any() ||
                                    args.mxfp4_scale != Mxfp4Scale::Amax || args.trust_mask))
     throw_error("quantize: %s (the %s quantiser) rounds to nearest without a Hadamard transform; stochastic rounding, "
                 "Hadamard transforms, Gaussian scales and trust masks are options of the fp4 quantisers",
