@@ -172,5 +172,16 @@ __host__ __device__ inline float mxfp4_element_multiplier(uint8_t code) {
   if (code == kE8M0NanCode) return 0.0f;
   return code == 254 ? bits_to_float(0x00400000u) : bits_to_float(static_cast<uint32_t>(254 - code) << 23);
 }
+// Quartet's range-matched MXFP4 scale (its backward; arXiv 2505.14669 Alg. 1, reference doc fp4_recipes.md §1): the
+// amax rule's E8M0 code X + 127 (mxfp4_scale_code), and the element multiplier kRangeMatchFactor * 2^-X (exact: 3/4
+// times a power of two, a subnormal at worst), so the element code is e2m1(x * (3/4 * 2^-X)), one FP32 product
+// rounded to nearest even. The block amax then lands in [3, 6) * 2^X: nothing clips. The codes and scale decode as
+// usual to e2m1 * 2^X, which is 3/4 of the value they stand for: a product of two range-matched operands is
+// kRangeMatchProductFactor (16/9) times the product of their decoded values (the consumer applies it).
+constexpr float kRangeMatchFactor = 0.75f;
+constexpr float kRangeMatchProductFactor = 16.0f / 9.0f;  // FP32 nearest to 16/9
+__host__ __device__ inline float mxfp4_range_matched_multiplier(uint8_t code) {
+  return mul_rn(mxfp4_element_multiplier(code), kRangeMatchFactor);
+}
 
 }  // namespace llmc

@@ -12,6 +12,8 @@
 //     the scale code and the element multiplier, rounds, packs two codes per byte and stores them (one 8- or 16-byte
 //     store for a full block when the row's bytes allow, else bytes). In amax mode (the NVFP4 tensor amax of a
 //     rotated copy) it only maxes the block amaxes into a slot.
+//   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one thread per 32-element run: scale, mask, inverse
+//     Hadamard, store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
 //     tile amax is a max over the 16 lanes (shuffles), lane j writes row j's codes to data and quantises column j of
 //     the tile (the same values, the same scale: the same codes) into row j of the tile in data_t.
@@ -60,7 +62,7 @@ struct RunArgs {
   int hadamard;               // 0, 16 or 32
   uint32_t signs;
   float* amax_out;            // amax mode: the block amaxes are maxed into it (nothing else is written)
-  bool gaussian;              // MXFP4: QuEST's Gaussian block scales instead of the amax rule
+  Mxfp4Scale mxfp4_scale;     // MXFP4: the amax rule, QuEST's Gaussian scales or Quartet's range-matched ones
   uint32_t* trust_mask;       // MXFP4 data copy: the block's trust bits [o * blocks_per_row + kb], or null
 };
 
@@ -150,13 +152,14 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   float multiplier;
   bool gaussian = false;
   if constexpr (N == kGaussianBlock) {
-    if (a.gaussian) {
+    if (a.mxfp4_scale == Mxfp4Scale::Gaussian) {
       gaussian = true;
       scale_code = mxfp4_gaussian_scale_code(v, amax);
       multiplier = mxfp4_element_multiplier(scale_code);
     }
   }
   if (!gaussian) block_scale(a.nvfp4, s_enc, amax, &scale_code, &multiplier);
+  if (a.mxfp4_scale == Mxfp4Scale::RangeMatched) multiplier = mxfp4_range_matched_multiplier(scale_code);
   a.scales[static_cast<size_t>(kb) * a.ld + o] = scale_code;
   if (a.trust_mask) {
     uint32_t trusted = 0;
@@ -298,9 +301,13 @@ void launch_run(const RunArgs& a, int block_len, cudaStream_t stream) {
 void check_options(const char* who, const QTensor& q, const QuantizeArgs& args) {
   if (args.rounding != Rounding::Nearest && args.rounding != Rounding::Stochastic)
     throw_error("%s: unknown rounding %d", who, static_cast<int>(args.rounding));
-  if (args.mxfp4_scale != Mxfp4Scale::Amax && args.mxfp4_scale != Mxfp4Scale::Gaussian)
+  if (args.mxfp4_scale != Mxfp4Scale::Amax && args.mxfp4_scale != Mxfp4Scale::Gaussian &&
+      args.mxfp4_scale != Mxfp4Scale::RangeMatched)
     throw_error("%s: unknown mxfp4_scale %d", who, static_cast<int>(args.mxfp4_scale));
   const bool mxfp4 = mxfp4_encoding(q.encoding);
+  if (args.mxfp4_scale == Mxfp4Scale::RangeMatched && !mxfp4)
+    throw_error("%s: range-matched (Quartet backward) block scales are an MXFP4 rule; %s has its own", who,
+                encoding_name(q.encoding).c_str());
   if (args.mxfp4_scale == Mxfp4Scale::Gaussian) {
     if (!mxfp4)
       throw_error("%s: Gaussian (QuEST) block scales are an MXFP4 rule; %s has its own", who,
@@ -414,7 +421,7 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
       a.hadamard = rotate ? args.hadamard.size : 0;
       a.signs = args.hadamard.signs;
       a.tensor_amax = source_amax;
-      a.gaussian = args.mxfp4_scale == Mxfp4Scale::Gaussian;
+      a.mxfp4_scale = args.mxfp4_scale;
       a.trust_mask = copy == 0 ? args.trust_mask : nullptr;
       if (nvfp4 && rotate) {  // the amax of the rotated values first
         a.amax_out = scratch + 1 + copy;
@@ -433,7 +440,11 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
 
 // ---------------------------------------------------------------------------------------------------------------
 // Dequantisation: one element per thread.
-__global__ void fp4_dequantize_kernel(float* out, const uint8_t* codes, const uint8_t* scales,
+__device__ inline void store_value(float* out, size_t i, float v) { out[i] = v; }
+__device__ inline void store_value(bf16* out, size_t i, float v) { out[i] = __float2bfloat16_rn(v); }
+
+template <class Out>
+__global__ void fp4_dequantize_kernel(Out* out, const uint8_t* codes, const uint8_t* scales,
                                       const float* tensor_scale_inv, int rows, int cols, BlockShape block, int ld,
                                       bool nvfp4) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -442,8 +453,69 @@ __global__ void fp4_dequantize_kernel(float* out, const uint8_t* codes, const ui
   const size_t row_bytes = (static_cast<size_t>(cols) + 1) / 2;
   const uint8_t code = e2m1_nibble(codes[r * row_bytes + c / 2], c);
   const uint8_t s = scales[scale_index(block, r, c, ld)];
-  out[i] = nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tensor_scale_inv[0])
-                 : mul_rn(e2m1_value(code), e8m0_value(s));
+  store_value(out, i, nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tensor_scale_inv[0])
+                            : mul_rn(e2m1_value(code), e8m0_value(s)));
+}
+
+void fp4_dequantize(bf16* out, const QTensor& q, bool transposed, cudaStream_t stream) {
+  const char* who = "fp4_dequantize (bf16)";
+  if (!mxfp4_encoding(q.encoding))
+    throw_error("%s: q.encoding is %s; only MXFP4 values are exact in BF16", who, encoding_name(q.encoding).c_str());
+  const uint8_t* codes = transposed ? q.data_t : q.data;
+  const uint8_t* scales = reinterpret_cast<const uint8_t*>(transposed ? q.scale_inv_t : q.scale_inv);
+  const int rows = transposed ? q.cols : q.rows, cols = transposed ? q.rows : q.cols;
+  const size_t n = static_cast<size_t>(rows) * cols;
+  if (n == 0) return;
+  if (!out || !codes || !scales) throw_error("%s: out, the codes and their scales must be device pointers", who);
+  fp4_dequantize_kernel<<<grid_of(n, who), kThreads, 0, stream>>>(out, codes, scales, nullptr, rows, cols,
+                                                                 q.encoding.block,
+                                                                 scale_inv_ld(q.encoding, rows, cols), false);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Quartet's backward epilogue: one thread per 32-element run of a row.
+__global__ void __launch_bounds__(kThreads) mxfp4_gradient_epilogue_kernel(bf16* out_bf16, float* out_fp32,
+                                                                           const float* g, const uint32_t* mask,
+                                                                           int rows, int cols, float factor,
+                                                                           int hadamard) {
+  constexpr int N = kGaussianBlock;
+  const int runs = (cols + N - 1) / N;
+  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= static_cast<size_t>(rows) * runs) return;
+  const int r = static_cast<int>(id / runs), kb = static_cast<int>(id % runs);
+  const int c0 = kb * N, n = min(N, cols - c0);
+  const size_t base = static_cast<size_t>(r) * cols + c0;
+  const uint32_t bits = mask ? mask[static_cast<size_t>(r) * runs + kb] : 0xFFFFFFFFu;
+  float v[N];
+#pragma unroll
+  for (int i = 0; i < N; i++) v[i] = i < n && ((bits >> i) & 1u) ? mul_rn(g[base + i], factor) : 0.0f;
+  if (hadamard == N) hadamard_transform<N>(v, 0u);
+#pragma unroll
+  for (int i = 0; i < N; i++) {
+    if (i >= n) break;
+    if (out_bf16)
+      out_bf16[base + i] = __float2bfloat16_rn(v[i]);
+    else
+      out_fp32[base + i] = add_rn(out_fp32[base + i], v[i]);
+  }
+}
+
+void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, const uint32_t* mask, int rows, int cols,
+                             float factor, int hadamard, cudaStream_t stream) {
+  const char* who = "mxfp4_gradient_epilogue";
+  if ((out_bf16 == nullptr) == (out_fp32 == nullptr))
+    throw_error("%s: exactly one of out_bf16 and out_fp32 must be given", who);
+  if (rows < 0 || cols < 0) throw_error("%s: rows = %d, cols = %d must be >= 0", who, rows, cols);
+  if (hadamard != 0 && hadamard != kGaussianBlock)
+    throw_error("%s: hadamard = %d; the inverse rotation is of size 0 (none) or %d", who, hadamard, kGaussianBlock);
+  if (hadamard != 0 && cols % hadamard != 0)
+    throw_error("%s: cols = %d must be a multiple of hadamard = %d", who, cols, hadamard);
+  const size_t threads = static_cast<size_t>(rows) * ceil_div(cols, kGaussianBlock);
+  if (threads == 0) return;
+  if (!g) throw_error("%s: g is null", who);
+  mxfp4_gradient_epilogue_kernel<<<grid_of(threads, who), kThreads, 0, stream>>>(out_bf16, out_fp32, g, mask, rows,
+                                                                                cols, factor, hadamard);
+  CUDA_CHECK_LAUNCH();
 }
 
 void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream) {

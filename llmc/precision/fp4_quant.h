@@ -1,6 +1,6 @@
 // llmc/precision/fp4_quant.h: the FP4 quantiser family: E2M1 codes packed two per byte with NVFP4 scales (1x16 runs
 // or 16x16 tiles, E4M3 block scales under an FP32 second-level tensor scale) or MXFP4 scales (1x32 runs, E8M0, from
-// the block amax or QuEST's Gaussian rule, with its trust mask), round to nearest even or stochastic rounding, an
+// the block amax, QuEST's Gaussian rule with its trust mask, or Quartet's range-matched rule), round to nearest even or stochastic rounding, an
 // optional block Hadamard transform fused in. Models and linears reach it
 // through llmc/precision/quantize.h; tests call it directly. The formulas are llmc/precision/fp4_codec.cuh's (the
 // exact NVFP4 and MXFP4 rules are written there), the random numbers fp4_rng.cuh's, the transforms hadamard.cuh's;
@@ -36,8 +36,10 @@ inline bool fp4_encoding(const Encoding& e) { return nvfp4_encoding(e) || mxfp4_
 //   args.rounding, args.sr_key: RTN or stochastic rounding (the random word of element i of a copy is
 //     random_word(sr_key, i, copy), i the element's index in that copy's row-major layout, copy 0 = data,
 //     1 = data_t; 16x16 tiles use data's index for both copies so their codes agree);
-//   args.mxfp4_scale (MXFP4): the OCP amax rule or QuEST's Gaussian scales (then the quantised directions' lengths
-//     are multiples of 32); args.trust_mask (MXFP4, with data): which elements of each data block were not clipped;
+//   args.mxfp4_scale (MXFP4): the OCP amax rule, QuEST's Gaussian scales (then the quantised directions' lengths
+//     are multiples of 32) or Quartet's range-matched scales (the amax rule's codes, elements x 3/4 before rounding:
+//     the codes decode to 3/4 of what they stand for); args.trust_mask (MXFP4, with data): which elements of each
+//     data block were not clipped;
 //   args.hadamard: size 16 or 32 along each rotated copy's quantisation direction; that direction's length must be a
 //     multiple of the size and of it the block length (1x16 takes size 16; 1x32 takes 16 or 32); not with 16x16 tiles.
 // An empty x (rows or cols 0) encodes nothing: only the scale arrays' padding and q.amax (0) are written, no tensor
@@ -47,6 +49,19 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
 
 // out (rows, cols) FP32 = the values of q.data (transposed = true: q.data_t, (cols, rows)), fp4_codec.cuh's formula.
 void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream);
+// The same values as BF16 (MXFP4 only: e2m1 * 2^X is exact in BF16, subnormals included), the source of a
+// re-quantisation (Quartet's backward re-quantises the forward's saved codes along another direction).
+void fp4_dequantize(bf16* out, const QTensor& q, bool transposed, cudaStream_t stream);
+
+// Quartet's backward epilogue (arXiv 2505.14669 Alg. 1), g (rows, cols) FP32 the product of two range-matched MXFP4
+// operands (cols a multiple of 32 when hadamard is 32), one thread per 32 elements of a row:
+//   v = factor * g (FP32, rounded to nearest even), v = 0 where mask has bit (c % 32) of word [r * cols / 32 + c / 32]
+//   clear (mask may be null: nothing masked), then, with hadamard = 32, v <- H32 · v per 32 consecutive elements of a
+//   row (hadamard.cuh with signs 0: the inverse of the forward's fixed rotation, H32 being symmetric and orthogonal),
+//   and out_bf16 = v (rounded to nearest even) or out_fp32 += v (exactly one of them non-null).
+// factor is kRangeMatchProductFactor (16/9) for two range-matched operands.
+void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, const uint32_t* mask, int rows, int cols,
+                             float factor, int hadamard, cudaStream_t stream);
 
 // Numerics telemetry (quantize.h's quant_stats for this family): the kQuantStatsSlots sums of x and q.data,
 // deterministic (a fixed grid, fixed reduction order; as fp8_quant_stats). The saturated count counts codes +-6.

@@ -110,7 +110,7 @@ void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaS
   if (!f.fp4_options && (args.rounding != Rounding::Nearest || args.hadamard.any() ||
                                    args.mxfp4_scale != Mxfp4Scale::Amax || args.trust_mask))
     throw_error("quantize: %s (the %s quantiser) rounds to nearest without a Hadamard transform; stochastic rounding, "
-                "Hadamard transforms, Gaussian scales and trust masks are options of the fp4 quantisers",
+                "Hadamard transforms, Gaussian and range-matched scales and trust masks are options of the fp4 quantisers",
                 encoding_name(q.encoding).c_str(), f.name);
   f.quantize(q, src, args, stream);
 }

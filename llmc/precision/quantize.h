@@ -44,10 +44,13 @@ struct HadamardOption {
   bool any() const { return size != 0 && (data || data_t); }
 };
 
-// How MXFP4 block scales are chosen (llmc/precision/fp4_codec.cuh has both rules): Amax, the OCP MX rule from the
+// How MXFP4 block scales are chosen (llmc/precision/fp4_codec.cuh has the rules): Amax, the OCP MX rule from the
 // block's largest magnitude; Gaussian, QuEST's (Quartet's forward) from the block's standard deviation, which clips
-// the outliers it trades for resolution (whole 32-element blocks only).
-enum class Mxfp4Scale : uint8_t { Amax, Gaussian };
+// the outliers it trades for resolution (whole 32-element blocks only); RangeMatched, Quartet's backward: the amax
+// rule's scale with the elements multiplied by 3/4 before rounding, so nothing clips; the stored codes and scales
+// then decode to 3/4 of the values they stand for, and a product of two such operands must be multiplied by 16/9
+// (fp4_codec.cuh's kRangeMatchProductFactor; the caller does it).
+enum class Mxfp4Scale : uint8_t { Amax, Gaussian, RangeMatched };
 
 struct QuantizeArgs {
   ScaleSource source = ScaleSource::Amax;

@@ -23,6 +23,10 @@ Definitions (reference doc /work/shared/reference/fp4_recipes.md):
     difference is negative), scale = (2.92247856 / 6) * sigma + 1e-8, X = floor(log2(scale)) (254 as the code where
     scale is not finite), element code e2m1(x / 2^X) saturating at 6; the trust mask marks the elements with
     |x / 2^X| < 6, the ones not clipped.
+  Quartet's range-matched MXFP4 scales (its backward; arXiv 2505.14669 Alg. 1, reference doc fp4_recipes.md §1): the
+    OCP shared exponent X = floor(log2(a_b)) - 2 as above, element code e2m1(x * 3/4 / 2^X) (the exact real product
+    rounded once to FP32, then to E2M1), so the block amax lands in [3, 6) and nothing clips; the codes decode to
+    e2m1 * 2^X, 3/4 of the values they stand for.
   llm8's conventions for the blocks the papers leave open (fp4_quant.h, fp4_codec.cuh): an all-zero block has scale
     1.0; a block with an inf or NaN element gets the scale format's NaN code and zero element codes; an NVFP4 block
     whose scale rounds to 0 gets zero element codes; a copy rotated by a Hadamard transform takes its NVFP4 tensor
@@ -245,10 +249,11 @@ def unblock(blocks, br, bc, rows, cols):
     return blocks.reshape(rb, cb, br, bc).transpose(0, 2, 1, 3).reshape(rb * br, cb * bc)[:rows, :cols]
 
 
-def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy, gaussian=False):
+def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy, gaussian=False, range_matched=False):
     """Codes (rows, cols), block scale codes (rows_b, cols_b) and the trust mask (rows, cols) bool of v (float32
     (rows, cols)); for NVFP4 also the FP32 tensor decode scale. sr: None (RTN) or (seed, step, tensor); element i of v
-    (row-major) draws random word i of copy `copy`. gaussian: MXFP4 with QuEST's scales (whole blocks only)."""
+    (row-major) draws random word i of copy `copy`. gaussian: MXFP4 with QuEST's scales (whole blocks only);
+    range_matched: MXFP4 with Quartet's backward scales (the OCP exponent, elements times 3/4)."""
     rows, cols = v.shape
     blocks = block_view(v, br, bc)
     with np.errstate(invalid="ignore"):
@@ -271,7 +276,11 @@ def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy, gaussian=Fa
         multiplier = np.where(scales == E8M0_NAN, 0.0, np.ldexp(1.0, -np.clip(x, -127, 127))).astype(F32)
         tensor_scale_inv = None
     with np.errstate(invalid="ignore", over="ignore"):
-        y = unblock(blocks * multiplier[:, :, None], br, bc, rows, cols).astype(F32)  # FP32 products
+        if range_matched:  # the exact real product x * 3/4 * 2^-X in float64, rounded once to float32
+            y64 = blocks.astype(np.float64) * (0.75 * multiplier.astype(np.float64))[:, :, None]
+            y = unblock(y64, br, bc, rows, cols).astype(F32)
+        else:
+            y = unblock(blocks * multiplier[:, :, None], br, bc, rows, cols).astype(F32)  # FP32 products
     if sr is None:
         codes = e2m1_rtn(y)
     else:
@@ -309,7 +318,8 @@ def pack_trust_mask(trusted, block):
     return words.reshape(-1).view(np.uint8)
 
 
-def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=True, rotated=None, gaussian=False):
+def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=True, rotated=None, gaussian=False,
+             range_matched=False):
     """The FP4 quantisation of x (float32 (rows, cols), values exactly representable in bf16) in `encoding` (a key of
     ENCODINGS), as fp4_quantize computes it.
       amax: the NVFP4 tensor amax of the unrotated copies (None: max |x|);
@@ -319,6 +329,7 @@ def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=T
         instead of hadamard_rows' (the test feeds the C++ transform's values in, so that the quantiser itself
         compares bit for bit where the FP32 butterflies and the dense product differ in the last bit).
       gaussian: MXFP4 only, QuEST's Gaussian block scales; the result then also holds 'trust_mask' (the data copy's).
+      range_matched: MXFP4 only, Quartet's range-matched backward scales.
     Returns a dict with, per wanted copy, 'data' / 'data_t' (packed bytes), 'scale_inv' / 'scale_inv_t' (scale codes
     in tensor.h's layouts) and, for NVFP4, 'tensor_scale_inv' / 'tensor_scale_inv_t' (float32)."""
     family, br, bc = ENCODINGS[encoding]
@@ -347,7 +358,8 @@ def quantize(x, encoding, amax=None, sr=None, hadamard=None, data=True, data_t=T
             src = hadamard_rows(src, hadamard[0], hadamard[1]) if given is None else np.asarray(given, F32)
             with np.errstate(invalid="ignore"):
                 tensor_amax = F32(np.max(np.abs(src)))
-        codes, scales, tsi, trusted = block_codes_and_scales(src, family, 1, bc, tensor_amax, sr, copy, gaussian)
+        codes, scales, tsi, trusted = block_codes_and_scales(src, family, 1, bc, tensor_amax, sr, copy, gaussian,
+                                                             range_matched)
         out["data" + name] = pack_codes(codes)
         if gaussian and copy == 0:
             out["trust_mask"] = pack_trust_mask(trusted, bc)

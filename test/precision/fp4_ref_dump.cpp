@@ -6,7 +6,7 @@
 //   case ENCODING ROWS COLS SR SEED STEP TENSOR HSIZE HSIGNS HDATA HDATA_T AMAX DATA DATA_T
 //   X0 X1 ... (ROWS * COLS FP32 bit patterns, hex)
 // ENCODING: nvfp4 (1x16), nvfp4_2d (16x16 tiles), mxfp4 (1x32), mxfp4_quest (1x32 with QuEST's Gaussian scales and
-// the data copy's trust mask); SR 0 = round to nearest, 1 = stochastic with key
+// the data copy's trust mask), mxfp4_matched (1x32 with Quartet's range-matched backward scales); SR 0 = round to nearest, 1 = stochastic with key
 // (SEED, STEP, TENSOR); HSIZE 0 / 16 / 32 with sign word HSIGNS (hex) and which copies it rotates (HDATA, HDATA_T
 // 0 / 1); AMAX: "-" (measured) or the FP32 bits (hex) of the NVFP4 tensor amax; DATA, DATA_T: which copies to make.
 // OUT (text), per case, for each copy made (suffix "" for data, "_t" for data_t): lines "data HEX", "scale_inv HEX"
@@ -36,8 +36,9 @@ using llmc::Encoding;
 Encoding encoding_named(const std::string& name) {
   if (name == "nvfp4") return llmc::kNvfp4Encoding;
   if (name == "nvfp4_2d") return llmc::kNvfp4WeightEncoding;
-  if (name == "mxfp4" || name == "mxfp4_quest") return llmc::kMxfp4Encoding;
-  std::fprintf(stderr, "fp4_ref_dump: unknown encoding '%s' (nvfp4, nvfp4_2d, mxfp4, mxfp4_quest)\n", name.c_str());
+  if (name == "mxfp4" || name == "mxfp4_quest" || name == "mxfp4_matched") return llmc::kMxfp4Encoding;
+  std::fprintf(stderr, "fp4_ref_dump: unknown encoding '%s' (nvfp4, nvfp4_2d, mxfp4, mxfp4_quest, mxfp4_matched)\n",
+               name.c_str());
   std::exit(2);
 }
 
@@ -113,6 +114,7 @@ int main(int argc, char** argv) {
     const Encoding e = encoding_named(enc_name);
     const bool quest = enc_name == "mxfp4_quest";
     if (quest) args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;
+    if (enc_name == "mxfp4_matched") args.mxfp4_scale = llmc::Mxfp4Scale::RangeMatched;
     args.rounding = sr ? llmc::Rounding::Stochastic : llmc::Rounding::Nearest;
     args.sr_key = {seed, step, tensor};
     args.hadamard.signs = static_cast<uint32_t>(std::stoul(signs_text, nullptr, 16));

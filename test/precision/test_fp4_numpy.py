@@ -156,6 +156,18 @@ def cases():
                 opts = dict(sr=sr, hadamard=h, data_t=both)
                 tag = "plain" if h is None else f"h32{'s' if h[1] else ''}"
                 out.append((f"mxfp4_quest/{x}/{tag}/{'sr' if sr else 'rtn'}", "mxfp4_quest", x, opts))
+    # Quartet's range-matched backward scales (mxfp4_matched): any shape, unrotated, and under a re-randomised
+    # Hadamard-32 along both copies where the shape allows it
+    for x in names:
+        rows, cols = xs[x].shape
+        rotations = [None]
+        if cols % 32 == 0 and x != "huge_max_32x64":
+            rotations.append((32, 0x5BD1E995, True, rows % 32 == 0))
+        for h in rotations:
+            for sr in (None, (11, 4, 6)):
+                opts = dict(sr=sr, hadamard=h, data_t=h is None or h[3])
+                tag = "plain" if h is None else "h32s"
+                out.append((f"mxfp4_matched/{x}/{tag}/{'sr' if sr else 'rtn'}", "mxfp4_matched", x, opts))
     return out
 
 
@@ -298,6 +310,19 @@ class NumpyReferenceOnItsOwn(unittest.TestCase):
         with self.assertRaises(ValueError):  # whole blocks only
             ref.quantize(np.ones((1, 48), F32), "mxfp4", data_t=False, gaussian=True)
 
+    def test_hand_computed_range_matched_block(self):
+        # amax 1.9921875 -> X = floor(log2) - 2 = -2 (code 125); elements x 3/4 x 4 = x 3: 1.9921875 -> 5.98 (code 7,
+        # 6: the amax lands in [3, 6), never clipped), 1.0 -> 3 (code 5), -0.5 -> -1.5 (code 11), 0.875 -> 2.625
+        # (code 5: above the 2.5 tie), 0.25 -> 0.75 (tie between 0.5 and 1: the even mantissa, 1.0, code 2)
+        x = np.zeros((1, 32), F32)
+        x[0, :5] = [1.9921875, 1.0, -0.5, 0.875, 0.25]
+        q = ref.quantize(x, "mxfp4", data_t=False, range_matched=True)
+        self.assertEqual(q["scale_inv"].tolist(), [125, 127, 127, 127])
+        self.assertEqual(q["data"].reshape(-1).tolist()[:3], [0x57, 0x5B, 0x02])
+        # the OCP rule on the same block: x 4, 1.9921875 -> 7.97 saturates at 6, -0.5 -> -2 (code 12), 0.875 -> 3.5 (tie -> 4, code 6)
+        q = ref.quantize(x, "mxfp4", data_t=False)
+        self.assertEqual(q["data"].reshape(-1).tolist()[:3], [0x67, 0x6C, 0x02])
+
     def test_dense_hadamard_is_orthogonal(self):
         for n in (16, 32):
             h = ref.hadamard_matrix(n)
@@ -335,9 +360,11 @@ class CppAgainstNumpy(unittest.TestCase):
                     total_rotated += int(finite.sum())
                     rotated[copy] = cpp_values
                 quest = enc == "mxfp4_quest"
-                want = ref.quantize(x, "mxfp4" if quest else enc, amax=opts.get("amax"), sr=opts.get("sr"),
-                                    hadamard=h, data=opts.get("data", True), data_t=opts.get("data_t", True),
-                                    rotated=rotated, gaussian=quest)
+                matched = enc == "mxfp4_matched"
+                want = ref.quantize(x, "mxfp4" if quest or matched else enc, amax=opts.get("amax"),
+                                    sr=opts.get("sr"), hadamard=h, data=opts.get("data", True),
+                                    data_t=opts.get("data_t", True), rotated=rotated, gaussian=quest,
+                                    range_matched=matched)
                 for key, w in want.items():
                     self.assertIn(key, got)
                     g = got[key]

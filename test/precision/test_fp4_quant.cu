@@ -6,7 +6,8 @@
 // the host. Each run draws a fresh seed (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
 // odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte), magnitudes 2^-20 .. 2^12 per row,
 // exact zeros, an all-zero block, huge (3e38) and tiny (1e-38) values, a whole tensor of tiny values (amax ~2^-118:
-// the clamped NVFP4 scales). Non-finite inputs: a NaN or inf in a block
+// the clamped NVFP4 scales); QuEST's Gaussian and Quartet's range-matched MXFP4 scales with their trust masks
+// (range matching must clip nothing). Non-finite inputs: a NaN or inf in a block
 // gives that block the NaN scale code (E4M3 0x7F / E8M0 0xFF) and zero codes, on both sides. Every output buffer is
 // poisoned (0xEE) so an unwritten byte shows up.
 #include <algorithm>
@@ -81,11 +82,13 @@ struct Case {
   int hadamard;  // 0, 16, 32: rotates data_t (and data when rotate_data)
   bool rotate_data;
   bool gaussian = false;  // MXFP4: QuEST's Gaussian scales, and the data copy's trust mask compared too
+  bool range_matched = false;  // MXFP4: Quartet's backward scales; the trust mask compared too, and on finite data
+                               // it must mark every element (range matching clips nothing)
 };
 
 std::string name(const Case& c, int rows, int cols) {
   return llmc::strformat("%s%s %s hadamard %d%s, %d x %d", llmc::encoding_name(c.e).c_str(),
-                         c.gaussian ? " Gaussian scales" : "", c.rounding == Rounding::Stochastic ? "SR" : "RTN",
+                         c.gaussian ? " Gaussian scales" : c.range_matched ? " range-matched scales" : "", c.rounding == Rounding::Stochastic ? "SR" : "RTN",
                          c.hadamard, c.rotate_data ? " (both copies)" : "", rows, cols);
 }
 
@@ -108,7 +111,8 @@ void run_case(const Case& c, int rows, int cols, const std::vector<float>& x, ui
   Buf<uint8_t> data(llmc::code_bytes(e, rows, cols)), data_t(llmc::code_bytes(e, cols, rows));
   Buf<uint8_t> s(llmc::scale_inv_bytes(e, rows, cols)), s_t(llmc::scale_inv_bytes(e, cols, rows));
   Buf<float> tsi(1), tsi_t(1), amax(1), given(1);
-  Buf<uint32_t> trust(c.gaussian ? static_cast<size_t>(rows) * llmc::ceil_div(cols, 32) : 0);
+  const bool masked = c.gaussian || c.range_matched;
+  Buf<uint32_t> trust(masked ? static_cast<size_t>(rows) * llmc::ceil_div(cols, 32) : 0);
   QTensor q;
   q.rows = rows, q.cols = cols, q.encoding = e;
   q.data = data.p, q.data_t = data_t.p;
@@ -123,6 +127,7 @@ void run_case(const Case& c, int rows, int cols, const std::vector<float>& x, ui
   args.hadamard.data = c.rotate_data;
   args.hadamard.data_t = c.hadamard != 0;
   if (c.gaussian) args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian, args.trust_mask = trust.p;
+  if (c.range_matched) args.mxfp4_scale = llmc::Mxfp4Scale::RangeMatched, args.trust_mask = trust.p;
   float given_value = 0.0f;
   if (given_amax) {  // a producer's amax, larger than max |x|: the scales must follow it, not max |x|
     given_value = 2.0f * llmc::amax_bf16_cpu(x.data(), x.size());
@@ -136,13 +141,26 @@ void run_case(const Case& c, int rows, int cols, const std::vector<float>& x, ui
   llmc::Fp4CpuOut ref;
   ref.data = rd.data(), ref.scale_inv = rs.data(), ref.data_t = rdt.data(), ref.scale_inv_t = rst.data();
   std::vector<uint32_t> rtrust(trust.n);
-  if (c.gaussian) ref.trust_mask = rtrust.data();
+  if (masked) ref.trust_mask = rtrust.data();
   llmc::fp4_quantize_cpu(&ref, x.data(), rows, cols, e, args, given_amax ? &given_value : nullptr);
   if (c.gaussian) {
     expect_bytes_equal(trust.get(), rtrust, "trust_mask");
     size_t clipped = 0;
     for (uint32_t w : rtrust) clipped += 32 - __builtin_popcount(w);
     if (rows * cols >= 4096) EXPECT_GT(clipped, 0u) << "model-like data has elements beyond 2.92 sigma";
+  }
+  if (c.range_matched) {
+    expect_bytes_equal(trust.get(), rtrust, "trust_mask");
+    const bool finite = std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
+    const int blocks = static_cast<int>(llmc::ceil_div(cols, 32));
+    size_t clipped = 0;
+    for (int r = 0; r < rows && finite; r++)
+      for (int kb = 0; kb < blocks; kb++) {
+        const int n = std::min(32, cols - 32 * kb);
+        const uint32_t all = n == 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
+        clipped += rtrust[static_cast<size_t>(r) * blocks + kb] != all;
+      }
+    EXPECT_EQ(clipped, 0u) << "range-matched blocks (amax x 3/4 in [3, 6)) clip nothing";
   }
   expect_bytes_equal(data.get(), rd, "data");
   expect_bytes_equal(s.get(), rs, "scale_inv");
@@ -180,6 +198,10 @@ const Case kCases[] = {
     {llmc::kMxfp4Encoding, Rounding::Nearest, 32, true, true},  // Quartet's forward: Hadamard-32, QuEST scales
     {llmc::kMxfp4Encoding, Rounding::Stochastic, 32, false, true},
     {llmc::kMxfp4Encoding, Rounding::Nearest, 0, false, true},
+    // Quartet's backward: re-randomised Hadamard-32 on both copies, range-matched scales, RTN or SR
+    {llmc::kMxfp4Encoding, Rounding::Nearest, 32, true, false, true},
+    {llmc::kMxfp4Encoding, Rounding::Stochastic, 32, true, false, true},
+    {llmc::kMxfp4Encoding, Rounding::Stochastic, 0, false, false, true},
 };
 
 TEST(Fp4Quantize, ModelShapedMatchesHostBitForBit) {
@@ -240,6 +262,11 @@ TEST(Fp4Quantize, GaussianScalesAndTrustMasksAreMxfp4Options) {
   EXPECT_THROW(llmc::quantize(q, x.p, args, 0), llmc::Error);  // the mask belongs to the data copy
   q.encoding = Encoding{llmc::ElementFormat::E4M3, llmc::kWholeTensor, llmc::ScaleFormat::FP32, false};
   EXPECT_THROW(llmc::quantize(q, x.p, args, 0), llmc::Error);  // not an option of the FP8 quantisers
+  args = QuantizeArgs{};
+  args.mxfp4_scale = llmc::Mxfp4Scale::RangeMatched;
+  EXPECT_THROW(llmc::quantize(q, x.p, args, 0), llmc::Error);  // nor are range-matched scales
+  q.encoding = llmc::kNvfp4Encoding;
+  EXPECT_THROW(llmc::quantize(q, x.p, args, 0), llmc::Error);  // an MXFP4 rule
 }
 
 TEST(Fp4Quantize, StochasticRoundingIsReproducibleAndKeyed) {

@@ -477,6 +477,12 @@ TEST(QuantizeDispatch, RefusesWhatNoQuantiserHandles) {
   args.trust_mask = reinterpret_cast<uint32_t*>(floats);
   expect_error([&] { llmc::quantize(q, x, args, 0); }, "are options of the fp4 quantisers");
   args = llmc::QuantizeArgs();
+  args.mxfp4_scale = llmc::Mxfp4Scale::RangeMatched;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "are options of the fp4 quantisers");
+  // Quartet's range-matched scales are an MXFP4 rule too
+  q.encoding = llmc::kNvfp4Encoding;
+  expect_error([&] { llmc::quantize(q, x, args, 0); }, "range-matched (Quartet backward) block scales are an MXFP4");
+  args = llmc::QuantizeArgs();
   // QuEST's Gaussian scales: MXFP4 only, whole blocks of 32 along every quantised direction; the trust mask belongs
   // to an MXFP4 data copy.
   args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;

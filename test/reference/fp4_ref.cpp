@@ -41,7 +41,8 @@ BlockScale amax_scale(bool nvfp4, float block_amax, float s_enc) {
   return {c, mxfp4_element_multiplier(c)};
 }
 
-// The scale of a 1xN block of len values: the amax rule, or for MXFP4 with Gaussian scales QuEST's.
+// The scale of a 1xN block of len values: the amax rule, or for MXFP4 QuEST's Gaussian rule or Quartet's range-matched
+// one (the amax rule's code, the elements' multiplier times 3/4).
 BlockScale scale_of(bool nvfp4, const float* block, int len, const QuantizeArgs& args, float s_enc) {
   const uint32_t amax_bits = amax_bits_of(block, len);
   if (!nvfp4 && args.mxfp4_scale == Mxfp4Scale::Gaussian) {
@@ -49,7 +50,9 @@ BlockScale scale_of(bool nvfp4, const float* block, int len, const QuantizeArgs&
     const uint8_t c = mxfp4_gaussian_scale_code(block, amax_bits);
     return {c, mxfp4_element_multiplier(c)};
   }
-  return amax_scale(nvfp4, bits_to_float(amax_bits), s_enc);
+  const BlockScale s = amax_scale(nvfp4, bits_to_float(amax_bits), s_enc);
+  if (!nvfp4 && args.mxfp4_scale == Mxfp4Scale::RangeMatched) return {s.code, mxfp4_range_matched_multiplier(s.code)};
+  return s;
 }
 
 uint8_t round_one(float v, float multiplier, const QuantizeArgs& args, uint64_t index, int copy) {
