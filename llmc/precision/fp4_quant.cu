@@ -551,7 +551,8 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
                                                                    const uint8_t* codes, const uint8_t* scales,
                                                                    const float* tensor_scale_inv, int rows, int cols,
                                                                    BlockShape block, int ld, int scale_rows,
-                                                                   int scale_cols, bool nvfp4) {
+                                                                   int scale_cols, bool nvfp4, int hadamard,
+                                                                   uint32_t signs) {
   const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t n = static_cast<size_t>(rows) * cols;
@@ -562,7 +563,14 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
   for (size_t i = thread; i < n; i += stride) {
     const int r = static_cast<int>(i / cols), c = static_cast<int>(i % cols);
     const uint8_t code = e2m1_nibble(codes[r * row_bytes + c / 2], c);
-    const float xf = load_x(x, i);
+    float xf = load_x(x, i);
+    if (hadamard != 0) {  // the rotated value the quantiser saw
+      float v[32];
+      const int c0 = c - c % hadamard;
+      for (int j = 0; j < hadamard; j++) v[j] = load_x(x, static_cast<size_t>(r) * cols + c0 + j);
+      hadamard_transform_n(v, hadamard, signs);
+      xf = v[c - c0];
+    }
     const uint8_t s = scales[scale_index(block, r, c, ld)];
     const float deq =
         nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tsi) : mul_rn(e2m1_value(code), e8m0_value(s));
@@ -598,10 +606,14 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
   }
 }
 
-void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream) {
+void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, const HadamardOption& rotation,
+                     cudaStream_t stream) {
   const char* who = "fp4_quant_stats";
   if (!fp4_encoding(q.encoding))
     throw_error("%s: q.encoding is %s; the FP4 kernels take %s", who, encoding_name(q.encoding).c_str(), kFp4Doc);
+  const int hadamard = rotation.any() && rotation.data ? rotation.size : 0;
+  if (hadamard != 0 && ((hadamard != 16 && hadamard != 32) || q.cols % hadamard != 0))
+    throw_error("%s: a rotation of size %d along cols = %d (16 or 32, dividing cols)", who, hadamard, q.cols);
   const bool nvfp4 = nvfp4_encoding(q.encoding);
   if (!stats_out || !x || !q.data || !q.scale_inv || (nvfp4 && !q.tensor_scale_inv))
     throw_error("%s: stats_out, x, q.data, q.scale_inv%s must be device pointers", who,
@@ -612,7 +624,8 @@ void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStr
   CUDA_CHECK(cudaMallocAsync(&partials, sizeof(double) * kStatsBlocks * kQuantStatsSlots, stream));
   fp4_quant_stats_kernel<<<kStatsBlocks, kThreads, 0, stream>>>(
       partials, x, q.data, reinterpret_cast<const uint8_t*>(q.scale_inv), q.tensor_scale_inv, q.rows, q.cols,
-      q.encoding.block, scale_inv_ld(q.encoding, q.rows, q.cols), scale_rows, scale_cols, nvfp4);
+      q.encoding.block, scale_inv_ld(q.encoding, q.rows, q.cols), scale_rows, scale_cols, nvfp4, hadamard,
+      rotation.signs);
   CUDA_CHECK_LAUNCH();
   combine_quant_stats(stats_out, partials, static_cast<double>(q.rows) * q.cols, stream);
   CUDA_CHECK(cudaFreeAsync(partials, stream));

@@ -65,6 +65,9 @@ void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, co
 
 // Numerics telemetry (quantize.h's quant_stats for this family): the kQuantStatsSlots sums of x and q.data,
 // deterministic (a fixed grid, fixed reduction order; as fp8_quant_stats). The saturated count counts codes +-6.
-void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream);
+// rotation.data: q.data holds x rotated along cols; each element is compared with its rotated value (its block of
+// x loaded and transformed by hadamard.cuh, as the quantiser did).
+void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, const HadamardOption& rotation,
+                     cudaStream_t stream);
 
 }  // namespace llmc

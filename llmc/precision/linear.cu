@@ -20,6 +20,16 @@
 // the precision state's keyed random stream), and the transposed copies of x and dy, the operands of wgrad, may be
 // rotated by the run's random Hadamard transform along the tokens: (dYᵀH)(XᵀH)ᵀ = dYᵀX, so the product needs no
 // inverse. The weight is never rotated (fprop and dgrad read it).
+// Quartet plans (requantize_backward) keep the forward's own codes instead and re-quantise them in backward:
+//   forward   w (N, K) --H32 along K, Gaussian / amax scales, trust mask Mw--> Wq (N, K)           [cached]
+//             x (M, K) --the same--> Xq (M, K) + Mx                                              [saved]
+//             out (M, N) = Xq · Wqᵀ                       (the rotations cancel: H32 is orthogonal)
+//   backward  S = fresh random signs (seed, step, micro-step, linear); every re-quantisation range-matched, RTN/SR
+//             dy (M, N) --H32·S along N--> dYq [scratch 0];  --H32·S along M--> dYᵀq (N, M) [scratch 1]
+//             Wq decoded to BF16 [scratch 4] --H32·S along N--> Wᵀq (K, N) [scratch 3]
+//             dx (M, K) = H32 along K of (16/9 · dYq · (Wᵀq)ᵀ ⊙ Mx)      (product in FP32 [scratch 5])
+//             Xq decoded to BF16 [scratch 4] --H32·S along M--> Xᵀq (K, M) [scratch 2]
+//             dw (N, K) += H32 along K of (16/9 · dYᵀq · (Xᵀq)ᵀ ⊙ Mw)
 #include "llmc/precision/linear.h"
 
 #include <algorithm>
@@ -30,6 +40,8 @@
 #include "llmc/core/common.h"
 #include "llmc/kernels/gelu.h"
 #include "llmc/kernels/reduce.h"
+#include "llmc/precision/fp4_codec.cuh"
+#include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/fp8_quant.h"
 #include "llmc/precision/gemm.h"
 #include "llmc/precision/quantize.h"
@@ -57,6 +69,15 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   if (N_ % kQuantGemmAlign != 0 || K_ % kQuantGemmAlign != 0)
     throw_error("%s: quantised GEMMs need in/out features that are multiples of %d (got %d x %d); keep this layer in "
                 "BF16 (precision.bf16_layers) or change the model shape", name_.c_str(), kQuantGemmAlign, N_, K_);
+  const bool quartet = plan_.requantize_backward;
+  if (quartet && (!mxfp4_encoding(plan_.x) || !mxfp4_encoding(plan_.w) || !mxfp4_encoding(plan_.dy) ||
+                  !plan_.save_quantized_input))
+    throw_error("%s: Quartet's backward needs MXFP4 x, w, dy and saved quantised inputs (validate the recipe first)",
+                name_.c_str());
+  if (quartet && (N_ % kGaussianBlock != 0 || K_ % kGaussianBlock != 0))
+    throw_error("%s: Quartet's rotations and scales take whole blocks of %d along in/out features (got %d x %d); keep "
+                "this layer in BF16 (precision.bf16_layers) or change the model shape", name_.c_str(), kGaussianBlock,
+                N_, K_);
   if (plan_.x.per_tensor()) {
     x_slot_ = state_.new_slot(name_ + ".x", plan_.x.element);
     w_slot_ = state_.new_slot(name_ + ".w", plan_.w.element);
@@ -74,19 +95,25 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   x_saved_.cols = K_;
   x_saved_.encoding = xe;
   const size_t w_bytes = align256(code_bytes(we, N_, K_));
-  const size_t w_scales =
-      !we.per_tensor() ? align256(scale_inv_bytes(we, N_, K_)) + align256(scale_inv_bytes(we, K_, N_)) : 0;
+  // Quartet keeps no transposed copies: Wq (N, K) and Xq (M_max, K) with their scales and trust masks.
+  const size_t w_scales = !we.per_tensor() ? align256(scale_inv_bytes(we, N_, K_)) +
+                                                 (quartet ? 0 : align256(scale_inv_bytes(we, K_, N_)))
+                                           : 0;
+  const bool masks = quartet && plan_.trust_mask;
+  const size_t w_mask_bytes = masks ? align256(sizeof(uint32_t) * N_ * (K_ / kGaussianBlock)) : 0;
+  const size_t x_mask_bytes = masks ? align256(sizeof(uint32_t) * max_rows_ * (K_ / kGaussianBlock)) : 0;
   const bool save = plan_.save_quantized_input;
-  const size_t x_bytes = save ? align256(code_bytes(xe, K_, max_rows_)) : 0;
-  const size_t x_scales = save && !xe.per_tensor() ? align256(scale_inv_bytes(xe, K_, max_rows_)) : 0;
-  const bool cache_t = plan_.cache_weight_transpose;
+  const int saved_rows = quartet ? max_rows_ : K_, saved_cols = quartet ? K_ : max_rows_;  // Xq or Xᵀq
+  const size_t x_bytes = save ? align256(code_bytes(xe, saved_rows, saved_cols)) : 0;
+  const size_t x_scales = save && !xe.per_tensor() ? align256(scale_inv_bytes(xe, saved_rows, saved_cols)) : 0;
+  const bool cache_t = plan_.cache_weight_transpose && !quartet;
   const bool fp4 = xe.element == ElementFormat::E2M1 || we.element == ElementFormat::E2M1 ||
                    dye.element == ElementFormat::E2M1;
   constexpr size_t kInexactOffset = 64;  // bytes: after the tensor scales
   static_assert(kTensorScaleSlots * sizeof(float) <= kInexactOffset, "FP4 scalars overlap");
   const size_t scalars = fp4 ? align256(kInexactOffset + sizeof(unsigned long long)) : 0;
-  weight_cache_bytes_ = (cache_t ? 2 : 1) * w_bytes + w_scales + scalars;
-  saved_input_bytes_ = x_bytes + x_scales;
+  weight_cache_bytes_ = (cache_t ? 2 : 1) * w_bytes + w_scales + w_mask_bytes + scalars;
+  saved_input_bytes_ = x_bytes + x_scales + x_mask_bytes;
   const size_t total = weight_cache_bytes_ + saved_input_bytes_;
   memory_bytes_ = total;
   if (state_.allocates()) {
@@ -101,13 +128,21 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
     if (!we.per_tensor()) {
       wq_.scale_inv = reinterpret_cast<float*>(p);
       p += align256(scale_inv_bytes(we, N_, K_));
-      wq_.scale_inv_t = reinterpret_cast<float*>(p);
-      p += align256(scale_inv_bytes(we, K_, N_));
+      if (!quartet) {
+        wq_.scale_inv_t = reinterpret_cast<float*>(p);
+        p += align256(scale_inv_bytes(we, K_, N_));
+      }
+    }
+    if (masks) {
+      w_mask_ = reinterpret_cast<uint32_t*>(p);
+      p += w_mask_bytes;
+      x_mask_ = reinterpret_cast<uint32_t*>(p);
+      p += x_mask_bytes;
     }
     if (save) {
-      x_saved_.data_t = reinterpret_cast<uint8_t*>(p);
+      (quartet ? x_saved_.data : x_saved_.data_t) = reinterpret_cast<uint8_t*>(p);
       p += x_bytes;
-      if (!xe.per_tensor()) x_saved_.scale_inv_t = reinterpret_cast<float*>(p);
+      if (!xe.per_tensor()) (quartet ? x_saved_.scale_inv : x_saved_.scale_inv_t) = reinterpret_cast<float*>(p);
       p += x_scales;
     }
     if (fp4) {
@@ -134,8 +169,16 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   state_.reserve(kScratchRows, std::max(code_bytes(xe, M, K_), code_bytes(dye, M, N_)),
                  !xe.per_tensor() ? std::max(scale_inv_count(xe, M, K_), scale_inv_count(dye, M, N_)) : 0);
   state_.reserve(kScratchRowsT, code_bytes(dye, N_, M), !dye.per_tensor() ? scale_inv_count(dye, N_, M) : 0);
-  if (!cache_t) state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), 0);
-  if (!save) state_.reserve(kScratchInputT, code_bytes(xe, K_, M), !xe.per_tensor() ? scale_inv_count(xe, K_, M) : 0);
+  if (quartet) {  // the re-quantised weight and input (scales included), their BF16 decodes, the FP32 products
+    state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), scale_inv_count(we, K_, N_));
+    state_.reserve(kScratchInputT, code_bytes(xe, K_, M), scale_inv_count(xe, K_, M));
+    state_.reserve(kScratchDequant, sizeof(bf16) * std::max((size_t)N_ * K_, (size_t)M * K_), 0);
+    state_.reserve(kScratchProduct, sizeof(float) * std::max((size_t)N_ * K_, (size_t)M * K_), 0);
+  } else {
+    if (!cache_t) state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), 0);
+    if (!save)
+      state_.reserve(kScratchInputT, code_bytes(xe, K_, M), !xe.per_tensor() ? scale_inv_count(xe, K_, M) : 0);
+  }
   index_ = state_.add(this);
 }
 
@@ -153,8 +196,15 @@ float* Linear::dy_amax_slot() const {
   return state_.amax_ptr(dy_slot_);
 }
 
-QuantizeArgs Linear::block_args(LinearRole role, const QTensor& q) const {
+QuantizeArgs Linear::block_args(LinearRole role, const QTensor& q, uint32_t* trust_mask) const {
   QuantizeArgs args;
+  if (plan_.requantize_backward) {  // Quartet's forward of x and w (its backward sets its own arguments)
+    if (role == LinearRole::Dy) throw_error("%s: Quartet's backward quantises dy itself", name_.c_str());
+    args.mxfp4_scale = plan_.forward_gaussian_scales ? Mxfp4Scale::Gaussian : Mxfp4Scale::Amax;
+    if (plan_.forward_hadamard != 0) args.hadamard = HadamardOption{plan_.forward_hadamard, 0u, true, false};
+    args.trust_mask = plan_.trust_mask ? trust_mask : nullptr;
+    return args;
+  }
   if (role == LinearRole::Dy && plan_.dy_stochastic_rounding) {
     args.rounding = Rounding::Stochastic;
     args.sr_key = state_.stochastic_key(index_, role);
@@ -176,8 +226,8 @@ QuantGemmOptions Linear::gemm_options() const {
 // Quantises a BF16 tensor src (rows, cols) into q (whose data / data_t / scales are set by the caller) with the
 // per-tensor slot `slot` or with block scales. amax_ready: the producer already wrote the amax into the slot.
 void Linear::quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, LinearRole role,
-                              cudaStream_t s) {
-  QuantizeArgs args = q.encoding.per_tensor() ? QuantizeArgs() : block_args(role, q);
+                              cudaStream_t s, uint32_t* trust_mask) {
+  QuantizeArgs args = q.encoding.per_tensor() ? QuantizeArgs() : block_args(role, q, trust_mask);
   args.margin = plan_.margin;
   if (q.encoding.per_tensor()) {
     float* amax = state_.amax_ptr(slot);
@@ -233,15 +283,19 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   // that evaluation (resumed runs then match uninterrupted ones bit for bit).
   const bool unrecorded =
       training && !weight_cache_recorded_ && plan_.scaling == ScalingMode::Delayed && plan_.w.per_tensor();
+  // Quartet's forward codes are of x and w rotated along K: their telemetry measures the rotated values.
+  HadamardOption forward_rotation;
+  if (plan_.requantize_backward && plan_.forward_hadamard != 0)
+    forward_rotation = HadamardOption{plan_.forward_hadamard, 0u, true, false};
   if (!weight_cache_valid_ || unrecorded) {
     // Without a cached transpose the cast still writes one (into scratch, discarded): that also fills the 128x128
     // transposed scales, which are kept.
     if (!plan_.cache_weight_transpose) wq_.data_t = state_.scratch(kScratchWeightT);
-    quantize_operand(wq_, w_slot_, w, /*amax_ready=*/false, training, LinearRole::W, s);
+    quantize_operand(wq_, w_slot_, w, /*amax_ready=*/false, training, LinearRole::W, s, w_mask_);
     if (!plan_.cache_weight_transpose) wq_.data_t = nullptr;
     weight_cache_valid_ = true;
     weight_cache_recorded_ = training;
-    if (state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s);
+    if (state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s, forward_rotation);
   }
   // The input: row codes for fprop; the transposed copy for wgrad when it is saved quantised.
   QTensor xq;
@@ -252,12 +306,16 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   if (!xq.encoding.per_tensor()) xq.scale_inv = state_.scratch_scales(kScratchRows);
   if (xq.encoding.tensor_scale) xq.tensor_scale_inv = tensor_scales_ + kTsInput;
   const bool save = training && plan_.save_quantized_input;
-  if (save) {
+  if (save && plan_.requantize_backward) {  // Quartet saves the forward's own codes (and trust mask)
+    xq.data = x_saved_.data;
+    xq.scale_inv = x_saved_.scale_inv;
+  } else if (save) {
     xq.data_t = x_saved_.data_t;
     xq.scale_inv_t = x_saved_.scale_inv_t;
     xq.tensor_scale_inv_t = x_saved_.tensor_scale_inv_t;
   }
-  quantize_operand(xq, x_slot_, x, opt.x_amax_ready, training, LinearRole::X, s);
+  quantize_operand(xq, x_slot_, x, opt.x_amax_ready, training, LinearRole::X, s,
+                   save && plan_.requantize_backward ? x_mask_ : nullptr);
   if (save) {
     x_saved_.rows = M;
     x_saved_.scale = xq.scale;
@@ -266,7 +324,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   } else {
     have_saved_input_ = false;
   }
-  if (training && state_.numerics_requested()) state_.record_numerics(name_ + ".x", xq, x, s);
+  if (training && state_.numerics_requested()) state_.record_numerics(name_ + ".x", xq, x, s, forward_rotation);
 
   // The GEMM with as much of the bias / GELU as the epilogue supports for this combination (block scales support
   // neither; then the bias is added and the GELU applied by our kernels, which also report the output amax).
@@ -312,6 +370,10 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
     throw_error("%s: quantised dgrad overwrites dx (accumulate_dx is not supported with a quantised plan)",
                 name_.c_str());
   if (!weight_cache_valid_) throw_error("%s: backward before forward (no quantised weight)", name_.c_str());
+  if (plan_.requantize_backward) {
+    backward_requantized(dx, dw, dy, M, s, opt);
+    return;
+  }
 
   // dy: row codes (dgrad) and transposed codes (wgrad) in one pass.
   QTensor dyq;
@@ -374,6 +436,74 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
   QuantGemmOptions g = gemm_options();
   g.accumulate = true;
   matmul_quant(dw, quant_operand(dyq, true), quant_operand(xt, true), N_, K_, M, g, s);
+}
+
+void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cudaStream_t s,
+                                  const BackwardOptions& opt) {
+  if (!have_saved_input_ || x_saved_.rows != M)
+    throw_error("%s: Quartet's backward re-quantises the input codes its training forward saved, and no training "
+                "forward of %d rows saved them", name_.c_str(), M);
+  const int h = plan_.backward_hadamard;
+  const uint32_t signs = h != 0 ? state_.rotation_signs(index_, LinearRole::Dy, h) : 0u;
+  // Every backward operand: range-matched scales, the plan's rounding, the micro-step's rotation along the product's
+  // inner dimension (the same S on both operands of a product, so it cancels).
+  auto args_for = [&](LinearRole role, bool data, bool data_t) {
+    QuantizeArgs a;
+    a.mxfp4_scale = Mxfp4Scale::RangeMatched;
+    if (plan_.dy_stochastic_rounding) {
+      a.rounding = Rounding::Stochastic;
+      a.sr_key = state_.stochastic_key(index_, role);
+    }
+    if (h != 0) a.hadamard = HadamardOption{h, signs, data, data_t};
+    return a;
+  };
+  // dy along N (dgrad) and along the tokens (wgrad), one pass.
+  QTensor dyq;
+  dyq.rows = M;
+  dyq.cols = N_;
+  dyq.encoding = plan_.dy;
+  dyq.data = dx != nullptr ? state_.scratch(kScratchRows) : nullptr;
+  dyq.scale_inv = state_.scratch_scales(kScratchRows);
+  dyq.data_t = state_.scratch(kScratchRowsT);
+  dyq.scale_inv_t = state_.scratch_scales(kScratchRowsT);
+  const QuantizeArgs dy_args = args_for(LinearRole::Dy, true, true);
+  quantize(dyq, dy, dy_args, s);
+  if (state_.numerics_requested() && dyq.data != nullptr)
+    state_.record_numerics(name_ + ".dy", dyq, dy, s, dy_args.hadamard);
+
+  bf16* decoded = reinterpret_cast<bf16*>(state_.scratch(kScratchDequant));
+  float* product = reinterpret_cast<float*>(state_.scratch(kScratchProduct));
+  const float factor = kRangeMatchProductFactor;
+  // dgrad: dx (M, K) = H32 along K of (16/9 · dYq (M, N) · Wᵀq (K, N)ᵀ ⊙ Mx)
+  if (dx != nullptr) {
+    fp4_dequantize(decoded, wq_, /*transposed=*/false, s);  // (N, K)
+    QTensor wt;
+    wt.rows = N_;
+    wt.cols = K_;
+    wt.encoding = plan_.w;
+    wt.data_t = state_.scratch(kScratchWeightT);
+    wt.scale_inv_t = state_.scratch_scales(kScratchWeightT);
+    quantize(wt, decoded, args_for(LinearRole::W, false, true), s);
+    matmul_quant(product, quant_operand(dyq, false), quant_operand(wt, true), M, K_, N_, gemm_options(), s);
+    mxfp4_gradient_epilogue(dx, nullptr, product, plan_.trust_mask ? x_mask_ : nullptr, M, K_, factor,
+                            plan_.forward_hadamard, s);
+    if (opt.x_pre_gelu != nullptr)
+      gelu_backward_inplace(dx, opt.x_pre_gelu, (size_t)M * K_, s, opt.dx_amax);
+    else if (opt.dx_amax)
+      amax_bf16(opt.dx_amax, dx, (size_t)M * K_, s);
+  }
+  // wgrad: dw (N, K) += H32 along K of (16/9 · dYᵀq (N, M) · Xᵀq (K, M)ᵀ ⊙ Mw)
+  fp4_dequantize(decoded, x_saved_, /*transposed=*/false, s);  // (M, K)
+  QTensor xt;
+  xt.rows = M;
+  xt.cols = K_;
+  xt.encoding = plan_.x;
+  xt.data_t = state_.scratch(kScratchInputT);
+  xt.scale_inv_t = state_.scratch_scales(kScratchInputT);
+  quantize(xt, decoded, args_for(LinearRole::X, false, true), s);
+  matmul_quant(product, quant_operand(dyq, true), quant_operand(xt, true), N_, K_, M, gemm_options(), s);
+  mxfp4_gradient_epilogue(nullptr, dw, product, plan_.trust_mask ? w_mask_ : nullptr, N_, K_, factor,
+                          plan_.forward_hadamard, s);
 }
 
 }  // namespace llmc

@@ -13,6 +13,11 @@
 //                   weight-gradient operands rotated by a random Hadamard transform along the tokens (the plan's
 //                   dy_stochastic_rounding and wgrad_hadamard), and the products run exactly on Hopper's BF16 or FP8
 //                   tensor cores (llmc/precision/fp4_gemm.h).
+//   Quartet plan (requantize_backward; MXFP4 x, w, dy): the forward quantises x and w along K (fixed Hadamard-32,
+//                   Gaussian or amax scales, trust masks) and keeps those codes: Xq (M, K) as the saved input, Wq
+//                   (N, K) as the weight cache. The backward decodes them and re-quantises them, with dy, along the
+//                   other direction of each product (fresh random Hadamard-32 signs, range-matched scales, RTN or
+//                   SR); each product (x16/9) is masked with the forward's trust mask and rotated back along K.
 #pragma once
 
 #include <functional>
@@ -102,9 +107,12 @@ class Linear {
   // Quantises src (q.rows, q.cols) into q as operand `role`: block scales (with the plan's rounding and, on the
   // transposed copy of x and dy, its wgrad Hadamard transform), or the per-tensor slot's scale (current / delayed).
   void quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, LinearRole role,
-                        cudaStream_t s);
-  // The quantiser arguments of a block-scaled operand `role` (rounding, random key, Hadamard transform of data_t).
-  QuantizeArgs block_args(LinearRole role, const QTensor& q) const;
+                        cudaStream_t s, uint32_t* trust_mask = nullptr);
+  // The quantiser arguments of a block-scaled operand `role` (rounding, random key, Hadamard transform of data_t;
+  // Quartet's forward: its rotation, scale rule and trust mask, written to trust_mask when non-null).
+  QuantizeArgs block_args(LinearRole role, const QTensor& q, uint32_t* trust_mask = nullptr) const;
+  // Quartet's backward (plan_.requantize_backward): dx (M, K) and dw (N, K) += from the saved Xq, Wq and dy.
+  void backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cudaStream_t s, const BackwardOptions& opt);
   // The GEMM options every quantised product of this layer starts from (the MXFP4 inexact-block counter).
   QuantGemmOptions gemm_options() const;
   // FP4 plans: the FP32 decode scales of every NVFP4 copy this layer makes (kTensorScaleSlots, in memory_) and the
@@ -116,7 +124,10 @@ class Linear {
   // Quantised operands. Per-tensor slots index into the PrecisionState arrays (-1 = none).
   int x_slot_ = -1, w_slot_ = -1, dy_slot_ = -1;
   QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step
-  QTensor x_saved_;    // (M_max, K) input: only data_t (K, M) kept for wgrad when save_quantized_input
+  QTensor x_saved_;    // (M_max, K) input: only data_t (K, M) kept for wgrad when save_quantized_input (Quartet
+                       // plans: only data (M, K), the forward's own codes)
+  uint32_t* w_mask_ = nullptr;  // Quartet with trust masks: Wq's (N, K / 32 words), in the weight cache
+  uint32_t* x_mask_ = nullptr;  // and the saved Xq's (M_max, K / 32 words)
   bool weight_cache_valid_ = false;
   bool weight_cache_recorded_ = false;  // the cache was built by a training forward (its amax recorded)
   bool have_saved_input_ = false;

@@ -72,6 +72,10 @@ uint32_t PrecisionState::hadamard_signs(int size) const {
   return random_signs(key, size);
 }
 
+uint32_t PrecisionState::rotation_signs(int index, LinearRole role, int size) const {
+  return random_signs(stochastic_key(index, role), size);
+}
+
 int PrecisionState::new_slot(const std::string& name, ElementFormat f) {
   if (allocated_) throw_error("PrecisionState: slot %s registered after the first forward", name.c_str());
   slot_names_.push_back(name);
@@ -189,7 +193,8 @@ void PrecisionState::weights_changed() {
   for (Linear* l : linears_) l->weights_changed();
 }
 
-void PrecisionState::record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s) {
+void PrecisionState::record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s,
+                                     const HadamardOption& rotation) {
   if (q.data == nullptr) return;
   if (std::find(numerics_names_.begin(), numerics_names_.end(), name) != numerics_names_.end()) return;
   if (numerics_ == nullptr) {
@@ -197,7 +202,7 @@ void PrecisionState::record_numerics(const std::string& name, const QTensor& q, 
     CUDA_CHECK(cudaMalloc(&numerics_, (size_t)numerics_capacity_ * kQuantStatsSlots * sizeof(double)));
   }
   if ((int)numerics_names_.size() >= numerics_capacity_) return;
-  quant_stats(numerics_ + numerics_names_.size() * kQuantStatsSlots, q, x, s);
+  quant_stats(numerics_ + numerics_names_.size() * kQuantStatsSlots, q, x, s, rotation);
   numerics_names_.push_back(name);
 }
 

@@ -44,8 +44,11 @@ enum ScratchId : int {
   kScratchRows = 0,      // Xq (M, K) in forward; dYq (M, N) in backward
   kScratchRowsT = 1,     // dYᵀq (N, M)
   kScratchInputT = 2,    // Xᵀq (K, M) quantised in backward when the input was not saved quantised
-  kScratchWeightT = 3,   // Wᵀq (K, N) when the plan does not cache it (made by the weight cast, then in backward)
-  kScratchCount = 4,
+  kScratchWeightT = 3,   // Wᵀq (K, N) when the plan does not cache it (made by the weight cast, then in backward);
+                         // Quartet's backward: the re-quantised weight codes (K, N) and their scales
+  kScratchDequant = 4,   // Quartet's backward: the saved Wq (N, K) or Xq (M, K) decoded to BF16 (exact), re-quantised
+  kScratchProduct = 5,   // Quartet's backward: the FP32 product (M, K) or (N, K) before its mask and inverse rotation
+  kScratchCount = 6,
 };
 
 // Telemetry of one quantised tensor at one step.
@@ -97,6 +100,10 @@ class PrecisionState {
   // The run's random sign vector of a size-`size` Hadamard transform (one for every layer and step, as NVIDIA's
   // NVFP4 recipe keeps it).
   uint32_t hadamard_signs(int size) const;
+  // Fresh random signs of a size-`size` Hadamard transform for `role` of the linear registered `index`-th in the
+  // current micro-step (Quartet's re-randomised backward rotations): drawn from stochastic_key(index, role), in a
+  // counter range of their own (fp4_rng.cuh's random_signs), so runs repeat and resume bit for bit.
+  uint32_t rotation_signs(int index, LinearRole role, int size) const;
   // Telemetry: when requested, every quantisation of the following training forward/backward also measures its
   // numerics (once per tensor); collect_numerics() returns them (synchronises) and ends the request.
   void request_numerics() { numerics_requested_ = true; }
@@ -140,7 +147,9 @@ class PrecisionState {
   float* temp_amax() { return amax_ + kSlotStride * slot_names_.size(); }  // the spare slot (delayed's first step)
   size_t padded_slots() const { return kSlotStride * (slot_names_.size() + 1); }
   bool history_started() const { return steps_recorded_ > 0; }
-  void record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s);
+  // rotation: q's data copy was quantised from x rotated (quant_stats measures the rotated values).
+  void record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s,
+                       const HadamardOption& rotation = HadamardOption());
 
   PrecisionRecipe recipe_;
   DeviceMemory memory_;

@@ -18,7 +18,7 @@ struct QuantizerFamily {
   const char* encodings;  // what it handles, for errors
   bool (*handles)(const Encoding&);
   void (*quantize)(const QTensor&, const bf16*, const QuantizeArgs&, cudaStream_t);
-  void (*stats)(double*, const QTensor&, const bf16*, cudaStream_t);
+  void (*stats)(double*, const QTensor&, const bf16*, const HadamardOption&, cudaStream_t);
   bool fp4_options;  // honours QuantizeArgs' rounding, hadamard, mxfp4_scale and trust_mask (others: the defaults)
 };
 
@@ -41,15 +41,21 @@ void quantize_fp8_blockwise(const QTensor& q, const bf16* src, const QuantizeArg
   fp8_quantize_blockwise(q, src, stream);
 }
 
+// The telemetry of a family whose codes are never rotated (quant_stats refuses a rotation for it first).
+template <void (*Stats)(double*, const QTensor&, const bf16*, cudaStream_t)>
+void unrotated_stats(double* out, const QTensor& q, const bf16* x, const HadamardOption&, cudaStream_t stream) {
+  Stats(out, q, x, stream);
+}
+
 const QuantizerFamily kFamilies[] = {
     {"fp8 per-tensor", "e4m3 | e5m2 codes, one fp32 | pow2 scale per tensor", fp8_tensorwise_encoding,
-     quantize_fp8_tensorwise, fp8_quant_stats, false},
+     quantize_fp8_tensorwise, unrotated_stats<fp8_quant_stats>, false},
     {"fp8 block-wise", "e4m3 | e5m2 codes, fp32 | pow2 scales per 1x128 or 128x128 block", fp8_blockwise_encoding,
-     quantize_fp8_blockwise, fp8_quant_stats, false},
+     quantize_fp8_blockwise, unrotated_stats<fp8_quant_stats>, false},
     {"fp4", "e2m1 codes with e4m3 scales per 1x16 or 16x16 block + fp32 tensor scale (nvfp4), or e8m0 scales per 1x32 "
      "block (mxfp4)", fp4_encoding, fp4_quantize, fp4_quant_stats, true},
     {"fp8 1x16 groups", "e4m3 codes, fp32 scales per 1x16 group (the saved activations' copies)",
-     fp8_groups_encoding, fp8_groups_quantize, fp8_groups_quant_stats, false},
+     fp8_groups_encoding, fp8_groups_quantize, unrotated_stats<fp8_groups_quant_stats>, false},
 };
 
 const QuantizerFamily* find_family(const Encoding& e) {
@@ -115,8 +121,13 @@ void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaS
   f.quantize(q, src, args, stream);
 }
 
-void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream) {
-  family_of("quant_stats", q.encoding).stats(stats_out, q, x, stream);
+void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream,
+                 const HadamardOption& rotation) {
+  const QuantizerFamily& f = family_of("quant_stats", q.encoding);
+  if (rotation.any() && !f.fp4_options)
+    throw_error("quant_stats: %s (the %s quantiser) has no rotated copies to measure", encoding_name(q.encoding).c_str(),
+                f.name);
+  f.stats(stats_out, q, x, rotation, stream);
 }
 
 QuantStats finish_quant_stats(const double* s) {

@@ -92,8 +92,11 @@ struct QuantStats {
 };
 // The raw sums of one tensor: kQuantStatsSlots doubles on the device (amax, min scale, saturated count, underflow
 // count, nonzero count, sum x^2, sum err^2, element count), computed deterministically by q's quantiser family.
+// rotation (FP4 only): the data copy was quantised from x rotated along cols (QuantizeArgs::hadamard); the statistics
+// are then those of the rotated values the quantiser saw (amax, SNR, fractions), each rotated again from x.
 constexpr int kQuantStatsSlots = 8;
-void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream);
+void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream,
+                 const HadamardOption& rotation = HadamardOption());
 // The families' shared second stage: a family's stats kernel runs kQuantStatsBlocks blocks, each writing
 // kQuantStatsSlots partials (slot 0 the amax bits, slot 1 the largest scale_inv bits, as exact doubles; slots 2-6 its
 // sums); this combines them in a fixed order into stats_out and adds the element count (slot 7).

@@ -19,6 +19,15 @@
 //                   one sign vector for the run; the last block in BF16 (the paper keeps under 15% of the linears in
 //                   BF16, mostly at the end). On Hopper the products run on BF16 tensor cores from operands expanded
 //                   exactly from the FP4 codes (llmc/precision/fp4_gemm.h): FP4 numerics and storage, not FP4 speed.
+//   mxfp4           Quartet (arXiv 2505.14669, shared/reference/fp4_recipes.md §1): x, w and dy E2M1 in 1x32 blocks
+//                   with E8M0 scales, every product of every block linear. Forward as QuEST: x and w rotated along K
+//                   by the fixed Hadamard-32, Gaussian (sigma-based) scales, round to nearest, trust masks saved.
+//                   Backward (Alg. 1): dy and the saved Wq rotated along N, dyᵀ and the saved Xqᵀ along the tokens,
+//                   by H32 with fresh random signs per micro-step, re-quantised with range-matched scales (RTN, or
+//                   SR with precision.dy_rounding), products x16/9, masked, and the forward rotation undone along K.
+//                   Each ingredient is a switch (forward_hadamard, forward_scale, trust_mask, backward_hadamard,
+//                   backward_scale). On Hopper the products run on FP8 tensor cores from operands remapped exactly
+//                   (llmc/precision/fp4_gemm.h): FP4 numerics and storage, not FP4 speed.
 // All quantising presets keep the lm_head and the embeddings in BF16 and save the linear inputs for backward
 // quantised. A preset starts from PrecisionRecipe's defaults (x, w E4M3 and dy E5M2 per tensor, FP32 scales).
 #include "llmc/precision/recipe.h"
@@ -78,6 +87,22 @@ const RecipePreset kPresets[] = {
        r.dy_stochastic_rounding = true;
        r.wgrad_hadamard = 16;
        r.bf16_layers = {-1};
+     }},
+    {"mxfp4", "Quartet: E2M1 1x32 blocks, E8M0 scales; QuEST forward (Hadamard-32, Gaussian scales, trust masks), "
+              "backward re-quantised with fresh Hadamard-32 signs and range-matched scales; FP8 products on Hopper",
+     [](PrecisionRecipe& r) {
+       r.quantize_linears = true;
+       r.x = role_encoding(ElementFormat::E2M1, kBlock1x32, false);
+       r.w = role_encoding(ElementFormat::E2M1, kBlock1x32, false);
+       r.dy = role_encoding(ElementFormat::E2M1, kBlock1x32, false);
+       r.scaling = ScalingMode::Current;
+       r.fast_accum = false;
+       r.dy_stochastic_rounding = false;  // Quartet v4's RTN backward; "stochastic" gives v1/v2's SR
+       r.forward_hadamard = 32;
+       r.forward_gaussian_scales = true;
+       r.trust_mask = true;
+       r.backward_hadamard = 32;
+       r.backward_range_matched = true;
      }},
 };
 
@@ -208,6 +233,43 @@ std::vector<BlockShape> configurable_block_shapes() {
   return out;
 }
 
+namespace {
+
+// Quartet's switches: its ingredients need its data flow (precision.backward_scale = "range_matched"), which needs
+// MXFP4 for x, w and dy, quantised saved inputs, and no NVFP4-style wgrad rotation beside its own.
+template <class Roles>
+void validate_quartet_switches(const PrecisionRecipe& r, const Roles& roles) {
+  if (r.forward_hadamard != 0 && r.forward_hadamard != 32)
+    throw_error("precision.forward_hadamard must be 0 (none) or 32 (got %d)", r.forward_hadamard);
+  if (r.backward_hadamard != 0 && r.backward_hadamard != 32)
+    throw_error("precision.backward_hadamard must be 0 (none) or 32 (got %d)", r.backward_hadamard);
+  const char* ingredient = r.forward_hadamard != 0      ? "precision.forward_hadamard = 32"
+                           : r.forward_gaussian_scales ? "precision.forward_scale = \"gaussian\""
+                           : r.trust_mask              ? "precision.trust_mask = true"
+                           : r.backward_hadamard != 0  ? "precision.backward_hadamard = 32"
+                                                       : nullptr;
+  if (ingredient && !r.backward_range_matched)
+    throw_error("%s is an ingredient of Quartet's data flow (the backward re-quantises the forward's saved codes); "
+                "set precision.backward_scale = \"range_matched\" (or precision.recipe = \"mxfp4\"), or turn it off",
+                ingredient);
+  if (!r.backward_range_matched) return;
+  for (const auto& role : roles)
+    if (!(role.e == role_encoding(ElementFormat::E2M1, kBlock1x32, false)))
+      throw_error("precision.backward_scale = \"range_matched\" is Quartet's MXFP4 backward, but precision.%s is %s; "
+                  "set precision.%s_format = \"e2m1\" and precision.%s_granularity = \"1x32\" (or "
+                  "precision.backward_scale = \"absmax\")", role.name, encoding_name(role.e).c_str(), role.name,
+                  role.name);
+  if (r.wgrad_hadamard != 0)
+    throw_error("precision.wgrad_hadamard = %d rotates the wgrad operands quantised from BF16; Quartet's backward "
+                "(precision.backward_scale = \"range_matched\") rotates its own with precision.backward_hadamard: "
+                "set precision.wgrad_hadamard to 0", r.wgrad_hadamard);
+  if (!r.save_quantized_inputs)
+    throw_error("precision.backward_scale = \"range_matched\" re-quantises the forward's saved FP4 inputs; set "
+                "precision.fp8_activations to true");
+}
+
+}  // namespace
+
 void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
   fill_precision_recipe(r.recipe, nullptr);  // a known preset
   for (int l : r.bf16_layers)
@@ -271,6 +333,7 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
                     "blocks", r.wgrad_hadamard, r.wgrad_hadamard, role.name, encoding_name(role.e).c_str());
     }
   }
+  validate_quartet_switches(r, roles);
   if (!r.cache_weight_transpose && r.w.element == ElementFormat::E2M1)
     throw_error("precision.cache_weight_transpose = false transposes FP8 weight codes in every backward; FP4 weights "
                 "(%s) keep their transposed copy: set it to true", encoding_name(r.w).c_str());
@@ -292,10 +355,16 @@ LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearK
   p.fast_accum_fprop = r.fast_accum && r.x.per_tensor();
   // The attention output is kept in BF16 by every model anyway (the attention backward reads it), so its
   // projection saves no quantised copy: its wgrad quantises the BF16 tensor again, and the copy's memory is saved.
-  p.save_quantized_input = r.save_quantized_inputs && kind != LinearKind::AttnOut;
+  // Quartet's backward needs the forward's own codes of every input.
+  p.save_quantized_input = r.save_quantized_inputs && (kind != LinearKind::AttnOut || r.backward_range_matched);
   p.cache_weight_transpose = r.cache_weight_transpose;
   p.dy_stochastic_rounding = r.dy_stochastic_rounding;
   p.wgrad_hadamard = r.wgrad_hadamard;
+  p.requantize_backward = r.backward_range_matched;
+  p.forward_hadamard = r.forward_hadamard;
+  p.forward_gaussian_scales = r.forward_gaussian_scales;
+  p.trust_mask = r.trust_mask;
+  p.backward_hadamard = r.backward_hadamard;
   return p;
 }
 
@@ -310,7 +379,7 @@ int quantized_dim_multiple(const PrecisionRecipe& r) {
   // Every quantised linear's in / out features are multiples of kQuantGemmAlign (Linear checks them), and a wgrad
   // Hadamard transform runs along the tokens in whole transforms.
   return std::max({quant_gemm_dim_multiple(r.x), quant_gemm_dim_multiple(r.w), quant_gemm_dim_multiple(r.dy),
-                   kQuantGemmAlign, r.wgrad_hadamard});
+                   kQuantGemmAlign, r.wgrad_hadamard, r.backward_hadamard});
 }
 
 int recipe_min_compute_capability(const PrecisionRecipe& r) {
@@ -329,8 +398,18 @@ std::string describe_recipe(const PrecisionRecipe& r) {
       s += strformat(" (history %d, %s, margin %d)", r.amax_history_len, r.amax_compute.c_str(), r.margin);
   }
   s += r.fast_accum ? "; fast accumulation in fprop" : "; split accumulation";
-  if (r.dy_stochastic_rounding) s += "; dy rounded stochastically";
+  if (r.dy_stochastic_rounding && !r.backward_range_matched) s += "; dy rounded stochastically";
   if (r.wgrad_hadamard != 0) s += strformat("; random Hadamard-%d on the wgrad operands", r.wgrad_hadamard);
+  if (r.backward_range_matched) {
+    s += "; forward";
+    if (r.forward_hadamard != 0) s += strformat(" Hadamard-%d,", r.forward_hadamard);
+    s += r.forward_gaussian_scales ? " Gaussian (QuEST) scales" : " absmax scales";
+    if (r.trust_mask) s += ", trust masks";
+    s += "; backward re-quantises the saved codes";
+    if (r.backward_hadamard != 0) s += strformat(" under fresh random Hadamard-%d signs", r.backward_hadamard);
+    s += r.dy_stochastic_rounding ? ", range-matched scales, stochastic rounding"
+                                  : ", range-matched scales, round to nearest";
+  }
   if (r.x.element == ElementFormat::E2M1)
     s += r.x.scale == ScaleFormat::E8M0 ? "; FP4 numerics, products on FP8 tensor cores (exact E4M3 remap)"
                          : "; FP4 numerics, products on BF16 tensor cores (exact expansion)";

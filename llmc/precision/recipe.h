@@ -44,6 +44,19 @@ struct PrecisionRecipe {
   int wgrad_hadamard = 0;  // size (16 or 32) of the random Hadamard transform applied, along the tokens, to both
                            // operands of the weight-gradient product (dyᵀ and xᵀ; FP4 only; 0 = none). One sign
                            // vector for the whole run and every layer, drawn from the run seed.
+  // Quartet (MXFP4 x, w and dy; arXiv 2505.14669, shared/reference/fp4_recipes.md §1). backward_range_matched selects
+  // its data flow: the forward saves its own codes of x and w (rotated, with their trust masks), and the backward
+  // re-quantises them, and dy, along the other direction of each product with range-matched scales; the other
+  // switches are its ingredients (each needs backward_range_matched, so the paper's ablations are runs of the same
+  // flow).
+  int forward_hadamard = 0;        // 0 or 32: the fixed Hadamard-32 on x and w along K before the forward product
+  bool forward_gaussian_scales = false;  // (forward_scale) "gaussian": QuEST's sigma-based E8M0 scales for x and w;
+                                         // "absmax": the OCP amax rule
+  bool trust_mask = false;         // QuEST's trust masks of x and w (1 bit per element) saved and applied to dx, dw
+  int backward_hadamard = 0;       // 0 or 32: fresh random signs per micro-step, H32·S on both operands of dgrad
+                                   // (along N) and wgrad (along the tokens)
+  bool backward_range_matched = false;  // (backward_scale) "range_matched": Quartet's backward; "absmax": the
+                                        // quantised backward of the other presets
 
   // precision.pow2_scales: the roles' scales are FP32 rounded down to powers of two (Pow2FP32) rather than FP32.
   // Setting it changes only roles whose scales are FP32 or Pow2FP32.
@@ -68,6 +81,13 @@ struct LinearPlan {
   bool cache_weight_transpose = true;  // the transposed weight codes live for the optimizer step (else per backward)
   bool dy_stochastic_rounding = false; // dy's codes (both copies) rounded stochastically
   int wgrad_hadamard = 0;              // Hadamard size of the wgrad operands dyᵀ and xᵀ (along the tokens), or 0
+  // Quartet's data flow (PrecisionRecipe's fields of the same names): the forward keeps Xq (M, K) and the weight
+  // cache Wq (N, K) (codes, scales, trust masks; no transposed copies) and the backward re-quantises them.
+  bool requantize_backward = false;    // PrecisionRecipe::backward_range_matched
+  int forward_hadamard = 0;
+  bool forward_gaussian_scales = false;
+  bool trust_mask = false;
+  int backward_hadamard = 0;
 };
 
 // The presets known to this build, in the order the docs list them.
@@ -106,7 +126,7 @@ bool quantizes_linears(const PrecisionRecipe& r);
 bool keeps_amax_history(const PrecisionRecipe& r);
 // The multiple that every dimension of a quantised linear GEMM must be (the tokens B*T, the channels, the hidden
 // width): 16 for per-tensor FP8, 128 with 1x128 / 128x128 blocks, 16 for NVFP4 and MXFP4 (32 for the tokens with a
-// size-32 wgrad Hadamard transform); 1 when nothing is quantised.
+// size-32 wgrad or backward Hadamard transform); 1 when nothing is quantised.
 int quantized_dim_multiple(const PrecisionRecipe& r);
 // The compute capability the recipe's GEMMs need: 80 for BF16 and NVFP4 (its products run in BF16), 89 for
 // per-tensor FP8, 90 for block-wise FP8 and MXFP4.

@@ -10,6 +10,9 @@
 //   - delayed scaling: the first step scales from the current amax, later steps from the history,
 //   - numerics telemetry names and sanity,
 //   - the BF16 plan is exactly the cuBLASLt BF16 path;
+//   - Quartet plans (mxfp4 and its ablations): fprop, dgrad and wgrad against a host reference of exactly its
+//     algorithm (forward rotation, scales, trust masks; backward re-quantisation under the micro-step's signs with
+//     range-matched scales; the products x16/9, masked, rotated back) within the FP4 products' accumulation bounds.
 //   - FP4 plans (nvfp4, its ablations, MXFP4 for every role): fprop, dgrad and wgrad equal the FP64 product of the
 //     operands the host FP4 quantisers make with the same arguments (x RTN, w 16x16 or 1x16 RTN, dy stochastic with
 //     the precision state's key, the transposed x and dy rotated by the run's Hadamard signs), within the bounds of
@@ -29,6 +32,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/kernels/reduce.h"
+#include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/fp8_quant.h"
 #include "llmc/precision/gemm.h"
 #include "llmc/precision/linear.h"
@@ -551,6 +555,15 @@ void fp4_reference(std::vector<double>* d, std::vector<double>* absref, const Ho
 }
 
 PrecisionRecipe fp4_recipe(const std::string& variant) {
+  if (variant.rfind("quartet", 0) == 0) {  // the mxfp4 preset and its ablations
+    PrecisionRecipe q = recipe("mxfp4");
+    if (variant == "quartet_sr") q.dy_stochastic_rounding = true;
+    if (variant == "quartet_no_mask") q.trust_mask = false;
+    if (variant == "quartet_no_rotation") q.forward_hadamard = q.backward_hadamard = 0;
+    if (variant == "quartet_absmax") q.forward_gaussian_scales = false;
+    validate_precision_recipe(q, 4);
+    return q;
+  }
   PrecisionRecipe r = recipe("nvfp4");
   r.bf16_layers.clear();
   if (variant == "nvfp4_rtn") r.dy_stochastic_rounding = false;
@@ -574,6 +587,7 @@ TEST_P(LinearFp4, ProductsMatchHostQuantisedReference) {
   const PrecisionRecipe r = fp4_recipe(GetParam());
   const LinearPlan plan = plan_linear(r, 1, 4, LinearKind::MlpUp);
   ASSERT_TRUE(plan.quantized);
+  if (plan.requantize_backward) GTEST_SKIP() << "Quartet plans: LinearQuartet checks their own algorithm";
   PrecisionState state(r);
   state.set_random_stream(seed(), 0, 1);
   state.begin_step(41);
@@ -686,13 +700,164 @@ TEST_P(LinearFp4, RandomStreamsRepeatPerStepAndMicroStep) {
   const Grads a = run(7, 1, 0);
   EXPECT_TRUE(same(a, run(7, 1, 0))) << "the same step and micro-step must repeat bit for bit";
   const bool sr = plan.dy_stochastic_rounding;
-  EXPECT_EQ(!same(a, run(8, 1, 0)), sr) << "another step";
-  EXPECT_EQ(!same(a, run(7, 2, 0)), sr) << "another micro-step";
-  EXPECT_EQ(!same(a, run(7, 1, 1)), sr) << "another rank";
+  const bool random = sr || plan.backward_hadamard != 0;  // Quartet re-draws its rotation signs every micro-step
+  EXPECT_EQ(!same(a, run(8, 1, 0)), random) << "another step";
+  EXPECT_EQ(!same(a, run(7, 2, 0)), random) << "another micro-step";
+  EXPECT_EQ(!same(a, run(7, 1, 1)), random) << "another rank";
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, LinearFp4,
-                         ::testing::Values("nvfp4", "nvfp4_rtn", "nvfp4_no_rht", "nvfp4_1x16_w", "mxfp4"));
+                         ::testing::Values("nvfp4", "nvfp4_rtn", "nvfp4_no_rht", "nvfp4_1x16_w", "mxfp4", "quartet",
+                                           "quartet_sr", "quartet_no_rotation"));
+
+// ---------------------------------------------------------------------------------------------------------------
+// Quartet plans (the mxfp4 preset and its ablations) against a host reference of exactly its algorithm: the forward
+// codes (fixed Hadamard-32 along K, Gaussian or amax scales) and trust masks; the backward re-quantisations of dy and
+// of the decoded Wq and Xq (the micro-step's random Hadamard-32 signs, range-matched scales, RTN or SR with the
+// linear's keys); the products over the exact FP4 values in FP64, x 16/9, masked, and rotated back along K by H32.
+// A host MXFP4 copy: codes and scales of data (rows, cols) or of data_t (cols, rows), and data's trust mask.
+struct HostMx {
+  HostFp4 q;
+  std::vector<uint32_t> mask;
+};
+HostMx host_mx(const std::vector<float>& x, int rows, int cols, const QuantizeArgs& args, bool transposed) {
+  HostMx h;
+  const Encoding e = kMxfp4Encoding;
+  h.q.e = e;
+  h.q.rows = transposed ? cols : rows;
+  h.q.K = transposed ? rows : cols;
+  h.q.codes.resize(code_bytes(e, h.q.rows, h.q.K));
+  h.q.scales.resize(scale_inv_bytes(e, h.q.rows, h.q.K));
+  h.mask.assign((size_t)rows * (cols / 32), 0u);
+  Fp4CpuOut out;
+  (transposed ? out.data_t : out.data) = h.q.codes.data();
+  (transposed ? out.scale_inv_t : out.scale_inv) = h.q.scales.data();
+  if (!transposed) out.trust_mask = h.mask.data();
+  fp4_quantize_cpu(&out, x.data(), rows, cols, e, args, nullptr);
+  return h;
+}
+std::vector<float> host_decode(const HostFp4& h) {
+  std::vector<float> v((size_t)h.rows * h.K);
+  fp4_dequantize_cpu(v.data(), h.codes.data(), h.scales.data(), 1.0f, h.rows, h.K, h.e);
+  return v;
+}
+// The epilogue on g (rows, cols) FP64 with its sum |a b| absg: ref = H32 along the rows of (16/9 g ⊙ mask) (no
+// rotation when hadamard is 0), and the error scale of each output: 16/9 of the masked absg of its 32-block / sqrt(32)
+// (the FP32 product's and butterflies' errors mix within a block), or of the element itself.
+void quartet_epilogue_ref(std::vector<double>* ref, std::vector<double>* absref, const std::vector<double>& g,
+                          const std::vector<double>& absg, const std::vector<uint32_t>* mask, int rows, int cols,
+                          int hadamard) {
+  const double factor = 16.0 / 9.0;
+  ref->assign(g.size(), 0.0);
+  absref->assign(g.size(), 0.0);
+  for (int r = 0; r < rows; r++)
+    for (int c0 = 0; c0 < cols; c0 += 32) {
+      double v[32], a[32], block_abs = 0;
+      for (int i = 0; i < 32; i++) {
+        const size_t idx = (size_t)r * cols + c0 + i;
+        const bool kept = !mask || (((*mask)[(size_t)r * (cols / 32) + c0 / 32] >> i) & 1u);
+        v[i] = kept ? factor * g[idx] : 0.0;
+        a[i] = kept ? factor * absg[idx] : 0.0;
+        block_abs += a[i];
+      }
+      for (int i = 0; i < 32; i++) {
+        const size_t idx = (size_t)r * cols + c0 + i;
+        if (hadamard == 0) {
+          (*ref)[idx] = v[i];
+          (*absref)[idx] = a[i];
+          continue;
+        }
+        double acc = 0;
+        for (int j = 0; j < 32; j++) acc += (__builtin_popcount(i & j) % 2 ? -v[j] : v[j]);
+        (*ref)[idx] = acc / std::sqrt(32.0);
+        (*absref)[idx] = block_abs / std::sqrt(32.0);
+      }
+    }
+}
+size_t cleared_bits(const std::vector<uint32_t>& mask) {
+  size_t n = 0;
+  for (uint32_t w : mask) n += 32 - __builtin_popcount(w);
+  return n;
+}
+
+class LinearQuartet : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LinearQuartet, ProductsFollowTheAlgorithm) {
+  std::mt19937_64 rng(seed() ^ 23 ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe r = fp4_recipe(GetParam());
+  const LinearPlan plan = plan_linear(r, 1, 4, LinearKind::MlpUp);
+  ASSERT_TRUE(plan.quantized && plan.requantize_backward);
+  PrecisionState state(r);
+  state.set_random_stream(seed(), 0, 1);
+  state.begin_step(41);
+  Linear lin(state, "quartet.linear", LinearKind::MlpUp, 1, N, K, plan, M);
+  EXPECT_TRUE(lin.saves_quantized_input());
+  const MicroStep step = train_micro_step(state, lin, p);
+
+  // Forward: x and w along K, the fixed rotation, the plan's scale rule, round to nearest, trust masks.
+  QuantizeArgs fwd;
+  fwd.mxfp4_scale = plan.forward_gaussian_scales ? Mxfp4Scale::Gaussian : Mxfp4Scale::Amax;
+  if (plan.forward_hadamard) fwd.hadamard = {plan.forward_hadamard, 0u, true, false};
+  const HostMx xq = host_mx(p.x, M, K, fwd, false), wq = host_mx(p.w, N, K, fwd, false);
+  if (plan.forward_gaussian_scales) {  // the masks below must be able to matter
+    EXPECT_GT(cleared_bits(xq.mask), 0u) << "Gaussian scales clip some x";
+    EXPECT_GT(cleared_bits(wq.mask), 0u) << "Gaussian scales clip some w";
+  }
+  // Backward: the micro-step's signs and keys (the state is still in that micro-step).
+  const int h = plan.backward_hadamard;
+  const uint32_t signs = h ? state.rotation_signs(0, LinearRole::Dy, h) : 0u;
+  auto bwd = [&](LinearRole role, bool data, bool data_t) {
+    QuantizeArgs a;
+    a.mxfp4_scale = Mxfp4Scale::RangeMatched;
+    if (plan.dy_stochastic_rounding) a.rounding = Rounding::Stochastic, a.sr_key = state.stochastic_key(0, role);
+    if (h) a.hadamard = {h, signs, data, data_t};
+    return a;
+  };
+  const HostMx dyq = host_mx(p.dy, M, N, bwd(LinearRole::Dy, true, true), false);
+  const HostMx dytq = host_mx(p.dy, M, N, bwd(LinearRole::Dy, true, true), true);
+  const HostMx wtq = host_mx(host_decode(wq.q), N, K, bwd(LinearRole::W, false, true), true);
+  const HostMx xtq = host_mx(host_decode(xq.q), M, K, bwd(LinearRole::X, false, true), true);
+
+  // MXFP4 products: exact E4M3 operands, split accumulation (test_fp4_gemm's bound, as LinearFp4 uses it); the
+  // epilogue adds its FP32 roundings (scale, butterflies) within 2^-19 of the block's magnitude.
+  auto accumulation = [](int k) { return std::ldexp(1.0, -10) + 4.0 * k * std::ldexp(1.0, -24) + std::ldexp(1.0, -19); };
+  std::vector<double> ref, absref, g, absg;
+  fp4_reference(&ref, &absref, xq.q, wq.q, p.bias.data());
+  expect_close("quartet fprop", step.out, ref, absref, std::ldexp(1.0, -8), accumulation(K) + std::ldexp(1.0, -9));
+  fp4_reference(&g, &absg, dyq.q, wtq.q);
+  quartet_epilogue_ref(&ref, &absref, g, absg, plan.trust_mask ? &xq.mask : nullptr, M, K, plan.forward_hadamard);
+  expect_close("quartet dgrad", step.dx, ref, absref, std::ldexp(1.0, -8), accumulation(N));
+  fp4_reference(&g, &absg, dytq.q, xtq.q);
+  quartet_epilogue_ref(&ref, &absref, g, absg, plan.trust_mask ? &wq.mask : nullptr, N, K, plan.forward_hadamard);
+  for (size_t i = 0; i < ref.size(); i++) {
+    ref[i] += p.dw0[i];
+    absref[i] += std::fabs(p.dw0[i]);
+  }
+  expect_close("quartet wgrad", step.dw, ref, absref, 1e-6, accumulation(M));
+
+  // Against the unquantised products (loose, printed): the masks drop the clipped elements' gradients, so the
+  // gradients are biased by design; they still point the same way.
+  const std::vector<float> wt = transpose(p.w, N, K), dyt = transpose(p.dy, M, N), xt = transpose(p.x, M, K);
+  std::vector<double> dw_exact = product(dyt, xt, N, K, M);
+  for (size_t i = 0; i < dw_exact.size(); i++) dw_exact[i] += p.dw0[i];
+  const double e_dgrad = rel_error(step.dx, product(p.dy, wt, M, K, N)), e_wgrad = rel_error(step.dw, dw_exact);
+  std::printf("  %s: relative error vs unquantised dgrad %.3f wgrad %.3f\n", GetParam(), e_dgrad, e_wgrad);
+  EXPECT_LT(e_dgrad, 0.6);
+  EXPECT_LT(e_wgrad, 0.6);
+
+  // Telemetry: x, w (their rotated values, as quantised) and dy (its data copy, rotated as quantised), and the count
+  // of inexact E4M3 remap blocks on the x entry (0 on these data).
+  const std::vector<TensorNumerics> numerics = state.collect_numerics(0);
+  expect_role_telemetry(numerics, "quartet.linear", 8.0);
+  for (const TensorNumerics& t : numerics)
+    EXPECT_EQ(t.inexact_blocks, t.name == "quartet.linear.x" ? 0 : -1) << t.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, LinearQuartet,
+                         ::testing::Values("quartet", "quartet_sr", "quartet_no_mask", "quartet_no_rotation",
+                                           "quartet_absmax"));
 
 // The BF16 plan is the cuBLASLt BF16 path, bit for bit.
 TEST(LinearBf16, IsTheBf16Gemm) {

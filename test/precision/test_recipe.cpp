@@ -88,6 +88,24 @@ TEST(Recipe, PresetFields) {
   EXPECT_FALSE(n.quantize_lm_head);
   EXPECT_TRUE(n.save_quantized_inputs);
   EXPECT_TRUE(n.cache_weight_transpose);
+  EXPECT_FALSE(n.backward_range_matched);
+  // Quartet: MXFP4 for every role; QuEST forward (fixed Hadamard-32, Gaussian scales, trust masks); backward
+  // re-quantised under fresh Hadamard-32 signs with range-matched scales, RTN (Quartet v4); every block quantised.
+  const PrecisionRecipe q = preset("mxfp4");
+  EXPECT_TRUE(q.quantize_linears);
+  EXPECT_EQ(q.x, kMxfp4Rows);
+  EXPECT_EQ(q.w, kMxfp4Rows);
+  EXPECT_EQ(q.dy, kMxfp4Rows);
+  EXPECT_EQ(q.forward_hadamard, 32);
+  EXPECT_TRUE(q.forward_gaussian_scales);
+  EXPECT_TRUE(q.trust_mask);
+  EXPECT_EQ(q.backward_hadamard, 32);
+  EXPECT_TRUE(q.backward_range_matched);
+  EXPECT_FALSE(q.dy_stochastic_rounding);
+  EXPECT_EQ(q.wgrad_hadamard, 0);
+  EXPECT_TRUE(q.bf16_layers.empty());
+  EXPECT_FALSE(q.quantize_lm_head);
+  EXPECT_TRUE(q.save_quantized_inputs);
   EXPECT_FALSE(precision_recipe_preset("fp8", nullptr));
 }
 
@@ -106,6 +124,7 @@ TEST(Recipe, QueriesOfEveryPreset) {
       {"fp8_delayed", true, kE4M3, kE4M3, kE5M2, true, 16, 89},
       {"fp8_blockwise", true, kE4M3Rows, kE4M3Tiles, kE5M2Rows, false, 128, 90},
       {"nvfp4", true, kNvfp4Rows, kNvfp4Tiles, kNvfp4Rows, false, 16, 80},  // products in BF16 on Hopper
+      {"mxfp4", true, kMxfp4Rows, kMxfp4Rows, kMxfp4Rows, false, 32, 90},   // Hadamard-32 along the tokens
   };
   ASSERT_EQ(precision_recipe_names().size(), std::size(cases));
   for (size_t i = 0; i < std::size(cases); i++) {
@@ -124,8 +143,15 @@ TEST(Recipe, QueriesOfEveryPreset) {
       EXPECT_EQ(p.x, c.x) << c.name;
       EXPECT_EQ(p.w, c.w) << c.name;
       EXPECT_EQ(p.dy, c.dy) << c.name;
-      // Saved for backward: the quantised input, except the attention output's (kept in BF16 for attention anyway).
-      EXPECT_EQ(p.save_quantized_input, kind != LinearKind::AttnOut) << c.name << " " << linear_kind_name(kind);
+      // Saved for backward: the quantised input, except the attention output's (kept in BF16 for attention anyway);
+      // Quartet's backward re-quantises the forward's codes of every input.
+      EXPECT_EQ(p.save_quantized_input, kind != LinearKind::AttnOut || r.backward_range_matched)
+          << c.name << " " << linear_kind_name(kind);
+      EXPECT_EQ(p.requantize_backward, r.backward_range_matched) << c.name;
+      EXPECT_EQ(p.forward_hadamard, r.forward_hadamard) << c.name;
+      EXPECT_EQ(p.forward_gaussian_scales, r.forward_gaussian_scales) << c.name;
+      EXPECT_EQ(p.trust_mask, r.trust_mask) << c.name;
+      EXPECT_EQ(p.backward_hadamard, r.backward_hadamard) << c.name;
       EXPECT_EQ(p.amax_history_len, c.history ? 1024 : 1) << c.name;
       EXPECT_EQ(p.dy_stochastic_rounding, r.dy_stochastic_rounding) << c.name;
       EXPECT_EQ(p.wgrad_hadamard, r.wgrad_hadamard) << c.name;
@@ -208,18 +234,21 @@ TEST(Recipe, Pow2ScalesKeyMapsOntoTheScaleFormats) {
 
 TEST(Recipe, NamesHelpAndDescription) {
   EXPECT_EQ(precision_recipe_names(),
-            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4"}));
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4"}));
   EXPECT_EQ(precision_recipe_summaries(),
             "bf16 (every GEMM in BF16; sm_80) | fp8_tensorwise (current per-tensor scaling; sm_89) | fp8_delayed "
             "(amax history; sm_89) | fp8_blockwise (1x128 / 128x128 blocks; sm_90) | nvfp4 (E2M1 1x16 blocks (w "
-            "16x16), E4M3 block + FP32 tensor scales, stochastic dy, RHT-16 wgrad; BF16 products on Hopper; sm_80)");
+            "16x16), E4M3 block + FP32 tensor scales, stochastic dy, RHT-16 wgrad; BF16 products on Hopper; sm_80) | mxfp4 "
+            "(Quartet: E2M1 1x32 blocks, E8M0 scales; QuEST forward (Hadamard-32, Gaussian scales, trust masks), "
+            "backward re-quantised with fresh Hadamard-32 signs and range-matched scales; FP8 products on Hopper; "
+            "sm_90)");
   try {
     PrecisionRecipe r;
     fill_precision_recipe("fp8_magic", &r);
     ADD_FAILURE() << "no error for an unknown preset";
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "precision.recipe: unknown recipe 'fp8_magic' (known in this build: bf16, "
-                                   "fp8_tensorwise, fp8_delayed, fp8_blockwise, nvfp4)")) << e.what();
+                                   "fp8_tensorwise, fp8_delayed, fp8_blockwise, nvfp4, mxfp4)")) << e.what();
   }
   PrecisionRecipe unknown;
   unknown.recipe = "fp8";
@@ -346,6 +375,72 @@ TEST(Recipe, Fp4CombinationsRefused) {
   r = preset("nvfp4");
   r.fast_accum = true;
   EXPECT_TRUE(contains(validation_error(r), "precision.fast_accum")) << validation_error(r);
+}
+
+// Quartet's switches: each ingredient names itself and the key that enables its data flow; the flow needs MXFP4 for
+// every role, saved quantised inputs and no second wgrad rotation. The paper's ablations are valid recipes.
+TEST(Recipe, QuartetSwitches) {
+  const PrecisionRecipe q = preset("mxfp4");
+  EXPECT_EQ(validation_error(q), "");
+  const std::string d = describe_recipe(q);
+  for (const char* part : {"forward Hadamard-32, Gaussian (QuEST) scales, trust masks",
+                           "backward re-quantises the saved codes under fresh random Hadamard-32 signs, range-matched "
+                           "scales, round to nearest", "products on FP8 tensor cores (exact E4M3 remap)"})
+    EXPECT_TRUE(contains(d, part)) << d;
+  PrecisionRecipe a = q;
+  a.trust_mask = false;  // no mask
+  EXPECT_EQ(validation_error(a), "");
+  a = q;
+  a.forward_hadamard = a.backward_hadamard = 0;  // no rotation
+  EXPECT_EQ(validation_error(a), "");
+  EXPECT_EQ(quantized_dim_multiple(a), 16);
+  a = q;
+  a.dy_stochastic_rounding = true;  // Quartet v1/v2's SR backward
+  EXPECT_EQ(validation_error(a), "");
+  EXPECT_TRUE(contains(describe_recipe(a), "range-matched scales, stochastic rounding")) << describe_recipe(a);
+  a = q;
+  a.forward_gaussian_scales = false;  // absmax forward
+  EXPECT_EQ(validation_error(a), "");
+
+  PrecisionRecipe r = q;
+  r.forward_hadamard = 16;
+  EXPECT_TRUE(contains(validation_error(r), "precision.forward_hadamard must be 0 (none) or 32 (got 16)"))
+      << validation_error(r);
+  r = q;
+  r.backward_hadamard = 16;
+  EXPECT_TRUE(contains(validation_error(r), "precision.backward_hadamard must be 0 (none) or 32 (got 16)"))
+      << validation_error(r);
+  r = q;
+  r.backward_range_matched = false;  // the ingredients without their data flow
+  EXPECT_TRUE(contains(validation_error(r), "precision.forward_hadamard = 32 is an ingredient of Quartet's data flow"))
+      << validation_error(r);
+  EXPECT_TRUE(contains(validation_error(r), "set precision.backward_scale = \"range_matched\"")) << validation_error(r);
+  r.forward_hadamard = 0;
+  EXPECT_TRUE(contains(validation_error(r), "precision.forward_scale = \"gaussian\" is an ingredient"))
+      << validation_error(r);
+  r.forward_gaussian_scales = false;
+  EXPECT_TRUE(contains(validation_error(r), "precision.trust_mask = true is an ingredient")) << validation_error(r);
+  r.trust_mask = false;
+  EXPECT_TRUE(contains(validation_error(r), "precision.backward_hadamard = 32 is an ingredient"))
+      << validation_error(r);
+  r.backward_hadamard = 0;
+  EXPECT_EQ(validation_error(r), "");  // plain MXFP4 with the absmax backward
+  r = q;
+  r.dy = kNvfp4Rows;
+  EXPECT_FALSE(validation_error(r).empty());
+  r = q;
+  r.w = kE4M3Rows;  // an FP8 weight: the backward is not Quartet's (the product is refused first, or the flow)
+  EXPECT_FALSE(validation_error(r).empty());
+  r = preset("nvfp4");
+  r.backward_range_matched = true;
+  EXPECT_TRUE(contains(validation_error(r), "is Quartet's MXFP4 backward, but precision.x is e2m1 1x16"))
+      << validation_error(r);
+  r = q;
+  r.wgrad_hadamard = 32;
+  EXPECT_TRUE(contains(validation_error(r), "set precision.wgrad_hadamard to 0")) << validation_error(r);
+  r = q;
+  r.save_quantized_inputs = false;
+  EXPECT_TRUE(contains(validation_error(r), "set precision.fp8_activations to true")) << validation_error(r);
 }
 
 // An encoding this build has no quantiser for is refused by validation, naming the keys, before any kernel.

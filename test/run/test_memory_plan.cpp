@@ -143,6 +143,30 @@ TEST(MemoryPlan, Fp4SavesLessThanFp8) {
   }
 }
 
+// Quartet (mxfp4) keeps the forward's own codes: every linear (the attention projection included) saves Xq (M, K)
+// with its 1x32 E8M0 scales and its trust mask (one bit per element), and the weight cache holds Wq (N, K), its
+// scales and mask, with no transposed copy; without masks both shrink by exactly the masks.
+TEST(MemoryPlan, QuartetSavesForwardCodesAndTrustMasks) {
+  const int B = 4, T = 1024, M = B * T;
+  const RunConfig q = config("gpt2-124m", "mxfp4", B, T);
+  const RunConfig nomask = config("gpt2-124m", "mxfp4", B, T, {"precision.trust_mask=false"});
+  const ModelMemory with = plan_model_memory(q.model, B, T, 0, q.precision);
+  const ModelMemory without = plan_model_memory(nomask.model, B, T, 0, nomask.precision);
+  const ModelSpec& m = q.model;
+  const Encoding& x = q.precision.x;
+  auto mask = [](size_t rows, int K) { return round_up(sizeof(uint32_t) * rows * (K / 32), 256); };
+  auto saved = [&](int K) { return round_up(code_bytes(x, M, K), 256) + round_up(scale_inv_bytes(x, M, K), 256); };
+  // c_attn, attn.c_proj and c_fc read n_embd features, mlp.c_proj ffn_hidden
+  const size_t per_block = 3 * saved(m.n_embd) + saved(m.ffn_hidden);
+  const size_t masks_per_block = 3 * mask(M, m.n_embd) + mask(M, m.ffn_hidden);
+  EXPECT_EQ(without.precision.saved_inputs, per_block * m.n_layer);
+  EXPECT_EQ(with.precision.saved_inputs, (per_block + masks_per_block) * m.n_layer);
+  EXPECT_GT(with.precision.weight_caches, without.precision.weight_caches);
+  const RunConfig fp4 = config("gpt2-124m", "nvfp4", B, T, {"precision.bf16_layers=[]"});
+  EXPECT_LT(without.precision.weight_caches,
+            plan_model_memory(fp4.model, B, T, 0, fp4.precision).precision.weight_caches);
+}
+
 // The optimizer-state row is the state format's m.bytes(n) + v.bytes(n): bf16 halves fp32.
 TEST(MemoryPlan, OptimizerStatesFollowTheStateFormat) {
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {
