@@ -305,6 +305,34 @@ const std::vector<KeySchema>& schema() {
                   "size of the random Hadamard transform applied along the tokens to both weight-gradient operands "
                   "(dy and x; FP4 1xN blocks only; one sign vector per run, from train.seed): 0 (none), 16 or 32",
                   LLMC_ACCESS(precision.wgrad_hadamard)), 0, 32),
+      one_of(row("precision", "backward_scale", T::String,
+                 "MXFP4 backward: absmax (the dy, x, w copies quantised from BF16 with the OCP amax rule) or "
+                 "range_matched (Quartet: the forward's saved FP4 codes and dy re-quantised with E8M0 = "
+                 "2^(floor(log2 amax) - 2), elements x 3/4, products x 16/9; precision.dy_rounding rounds all of them)",
+                 [](const RunConfig& c) {
+                   return json(c.precision.backward_range_matched ? "range_matched" : "absmax");
+                 },
+                 [](RunConfig& c, const json& v) {
+                   c.precision.backward_range_matched = v.get<std::string>() == "range_matched";
+                 }), {"absmax", "range_matched"}),
+      between(row("precision", "forward_hadamard", T::Int,
+                  "Quartet forward: size of the fixed Hadamard transform of x and w along K (0 = none, or 32; needs "
+                  "backward_scale = range_matched)", LLMC_ACCESS(precision.forward_hadamard)), 0, 32),
+      one_of(row("precision", "forward_scale", T::String,
+                 "Quartet forward: E8M0 scales of x and w from the block amax (absmax) or QuEST's block standard "
+                 "deviation (gaussian, clips beyond about 2.92 sigma; needs backward_scale = range_matched)",
+                 [](const RunConfig& c) { return json(c.precision.forward_gaussian_scales ? "gaussian" : "absmax"); },
+                 [](RunConfig& c, const json& v) {
+                   c.precision.forward_gaussian_scales = v.get<std::string>() == "gaussian";
+                 }), {"absmax", "gaussian"}),
+      row("precision", "trust_mask", T::Bool,
+          "Quartet forward: keep QuEST's 1-bit trust masks of x and w and pass gradients only where the element was "
+          "not clipped (needs backward_scale = range_matched)", LLMC_ACCESS(precision.trust_mask)),
+      between(row("precision", "backward_hadamard", T::Int,
+                  "Quartet backward: size of the Hadamard transform with fresh random signs per micro-step (keyed by "
+                  "train.seed, step, micro-step and layer) applied to both operands of dgrad (along N) and wgrad "
+                  "(along the tokens): 0 (none) or 32 (needs backward_scale = range_matched)",
+                  LLMC_ACCESS(precision.backward_hadamard)), 0, 32),
 
       one_of(row("parallel", "init", T::String, "how ranks find each other: auto | mpi | tcp | fs | none",
                  LLMC_ACCESS(parallel.init)), {"auto", "mpi", "tcp", "fs", "none"}),

@@ -114,7 +114,7 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 79u);  // 13 model keys + 19 precision keys + the 47 fields of the other sections
+  EXPECT_EQ(docs.size(), 84u);  // 13 model keys + 24 precision keys + the 47 fields of the other sections
   EXPECT_EQ(doc("checkpoint.overwrite").default_value, "false");
   EXPECT_EQ(doc("train.allow_nonfinite_init").default_value, "false");
   EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
@@ -123,6 +123,11 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
   EXPECT_EQ(doc("precision.x_granularity").default_value, "\"tensor\"");
   EXPECT_EQ(doc("precision.dy_rounding").default_value, "\"nearest\"");
   EXPECT_EQ(doc("precision.wgrad_hadamard").default_value, "0");
+  EXPECT_EQ(doc("precision.backward_scale").default_value, "\"absmax\"");
+  EXPECT_EQ(doc("precision.forward_scale").default_value, "\"absmax\"");
+  EXPECT_EQ(doc("precision.trust_mask").default_value, "false");
+  EXPECT_EQ(doc("precision.forward_hadamard").default_value, "0");
+  EXPECT_EQ(doc("precision.backward_hadamard").default_value, "0");
   EXPECT_EQ(doc("train.lr").default_value, json(6e-4).dump());
   EXPECT_EQ(doc("train.lr").type, "float");
   EXPECT_EQ(doc("train.steps").default_value, "100");
@@ -271,7 +276,7 @@ TEST(Config, PaddedVocabRoundsUp) {
 
 TEST(Config, RecipeNames) {
   EXPECT_EQ(llmc::recipe_names(),
-            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4"}));
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4"}));
   EXPECT_EQ(llmc::load_config_json(with("precision", "recipe", "bf16"), {}).precision.recipe, "bf16");
 }
 
@@ -329,6 +334,44 @@ TEST(Config, Fp4RolesAndSwitches) {
   json j = with("precision", "recipe", "nvfp4");
   j["train"] = {{"micro_batch", 1}, {"seq_len", 100}};
   expect_error(load_error(j), {"micro_batch * train.seq_len", "multiple of 16"});
+}
+
+// Quartet's switches are keys: the mxfp4 preset sets them, the ablations unset them, the resolved config reloads to the
+// same recipe, and an ingredient without its data flow names the key that enables it.
+TEST(Config, QuartetSwitches) {
+  llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "mxfp4"), {});
+  EXPECT_TRUE(c.precision.backward_range_matched);
+  EXPECT_EQ(c.precision.forward_hadamard, 32);
+  EXPECT_TRUE(c.precision.forward_gaussian_scales);
+  EXPECT_TRUE(c.precision.trust_mask);
+  EXPECT_EQ(c.precision.backward_hadamard, 32);
+  EXPECT_FALSE(c.precision.dy_stochastic_rounding);
+  const json dumped = llmc::config_to_json(c);
+  EXPECT_EQ(dumped["precision"]["backward_scale"], "range_matched");
+  EXPECT_EQ(dumped["precision"]["forward_scale"], "gaussian");
+  EXPECT_EQ(dumped["precision"]["forward_hadamard"], 32);
+  EXPECT_EQ(dumped["precision"]["backward_hadamard"], 32);
+  EXPECT_EQ(dumped["precision"]["trust_mask"], true);
+  EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(dumped, {})), dumped);
+  c = llmc::load_config_json(with("precision", "recipe", "mxfp4"),
+                             {"precision.dy_rounding=stochastic", "precision.trust_mask=false",
+                              "precision.forward_hadamard=0", "precision.backward_hadamard=0",
+                              "precision.forward_scale=absmax"});
+  EXPECT_TRUE(c.precision.dy_stochastic_rounding);
+  EXPECT_FALSE(c.precision.trust_mask);
+  EXPECT_EQ(c.precision.forward_hadamard, 0);
+  EXPECT_EQ(c.precision.backward_hadamard, 0);
+  EXPECT_FALSE(c.precision.forward_gaussian_scales);
+  EXPECT_TRUE(c.precision.backward_range_matched);
+  expect_error(load_error(with("precision", "recipe", "mxfp4"), {"precision.backward_scale=absmax"}),
+               {"precision.forward_hadamard = 32 is an ingredient of Quartet's data flow",
+                "set precision.backward_scale = \"range_matched\""});
+  expect_error(load_error(with("precision", "recipe", "mxfp4"), {"precision.backward_hadamard=16"}),
+               {"precision.backward_hadamard must be 0 (none) or 32 (got 16)"});
+  expect_error(load_error(with("precision", "recipe", "mxfp4"), {"precision.forward_scale=sigma"}),
+               {"precision.forward_scale must be one of absmax, gaussian"});
+  expect_error(load_error(with("precision", "recipe", "nvfp4"), {"precision.trust_mask=true"}),
+               {"precision.trust_mask = true is an ingredient"});
 }
 
 // The recipe preset fills the precision section; explicit keys (file or --set) override single fields.
