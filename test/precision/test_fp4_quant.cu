@@ -292,6 +292,100 @@ TEST(Fp4Quantize, StochasticRoundingIsReproducibleAndKeyed) {
   EXPECT_NE(run(11, 1), run(11, 2));
 }
 
+// Quartet's backward epilogue: factor * g, masked, H32 along the rows (signs 0), stored as BF16 or added to FP32, bit
+// for bit against the host doing the same FP32 operations (hadamard.cuh, float_rn.cuh); and its argument checks.
+TEST(Fp4Quantize, GradientEpilogueMatchesHost) {
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  const int rows = 48, cols = 96;
+  const size_t n = static_cast<size_t>(rows) * cols;
+  const std::vector<float> g = gpu_test::random_floats(n, rng, -3.0f, 3.0f);
+  const std::vector<float> acc0 = gpu_test::random_floats(n, rng, -1.0f, 1.0f);
+  std::vector<uint32_t> mask(static_cast<size_t>(rows) * (cols / 32));
+  for (uint32_t& w : mask) w = static_cast<uint32_t>(rng()) | static_cast<uint32_t>(rng());  // most bits set
+  Buf<float> dg(n), dacc(n);
+  Buf<uint32_t> dmask(mask.size());
+  Buf<bf16> dout(n);
+  CUDA_CHECK(cudaMemcpy(dg.p, g.data(), n * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
+  const float factor = llmc::kRangeMatchProductFactor;
+  for (int hadamard : {0, 32})
+    for (bool masked : {false, true}) {
+      SCOPED_TRACE(llmc::strformat("hadamard %d, %s", hadamard, masked ? "masked" : "no mask"));
+      std::vector<float> want(n);
+      for (int r = 0; r < rows; r++)
+        for (int c0 = 0; c0 < cols; c0 += 32) {
+          float v[32];
+          for (int i = 0; i < 32; i++) {
+            const size_t idx = static_cast<size_t>(r) * cols + c0 + i;
+            const bool kept = !masked || ((mask[static_cast<size_t>(r) * (cols / 32) + c0 / 32] >> i) & 1u);
+            v[i] = kept ? llmc::mul_rn(g[idx], factor) : 0.0f;
+          }
+          if (hadamard) llmc::hadamard_transform<32>(v, 0u);
+          for (int i = 0; i < 32; i++) want[static_cast<size_t>(r) * cols + c0 + i] = v[i];
+        }
+      const uint32_t* m = masked ? dmask.p : nullptr;
+      llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, m, rows, cols, factor, hadamard, 0);
+      const std::vector<bf16> got_bf16 = dout.get();
+      std::vector<float> got(n), want_bf16(n);
+      for (size_t i = 0; i < n; i++) got[i] = __bfloat162float(got_bf16[i]), want_bf16[i] = gpu_test::round_bf16(want[i]);
+      expect_bytes_equal(got, want_bf16, "bf16 out");
+      CUDA_CHECK(cudaMemcpy(dacc.p, acc0.data(), n * 4, cudaMemcpyHostToDevice));
+      llmc::mxfp4_gradient_epilogue(nullptr, dacc.p, dg.p, m, rows, cols, factor, hadamard, 0);
+      std::vector<float> want_acc(n);
+      for (size_t i = 0; i < n; i++) want_acc[i] = llmc::add_rn(acc0[i], want[i]);
+      expect_bytes_equal(dacc.get(), want_acc, "fp32 accumulated");
+      if (masked) {  // the mask must matter: some element of the masked output differs from the unmasked one
+        size_t cleared = 0;
+        for (uint32_t w : mask) cleared += 32 - __builtin_popcount(w);
+        EXPECT_GT(cleared, 0u);
+      }
+    }
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, dacc.p, dg.p, nullptr, rows, cols, factor, 0, 0), llmc::Error);
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, rows, cols, factor, 16, 0), llmc::Error);
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, rows, 48, factor, 32, 0), llmc::Error);
+}
+
+// The telemetry of a rotated MXFP4 copy measures the rotated values the quantiser saw: its amax is that of the
+// rotated tensor, and its SNR that of the codes against the rotated values (host: hadamard_cpu, the same FP32 bits).
+TEST(Fp4Quantize, RotatedTelemetryMeasuresTheRotatedValues) {
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  const int rows = 64, cols = 128;
+  const std::vector<float> x = model_like(rows, cols, rng, false);
+  const auto xb = gpu_test::to_bf16(x);
+  Buf<bf16> dx(xb.size());
+  CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  const Encoding e = llmc::kMxfp4Encoding;
+  Buf<uint8_t> data(llmc::code_bytes(e, rows, cols)), s(llmc::scale_inv_bytes(e, rows, cols));
+  QTensor q;
+  q.rows = rows, q.cols = cols, q.encoding = e, q.data = data.p, q.scale_inv = reinterpret_cast<float*>(s.p);
+  QuantizeArgs args;
+  args.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;
+  args.hadamard = {32, 0x1234567u, true, false};
+  llmc::quantize(q, dx.p, args, 0);
+  Buf<double> slots(llmc::kQuantStatsSlots);
+  llmc::quant_stats(slots.p, q, dx.p, 0, args.hadamard);
+  std::vector<double> host_slots = slots.get();
+  const llmc::QuantStats got = llmc::finish_quant_stats(host_slots.data());
+  std::vector<float> rotated = x, deq(x.size());
+  llmc::hadamard_cpu(rotated.data(), rotated.size(), 32, args.hadamard.signs);
+  llmc::fp4_dequantize_cpu(deq.data(), data.get().data(), s.get().data(), 1.0f, rows, cols, e);
+  double amax = 0, sx = 0, se = 0;
+  for (size_t i = 0; i < x.size(); i++) {
+    amax = std::max(amax, static_cast<double>(std::fabs(rotated[i])));
+    sx += static_cast<double>(rotated[i]) * rotated[i];
+    se += (static_cast<double>(rotated[i]) - deq[i]) * (static_cast<double>(rotated[i]) - deq[i]);
+  }
+  EXPECT_EQ(got.amax, amax);
+  EXPECT_NEAR(got.snr_db, 10.0 * std::log10(sx / se), 1e-6);
+  // unrotated, the same codes compare badly with x itself: the rotation is what the numbers describe
+  llmc::quant_stats(slots.p, q, dx.p, 0);
+  host_slots = slots.get();
+  EXPECT_LT(llmc::finish_quant_stats(host_slots.data()).snr_db, got.snr_db - 10.0);
+  // the FP8 families have no rotated copies
+  q.encoding = Encoding{llmc::ElementFormat::E4M3, llmc::kWholeTensor, llmc::ScaleFormat::FP32, false};
+  EXPECT_THROW(llmc::quant_stats(slots.p, q, dx.p, 0, args.hadamard), llmc::Error);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The device conversions
 __global__ void e2m1_kernel(uint8_t* rn, uint8_t* sr, const float* x, const uint32_t* r, size_t n) {
