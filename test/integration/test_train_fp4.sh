@@ -7,7 +7,11 @@
 #      by the seed, the step and the micro-step, so nothing about them is checkpointed);
 #   3. the NVFP4 paper's ablations as config keys (no stochastic rounding, no Hadamard transform, 1x16 weights) and
 #      MXFP4 for every role (keys; the products on FP8 tensor cores through the exact E4M3 remap, whose inexact-block
-#      count reaches the telemetry) train with finite, falling losses.
+#      count reaches the telemetry) train with finite, falling losses;
+#   4. mxfp4 (Quartet: QuEST forward, backward re-quantised under fresh random Hadamard signs every micro-step) trains,
+#      logs what it is, reports the telemetry of its rotated tensors and the inexact-block count, repeats bit for bit
+#      and resumes bit for bit (the signs, like stochastic rounding, are keyed by the seed, step and micro-step); its
+#      SR backward and its no-mask / no-rotation ablations train too.
 # Skipped (exit 77) without a GPU, or when the GPU has no FP8 tensor cores (the MXFP4 products need Hopper; nvfp4
 # alone runs from sm_80).
 set -euo pipefail
@@ -41,7 +45,7 @@ for r in num:
     assert r["snr_db"] is None or r["snr_db"] > 5, f"{name}: implausible SNR {r}"
     assert 0 <= r["saturated_frac"] <= 1 and 0 <= r["underflow_frac"] <= 1, r
 inexact = [r["inexact_blocks"] for r in num if "inexact_blocks" in r]
-if name == "mxfp4":
+if name in ("mxfp4", "quartet", "quartet_sr", "quartet_no_mask", "quartet_no_rotation"):
     assert inexact and all(isinstance(v, int) and v >= 0 for v in inexact), f"mxfp4: no inexact-block counts: {num[:2]}"
 else:
     assert not inexact, f"{name}: inexact-block counts outside MXFP4: {inexact[:3]}"
@@ -90,5 +94,39 @@ done
 grep -q "products on FP8 tensor cores (exact E4M3 remap)" "$TMP/mxfp4.log" ||
   { echo "FAIL: the MXFP4 log does not name its products"; fail=1; }
 
-[ $fail -eq 0 ] && echo "PASS: nvfp4 trains, logs FP4 numerics, repeats and resumes bit for bit with stochastic rounding; its ablations and MXFP4 train"
+echo "== mxfp4 (Quartet): trains, repeats and resumes bit for bit"
+Q=(--set precision.recipe=mxfp4)
+"$TRAIN_GPT" "${COMMON[@]}" "${Q[@]}" --set "checkpoint.dir=$TMP/quartet" > "$TMP/quartet.log" 2>&1 ||
+  { cat "$TMP/quartet.log"; echo "FAIL: mxfp4 run"; exit 1; }
+grep -E "precision:" "$TMP/quartet.log"
+grep -q "precision: mxfp4 (.*backward re-quantises the saved codes under fresh random Hadamard-32 signs" \
+  "$TMP/quartet.log" || { echo "FAIL: the mxfp4 log does not say what its backward is"; fail=1; }
+grep -q "products on FP8 tensor cores (exact E4M3 remap)" "$TMP/quartet.log" ||
+  { echo "FAIL: the mxfp4 log does not name its products"; fail=1; }
+check "$TMP/quartet/metrics.jsonl" quartet 0.5 || fail=1
+"$TRAIN_GPT" "${COMMON[@]}" "${Q[@]}" "${N[@]}" --set "checkpoint.dir=$TMP/qresume" --stop-at-step 6 \
+  > "$TMP/q1.log" 2>&1 || { cat "$TMP/q1.log"; exit 1; }
+"$TRAIN_GPT" "${COMMON[@]}" "${Q[@]}" "${N[@]}" --set "checkpoint.dir=$TMP/qresume" > "$TMP/q2.log" 2>&1 ||
+  { cat "$TMP/q2.log"; exit 1; }
+grep -q "resumed from .*step_00000006 at step 6" "$TMP/q2.log" || { echo "FAIL: mxfp4 did not resume"; fail=1; }
+"$TRAIN_GPT" "${COMMON[@]}" "${Q[@]}" "${N[@]}" --set "log.jsonl=$TMP/qagain.jsonl" > "$TMP/qagain.log" 2>&1 ||
+  { cat "$TMP/qagain.log"; exit 1; }
+losses "$TMP/quartet/metrics.jsonl" > "$TMP/qa.losses"
+losses "$TMP/qresume/metrics.jsonl" > "$TMP/qb.losses"
+losses "$TMP/qagain.jsonl" > "$TMP/qc.losses"
+diff "$TMP/qa.losses" "$TMP/qc.losses" || { echo "FAIL: two identical mxfp4 runs differ"; fail=1; }
+diff "$TMP/qa.losses" "$TMP/qb.losses" || { echo "FAIL: the resumed mxfp4 run differs from the uninterrupted one"; fail=1; }
+declare -A QVARIANT=(
+  [quartet_sr]="--set precision.dy_rounding=stochastic"
+  [quartet_no_mask]="--set precision.trust_mask=false"
+  [quartet_no_rotation]="--set precision.forward_hadamard=0 --set precision.backward_hadamard=0"
+)
+for name in quartet_sr quartet_no_mask quartet_no_rotation; do
+  # shellcheck disable=SC2086
+  "$TRAIN_GPT" "${COMMON[@]}" "${Q[@]}" ${QVARIANT[$name]} --set "checkpoint.dir=$TMP/$name" > "$TMP/$name.log" 2>&1 ||
+    { cat "$TMP/$name.log"; echo "FAIL: $name run"; fail=1; continue; }
+  check "$TMP/$name/metrics.jsonl" "$name" 0.5 || fail=1
+done
+
+[ $fail -eq 0 ] && echo "PASS: nvfp4 trains, logs FP4 numerics, repeats and resumes bit for bit with stochastic rounding; its ablations and MXFP4 train; mxfp4 (Quartet) trains, repeats and resumes bit for bit, and its ablations train"
 exit $fail
