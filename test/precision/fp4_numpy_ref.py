@@ -124,6 +124,14 @@ def random_words(index, copy, seed, step, tensor):
     return np.choose(lane, words)
 
 
+def random_signs(seed, step, tensor, n):
+    """The sign word of a random Hadamard transform of size n <= 32 (bit i set: element i negated), as fp4_rng.cuh's
+    random_signs draws it: word 0 of Philox counter (0, 0x40000000, step, tensor), key (seed low, seed high), its low
+    n bits. Quartet's backward draws one per (micro-step, rank, linear) through the stochastic key's tensor number."""
+    w = int(philox4x32_10((0, 0x40000000, step, tensor), (seed & 0xFFFFFFFF, seed >> 32))[0])
+    return w if n >= 32 else w & ((1 << n) - 1)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Element rounding (y: FP32 values already multiplied by their block's element scale)
 def e2m1_rtn(y):

@@ -232,6 +232,14 @@ class NumpyReferenceOnItsOwn(unittest.TestCase):
                                   (seed & 0xFFFFFFFF, seed >> 32))
             self.assertEqual(int(w), int(v[int(i) & 3]))
 
+    def test_random_signs_constants(self):
+        # the constants test_fp4_ref's Fp4Rng.QuartetRotationSignsAreKeyedAndRepeat expects of the C++ random_signs
+        seed = 0x0123456789ABCDEF
+        self.assertEqual(ref.random_signs(seed, 7, 5, 32), 0x935ED6DD)
+        self.assertEqual(ref.random_signs(seed, 7, 6, 32), 0x8E06D38B)
+        self.assertEqual(ref.random_signs(seed, 8, 5, 32), 0x2E2795B6)
+        self.assertEqual(ref.random_signs(seed, 7, 5, 16), 0xD6DD)
+
     def test_e2m1_round_to_nearest_even_thresholds(self):
         # reference doc §0: thresholds 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5; a tie goes to the even mantissa
         cases = {0.25: 0, 0.2500001: 1, 0.75: 2, 0.7499999: 1, 1.25: 2, 1.2500001: 3, 1.75: 4, 2.5: 4, 2.5000002: 5,

@@ -3,7 +3,8 @@
 // of FP32; the E8M0 / E4M3 scale values; the NVFP4 and MXFP4 formulas on hand-computed blocks; the Hadamard
 // transforms against dense matrices (FP64) and their orthogonality; stochastic rounding: the same key gives the same
 // bits, and over many draws the mean is the input within a bound derived below; the reference quantiser
-// (fp4_quantize_cpu) against those formulas; and the FP4 rows of the quantiser table (quantizer_error, sizes).
+// (fp4_quantize_cpu) against those formulas; the FP4 rows of the quantiser table (quantizer_error, sizes); and the
+// keying of Quartet's per-micro-step rotation signs.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -19,7 +20,10 @@
 #include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/fp4_rng.cuh"
 #include "llmc/precision/hadamard.cuh"
+#include "llmc/precision/linear.h"
+#include "llmc/precision/precision_state.h"
 #include "llmc/precision/quantize.h"
+#include "llmc/precision/recipe.h"
 #include "test/reference/precision_ref.h"
 
 namespace {
@@ -204,6 +208,38 @@ TEST(Fp4Reference, QuantisesBlocksAsTheFormulasSay) {
     EXPECT_EQ(s_t[i], own) << i;
     EXPECT_EQ(data_t[i], llmc::e2m1_encode(x[i] * llmc::mxfp4_element_multiplier(own))) << i;
   }
+}
+
+// Quartet's backward signs: PrecisionState::rotation_signs is fp4_rng.cuh's random_signs on the stochastic key of
+// (micro-step, rank, linear, role), i.e. word 0 of Philox counter (0, 0x40000000, step, tensor) with tensor =
+// ((micro * world_size + rank) * linears + index) * 3 + role (the constants come from the NumPy reference's
+// philox4x32_10, test/precision/fp4_numpy_ref.py); fresh for another step, micro-step, rank or linear, the same again
+// for the same ones (a resumed run). A counting state: no GPU.
+TEST(Fp4Rng, QuartetRotationSignsAreKeyedAndRepeat) {
+  constexpr uint64_t kSeed = 0x0123456789ABCDEFull;
+  EXPECT_EQ(llmc::random_signs({kSeed, 7, 5}, 32), 0x935ed6ddu);
+  EXPECT_EQ(llmc::random_signs({kSeed, 7, 6}, 32), 0x8e06d38bu);
+  EXPECT_EQ(llmc::random_signs({kSeed, 8, 5}, 32), 0x2e2795b6u);
+  EXPECT_EQ(llmc::random_signs({kSeed, 7, 5}, 16), 0xd6ddu);
+  llmc::PrecisionRecipe r;
+  ASSERT_TRUE(llmc::precision_recipe_preset("mxfp4", &r));
+  const llmc::LinearPlan plan = llmc::plan_linear(r, 0, 2, llmc::LinearKind::Qkv);
+  // two linears; the signs of linear `index` in micro-step `micro` of `step` on `rank` of 2
+  auto signs = [&](long long step, int micro, int rank, int index) {
+    llmc::PrecisionState state(r, llmc::DeviceMemory::Count);
+    state.set_random_stream(kSeed, rank, 2);
+    llmc::Linear a(state, "a", llmc::LinearKind::Qkv, 0, 96, 64, plan, 64);
+    llmc::Linear b(state, "b", llmc::LinearKind::Qkv, 1, 96, 64, plan, 64);
+    state.begin_step(step);
+    for (int i = 0; i <= micro; i++) state.begin_backward(0);
+    return state.rotation_signs(index, llmc::LinearRole::Dy, 32);
+  };
+  EXPECT_EQ(signs(7, 0, 0, 1), 0x935ed6ddu);  // tensor ((0 * 2 + 0) * 2 + 1) * 3 + 2 = 5
+  EXPECT_EQ(signs(8, 0, 0, 1), 0x2e2795b6u);  // another step
+  EXPECT_EQ(signs(7, 0, 0, 1), signs(7, 0, 0, 1));
+  EXPECT_NE(signs(7, 1, 0, 1), signs(7, 0, 0, 1));  // another micro-step
+  EXPECT_NE(signs(7, 0, 1, 1), signs(7, 0, 0, 1));  // another rank
+  EXPECT_NE(signs(7, 0, 0, 0), signs(7, 0, 0, 1));  // another linear
 }
 
 TEST(Fp4Encodings, AreQuantisableNamedAndSized) {
