@@ -4,6 +4,11 @@
 //   ln1 = LN(x);  qkv = ln1·Wqkvᵀ + bqkv;  atty = attention(qkv);  residual2 = x + atty·Wprojᵀ + bproj
 //   ln2 = LN(residual2);  fch = ln2·Wfcᵀ + bfc;  h = gelu(fch);  residual3 = residual2 + h·Wfcprojᵀ + bfcproj
 // then lnf = LN(residual3 of the last block), logits = lnf·wteᵀ (tied lm_head), loss = cross-entropy on [0, V).
+//
+// COAT's FP8 activations (the recipe's nonlinear_fp8): the pre-GELU tensor fch that the GELU backward reads is saved
+// as its FP8 1x16 group copy (SavedActivation), written after the c_fc GEMM, and its BF16 values live in one working
+// buffer for all blocks; the GELU backward then runs after the c_proj dgrad instead of in its epilogue. The forward
+// computes the same bits either way.
 #include "llmc/model/gpt2/gpt2.h"
 
 #include <algorithm>
@@ -17,6 +22,7 @@
 #include "llmc/kernels/layernorm.h"
 #include "llmc/kernels/reduce.h"
 #include "llmc/precision/gemm.h"
+#include "llmc/precision/group_quant.h"
 
 namespace llmc {
 
@@ -83,6 +89,7 @@ void GPT2::carve_activations(Carver& cv) {
   bf16* shared_ln1 = cv.take<bf16>(N * C);
   bf16* shared_ln2 = cv.take<bf16>(N * C);
   bf16* shared_gelu = cv.take<bf16>(N * H);
+  bf16* shared_fch = recipe_.nonlinear_fp8 ? cv.take<bf16>(N * H) : nullptr;  // under nonlinear_fp8
   cv.use = ActivationUse::Saved;
   for (size_t l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
@@ -97,7 +104,7 @@ void GPT2::carve_activations(Carver& cv) {
     a.ln2 = input_buffer(cv, *lin.fc, shared_ln2, N * C);
     a.ln2_mean = cv.take<float>(N);
     a.ln2_rstd = cv.take<float>(N);
-    a.fch = cv.take<bf16>(N * H);
+    a.fch = saved_activation(cv, N, H, shared_fch);
     a.fch_gelu = input_buffer(cv, *lin.fcproj, shared_gelu, N * H);
     a.residual3 = cv.take<bf16>(N * C);
   }
@@ -141,7 +148,7 @@ void GPT2::project_residual_norm(Linear& lin, bf16* residual_out, const bf16* x,
 
 void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) {
   begin_forward(h_inputs, h_targets, B, T, grad_scale, s);
-  const int N = B * T, C = spec_.n_embd, NH = spec_.n_head, HS = spec_.head_size();
+  const int N = B * T, C = spec_.n_embd, H = spec_.ffn_hidden, NH = spec_.n_head, HS = spec_.head_size();
   const int V = spec_.vocab_size, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const bool train = grad_scale > 0.0f;
 
@@ -162,9 +169,11 @@ void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, floa
     project_residual_norm(*lin.attproj, a.residual2, a.atty, W.attproj_w, W.attproj_b, residual, a.ln2, a.ln2_mean,
                           a.ln2_rstd, W.ln2_w, W.ln2_b, lin.fc->x_amax_slot(), N, train, s);
     Linear::ForwardOptions fc_opt = x_from_producer(*lin.fc);  // GELU output in fch_gelu, pre-GELU kept in fch
-    fc_opt.pre_gelu = a.fch;
+    fc_opt.pre_gelu = a.fch.values;
     fc_opt.out_amax = lin.fcproj->x_amax_slot();
     lin.fc->forward(a.fch_gelu, a.ln2, W.fc_w, W.fc_b, N, train, s, fc_opt);                  // (N, H)
+    const Fp8GroupsOut fch_copy = a.fch.copy_out(train);
+    if (fch_copy.wanted()) fp8_groups_quantize(fch_copy, a.fch.values, N, H, s);
     // residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj, then the next block's ln1 (or ln_f)   // (N, C) each
     if (l + 1 < L) {
       const auto& Wn = w_.layers[l + 1];
@@ -216,12 +225,17 @@ void GPT2::backward(cudaStream_t s) {
     const bf16* residual = layer_input(l);  // (N, C)
     // dresidual (N, C) = d residual3 = d residual2 (through the skip) = d fcproj output.
     // --- MLP: residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj
-    if (recomputes_input(*lin.fcproj)) gelu_forward(a.fch_gelu, a.fch, (size_t)N * H, s);  // recompute
+    if (recomputes_input(*lin.fcproj)) gelu_forward(a.fch_gelu, a.fch.values, (size_t)N * H, s);  // recompute
     Linear::BackwardOptions fcproj_opt = dy_from_producer(*lin.fcproj);  // dfch (N, H) = dh * gelu'(fch)
-    fcproj_opt.x_pre_gelu = a.fch;
-    fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
+    const bool gelu_in_epilogue = !a.fch.copy.wanted();  // else from the FP8 copy after the dgrad
+    if (gelu_in_epilogue) {
+      fcproj_opt.x_pre_gelu = a.fch.values;
+      fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
+    }
     lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, bf16_input(*lin.fcproj, a.fch_gelu), W.fcproj_w, N, s,
                          fcproj_opt);
+    if (!gelu_in_epilogue)
+      gelu_backward_inplace(dbig_, a.fch.copy_view(), N, H, s, lin.fc->dy_amax_slot());
     // fch = ln2 · Wfcᵀ + bfc
     if (recomputes_input(*lin.fc))
       layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W.ln2_w, W.ln2_b, N, C, s);

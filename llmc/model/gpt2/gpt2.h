@@ -65,7 +65,7 @@ class GPT2 : public Model {
     bf16* ln2;          // (N, C)   LayerNorm 2 output (shared when recomputing or saved as FP8)
     float* ln2_mean;    // (N)
     float* ln2_rstd;    // (N)
-    bf16* fch;          // (N, 4C)  c_fc output before GELU (the GELU_AUX of the GEMM)
+    SavedActivation fch;  // (N, 4C) c_fc output before GELU (the GELU_AUX of the GEMM), read by the GELU backward
     bf16* fch_gelu;     // (N, 4C)  GELU output, input of mlp.c_proj (shared when recomputing or saved as FP8)
     bf16* residual3;    // (N, C)   residual stream after the MLP: residual2 + fcproj (the block output)
   };
