@@ -23,6 +23,8 @@ for config in configs/gpt2_tiny_bf16.json configs/llama_tiny_bf16.json; do
   name=$(basename "$config" _bf16.json)
   echo "== $name"
   short_run "$config"
+  # Four blocks: with two, the two residual-stream working buffers outweigh what the copies save.
+  COMMON+=(--set model.n_layer=4)
   run() {  # run LABEL [overrides...]
     local label=$1
     shift

@@ -158,10 +158,12 @@ TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
     const size_t C = coat.model.n_embd, F = coat.model.ffn_hidden, L = coat.model.n_layer;
     // (tensor elements replaced by copies, BF16 working elements added)
     const bool llama = coat.model.arch == "llama";
-    // Llama: the embedding output, each block's residual2 and residual3 (the norms' inputs), each block's gate|up
-    // (SwiGLU's input); working: the two residual-stream buffers and one gate|up. GPT-2: each block's pre-GELU.
-    const size_t replaced = llama ? N * C * (1 + 2 * L) + N * 2 * F * L : N * F * L;
-    const size_t working = llama ? 2 * N * C + N * 2 * F : N * F;
+    // The embedding output and each block's residual2 and residual3 (the norms' inputs), and each block's input of
+    // the activation function (Llama's gate|up, GPT-2's pre-GELU); working: the two residual-stream buffers and one
+    // for the activation function's input.
+    const size_t act_in = llama ? 2 * F : F;
+    const size_t replaced = N * C * (1 + 2 * L) + N * act_in * L;
+    const size_t working = 2 * N * C + N * act_in;
     EXPECT_EQ(q.activation(ActivationUse::Saved) - c.activation(ActivationUse::Saved), replaced * 2 - replaced * 5 / 4);
     EXPECT_EQ(c.activation(ActivationUse::Working) - q.activation(ActivationUse::Working), working * 2);
     EXPECT_EQ(c.activation(ActivationUse::Logits), q.activation(ActivationUse::Logits));
