@@ -101,6 +101,8 @@ int run_training(const RunConfig& cfg, const CliOptions& options, const LaunchIn
                 with_thousands(count_parameters(spec, false)).c_str(),
                 with_thousands(count_parameters(spec, true)).c_str());
     std::printf("precision: %s\n", describe_recipe(cfg.precision).c_str());
+    std::printf("optimizer: AdamW, moments stored as %s (%s for m and v on this GPU)\n", cfg.optimizer.state_format.name,
+                format_gib(session.memory_plan().bytes("optimizer states")).c_str());
     std::printf("memory: %s estimated for this GPU (--dry-run shows the rows): activations %.1f MiB for %d x %d "
                 "tokens%s\n", format_gib(session.memory_plan().total()).c_str(), model.activation_bytes() / 1048576.0,
                 cfg.train.micro_batch, cfg.train.seq_len,

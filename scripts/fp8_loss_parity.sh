@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/fp8_loss_parity.sh: the FP8 loss-parity experiment. One model trained from the same seed on the same data
 # in BF16 and with every FP8 recipe; each FP8 run must end within --tolerance (relative, default 0.25%) of the BF16
-# run's validation loss. Any other recipe of the build (nvfp4, mxfp4) can be named with --recipes: scripts/repro/nvfp4.sh
-# and quartet.sh run their comparisons and ablations through this script. Writes the JSONL logs, the loss-curve plot (scripts/plot_runs.py) and a Markdown table
+# run's validation loss. Any other recipe of the build (nvfp4, mxfp4, coat) can be named with --recipes:
+# scripts/repro/nvfp4.sh, quartet.sh and coat.sh run their comparisons (and ablations) through this script. Writes the
+# JSONL logs, the loss-curve plot (scripts/plot_runs.py) and a Markdown table
 # (scripts/repro/fp8_parity_report.py: final val loss, vs BF16 in %, tokens, steps, ...) to OUT.
 #
 #   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B] [--seed S]
@@ -55,7 +56,7 @@ case "$MODEL" in
               BATCH=${BATCH:-16}; OUT=${OUT:-runs/fp8_parity_llama-350m} ;;
   *) fail "unknown model '$MODEL' (choose from: gpt2-124m llama-350m)" ;;
 esac
-KNOWN_RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise nvfp4 mxfp4"
+KNOWN_RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise nvfp4 mxfp4 coat"
 for r in $RECIPES; do
   case " $KNOWN_RECIPES " in *" $r "*) ;; *) fail "unknown recipe '$r' (choose from: $KNOWN_RECIPES)" ;; esac
 done

@@ -17,6 +17,9 @@ How a run is measured (details in dev/bench/README.md):
     from a random init (-e dN), no recomputation; tokens/s = -d / median of its per-step 'X ms' after the warm-up.
   - FLOPs per token come from `train_gpt --dry-run` (6N + 6LCT); MFU = FLOPs/token * tokens/s / (peak * GPUs).
   - peak memory = the largest mem_gib of the JSONL records; loss = the last train loss.
+  - a run spec with micro_batch `max` (llama-1b:max:2048) runs each recipe at its largest micro-batch that fits: the
+    largest B whose `--dry-run` memory plan (within 0.1% of the measured peak) is at most the GPU's memory less
+    --headroom-gib, found by doubling and bisection over dry runs (no peers: they need one fixed batch).
   - --gpus N[,M...] runs every spec on that many GPUs through scripts/run_local.sh (weak scaling: micro_batch per GPU
     stays, tokens per step grow with N); multi-GPU rows carry the GPU count, and the communication hidden behind
     backward is measured from the trainer's "comm" records (CUDA events on the communication stream, see README).
@@ -30,8 +33,10 @@ Examples:
   python3 dev/bench/bench.py --runs llama-1b:4:2048 --recipe bf16,fp8_tensorwise --accum 16 --steps 4 --warmup 1
   python3 dev/bench/bench.py --runs 124m:32:1024 --accum 16 --steps 6 --warmup 2 --peer torch,llmc \
       --llmc-dir .peers/llm.c                             # llm.c and PyTorch beside ours, two rounds
+  python3 dev/bench/bench.py --runs llama-1b:max:2048 --recipe bf16,coat --accum 4 --peer none  # largest batches
 """
 import argparse
+import dataclasses
 import datetime
 import glob
 import json
@@ -101,29 +106,73 @@ RESULT_COLUMNS = ["model", "recipe", "GPUs", "micro-batch", "accum", "sequence",
 # ----------------------------------------------------------------------------------------------------------------
 # run specs and commands
 
+MAX_BATCH = 0  # RunSpec.micro_batch of a "max" spec: each recipe's largest micro-batch that fits (largest_micro_batch)
+
+
 @dataclass
 class RunSpec:
     model: str        # short name ("124m", "mini") or a path to a config .json
-    micro_batch: int  # B
+    micro_batch: int  # B, or MAX_BATCH
     seq_len: int      # T
     gpus: int = 1
 
     def label(self):
-        return f"{os.path.basename(self.model)} B={self.micro_batch} T={self.seq_len} x{self.gpus}"
+        b = "max" if self.micro_batch == MAX_BATCH else self.micro_batch
+        return f"{os.path.basename(self.model)} B={b} T={self.seq_len} x{self.gpus}"
 
 
 def parse_run_spec(text):
-    """'124m:32:1024' or '124m:32:1024:2' (model:micro_batch:seq_len[:gpus]) -> RunSpec."""
+    """'124m:32:1024' or '124m:32:1024:2' (model:micro_batch:seq_len[:gpus]) -> RunSpec; micro_batch 'max' is each
+    recipe's largest micro-batch that fits on the GPU (MAX_BATCH)."""
     parts = text.strip().split(":")
     if len(parts) not in (3, 4) or not parts[0]:
         raise ValueError(f"run spec '{text}': expected model:micro_batch:seq_len[:gpus], e.g. 124m:32:1024")
     try:
-        numbers = [int(p) for p in parts[1:]]
+        numbers = [MAX_BATCH if i == 0 and p == "max" else int(p) for i, p in enumerate(parts[1:])]
     except ValueError:
-        raise ValueError(f"run spec '{text}': micro_batch, seq_len and gpus must be integers") from None
-    if min(numbers) < 1:
+        raise ValueError(f"run spec '{text}': micro_batch ('max' or an integer), seq_len and gpus must be integers") \
+            from None
+    if min(n for i, n in enumerate(numbers) if not (i == 0 and parts[1] == "max")) < 1:
         raise ValueError(f"run spec '{text}': micro_batch, seq_len and gpus must be >= 1")
     return RunSpec(parts[0], *numbers)
+
+
+def dry_run_total_bytes(text):
+    """The device bytes train_gpt --dry-run plans for one GPU (its 'total ... B  on one GPU' row), or None."""
+    m = re.search(r"^\s*total\s+[0-9.]+ GiB\s+([0-9,]+) B", text, re.M)
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+def largest_micro_batch(planned_bytes, budget_bytes, limit=4096):
+    """The largest B in [1, limit] whose planned_bytes(B) (the memory plan, None when the config is refused) is at most
+    budget_bytes, or None when B = 1 does not fit. The plan grows with B, so doubling then bisection finds it with
+    O(log B) dry runs."""
+    def fits(b):
+        need = planned_bytes(b)
+        return need is not None and need <= budget_bytes
+    if not fits(1):
+        return None
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)  # lo fits, hi does not (or is past the limit)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def gpu_memory_bytes():
+    """Total memory of GPU 0 from nvidia-smi, or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=60)
+        return int(out.stdout.split()[0]) * 1024 * 1024 if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 def parse_run_list(runs, suite):
@@ -786,7 +835,43 @@ def failure_text(rc, text, timeout):
     return f"exit {rc}: " + last_error_line(text)
 
 
+def resolve_max_batch(args, spec, recipe, workdir):
+    """A MAX_BATCH spec with the recipe's largest micro-batch whose --dry-run memory plan (within 0.1% of the
+    measured peak on llama-1b) fits the GPU's memory less --headroom-gib; (spec, None) or (None, error)."""
+    total = gpu_memory_bytes()
+    if total is None:
+        return None, "B=max: nvidia-smi gives no GPU memory size"
+    budget = total - int(args.headroom_gib * 1024 ** 3)
+    config, set_recipe = config_for(spec.model, recipe, args.configs)
+    log_path = os.path.join(workdir, f"{os.path.basename(spec.model).removesuffix('.json')}_max_{recipe}.search.log")
+
+    def planned(b):
+        trial = dataclasses.replace(spec, micro_batch=b)
+        overrides = bench_overrides(trial, recipe, args.steps, args.warmup, os.devnull, args.data, args.accum) + \
+            args.set
+        if not set_recipe:
+            overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
+        out = subprocess.run(trainer_command(args.train_gpt, config, overrides, dry_run=True), cwd=REPO_ROOT,
+                             capture_output=True, text=True)
+        need = dry_run_total_bytes(out.stdout)  # the plan is printed before any data check; a refused config has none
+        with open(log_path, "a") as log:
+            log.write(f"B={b}: {need if need is not None else 'refused: ' + last_error_line(out.stdout + out.stderr)}"
+                      f" (budget {budget})\n")
+        return need
+
+    b = largest_micro_batch(planned, budget)
+    if b is None:
+        return None, f"B=max: not even B=1 fits in {budget / 1024 ** 3:.1f} GiB (search log {log_path})"
+    print(f"  B=max for {recipe}: {b} (planned within {budget / 1024 ** 3:.1f} GiB)", flush=True)
+    return dataclasses.replace(spec, micro_batch=b), None
+
+
 def run_ours(args, spec, recipe, gpu_name, workdir, commit, date, round_index=0):
+    max_batch = spec.micro_batch == MAX_BATCH
+    if max_batch:
+        spec, error = resolve_max_batch(args, spec, recipe, workdir)
+        if error:
+            return Outcome(False, error=error, raw={"impl": "llm8", "recipe": recipe, "max_batch": True}), None
     model = os.path.basename(spec.model).removesuffix(".json")
     name = f"{model}_b{spec.micro_batch}_t{spec.seq_len}_g{spec.gpus}_{recipe}_r{round_index}"
     jsonl = os.path.join(workdir, name + ".jsonl")
@@ -796,7 +881,7 @@ def run_ours(args, spec, recipe, gpu_name, workdir, commit, date, round_index=0)
         overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
     env = dict(os.environ, WORLD_SIZE=str(spec.gpus))
     raw = {"impl": "llm8", "spec": spec.__dict__, "round": round_index, "recipe": recipe, "config": config,
-           "overrides": overrides}
+           "overrides": overrides, "max_batch": max_batch}
 
     # the dry run validates the config (no GPU) and gives FLOPs/token and the resolved model sizes
     with open(os.path.join(workdir, name + ".dryrun.log"), "w") as log:
@@ -1018,12 +1103,14 @@ def print_dry(args, specs, recipes, gpu_name, peers):
     for spec in specs:
         for recipe in recipes:
             config, set_recipe = config_for(spec.model, recipe, args.configs)
-            overrides = bench_overrides(spec, recipe, args.steps, args.warmup, f"{args.workdir}/<run>.jsonl", args.data,
+            shown = dataclasses.replace(spec, micro_batch=1) if spec.micro_batch == MAX_BATCH else spec
+            overrides = bench_overrides(shown, recipe, args.steps, args.warmup, f"{args.workdir}/<run>.jsonl", args.data,
                                         args.accum) + args.set
             if not set_recipe:
                 overrides = [o for o in overrides if not o.startswith("precision.recipe=")]
             prefix = f"WORLD_SIZE={spec.gpus} " if spec.gpus > 1 else ""
-            print(f"# {spec.label()} {recipe}")
+            print(f"# {spec.label()} {recipe}" + (" (B=max: found at run time by dry runs; B=1 shown)"
+                                                   if spec.micro_batch == MAX_BATCH else ""))
             print(prefix + shlex.join(trainer_command(args.train_gpt, config, overrides, dry_run=True)))
             run = trainer_command(args.train_gpt, config, overrides)
             if spec.gpus > 1:
@@ -1196,6 +1283,9 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra train_gpt override for our runs (repeatable), e.g. "
                          "precision.cache_weight_transpose=false; shown in the results' recipe column")
+    ap.add_argument("--headroom-gib", type=float, default=1.5,
+                    help="B=max runs (model:max:seq_len): GPU memory left free beyond the memory plan (the CUDA context "
+                         "and allocator slack; default 1.5)")
     ap.add_argument("--accum", type=int, default=1,
                     help="micro-steps per optimizer step (gradient accumulation; default 1), for ours and the peers "
                          "(llm.c: the same tokens per step)")
@@ -1244,6 +1334,8 @@ def main(argv=None):
     args.rounds = args.rounds if args.rounds is not None else (2 if peers else 1)
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds} must be >= 1")
+    if peers and any(s.micro_batch == MAX_BATCH for s in specs):
+        ap.error("a B=max run spec resolves its micro-batch per recipe; peers need one: use --peer none or a number")
     if "llmc" in peers and not args.llmc_dir:
         ap.error(f"--peer llmc needs --llmc-dir DIR; {LLMC_EXTRACT_HINT}")
     os.chdir(REPO_ROOT)  # every relative path (build, configs, data, results, workdir) is relative to the repository

@@ -1,7 +1,7 @@
 // llmc/kernels/fp8_groups.cuh: the device side of the FP8 1x16 group copies of llmc/kernels/fp8_groups.h: the cast
 // of a 16-value group held by a pair of lanes (the producers' and the standalone quantiser's one copy of it), and the
 // input loaders over which the backward kernels are templated (BF16: the tensor itself; FP8 groups: its dequantised
-// copy).
+// copy), read directly or staged through shared memory with cp.async.
 // Bit-exact with the CPU reference (test/reference/group_quant_ref.cpp): the amax is a max over bits, the scales are
 // fp8_group_scales' correctly rounded divisions, x * q and code * d are __fmul_rn, and the conversion is
 // cvt.rn.satfinite, which the host fp8_encode reproduces.
@@ -13,6 +13,7 @@
 #include "llmc/core/cuda_utils.cuh"
 #include "llmc/core/float_rn.cuh"
 #include "llmc/kernels/fp8_groups.h"
+#include "llmc/kernels/mma_ptx.cuh"
 
 namespace llmc {
 
@@ -71,6 +72,10 @@ __device__ inline void fp8_groups_decode8(float (&v)[8], uint2 w, float d) {
 // The input loaders of the backward kernels: load8 / load8cs (streaming) give the 8 values of row `row`, columns
 // c .. c + 7 as FP32, `at` = row * cols + c being their element index. kGroups: whether the values come from an FP8
 // copy (which needs row and c, and cols a multiple of 16).
+// Staged reads, for kernels that pipeline rows through shared memory: stage8_async(slot, at, row, c) starts the
+// cp.async copies of what those 8 values are made of into a 16-byte shared slot (part of the caller's current commit
+// group); once that group has landed, unstage8(slot) reads the slot into registers (Staged) and value(s, k) is value k
+// as FP32, the same value load8 gives.
 struct Bf16Loader {
   static constexpr bool kGroups = false;
   const bf16* x;  // (rows, cols)
@@ -85,6 +90,10 @@ struct Bf16Loader {
     for (int k = 0; k < 8; k++) v[k] = __bfloat162float(p[k]);
   }
   __device__ float load1(size_t at) const { return __bfloat162float(x[at]); }
+  using Staged = x128;  // the 8 bf16 as stored, converted where used
+  __device__ void stage8_async(uint32_t slot, size_t at, int, int) const { ptx::cp_async_16(slot, x + at, true); }
+  __device__ static Staged unstage8(const void* slot) { return *static_cast<const x128*>(slot); }
+  __device__ static float value(const Staged& s, int k) { return __bfloat162float(s[k]); }
 };
 
 struct Fp8GroupsLoader {
@@ -101,6 +110,20 @@ struct Fp8GroupsLoader {
   __device__ void load8cs(float (&v)[8], size_t at, int row, int c) const {
     fp8_groups_decode8(v, __ldcs(reinterpret_cast<const uint2*>(codes + at)), scale(row, c));
   }
+  struct Staged {  // the 8 values, decoded once
+    float v[8];
+  };
+  // slot bytes 0..7: the codes; 8..11: the group's scale_inv
+  __device__ void stage8_async(uint32_t slot, size_t at, int row, int c) const {
+    ptx::cp_async_8(slot, codes + at, true);
+    ptx::cp_async_4(slot + 8, scale_inv + static_cast<size_t>(c / kFp8GroupSize) * ld + row, true);
+  }
+  __device__ static Staged unstage8(const void* slot) {
+    Staged s;
+    fp8_groups_decode8(s.v, *static_cast<const uint2*>(slot), static_cast<const float*>(slot)[2]);
+    return s;
+  }
+  __device__ static float value(const Staged& s, int k) { return s.v[k]; }
 };
 
 // Host checks of a copy's pointers and width, naming the kernel and the argument.

@@ -23,6 +23,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
 __device__ __forceinline__ void cp_async_16(bf16* smem, const bf16* gmem, bool valid) {
   cp_async_16(smem_address(smem), gmem, valid);
 }
+// 8-byte asynchronous global->shared copy (both addresses 8-byte aligned; zero-filled when `valid` is false).
+__device__ __forceinline__ void cp_async_8(uint32_t smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
 // 4-byte asynchronous global->shared copy (zero-filled when `valid` is false).
 __device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 4 : 0;

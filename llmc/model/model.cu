@@ -10,6 +10,7 @@
 #include "llmc/kernels/classifier.h"
 #include "llmc/model/family.h"
 #include "llmc/precision/gemm.h"
+#include "llmc/precision/group_quant.h"
 
 namespace llmc {
 
@@ -26,6 +27,15 @@ Model::Model(const ModelSpec& spec, int B, int T, int recompute, const Precision
   if (T > spec.max_seq_len)
     throw_error("model: train.seq_len=%d exceeds the context length model.max_seq_len=%d", T, spec.max_seq_len);
   if (recompute != 0 && recompute != 1) throw_error("model: train.recompute must be 0 or 1 (got %d)", recompute);
+  if (recipe.nonlinear_fp8) {
+    if (recompute != 0)
+      throw_error("model: precision.nonlinear_fp8 keeps the norm and GELU / SwiGLU inputs only as FP8 copies, from "
+                  "which train.recompute = 1 cannot recompute: set train.recompute to 0");
+    const int group = kNonlinearFp8Groups.cols;
+    if (spec.n_embd % group != 0 || spec.ffn_hidden % group != 0)
+      throw_error("model: precision.nonlinear_fp8 needs model.n_embd (%d) and model.ffn_hidden (%d) to be multiples "
+                  "of %d", spec.n_embd, spec.ffn_hidden, group);
+  }
   if (!allocates()) return;
   gemm_init();
   CUDA_CHECK(cudaMalloc(&params_, table_.total_elements * sizeof(bf16)));
@@ -117,6 +127,20 @@ std::unique_ptr<Linear> Model::make_linear(const std::string& name, LinearKind k
                                            int in_features) {
   return std::make_unique<Linear>(precision_, name, kind, layer, out_features, in_features,
                                   plan_linear(recipe_, layer, spec_.n_layer, kind), B_max_ * T_max_);
+}
+
+SavedActivation Model::saved_activation(Carver& cv, size_t rows, size_t cols, bf16* shared) const {
+  SavedActivation a;
+  if (!recipe_.nonlinear_fp8) {
+    a.values = cv.take<bf16>(rows * cols);
+    return a;
+  }
+  if (cv.base != nullptr && shared == nullptr) throw_error("internal error: a saved activation has no shared buffer");
+  const int r = static_cast<int>(rows), c = static_cast<int>(cols);
+  a.values = shared;
+  a.copy.codes = cv.take<uint8_t>(fp8_groups_code_bytes(r, c));
+  a.copy.scale_inv = cv.take<float>(fp8_groups_scale_bytes(r, c) / sizeof(float));
+  return a;
 }
 
 void Model::plan_activations(const std::function<void(Carver&)>& carve) {

@@ -29,6 +29,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/kernels/encoder.h"
+#include "llmc/kernels/fp8_groups.h"
 #include "llmc/model/model_spec.h"
 #include "llmc/precision/linear.h"
 #include "llmc/precision/recipe.h"
@@ -52,6 +53,28 @@ enum class ActivationUse : int {
   Working = 2,  // token ids, forward buffers backward does not read, backward's gradient buffers, reduction scratch
 };
 constexpr int kActivationUses = 3;
+
+// A tensor that a non-linear layer (a norm, GELU, SwiGLU) reads in backward: its BF16 values and, under the recipe's
+// nonlinear_fp8 (COAT's FP8 activations), the FP8 1x16 group copy (llmc/kernels/fp8_groups.h) that the producer
+// writes beside them in a training forward. With a copy, backward reads the copy, and the BF16 values live in a buffer
+// that later forward work overwrites; without one, the values are the block's own and backward reads them.
+struct SavedActivation {
+  bf16* values = nullptr;  // (rows, cols)
+  Fp8GroupsOut copy;       // codes (rows, cols) and scale_inv, or none
+  // Where a producer writes the copy: none outside training (nothing will read it).
+  Fp8GroupsOut copy_out(bool train) const { return train ? copy : Fp8GroupsOut{}; }
+  // The copy as the backward kernels read it (when copy.wanted()).
+  Fp8Groups copy_view() const { return {copy.codes, copy.scale_inv}; }
+  // Calls read(x) with what backward reads: x is Fp8Groups (the copy) or const bf16* (the values), so one call
+  // site reaches the kernel overload of either form.
+  template <typename Read>
+  void read(Read&& read) const {
+    if (copy.wanted())
+      read(copy_view());
+    else
+      read(static_cast<const bf16*>(values));
+  }
+};
 
 // The device memory of a model, by what it holds (bytes, alignment included).
 struct ModelMemory {
@@ -168,6 +191,10 @@ class Model {
   bf16* input_buffer(Carver& cv, const Linear& consumer, bf16* shared, size_t count) const {
     return recompute_ == 0 && needs_bf16_input(consumer) ? cv.take<bf16>(count) : shared;
   }
+  // A (rows, cols) tensor a non-linear layer reads in backward (carve it while cv.use is Saved). Under nonlinear_fp8
+  // its values are `shared` (a buffer the caller carved as working memory, which other tensors overwrite in the
+  // forward) and the FP8 copy is carved here; otherwise the values get a buffer of their own.
+  SavedActivation saved_activation(Carver& cv, size_t rows, size_t cols, bf16* shared) const;
   // Whether backward recomputes the BF16 input of `consumer` (recompute on, and backward reads that input).
   bool recomputes_input(const Linear& consumer) const { return recompute_ != 0 && needs_bf16_input(consumer); }
   // The BF16 input to hand the backward of `linear`: null when it saved an FP8 copy (the buffer may be shared).

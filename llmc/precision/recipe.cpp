@@ -28,6 +28,10 @@
 //                   Each ingredient is a switch (forward_hadamard, forward_scale, trust_mask, backward_hadamard,
 //                   backward_scale). On Hopper the products run on FP8 tensor cores from operands remapped exactly
 //                   (llmc/precision/fp4_gemm.h): FP4 numerics and storage, not FP4 speed.
+//   coat            COAT (arXiv 2410.19313, shared/reference/fp8_recipes.md §1): fp8_tensorwise's GEMMs, the inputs
+//                   the norms and GELU / SwiGLU save for backward as E4M3 1x16 groups (nonlinear_fp8), and AdamW
+//                   moments in FP8 with dynamic range expansion (optimizer.state_format fp8_expand, unless the config
+//                   names another). Attention, RoPE, the embeddings, the lm_head and the residual stream stay BF16.
 // All quantising presets keep the lm_head and the embeddings in BF16 and save the linear inputs for backward
 // quantised. A preset starts from PrecisionRecipe's defaults (x, w E4M3 and dy E5M2 per tensor, FP32 scales).
 #include "llmc/precision/recipe.h"
@@ -46,16 +50,18 @@ struct RecipePreset {
   const char* name;
   const char* summary;  // one line for the help of precision.recipe
   void (*fill)(PrecisionRecipe& r);
+  const char* state_format = nullptr;  // the optimizer.state_format it implies (null: the optimizer's default)
 };
+
+void fill_fp8_tensorwise(PrecisionRecipe& r) {
+  r.quantize_linears = true;
+  r.scaling = ScalingMode::Current;
+  r.fast_accum = true;
+}
 
 const RecipePreset kPresets[] = {
     {"bf16", "every GEMM in BF16", [](PrecisionRecipe&) {}},
-    {"fp8_tensorwise", "current per-tensor scaling",
-     [](PrecisionRecipe& r) {
-       r.quantize_linears = true;
-       r.scaling = ScalingMode::Current;
-       r.fast_accum = true;
-     }},
+    {"fp8_tensorwise", "current per-tensor scaling", fill_fp8_tensorwise},
     {"fp8_delayed", "amax history",
      [](PrecisionRecipe& r) {
        r.quantize_linears = true;
@@ -104,6 +110,13 @@ const RecipePreset kPresets[] = {
        r.backward_hadamard = 32;
        r.backward_range_matched = true;
      }},
+    {"coat", "fp8_tensorwise GEMMs, norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups, FP8 AdamW moments "
+             "(fp8_expand)",
+     [](PrecisionRecipe& r) {
+       fill_fp8_tensorwise(r);
+       r.nonlinear_fp8 = true;
+     },
+     "fp8_expand"},
 };
 
 const RecipePreset* find_preset(const std::string& name) {
@@ -179,6 +192,11 @@ bool precision_recipe_preset(const std::string& name, PrecisionRecipe* out) {
   p->fill(r);
   if (out) *out = r;
   return true;
+}
+
+const char* precision_recipe_state_format(const std::string& name) {
+  const RecipePreset* p = find_preset(name);
+  return p ? p->state_format : nullptr;
 }
 
 void fill_precision_recipe(const std::string& name, PrecisionRecipe* out) {
@@ -390,7 +408,8 @@ int recipe_min_compute_capability(const PrecisionRecipe& r) {
 }
 
 std::string describe_recipe(const PrecisionRecipe& r) {
-  if (!r.quantize_linears) return r.recipe + " (all GEMMs in BF16)";
+  const char* nonlinear = r.nonlinear_fp8 ? "; norm / GELU / SwiGLU inputs saved as e4m3 1x16 groups" : "";
+  if (!r.quantize_linears) return r.recipe + " (all GEMMs in BF16" + nonlinear + ")";
   std::string s = r.recipe + " (x " + encoding_name(r.x) + ", w " + encoding_name(r.w) + ", dy " + encoding_name(r.dy);
   if (r.x.per_tensor()) {
     s += std::string("; ") + scaling_mode_name(r.scaling) + " scaling";
@@ -421,7 +440,7 @@ std::string describe_recipe(const PrecisionRecipe& r) {
   s += r.save_quantized_inputs ? std::string("; linear inputs saved as ") + element_format_name(r.x.element)
                                : std::string("; linear inputs saved as BF16");
   if (!r.cache_weight_transpose) s += "; transposed weight codes made in every backward";
-  return s + ")";
+  return s + nonlinear + ")";
 }
 
 }  // namespace llmc

@@ -57,12 +57,20 @@ struct PrecisionRecipe {
                                    // (along N) and wgrad (along the tokens)
   bool backward_range_matched = false;  // (backward_scale) "range_matched": Quartet's backward; "absmax": the
                                         // quantised backward of the other presets
+  bool nonlinear_fp8 = false;  // COAT's FP8 precision flow: the inputs the norms (LayerNorm / RMSNorm) and GELU /
+                               // SwiGLU save for backward are kept as E4M3 with one FP32 scale per 1x16 channel
+                               // group (llmc/kernels/fp8_groups.h) instead of BF16; the forward and the residual
+                               // stream stay BF16. Independent of quantize_linears.
 
   // precision.pow2_scales: the roles' scales are FP32 rounded down to powers of two (Pow2FP32) rather than FP32.
   // Setting it changes only roles whose scales are FP32 or Pow2FP32.
   bool pow2_scales() const { return x.scale == ScaleFormat::Pow2FP32; }
   void set_pow2_scales(bool on);
 };
+
+// The channel groups of nonlinear_fp8's copies (COAT's 1x16; llmc/precision/group_quant.h's kFp8Groups1x16): the
+// widths they cover must be multiples of its cols.
+constexpr BlockShape kNonlinearFp8Groups = kBlock1x16;
 
 // Which linear of a block (or the lm_head).
 enum class LinearKind : uint8_t { Qkv, AttnOut, MlpUp, MlpDown, LmHead };
@@ -97,6 +105,9 @@ std::vector<std::string> precision_recipe_names();
 std::string precision_recipe_summaries();
 // Fills every field of `out` from the preset; false when the name is unknown.
 bool precision_recipe_preset(const std::string& name, PrecisionRecipe* out);
+// The optimizer.state_format a known preset brings with it (COAT's FP8 moments for "coat"), or null when it leaves
+// the optimizer's default; an explicit optimizer.state_format wins over it.
+const char* precision_recipe_state_format(const std::string& name);
 // The same, with llmc::Error naming precision.recipe and the known presets when the name is unknown.
 void fill_precision_recipe(const std::string& name, PrecisionRecipe* out);
 // Unknown presets, encodings this build cannot quantise, impossible combinations (a 2-D-scaled x or dy, 128x128 on

@@ -301,6 +301,11 @@ const std::vector<KeySchema>& schema() {
                  [](RunConfig& c, const json& v) {
                    c.precision.dy_stochastic_rounding = v.get<std::string>() == "stochastic";
                  }), {"nearest", "stochastic"}),
+      row("precision", "nonlinear_fp8", T::Bool,
+          "COAT's FP8 activations: keep the inputs that the norms (LayerNorm / RMSNorm) and GELU / SwiGLU save for "
+          "backward as E4M3 with one FP32 scale per 16 channels instead of BF16 (the forward, the residual stream, "
+          "attention and the linear inputs are unchanged; needs train.recompute 0 and model widths that are "
+          "multiples of 16)", LLMC_ACCESS(precision.nonlinear_fp8)),
       between(row("precision", "wgrad_hadamard", T::Int,
                   "size of the random Hadamard transform applied along the tokens to both weight-gradient operands "
                   "(dy and x; FP4 1xN blocks only; one sign vector per run, from train.seed): 0 (none), 16 or 32",
@@ -656,6 +661,9 @@ RunConfig resolve_config(const json& input, const std::vector<std::string>& over
       const KeySchema& rk = *find_key("precision", "recipe");
       set_value(rk, cfg, precision["recipe"]);
       fill_precision_recipe(cfg.precision.recipe, &cfg.precision);
+      // A preset may bring its optimizer-state format (coat: FP8 moments); an explicit optimizer.state_format wins.
+      if (const char* state_format = precision_recipe_state_format(cfg.precision.recipe))
+        cfg.optimizer.state_format = parse_state_format(state_format);
     }
     // 2. Explicit keys win over the presets and the defaults.
     for (const KeySchema& k : schema()) {
@@ -759,6 +767,18 @@ void validate_config(RunConfig& cfg, int world_size) {
         throw_error("precision.recipe = \"%s\" needs model.n_embd (%d) and model.ffn_hidden (%d) to be multiples "
                     "of %d (quantised GEMM dimensions)", cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden,
                     multiple);
+    }
+    if (cfg.precision.nonlinear_fp8) {
+      // The FP8 copies replace the BF16 tensors that recompute would start from, and their groups are 16 channels.
+      if (t.recompute != 0)
+        throw_error("precision.nonlinear_fp8 (precision.recipe = \"%s\") keeps the norm and GELU / SwiGLU inputs "
+                    "only as FP8 copies, from which train.recompute = 1 cannot recompute the BF16 outputs: set "
+                    "train.recompute to 0 or precision.nonlinear_fp8 to false", cfg.precision.recipe.c_str());
+      if (m.n_embd % kNonlinearFp8Groups.cols != 0 || m.ffn_hidden % kNonlinearFp8Groups.cols != 0)
+        throw_error("precision.nonlinear_fp8 (precision.recipe = \"%s\") needs model.n_embd (%d) and "
+                    "model.ffn_hidden (%d) to be multiples of %d (one FP32 scale per %d channels)",
+                    cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden, kNonlinearFp8Groups.cols,
+                    kNonlinearFp8Groups.cols);
     }
     if (t.warmup_steps > t.steps)
       throw_error("train.warmup_steps = %d exceeds train.steps = %d", t.warmup_steps, t.steps);

@@ -56,12 +56,17 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world_size) {
                        quantized ? "quantised weight caches, scales and amax histories of the recipe"
                                  : "none (no quantised linear)",
                        p.weight_caches + p.scaling});
+  // The model's own saved buffers: BF16, and under nonlinear_fp8 the FP8 copies of the norm / activation inputs.
+  const char* model_saved = cfg.precision.nonlinear_fp8 ? "bf16 and fp8 1x16 norm / activation inputs" : "bf16";
   plan.rows.push_back({"saved activations",
                        p.saved_inputs > 0
-                           ? strformat("for backward at %d x %d tokens (recompute %d): bf16 %s + quantised linear "
-                                       "inputs %s", t.micro_batch, t.seq_len, t.recompute,
+                           ? strformat("for backward at %d x %d tokens (recompute %d): %s %s + quantised linear "
+                                       "inputs %s", t.micro_batch, t.seq_len, t.recompute, model_saved,
                                        format_gib(model.activation(ActivationUse::Saved)).c_str(),
                                        format_gib(p.saved_inputs).c_str())
+                       : cfg.precision.nonlinear_fp8
+                           ? strformat("for backward at %d x %d tokens (recompute %d): %s", t.micro_batch, t.seq_len,
+                                       t.recompute, model_saved)
                            : strformat("for backward at %d x %d tokens (recompute %d)", t.micro_batch, t.seq_len,
                                        t.recompute),
                        model.activation(ActivationUse::Saved) + p.saved_inputs});

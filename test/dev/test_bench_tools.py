@@ -8,7 +8,8 @@ to date with its rows kept, and the JSONL metrics summary (warm-up dropped, medi
 records). The llm.c peer: --peer lists, the alternation of ours and the peers over rounds (and the ratio each peer row
 gets from ours of its round), llm.c's command line for GPT-2 124M and 350M (the same tokens per step as ours), the
 parsing of its step lines, the shard header check, and the error paths (no --llmc-dir, a failing build, a Llama
-spec). dev/bench/kernel_profile.py: kernel-name shortening, ncu CSV parsing (units, one row per kernel in launch
+spec). B=max run specs: the dry-run total, the search for the largest micro-batch that fits (with a fake plan and
+over train_gpt's real dry runs). dev/bench/kernel_profile.py: kernel-name shortening, ncu CSV parsing (units, one row per kernel in launch
 order) and the cut into steps at the embedding kernel.
 """
 
@@ -39,6 +40,67 @@ kprof = load("kernel_profile", "dev/bench/kernel_profile.py")
 
 def overrides_dict(overrides):
     return dict(o.split("=", 1) for o in overrides)
+
+
+class MaxBatch(unittest.TestCase):
+    """B=max: the run spec, the dry-run total it reads, and the search for the largest micro-batch that fits."""
+
+    def test_max_spec(self):
+        spec = bench.parse_run_spec("llama-1b:max:2048")
+        self.assertEqual(spec.micro_batch, bench.MAX_BATCH)
+        self.assertEqual(spec.label(), "llama-1b B=max T=2048 x1")
+        with self.assertRaises(ValueError):
+            bench.parse_run_spec("llama-1b:0:2048")
+        with self.assertRaises(ValueError):
+            bench.parse_run_spec("llama-1b:2048:max")
+
+    def test_dry_run_total(self):
+        text = ("memory/GPU   29.95 GiB estimated from the allocation plan (coat, ...):\n"
+                "  weights              2.00 GiB       2,152,337,408 B  bf16 working copy\n"
+                "  total               29.95 GiB      32,160,321,152 B  on one GPU\n")
+        self.assertEqual(bench.dry_run_total_bytes(text), 32160321152)
+        self.assertIsNone(bench.dry_run_total_bytes("error: no plan"))
+
+    def test_search_finds_the_largest_fit_with_few_dry_runs(self):
+        for fixed, per_sample, budget in [(10, 3, 100), (10, 3, 13), (0, 1, 4096), (5, 7, 1000), (1, 1, 10 ** 9)]:
+            calls = []
+
+            def planned(b):
+                calls.append(b)
+                return fixed + per_sample * b
+            want = min((budget - fixed) // per_sample, 4096)
+            self.assertEqual(bench.largest_micro_batch(planned, budget), want, (fixed, per_sample, budget))
+            self.assertLessEqual(len(calls), 2 * 13 + 1)
+        self.assertIsNone(bench.largest_micro_batch(lambda b: 100 * b, 99))
+        # A refused config (None) counts as not fitting: B=3 is refused, so the answer is 2.
+        self.assertEqual(bench.largest_micro_batch(lambda b: b if b < 3 else None, 100), 2)
+
+    def test_search_over_real_dry_runs(self):
+        """The search over train_gpt's own memory plan (CPU-only dry runs): llama-tiny under coat plans less per
+        sample than under bf16, so more samples fit the same budget, and each answer is the largest that fits."""
+        train_gpt = os.environ.get("LLM8_TRAIN_GPT")
+        if not train_gpt:
+            self.skipTest("LLM8_TRAIN_GPT is not set (ctest sets it)")
+        import subprocess
+
+        def planned(recipe):
+            def at(b):
+                out = subprocess.run([train_gpt, "--config", "configs/llama_tiny_bf16.json", "--set",
+                                      f"train.micro_batch={b}", "--set", "train.global_batch_tokens=0", "--set",
+                                      f"precision.recipe={recipe}", "--set", "model.n_layer=8", "--dry-run"],
+                                     capture_output=True, text=True)
+                return bench.dry_run_total_bytes(out.stdout)  # printed before the data checks
+            return at
+        budget = 3 * 1024 ** 3
+        found = {}
+        for recipe in ("bf16", "coat"):
+            at = planned(recipe)
+            b = bench.largest_micro_batch(at, budget)
+            self.assertIsNotNone(b, recipe)
+            self.assertLessEqual(at(b), budget)
+            self.assertGreater(at(b + 1), budget)
+            found[recipe] = b
+        self.assertGreater(found["coat"], found["bf16"])
 
 
 class BenchOverrides(unittest.TestCase):

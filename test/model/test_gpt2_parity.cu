@@ -176,11 +176,24 @@ void run_fp8_parity(const char* recipe_name) {
   parity::run_fp8_parity(recipe_name, spec_from_metadata(weights), weights, dbg, kFp8Tol);
 }
 
+// COAT's FP8 activations over BF16 GEMMs on the same gpt2-tiny state (parity_util.cuh's run_nonlinear_fp8_parity).
+void run_nonlinear_fp8_parity() {
+  ModelSpec preset;
+  ASSERT_TRUE(model_preset("gpt2-tiny", &preset));
+  DebugState ds;
+  make_debug_state(&ds, preset, 4, 64);
+  SafetensorsReader weights(ds.dir + "/model.safetensors");
+  SafetensorsReader dbg(ds.dir + "/debug_state.safetensors");
+  parity::run_nonlinear_fp8_parity(spec_from_metadata(weights), weights, dbg, parity::NonlinearFp8Tolerances());
+}
+
 }  // namespace
 
 TEST(GPT2Fp8Parity, Tensorwise) { run_fp8_parity("fp8_tensorwise"); }
 TEST(GPT2Fp8Parity, Delayed) { run_fp8_parity("fp8_delayed"); }
 TEST(GPT2Fp8Parity, Blockwise) { run_fp8_parity("fp8_blockwise"); }
+TEST(GPT2Fp8Parity, Coat) { run_fp8_parity("coat"); }
+TEST(GPT2NonlinearFp8Parity, AgainstBf16AndTheReference) { run_nonlinear_fp8_parity(); }
 
 TEST(GPT2Parity, Tiny_B4_T64) { run_parity(4, 64, /*extra_checks=*/true); }
 TEST(GPT2Parity, Tiny_B4_T100) {

@@ -234,11 +234,22 @@ void run_fp8_parity(const char* recipe_name) {
   parity::run_fp8_parity(recipe_name, spec_from_metadata(weights), weights, dbg, kFp8Tol);
 }
 
+// COAT's FP8 activations over BF16 GEMMs on the same llama-tiny state (parity_util.cuh's run_nonlinear_fp8_parity).
+void run_nonlinear_fp8_parity() {
+  DebugState ds;
+  make_debug_state(&ds, tiny_untied(), 4, 64);
+  SafetensorsReader weights(ds.dir + "/model.safetensors");
+  SafetensorsReader dbg(ds.dir + "/debug_state.safetensors");
+  parity::run_nonlinear_fp8_parity(spec_from_metadata(weights), weights, dbg, parity::NonlinearFp8Tolerances());
+}
+
 }  // namespace
 
 TEST(LlamaFp8Parity, Tensorwise) { run_fp8_parity("fp8_tensorwise"); }
 TEST(LlamaFp8Parity, Delayed) { run_fp8_parity("fp8_delayed"); }
 TEST(LlamaFp8Parity, Blockwise) { run_fp8_parity("fp8_blockwise"); }
+TEST(LlamaFp8Parity, Coat) { run_fp8_parity("coat"); }
+TEST(LlamaNonlinearFp8Parity, AgainstBf16AndTheReference) { run_nonlinear_fp8_parity(); }
 
 TEST(LlamaParity, TinyUntiedGqa_B4_T64) { run_parity(tiny_untied(), 4, 64, /*extra_checks=*/true); }
 TEST(LlamaParity, TiedHeadSize128_B4_T100) {

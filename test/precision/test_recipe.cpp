@@ -106,6 +106,15 @@ TEST(Recipe, PresetFields) {
   EXPECT_TRUE(q.bf16_layers.empty());
   EXPECT_FALSE(q.quantize_lm_head);
   EXPECT_TRUE(q.save_quantized_inputs);
+  // COAT: fp8_tensorwise with the non-linear layers' saved inputs as FP8 1x16 groups.
+  const PrecisionRecipe c = preset("coat");
+  PrecisionRecipe expect = t;
+  expect.recipe = "coat";
+  expect.nonlinear_fp8 = true;
+  EXPECT_EQ(describe_recipe(c), describe_recipe(expect));
+  EXPECT_TRUE(c.nonlinear_fp8);
+  for (const char* other : {"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4"})
+    EXPECT_FALSE(preset(other).nonlinear_fp8) << other;
   EXPECT_FALSE(precision_recipe_preset("fp8", nullptr));
 }
 
@@ -125,6 +134,7 @@ TEST(Recipe, QueriesOfEveryPreset) {
       {"fp8_blockwise", true, kE4M3Rows, kE4M3Tiles, kE5M2Rows, false, 128, 90},
       {"nvfp4", true, kNvfp4Rows, kNvfp4Tiles, kNvfp4Rows, false, 16, 80},  // products in BF16 on Hopper
       {"mxfp4", true, kMxfp4Rows, kMxfp4Rows, kMxfp4Rows, false, 32, 90},   // Hadamard-32 along the tokens
+      {"coat", true, kE4M3, kE4M3, kE5M2, false, 16, 89},  // fp8_tensorwise's GEMMs
   };
   ASSERT_EQ(precision_recipe_names().size(), std::size(cases));
   for (size_t i = 0; i < std::size(cases); i++) {
@@ -234,21 +244,27 @@ TEST(Recipe, Pow2ScalesKeyMapsOntoTheScaleFormats) {
 
 TEST(Recipe, NamesHelpAndDescription) {
   EXPECT_EQ(precision_recipe_names(),
-            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4"}));
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4",
+                                      "coat"}));
   EXPECT_EQ(precision_recipe_summaries(),
             "bf16 (every GEMM in BF16; sm_80) | fp8_tensorwise (current per-tensor scaling; sm_89) | fp8_delayed "
             "(amax history; sm_89) | fp8_blockwise (1x128 / 128x128 blocks; sm_90) | nvfp4 (E2M1 1x16 blocks (w "
             "16x16), E4M3 block + FP32 tensor scales, stochastic dy, RHT-16 wgrad; BF16 products on Hopper; sm_80) | mxfp4 "
             "(Quartet: E2M1 1x32 blocks, E8M0 scales; QuEST forward (Hadamard-32, Gaussian scales, trust masks), "
             "backward re-quantised with fresh Hadamard-32 signs and range-matched scales; FP8 products on Hopper; "
-            "sm_90)");
+            "sm_90) | coat (fp8_tensorwise GEMMs, norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups, FP8 AdamW "
+            "moments (fp8_expand); sm_89)");
+  // Only coat brings an optimizer-state format (COAT's FP8 moments).
+  for (const std::string& name : precision_recipe_names())
+    EXPECT_STREQ(precision_recipe_state_format(name), name == "coat" ? "fp8_expand" : nullptr) << name;
+  EXPECT_EQ(precision_recipe_state_format("fp8_magic"), nullptr);
   try {
     PrecisionRecipe r;
     fill_precision_recipe("fp8_magic", &r);
     ADD_FAILURE() << "no error for an unknown preset";
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "precision.recipe: unknown recipe 'fp8_magic' (known in this build: bf16, "
-                                   "fp8_tensorwise, fp8_delayed, fp8_blockwise, nvfp4, mxfp4)")) << e.what();
+                                   "fp8_tensorwise, fp8_delayed, fp8_blockwise, nvfp4, mxfp4, coat)")) << e.what();
   }
   PrecisionRecipe unknown;
   unknown.recipe = "fp8";

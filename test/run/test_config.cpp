@@ -114,7 +114,7 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 84u);  // 13 model keys + 24 precision keys + the 47 fields of the other sections
+  EXPECT_EQ(docs.size(), 85u);  // 13 model keys + 25 precision keys + the 47 fields of the other sections
   EXPECT_EQ(doc("checkpoint.overwrite").default_value, "false");
   EXPECT_EQ(doc("train.allow_nonfinite_init").default_value, "false");
   EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
@@ -128,6 +128,7 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
   EXPECT_EQ(doc("precision.trust_mask").default_value, "false");
   EXPECT_EQ(doc("precision.forward_hadamard").default_value, "0");
   EXPECT_EQ(doc("precision.backward_hadamard").default_value, "0");
+  EXPECT_EQ(doc("precision.nonlinear_fp8").default_value, "false");
   EXPECT_EQ(doc("train.lr").default_value, json(6e-4).dump());
   EXPECT_EQ(doc("train.lr").type, "float");
   EXPECT_EQ(doc("train.steps").default_value, "100");
@@ -276,7 +277,8 @@ TEST(Config, PaddedVocabRoundsUp) {
 
 TEST(Config, RecipeNames) {
   EXPECT_EQ(llmc::recipe_names(),
-            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4"}));
+            (std::vector<std::string>{"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4",
+                                      "coat"}));
   EXPECT_EQ(llmc::load_config_json(with("precision", "recipe", "bf16"), {}).precision.recipe, "bf16");
 }
 
@@ -372,6 +374,60 @@ TEST(Config, QuartetSwitches) {
                {"precision.forward_scale must be one of absmax, gaussian"});
   expect_error(load_error(with("precision", "recipe", "nvfp4"), {"precision.trust_mask=true"}),
                {"precision.trust_mask = true is an ingredient"});
+}
+
+// COAT: the coat preset is fp8_tensorwise's GEMMs with the FP8 non-linear activations and FP8 AdamW moments with
+// dynamic range expansion; each part is a key of its own that wins over the preset, the resolved config reloads to
+// the same run, and the activation switch refuses recompute and widths that are not whole 16-channel groups.
+TEST(Config, CoatPresetAndItsParts) {
+  llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "coat"), {});
+  EXPECT_TRUE(llmc::quantizes_linears(c.precision));
+  EXPECT_EQ(c.precision.x, (llmc::Encoding{llmc::ElementFormat::E4M3}));
+  EXPECT_EQ(c.precision.dy, (llmc::Encoding{llmc::ElementFormat::E5M2}));
+  EXPECT_EQ(c.precision.scaling, llmc::ScalingMode::Current);
+  EXPECT_TRUE(c.precision.nonlinear_fp8);
+  EXPECT_STREQ(c.optimizer.state_format.name, "fp8_expand");
+  EXPECT_NE(llmc::describe_recipe(c.precision).find("norm / GELU / SwiGLU inputs saved as e4m3 1x16 groups"),
+            std::string::npos);
+  // Each part alone: explicit keys win over the preset, whatever their order.
+  c = llmc::load_config_json(with("precision", "recipe", "coat"), {"optimizer.state_format=fp32"});
+  EXPECT_STREQ(c.optimizer.state_format.name, "fp32");
+  EXPECT_TRUE(c.precision.nonlinear_fp8);
+  json j = with("precision", "recipe", "coat");
+  j["optimizer"] = {{"state_format", "fp8"}};
+  EXPECT_STREQ(llmc::load_config_json(j, {}).optimizer.state_format.name, "fp8");
+  c = llmc::load_config_json(with("precision", "recipe", "coat"), {"precision.nonlinear_fp8=false"});
+  EXPECT_FALSE(c.precision.nonlinear_fp8);
+  EXPECT_STREQ(c.optimizer.state_format.name, "fp8_expand");
+  c = llmc::load_config_json(with("precision", "recipe", "bf16"), {"precision.nonlinear_fp8=true"});
+  EXPECT_FALSE(llmc::quantizes_linears(c.precision));
+  EXPECT_TRUE(c.precision.nonlinear_fp8);
+  EXPECT_STREQ(c.optimizer.state_format.name, "fp32");
+  EXPECT_EQ(llmc::describe_recipe(c.precision),
+            "bf16 (all GEMMs in BF16; norm / GELU / SwiGLU inputs saved as e4m3 1x16 groups)");
+  // The other presets leave the optimizer's default and keep BF16 non-linear inputs.
+  for (const std::string& name : llmc::recipe_names()) {
+    if (name == "coat") continue;
+    c = llmc::load_config_json(with("precision", "recipe", name), {});
+    EXPECT_STREQ(c.optimizer.state_format.name, "fp32") << name;
+    EXPECT_FALSE(c.precision.nonlinear_fp8) << name;
+  }
+  // The resolved config names every part and reloads to the same config.
+  c = llmc::load_config_json(with("precision", "recipe", "coat"), {});
+  const json dumped = llmc::config_to_json(c);
+  EXPECT_EQ(dumped["precision"]["recipe"], "coat");
+  EXPECT_EQ(dumped["precision"]["nonlinear_fp8"], true);
+  EXPECT_EQ(dumped["optimizer"]["state_format"], "fp8_expand");
+  EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(dumped, {})), dumped);
+  // Recompute would need the BF16 tensors the copies replace; groups are 16 channels wide.
+  expect_error(load_error(with("precision", "recipe", "coat"), {"train.recompute=1"}),
+               {"precision.nonlinear_fp8", "train.recompute = 1 cannot recompute", "set train.recompute to 0"});
+  json llama = base_config();
+  llama["model"] = {{"preset", "llama-tiny"}, {"ffn_hidden", 200}};
+  llama["precision"] = {{"nonlinear_fp8", true}};
+  expect_error(load_error(llama), {"precision.nonlinear_fp8", "model.ffn_hidden (200)", "multiples of 16"});
+  llama["precision"] = {{"nonlinear_fp8", false}};
+  EXPECT_EQ(load_error(llama), "");
 }
 
 // The recipe preset fills the precision section; explicit keys (file or --set) override single fields.

@@ -167,6 +167,38 @@ TEST(MemoryPlan, QuartetSavesForwardCodesAndTrustMasks) {
             plan_model_memory(fp4.model, B, T, 0, fp4.precision).precision.weight_caches);
 }
 
+// COAT's FP8 activations: under coat the tensors the non-linear layers read in backward are saved as E4M3 codes with
+// one FP32 scale per 16 channels (1.25 bytes per element at these sizes) instead of BF16, and their BF16 values move
+// to working buffers shared by the blocks; the linears' FP8 state is fp8_tensorwise's, and the moments are fp8_expand.
+TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
+  const int B = 4, T = 1024;
+  const size_t N = static_cast<size_t>(B) * T;
+  for (const char* preset : {"gpt2-124m", "llama-1b"}) {
+    SCOPED_TRACE(preset);
+    const RunConfig fp8 = config(preset, "fp8_tensorwise", B, T);
+    const RunConfig coat = config(preset, "coat", B, T);
+    const ModelMemory q = plan_model_memory(fp8.model, B, T, 0, fp8.precision);
+    const ModelMemory c = plan_model_memory(coat.model, B, T, 0, coat.precision);
+    const size_t C = coat.model.n_embd, F = coat.model.ffn_hidden, L = coat.model.n_layer;
+    // (tensor elements replaced by copies, BF16 working elements added)
+    const bool llama = coat.model.arch == "llama";
+    // The embedding output and each block's residual2 and residual3 (the norms' inputs), and each block's input of
+    // the activation function (Llama's gate|up, GPT-2's pre-GELU); working: the two residual-stream buffers and one
+    // for the activation function's input.
+    const size_t act_in = llama ? 2 * F : F;
+    const size_t replaced = N * C * (1 + 2 * L) + N * act_in * L;
+    const size_t working = 2 * N * C + N * act_in;
+    EXPECT_EQ(q.activation(ActivationUse::Saved) - c.activation(ActivationUse::Saved), replaced * 2 - replaced * 5 / 4);
+    EXPECT_EQ(c.activation(ActivationUse::Working) - q.activation(ActivationUse::Working), working * 2);
+    EXPECT_EQ(c.activation(ActivationUse::Logits), q.activation(ActivationUse::Logits));
+    EXPECT_EQ(c.precision.total(), q.precision.total());
+    const MemoryPlan plan = plan_memory(coat, 1);
+    const size_t n = plan.optimizer_elements;
+    EXPECT_EQ(plan.bytes("optimizer states"),
+              StateFormat::fp8_expand().m.bytes(n) + StateFormat::fp8_expand().v.bytes(n));
+  }
+}
+
 // The optimizer-state row is the state format's m.bytes(n) + v.bytes(n): bf16 halves fp32.
 TEST(MemoryPlan, OptimizerStatesFollowTheStateFormat) {
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {

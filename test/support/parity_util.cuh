@@ -1,7 +1,8 @@
 // test/support/parity_util.cuh: what the whole-model parity tests (test_gpt2_parity.cu, test_llama_parity.cu) share: the
 // debug state a PyTorch reference script writes (or a directory an environment variable names), the relative-error /
 // cosine comparison, host copies of logits and gradients, the per-tensor gradient table, the tolerances (BF16 and
-// FP8), and the FP8-recipe parity body (a model under an FP8 recipe against the FP32 reference). What is per family
+// FP8), the FP8-recipe parity body (a model under an FP8 recipe against the FP32 reference) and the nonlinear_fp8 one
+// (COAT's FP8 activations against the BF16 model and the reference). What is per family
 // stays in the test files: the model shapes, the reference script and its arguments, reading the spec back from the
 // debug state, and the BF16 parity bodies. Header-only; every function is inline.
 #pragma once
@@ -267,6 +268,66 @@ inline void run_fp8_parity(const char* recipe_name, const llmc::ModelSpec& spec,
     std::printf("[%s] step %2d loss %.6f ref %.6f\n", recipe_name, t, loss, ref_losses[t - 1]);
     EXPECT_NEAR(loss, ref_losses[t - 1], tol.train_loss_abs) << recipe_name << " AdamW step " << t;
   }
+}
+
+// COAT's FP8 activations alone (precision.nonlinear_fp8 over BF16 GEMMs) against the same model without them and the
+// FP32 reference. The forward must not change at all (the copies are written beside the BF16 tensors): logits and the
+// training loss bit-identical to the BF16 model's. Backward reads the E4M3 1x16 copies in the norm and GELU / SwiGLU
+// backwards, so the gradients must differ from the BF16 model's (the copies are used) yet stay within
+// NonlinearFp8Tolerances of the reference (E4M3's relative rounding error, at most 2^-4 per saved element, enters only
+// through those backwards); and they repeat bit for bit.
+struct NonlinearFp8Tolerances {
+  double grad_cosine = 0.995;  // per tensor
+  double grad_relerr = 0.1;    // per tensor
+};
+
+inline void run_nonlinear_fp8_parity(const llmc::ModelSpec& spec, const llmc::SafetensorsReader& weights,
+                                     const llmc::SafetensorsReader& dbg, const NonlinearFp8Tolerances& tol) {
+  const int B = std::stoi(meta(dbg, "B")), T = std::stoi(meta(dbg, "T"));
+  const int N = B * T, Vp = spec.padded_vocab_size;
+  llmc::gemm_init();
+  llmc::PrecisionRecipe with_copies;
+  with_copies.nonlinear_fp8 = true;
+  std::unique_ptr<llmc::Model> bf16_model = llmc::make_model(spec, B, T, 0, llmc::PrecisionRecipe());
+  std::unique_ptr<llmc::Model> model = llmc::make_model(spec, B, T, 0, with_copies);
+  std::vector<float> master;
+  ASSERT_NO_FATAL_FAILURE(load_master(model->table(), weights, &master));
+  for (llmc::Model* m : {bf16_model.get(), model.get()}) {
+    llmc::AdamW opt(m->table(), 0.9, 0.95, 1e-8, 0.0);
+    opt.set_master(master.data(), m->params(), 0);
+    m->weights_changed();
+  }
+  std::vector<int> x, y;
+  read_batch(dbg, N, &x, &y);
+
+  bf16_model->forward(x.data(), y.data(), B, T, 0.0f, 0);
+  model->forward(x.data(), y.data(), B, T, 0.0f, 0);
+  const std::vector<bf16> logits_bf16 = download_logits(*bf16_model, N, Vp);
+  const std::vector<bf16> logits = download_logits(*model, N, Vp);
+  EXPECT_EQ(0, std::memcmp(logits.data(), logits_bf16.data(), logits.size() * sizeof(bf16)))
+      << "nonlinear_fp8 changed the forward";
+
+  float loss_bf16 = 0, loss = 0, loss_again = 0;
+  const std::vector<float> grads_bf16 = train_grads(*bf16_model, x, y, B, T, &loss_bf16);
+  const std::vector<float> grads = train_grads(*model, x, y, B, T, &loss);
+  EXPECT_EQ(loss, loss_bf16) << "nonlinear_fp8 changed the training forward";
+  EXPECT_NE(0, std::memcmp(grads.data(), grads_bf16.data(), grads.size() * sizeof(float)))
+      << "nonlinear_fp8 gave the BF16 gradients: backward did not read the FP8 copies";
+  double worst_cos = 1, worst_rel = 0;
+  for (const llmc::ParamInfo& p : model->table().params) {
+    const std::vector<float> ref = dbg.read_as_float("grads." + p.name);
+    const Compare c = compare(grads.data() + p.offset, ref.data(), p.numel);
+    const Compare b = compare(grads_bf16.data() + p.offset, ref.data(), p.numel);
+    std::printf("[nonlinear_fp8] %-46s relerr %.3e (bf16 %.3e) cosine %.5f\n", p.name.c_str(), c.relerr, b.relerr,
+                c.cosine);
+    EXPECT_GT(c.cosine, tol.grad_cosine) << "gradient of " << p.name;
+    EXPECT_LT(c.relerr, tol.grad_relerr) << "gradient of " << p.name;
+    worst_cos = std::min(worst_cos, c.cosine);
+    worst_rel = std::max(worst_rel, c.relerr);
+  }
+  std::printf("[nonlinear_fp8] gradients: worst cosine %.5f, worst relerr %.3e\n", worst_cos, worst_rel);
+  const std::vector<float> again = train_grads(*model, x, y, B, T, &loss_again);
+  EXPECT_EQ(0, std::memcmp(grads.data(), again.data(), grads.size() * sizeof(float))) << "not deterministic";
 }
 
 }  // namespace parity

@@ -4,6 +4,13 @@
 //   ln1 = LN(x);  qkv = ln1·Wqkvᵀ + bqkv;  atty = attention(qkv);  residual2 = x + atty·Wprojᵀ + bproj
 //   ln2 = LN(residual2);  fch = ln2·Wfcᵀ + bfc;  h = gelu(fch);  residual3 = residual2 + h·Wfcprojᵀ + bfcproj
 // then lnf = LN(residual3 of the last block), logits = lnf·wteᵀ (tied lm_head), loss = cross-entropy on [0, V).
+//
+// COAT's FP8 activations (the recipe's nonlinear_fp8): the tensors the LayerNorm and GELU backwards read are saved as
+// FP8 1x16 group copies (SavedActivation): every residual-stream tensor a LayerNorm takes (copied by the LayerNorm
+// that reads it) and the pre-GELU tensor fch (copied after the c_fc GEMM, which writes it in its epilogue; the GELU
+// backward then runs after the c_proj dgrad instead of in its epilogue). Their BF16 values live in working buffers:
+// the residual stream alternates between two, fch has one for all blocks. The forward computes the same bits either
+// way.
 #include "llmc/model/gpt2/gpt2.h"
 
 #include <algorithm>
@@ -17,6 +24,7 @@
 #include "llmc/kernels/layernorm.h"
 #include "llmc/kernels/reduce.h"
 #include "llmc/precision/gemm.h"
+#include "llmc/precision/group_quant.h"
 
 namespace llmc {
 
@@ -75,15 +83,21 @@ void GPT2::carve_activations(Carver& cv) {
   const size_t N = (size_t)B_max_ * T_max_;
   const size_t C = spec_.n_embd, H = spec_.ffn_hidden, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const size_t NH = spec_.n_head;
-  cv.use = ActivationUse::Saved;
-  encoded_ = cv.take<bf16>(N * C);
   acts_.assign(L, LayerActs{});
   // A layer keeps its own LayerNorm / GELU outputs only when backward reads them in BF16 (Model::input_buffer).
   cv.use = ActivationUse::Working;
   bf16* shared_ln1 = cv.take<bf16>(N * C);
   bf16* shared_ln2 = cv.take<bf16>(N * C);
   bf16* shared_gelu = cv.take<bf16>(N * H);
+  // Under nonlinear_fp8 (SavedActivation): the BF16 residual stream in two buffers (the block input and residual3
+  // in one, residual2 in the other: a block's output overwrites its input, which residual2 no longer needs), fch in
+  // one.
+  const bool fp8_copies = recipe_.nonlinear_fp8;
+  bf16* stream_block = fp8_copies ? cv.take<bf16>(N * C) : nullptr;
+  bf16* stream_mid = fp8_copies ? cv.take<bf16>(N * C) : nullptr;
+  bf16* shared_fch = fp8_copies ? cv.take<bf16>(N * H) : nullptr;
   cv.use = ActivationUse::Saved;
+  encoded_ = saved_activation(cv, N, C, stream_block);
   for (size_t l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
     const LayerLinears& lin = linears_[l];
@@ -93,13 +107,13 @@ void GPT2::carve_activations(Carver& cv) {
     a.qkv = cv.take<bf16>(N * 3 * C);
     a.atty = cv.take<bf16>(N * C);
     a.att_lse = cv.take<float>(N * NH);
-    a.residual2 = cv.take<bf16>(N * C);
+    a.residual2 = saved_activation(cv, N, C, stream_mid);
     a.ln2 = input_buffer(cv, *lin.fc, shared_ln2, N * C);
     a.ln2_mean = cv.take<float>(N);
     a.ln2_rstd = cv.take<float>(N);
-    a.fch = cv.take<bf16>(N * H);
+    a.fch = saved_activation(cv, N, H, shared_fch);
     a.fch_gelu = input_buffer(cv, *lin.fcproj, shared_gelu, N * H);
-    a.residual3 = cv.take<bf16>(N * C);
+    a.residual3 = saved_activation(cv, N, C, stream_block);
   }
   lnf_ = cv.take<bf16>(N * C);
   lnf_mean_ = cv.take<float>(N);
@@ -119,62 +133,66 @@ void GPT2::carve_activations(Carver& cv) {
   scratch_ = cv.take<float>(scratch_floats_);
 }
 
-const bf16* GPT2::layer_input(int l) const { return l == 0 ? encoded_ : acts_[l - 1].residual3; }
+const SavedActivation& GPT2::layer_input(int l) const { return l == 0 ? encoded_ : acts_[l - 1].residual3; }
 
-void GPT2::project_residual_norm(Linear& lin, bf16* residual_out, const bf16* x, const bf16* w, const bf16* b,
-                                 const bf16* residual_in, bf16* norm_out, float* mean, float* rstd,
-                                 const bf16* norm_w, const bf16* norm_b, float* norm_amax, int N, bool train,
-                                 cudaStream_t s) {
+void GPT2::project_residual_norm(Linear& lin, bf16* residual_out, const Fp8GroupsOut& residual_copy, const bf16* x,
+                                 const bf16* w, const bf16* b, const bf16* residual_in, bf16* norm_out, float* mean,
+                                 float* rstd, const bf16* norm_w, const bf16* norm_b, float* norm_amax, int N,
+                                 bool train, cudaStream_t s) {
   const int C = spec_.n_embd;
   // x came from a kernel that reported its amax (attention, the GELU epilogue)
   Linear::ForwardOptions opt = x_from_producer(lin);
   if (lin.adds_residual()) {
     opt.residual = residual_in;
     lin.forward(residual_out, x, w, b, N, train, s, opt);
-    layernorm_forward(norm_out, mean, rstd, residual_out, norm_w, norm_b, N, C, s, norm_amax);
+    layernorm_forward(norm_out, mean, rstd, residual_out, norm_w, norm_b, N, C, s, norm_amax, residual_copy);
   } else {
     lin.forward(proj_out_, x, w, b, N, train, s, opt);
     fused_residual_layernorm_forward(residual_out, norm_out, mean, rstd, residual_in, proj_out_, norm_w, norm_b, N,
-                                     C, s, norm_amax);
+                                     C, s, norm_amax, residual_copy);
   }
 }
 
 void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) {
   begin_forward(h_inputs, h_targets, B, T, grad_scale, s);
-  const int N = B * T, C = spec_.n_embd, NH = spec_.n_head, HS = spec_.head_size();
+  const int N = B * T, C = spec_.n_embd, H = spec_.ffn_hidden, NH = spec_.n_head, HS = spec_.head_size();
   const int V = spec_.vocab_size, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const bool train = grad_scale > 0.0f;
 
-  encoder_forward(encoded_, inputs_, w_.wte, w_.wpe, B, T, C, s);  // (N, C)
+  encoder_forward(encoded_.values, inputs_, w_.wte, w_.wpe, B, T, C, s);  // (N, C)
   // Block 0's ln1 is a plain LayerNorm; every later ln1 (and ln_f) is fused with the residual add that ends the
   // previous block. Each producer of a linear's input also reports its amax when that linear scales per tensor
   // from the current amax (x_amax_slot() is null otherwise).
-  layernorm_forward(acts_[0].ln1, acts_[0].ln1_mean, acts_[0].ln1_rstd, encoded_, w_.layers[0].ln1_w,
-                    w_.layers[0].ln1_b, N, C, s, linears_[0].qkv->x_amax_slot());
+  layernorm_forward(acts_[0].ln1, acts_[0].ln1_mean, acts_[0].ln1_rstd, encoded_.values, w_.layers[0].ln1_w,
+                    w_.layers[0].ln1_b, N, C, s, linears_[0].qkv->x_amax_slot(), encoded_.copy_out(train));
   for (int l = 0; l < L; l++) {
     const auto& W = w_.layers[l];
     LayerActs& a = acts_[l];
     LayerLinears& lin = linears_[l];
-    const bf16* residual = layer_input(l);  // (N, C)
+    const bf16* residual = layer_input(l).values;  // (N, C)
     lin.qkv->forward(a.qkv, a.ln1, W.qkv_w, W.qkv_b, N, train, s, x_from_producer(*lin.qkv));  // (N, 3C)
     attention_forward(a.atty, a.att_lse, a.qkv, B, T, NH, NH, HS, s, lin.attproj->x_amax_slot());  // (N, C)
     // residual2 = residual + atty · Wattprojᵀ + battproj; ln2 = LN(residual2)                   // (N, C) each
-    project_residual_norm(*lin.attproj, a.residual2, a.atty, W.attproj_w, W.attproj_b, residual, a.ln2, a.ln2_mean,
-                          a.ln2_rstd, W.ln2_w, W.ln2_b, lin.fc->x_amax_slot(), N, train, s);
+    project_residual_norm(*lin.attproj, a.residual2.values, a.residual2.copy_out(train), a.atty, W.attproj_w,
+                          W.attproj_b, residual, a.ln2, a.ln2_mean, a.ln2_rstd, W.ln2_w, W.ln2_b,
+                          lin.fc->x_amax_slot(), N, train, s);
     Linear::ForwardOptions fc_opt = x_from_producer(*lin.fc);  // GELU output in fch_gelu, pre-GELU kept in fch
-    fc_opt.pre_gelu = a.fch;
+    fc_opt.pre_gelu = a.fch.values;
     fc_opt.out_amax = lin.fcproj->x_amax_slot();
     lin.fc->forward(a.fch_gelu, a.ln2, W.fc_w, W.fc_b, N, train, s, fc_opt);                  // (N, H)
+    const Fp8GroupsOut fch_copy = a.fch.copy_out(train);
+    if (fch_copy.wanted()) fp8_groups_quantize(fch_copy, a.fch.values, N, H, s);
     // residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj, then the next block's ln1 (or ln_f)   // (N, C) each
     if (l + 1 < L) {
       const auto& Wn = w_.layers[l + 1];
       LayerActs& an = acts_[l + 1];
-      project_residual_norm(*lin.fcproj, a.residual3, a.fch_gelu, W.fcproj_w, W.fcproj_b, a.residual2, an.ln1,
-                            an.ln1_mean, an.ln1_rstd, Wn.ln1_w, Wn.ln1_b, linears_[l + 1].qkv->x_amax_slot(), N, train,
-                            s);
+      project_residual_norm(*lin.fcproj, a.residual3.values, a.residual3.copy_out(train), a.fch_gelu, W.fcproj_w,
+                            W.fcproj_b, a.residual2.values, an.ln1, an.ln1_mean, an.ln1_rstd, Wn.ln1_w, Wn.ln1_b,
+                            linears_[l + 1].qkv->x_amax_slot(), N, train, s);
     } else {
-      project_residual_norm(*lin.fcproj, a.residual3, a.fch_gelu, W.fcproj_w, W.fcproj_b, a.residual2, lnf_,
-                            lnf_mean_, lnf_rstd_, w_.lnf_w, w_.lnf_b, lm_head_->x_amax_slot(), N, train, s);
+      project_residual_norm(*lin.fcproj, a.residual3.values, a.residual3.copy_out(train), a.fch_gelu, W.fcproj_w,
+                            W.fcproj_b, a.residual2.values, lnf_, lnf_mean_, lnf_rstd_, w_.lnf_w, w_.lnf_b,
+                            lm_head_->x_amax_slot(), N, train, s);
     }
   }
   lm_head_->forward(logits_, lnf_, w_.wte, nullptr, N, train, s, x_from_producer(*lm_head_));  // (N, Vp) tied
@@ -205,32 +223,41 @@ void GPT2::backward(cudaStream_t s) {
   // add into the residual stream are the column sums of dresidual, taken by the LayerNorm backward that finishes it
   // (here: the last block's c_proj.bias); the qkv bias gradient is summed by the attention backward.
   CUDA_CHECK(cudaMemsetAsync(dresidual_, 0, (size_t)N * C * sizeof(bf16), s));
-  layernorm_backward(dresidual_, g_.lnf_w, g_.lnf_b, scratch_, dsmall_, acts_[L - 1].residual3, w_.lnf_w, lnf_mean_,
-                     lnf_rstd_, N, C, s, linears_[L - 1].fcproj->dy_amax_slot(), g_.layers[L - 1].fcproj_b);
+  acts_[L - 1].residual3.read([&](const auto& x) {
+    layernorm_backward(dresidual_, g_.lnf_w, g_.lnf_b, scratch_, dsmall_, x, w_.lnf_w, lnf_mean_, lnf_rstd_, N, C, s,
+                       linears_[L - 1].fcproj->dy_amax_slot(), g_.layers[L - 1].fcproj_b);
+  });
 
   for (int l = L - 1; l >= 0; l--) {
     const auto& W = w_.layers[l];
     const auto& G = g_.layers[l];
     LayerActs& a = acts_[l];
     LayerLinears& lin = linears_[l];
-    const bf16* residual = layer_input(l);  // (N, C)
+    const SavedActivation& residual = layer_input(l);  // (N, C)
     // dresidual (N, C) = d residual3 = d residual2 (through the skip) = d fcproj output.
     // --- MLP: residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj
-    if (recomputes_input(*lin.fcproj)) gelu_forward(a.fch_gelu, a.fch, (size_t)N * H, s);  // recompute
+    if (recomputes_input(*lin.fcproj)) gelu_forward(a.fch_gelu, a.fch.values, (size_t)N * H, s);  // recompute
     Linear::BackwardOptions fcproj_opt = dy_from_producer(*lin.fcproj);  // dfch (N, H) = dh * gelu'(fch)
-    fcproj_opt.x_pre_gelu = a.fch;
-    fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
+    const bool gelu_in_epilogue = !a.fch.copy.wanted();  // else from the FP8 copy after the dgrad
+    if (gelu_in_epilogue) {
+      fcproj_opt.x_pre_gelu = a.fch.values;
+      fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
+    }
     lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, bf16_input(*lin.fcproj, a.fch_gelu), W.fcproj_w, N, s,
                          fcproj_opt);
+    if (!gelu_in_epilogue)
+      gelu_backward_inplace(dbig_, a.fch.copy_view(), N, H, s, lin.fc->dy_amax_slot());
     // fch = ln2 · Wfcᵀ + bfc
     if (recomputes_input(*lin.fc))
-      layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W.ln2_w, W.ln2_b, N, C, s);
+      layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2.values, W.ln2_w, W.ln2_b, N, C, s);
     lin.fc->backward(dsmall_, G.fc_w, dbig_, bf16_input(*lin.fc, a.ln2), W.fc_w, N, s,
                      dy_from_producer(*lin.fc));                                // dln2 (N, C), dWfc (H, C) +=
     bias_backward(G.fc_b, scratch_, dbig_, N, H, s);                            // dbfc (H) +=
     // ln2 = LN(residual2): dresidual += dLN/dresidual2 -> dresidual = full d residual2
-    layernorm_backward(dresidual_, G.ln2_w, G.ln2_b, scratch_, dsmall_, a.residual2, W.ln2_w, a.ln2_mean,
-                       a.ln2_rstd, N, C, s, lin.attproj->dy_amax_slot(), G.attproj_b);  // dbattproj (C) +=
+    a.residual2.read([&](const auto& x) {  // dbattproj (C) +=
+      layernorm_backward(dresidual_, G.ln2_w, G.ln2_b, scratch_, dsmall_, x, W.ln2_w, a.ln2_mean, a.ln2_rstd, N, C, s,
+                         lin.attproj->dy_amax_slot(), G.attproj_b);
+    });
     // --- attention: residual2 = residual + atty · Wattprojᵀ + battproj
     lin.attproj->backward(dsmall_, G.attproj_w, dresidual_, bf16_input(*lin.attproj, a.atty), W.attproj_w, N, s,
                           dy_from_producer(*lin.attproj));                      // datty (N, C)
@@ -238,14 +265,16 @@ void GPT2::backward(cudaStream_t s) {
                        lin.qkv->dy_amax_slot(), G.qkv_b);                       // dqkv (N, 3C), dbqkv (3C) +=
     // qkv = ln1 · Wqkvᵀ + bqkv
     if (recomputes_input(*lin.qkv))
-      layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W.ln1_w, W.ln1_b, N, C, s);
+      layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual.values, W.ln1_w, W.ln1_b, N, C, s);
     lin.qkv->backward(dsmall_, G.qkv_w, dbig_, bf16_input(*lin.qkv, a.ln1), W.qkv_w, N, s,
                       dy_from_producer(*lin.qkv));                              // dln1 (N, C), dWqkv (3C, C) +=
     // ln1 = LN(residual): dresidual += dLN/dresidual -> dresidual = d residual (the block input)
     // (and the previous block's dbfcproj (C) +=: dresidual is now that block's output gradient)
-    layernorm_backward(dresidual_, G.ln1_w, G.ln1_b, scratch_, dsmall_, residual, W.ln1_w, a.ln1_mean, a.ln1_rstd,
-                       N, C, s, l > 0 ? linears_[l - 1].fcproj->dy_amax_slot() : nullptr,
-                       l > 0 ? g_.layers[l - 1].fcproj_b : nullptr);
+    residual.read([&](const auto& x) {
+      layernorm_backward(dresidual_, G.ln1_w, G.ln1_b, scratch_, dsmall_, x, W.ln1_w, a.ln1_mean, a.ln1_rstd, N, C, s,
+                         l > 0 ? linears_[l - 1].fcproj->dy_amax_slot() : nullptr,
+                         l > 0 ? g_.layers[l - 1].fcproj_b : nullptr);
+    });
     grads_ready(l, s);
   }
   // encoded = wte[tokens] + wpe[t]: dwte (Vp, C) += (second contribution to the tied matrix), dwpe (maxT, C) +=

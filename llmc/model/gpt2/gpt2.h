@@ -61,13 +61,13 @@ class GPT2 : public Model {
     bf16* qkv;          // (N, 3C)  c_attn output: per token q heads | k heads | v heads
     bf16* atty;         // (N, C)   attention output (heads concatenated)
     float* att_lse;     // (B, NH, T) log-sum-exp of the scaled scores
-    bf16* residual2;    // (N, C)   residual stream after attention: residual_in + attproj
+    SavedActivation residual2;  // (N, C) residual stream after attention: residual_in + attproj (ln_2's input)
     bf16* ln2;          // (N, C)   LayerNorm 2 output (shared when recomputing or saved as FP8)
     float* ln2_mean;    // (N)
     float* ln2_rstd;    // (N)
-    bf16* fch;          // (N, 4C)  c_fc output before GELU (the GELU_AUX of the GEMM)
+    SavedActivation fch;  // (N, 4C) c_fc output before GELU (the GELU_AUX of the GEMM), read by the GELU backward
     bf16* fch_gelu;     // (N, 4C)  GELU output, input of mlp.c_proj (shared when recomputing or saved as FP8)
-    bf16* residual3;    // (N, C)   residual stream after the MLP: residual2 + fcproj (the block output)
+    SavedActivation residual3;  // (N, C) residual stream after the MLP: residual2 + fcproj (the block output)
   };
   // The four linears of a block, each with its precision plan.
   struct LayerLinears {
@@ -76,21 +76,22 @@ class GPT2 : public Model {
 
   // The activations in the order they are laid out (Model::plan_activations runs it twice).
   void carve_activations(Carver& cv);
-  const bf16* layer_input(int l) const;  // residual stream entering block l (N, C)
+  const SavedActivation& layer_input(int l) const;  // residual stream entering block l (N, C)
   // The end of a sub-block: residual_out (N, C) = residual_in + x · wᵀ + b, then norm_out (N, C) =
-  // LayerNorm(residual_out) with mean, rstd (N) saved and max |norm_out| into norm_amax (may be null). A BF16 linear
-  // adds the residual inside its GEMM (one rounding, no extra pass); an FP8 one writes proj_out_ and the fused
-  // residual + LayerNorm kernel adds it.
-  void project_residual_norm(Linear& lin, bf16* residual_out, const bf16* x, const bf16* w, const bf16* b,
-                             const bf16* residual_in, bf16* norm_out, float* mean, float* rstd, const bf16* norm_w,
-                             const bf16* norm_b, float* norm_amax, int N, bool train, cudaStream_t s);
+  // LayerNorm(residual_out) with mean, rstd (N) saved, max |norm_out| into norm_amax (may be null) and the FP8 copy of
+  // residual_out into residual_copy (when wanted). A BF16 linear adds the residual inside its GEMM (one rounding, no
+  // extra pass); an FP8 one writes proj_out_ and the fused residual + LayerNorm kernel adds it.
+  void project_residual_norm(Linear& lin, bf16* residual_out, const Fp8GroupsOut& residual_copy, const bf16* x,
+                             const bf16* w, const bf16* b, const bf16* residual_in, bf16* norm_out, float* mean,
+                             float* rstd, const bf16* norm_w, const bf16* norm_b, float* norm_amax, int N, bool train,
+                             cudaStream_t s);
 
   GPT2Tensors<bf16> w_;
   GPT2Tensors<float> g_;
   std::vector<LayerLinears> linears_;
   std::unique_ptr<Linear> lm_head_;
 
-  bf16* encoded_ = nullptr;     // (N, C)  wte[token] + wpe[t], the residual stream entering block 0
+  SavedActivation encoded_;     // (N, C)  wte[token] + wpe[t], the residual stream entering block 0
   std::vector<LayerActs> acts_;
   bf16* lnf_ = nullptr;         // (N, C)  final LayerNorm output
   float* lnf_mean_ = nullptr;   // (N)

@@ -7,6 +7,11 @@
 // per-tensor scaling), so the linear does not read the tensor again to measure it. A linear that saves its input as
 // FP8 for wgrad needs no BF16 copy in backward: such inputs (and every RMSNorm / SwiGLU output under recompute 1)
 // live in one buffer shared by all blocks.
+//
+// COAT's FP8 activations (the recipe's nonlinear_fp8): the tensors the RMSNorm and SwiGLU backwards read (every
+// residual-stream tensor a norm takes, and gate_up) are saved as FP8 1x16 group copies written by their producers
+// (SavedActivation); their BF16 values then live in working buffers: the residual stream alternates between two, and
+// gate_up has one for all blocks.
 #include "llmc/model/llama/llama.h"
 
 #include <algorithm>
@@ -83,16 +88,22 @@ void Llama::carve_activations(Carver& cv) {
   const size_t N = static_cast<size_t>(B_max_) * T_max_;
   const size_t C = spec_.n_embd, F = spec_.ffn_hidden, Q = spec_.qkv_channels(), Vp = spec_.padded_vocab_size;
   const size_t L = spec_.n_layer, NH = spec_.n_head;
-  cv.use = ActivationUse::Saved;
-  encoded_ = cv.take<bf16>(N * C);
   // A block's RMSNorm / SwiGLU outputs get their own buffer only when backward reads them in BF16
   // (Model::input_buffer).
   cv.use = ActivationUse::Working;
   bf16* shared_ln1 = cv.take<bf16>(N * C);
   bf16* shared_ln2 = cv.take<bf16>(N * C);
   bf16* shared_h = cv.take<bf16>(N * F);
-  acts_.assign(L, LayerActs{});
+  // Under nonlinear_fp8 (SavedActivation): the BF16 residual stream in two buffers (the block input and residual3
+  // in one, residual2 in the other: a block's output overwrites its input, which residual2 no longer needs), gate_up
+  // in one.
+  const bool fp8_copies = recipe_.nonlinear_fp8;
+  bf16* stream_block = fp8_copies ? cv.take<bf16>(N * C) : nullptr;
+  bf16* stream_mid = fp8_copies ? cv.take<bf16>(N * C) : nullptr;
+  bf16* shared_gate_up = fp8_copies ? cv.take<bf16>(N * 2 * F) : nullptr;
   cv.use = ActivationUse::Saved;
+  encoded_ = saved_activation(cv, N, C, stream_block);
+  acts_.assign(L, LayerActs{});
   for (size_t l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
     const BlockLinears& b = linears_[l];
@@ -101,12 +112,12 @@ void Llama::carve_activations(Carver& cv) {
     a.qkv = cv.take<bf16>(N * Q);
     a.atty = cv.take<bf16>(N * C);
     a.att_lse = cv.take<float>(N * NH);
-    a.residual2 = cv.take<bf16>(N * C);
+    a.residual2 = saved_activation(cv, N, C, stream_mid);
     a.ln2 = input_buffer(cv, *b.gate_up, shared_ln2, N * C);
     a.ln2_rstd = cv.take<float>(N);
-    a.gate_up = cv.take<bf16>(N * 2 * F);
+    a.gate_up = saved_activation(cv, N, 2 * F, shared_gate_up);
     a.h = input_buffer(cv, *b.down, shared_h, N * F);
-    a.residual3 = cv.take<bf16>(N * C);
+    a.residual3 = saved_activation(cv, N, C, stream_block);
   }
   lnf_ = cv.take<bf16>(N * C);
   lnf_rstd_ = cv.take<float>(N);
@@ -123,7 +134,7 @@ void Llama::carve_activations(Carver& cv) {
   scratch_ = cv.take<float>(scratch_floats_);
 }
 
-const bf16* Llama::layer_input(int l) const { return l == 0 ? encoded_ : acts_[l - 1].residual3; }
+const SavedActivation& Llama::layer_input(int l) const { return l == 0 ? encoded_ : acts_[l - 1].residual3; }
 
 void Llama::forward(const int* h_inputs, const int* h_targets, int B, int T, float grad_scale, cudaStream_t s) {
   begin_forward(h_inputs, h_targets, B, T, grad_scale, s);
@@ -132,33 +143,34 @@ void Llama::forward(const int* h_inputs, const int* h_targets, int B, int T, flo
   const int HS = spec_.head_size(), V = spec_.vocab_size, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const float eps = spec_.norm_eps, theta = spec_.rope_theta;
 
-  encoder_forward(encoded_, inputs_, w_.embed, nullptr, B, T, C, s);  // (N, C) token rows, no positions
+  encoder_forward(encoded_.values, inputs_, w_.embed, nullptr, B, T, C, s);  // (N, C) token rows, no positions
   // Block 0's input_layernorm is a plain RMSNorm; every later one (and the final norm) is fused with the residual
-  // add that ends the previous block.
-  rmsnorm_forward(acts_[0].ln1, acts_[0].ln1_rstd, encoded_, w_.layers[0].ln1_w, N, C, eps, s,
-                  linears_[0].qkv->x_amax_slot());
+  // add that ends the previous block. Each norm's input (and gate_up) gets its FP8 copy here when it has one.
+  rmsnorm_forward(acts_[0].ln1, acts_[0].ln1_rstd, encoded_.values, w_.layers[0].ln1_w, N, C, eps, s,
+                  linears_[0].qkv->x_amax_slot(), encoded_.copy_out(train));
   for (int l = 0; l < L; l++) {
     const auto& W = w_.layers[l];
     const BlockLinears& lin = linears_[l];
     LayerActs& a = acts_[l];
-    const bf16* residual = layer_input(l);  // (N, C)
+    const bf16* residual = layer_input(l).values;  // (N, C)
     lin.qkv->forward(a.qkv, a.ln1, W.qkv_w, nullptr, N, train, s, x_from_producer(*lin.qkv));  // (N, Q)
     rope_forward(a.qkv, B, T, NH, NKV, HS, theta, s);                                        // q, k rotated
     attention_forward(a.atty, a.att_lse, a.qkv, B, T, NH, NKV, HS, s, lin.o->x_amax_slot());  // (N, C), (B, NH, T)
     lin.o->forward(proj_out_, a.atty, W.o_w, nullptr, N, train, s, x_from_producer(*lin.o));  // (N, C)
-    fused_residual_rmsnorm_forward(a.residual2, a.ln2, a.ln2_rstd, residual, proj_out_, W.ln2_w, N, C, eps, s,
-                                   lin.gate_up->x_amax_slot());                               // (N, C)
-    lin.gate_up->forward(a.gate_up, a.ln2, W.gate_up_w, nullptr, N, train, s,
+    fused_residual_rmsnorm_forward(a.residual2.values, a.ln2, a.ln2_rstd, residual, proj_out_, W.ln2_w, N, C, eps, s,
+                                   lin.gate_up->x_amax_slot(), a.residual2.copy_out(train));  // (N, C)
+    lin.gate_up->forward(a.gate_up.values, a.ln2, W.gate_up_w, nullptr, N, train, s,
                          x_from_producer(*lin.gate_up));                                      // (N, 2F)
-    swiglu_forward(a.h, a.gate_up, N, F, s, lin.down->x_amax_slot());                        // (N, F)
+    swiglu_forward(a.h, a.gate_up.values, N, F, s, lin.down->x_amax_slot(), a.gate_up.copy_out(train));  // (N, F)
     lin.down->forward(proj_out_, a.h, W.down_w, nullptr, N, train, s, x_from_producer(*lin.down));  // (N, C)
     if (l + 1 < L) {
       LayerActs& an = acts_[l + 1];
-      fused_residual_rmsnorm_forward(a.residual3, an.ln1, an.ln1_rstd, a.residual2, proj_out_, w_.layers[l + 1].ln1_w,
-                                     N, C, eps, s, linears_[l + 1].qkv->x_amax_slot());
+      fused_residual_rmsnorm_forward(a.residual3.values, an.ln1, an.ln1_rstd, a.residual2.values, proj_out_,
+                                     w_.layers[l + 1].ln1_w, N, C, eps, s, linears_[l + 1].qkv->x_amax_slot(),
+                                     a.residual3.copy_out(train));
     } else {
-      fused_residual_rmsnorm_forward(a.residual3, lnf_, lnf_rstd_, a.residual2, proj_out_, w_.norm_w, N, C, eps, s,
-                                     lm_head_->x_amax_slot());
+      fused_residual_rmsnorm_forward(a.residual3.values, lnf_, lnf_rstd_, a.residual2.values, proj_out_, w_.norm_w, N,
+                                     C, eps, s, lm_head_->x_amax_slot(), a.residual3.copy_out(train));
     }
   }
   lm_head_->forward(logits_, lnf_, w_.head, nullptr, N, train, s, x_from_producer(*lm_head_));  // (N, Vp)
@@ -183,39 +195,46 @@ void Llama::backward(cudaStream_t s) {
   lm_head_->backward(dsmall_, g_.head, dlogits, bf16_input(*lm_head_, lnf_), w_.head, N, s);
   // Final norm: dresidual starts as the gradient of the last block's output (its amax: the last down_proj's dy).
   CUDA_CHECK(cudaMemsetAsync(dresidual_, 0, static_cast<size_t>(N) * C * sizeof(bf16), s));
-  rmsnorm_backward(dresidual_, g_.norm_w, scratch_, dsmall_, acts_[L - 1].residual3, w_.norm_w, lnf_rstd_, N, C, s,
-                   linears_[L - 1].down->dy_amax_slot());
+  acts_[L - 1].residual3.read([&](const auto& x) {
+    rmsnorm_backward(dresidual_, g_.norm_w, scratch_, dsmall_, x, w_.norm_w, lnf_rstd_, N, C, s,
+                     linears_[L - 1].down->dy_amax_slot());
+  });
 
   for (int l = L - 1; l >= 0; l--) {
     const auto& W = w_.layers[l];
     const auto& G = g_.layers[l];
     const BlockLinears& lin = linears_[l];
     LayerActs& a = acts_[l];
-    const bf16* residual = layer_input(l);  // (N, C)
+    const SavedActivation& residual = layer_input(l);  // (N, C)
     // dresidual (N, C) = d residual3 = d residual2 (through the skip) = d down_proj output.
     // --- MLP: residual3 = residual2 + h · Wdownᵀ, h = silu(gate) * up, gate_up = ln2 · [Wgate|Wup]ᵀ
-    if (recomputes_input(*lin.down)) swiglu_forward(a.h, a.gate_up, N, F, s);                // recompute (N, F)
+    if (recomputes_input(*lin.down)) swiglu_forward(a.h, a.gate_up.values, N, F, s);         // recompute (N, F)
     lin.down->backward(dh_, G.down_w, dresidual_, bf16_input(*lin.down, a.h), W.down_w, N, s,
                        dy_from_producer(*lin.down));                                          // dh (N, F)
-    swiglu_backward(dbig_, dh_, a.gate_up, N, F, s, lin.gate_up->dy_amax_slot());            // dgate_up (N, 2F)
+    a.gate_up.read([&](const auto& gate_up) {                                               // dgate_up (N, 2F)
+      swiglu_backward(dbig_, dh_, gate_up, N, F, s, lin.gate_up->dy_amax_slot());
+    });
     if (recomputes_input(*lin.gate_up))
-      rmsnorm_forward(a.ln2, nullptr, a.residual2, W.ln2_w, N, C, eps, s);                   // recompute (N, C)
+      rmsnorm_forward(a.ln2, nullptr, a.residual2.values, W.ln2_w, N, C, eps, s);            // recompute (N, C)
     lin.gate_up->backward(dsmall_, G.gate_up_w, dbig_, bf16_input(*lin.gate_up, a.ln2), W.gate_up_w, N, s,
                           dy_from_producer(*lin.gate_up));                                    // dln2 (N, C)
     // ln2 = RMSNorm(residual2): dresidual += dRMSNorm/dresidual2 -> the full d residual2 (o_proj's dy)
-    rmsnorm_backward(dresidual_, G.ln2_w, scratch_, dsmall_, a.residual2, W.ln2_w, a.ln2_rstd, N, C, s,
-                     lin.o->dy_amax_slot());
+    a.residual2.read([&](const auto& x) {
+      rmsnorm_backward(dresidual_, G.ln2_w, scratch_, dsmall_, x, W.ln2_w, a.ln2_rstd, N, C, s, lin.o->dy_amax_slot());
+    });
     // --- attention: residual2 = residual + atty · Woᵀ
     lin.o->backward(dsmall_, G.o_w, dresidual_, bf16_input(*lin.o, a.atty), W.o_w, N, s,
                     dy_from_producer(*lin.o));                                                // datty (N, C)
     attention_backward(dbig_, scratch_, dsmall_, a.qkv, a.atty, a.att_lse, B, T, NH, NKV, HS, s);  // dqkv rotated
     rope_backward(dbig_, B, T, NH, NKV, HS, theta, s, lin.qkv->dy_amax_slot());               // dqkv (N, Q)
-    if (recomputes_input(*lin.qkv)) rmsnorm_forward(a.ln1, nullptr, residual, W.ln1_w, N, C, eps, s);  // (N, C)
+    if (recomputes_input(*lin.qkv)) rmsnorm_forward(a.ln1, nullptr, residual.values, W.ln1_w, N, C, eps, s);
     lin.qkv->backward(dsmall_, G.qkv_w, dbig_, bf16_input(*lin.qkv, a.ln1), W.qkv_w, N, s,
                       dy_from_producer(*lin.qkv));                                            // dln1 (N, C)
     // ln1 = RMSNorm(residual): dresidual += ... -> d residual (the block input; the previous down_proj's dy)
-    rmsnorm_backward(dresidual_, G.ln1_w, scratch_, dsmall_, residual, W.ln1_w, a.ln1_rstd, N, C, s,
-                     l > 0 ? linears_[l - 1].down->dy_amax_slot() : nullptr);
+    residual.read([&](const auto& x) {
+      rmsnorm_backward(dresidual_, G.ln1_w, scratch_, dsmall_, x, W.ln1_w, a.ln1_rstd, N, C, s,
+                       l > 0 ? linears_[l - 1].down->dy_amax_slot() : nullptr);
+    });
     grads_ready(l, s);
   }
   // encoded = embed_tokens[tokens]: dembed (Vp, C) += (a second contribution when the lm_head is tied)

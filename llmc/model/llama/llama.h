@@ -60,24 +60,24 @@ class Llama : public Model {
     bf16* qkv;        // (N, Q)   after RoPE: what attention consumed
     bf16* atty;       // (N, C)   attention output (heads concatenated), input of o_proj
     float* att_lse;   // (B, NH, T)
-    bf16* residual2;  // (N, C)   x + o_proj(atty)
+    SavedActivation residual2;  // (N, C) x + o_proj(atty), read by the post_attention_layernorm backward
     bf16* ln2;        // (N, C)   post_attention_layernorm output (shared when not needed in backward)
     float* ln2_rstd;  // (N)
-    bf16* gate_up;    // (N, 2F)  per row [gate | up]
+    SavedActivation gate_up;    // (N, 2F) per row [gate | up], read by the SwiGLU backward
     bf16* h;          // (N, F)   SwiGLU output, input of down_proj (shared when not needed in backward)
-    bf16* residual3;  // (N, C)   residual2 + down_proj(h): the block output
+    SavedActivation residual3;  // (N, C) residual2 + down_proj(h): the block output, read by the next norm's backward
   };
 
   // The activations in the order they are laid out (Model::plan_activations runs it twice).
   void carve_activations(Carver& cv);
-  const bf16* layer_input(int l) const;  // residual stream entering block l (N, C)
+  const SavedActivation& layer_input(int l) const;  // residual stream entering block l (N, C)
 
   LlamaTensors<bf16> w_;
   LlamaTensors<float> g_;
   std::vector<BlockLinears> linears_;
   std::unique_ptr<Linear> lm_head_;
 
-  bf16* encoded_ = nullptr;    // (N, C)  embed_tokens[token], the residual stream entering block 0
+  SavedActivation encoded_;    // (N, C)  embed_tokens[token], the residual stream entering block 0
   std::vector<LayerActs> acts_;
   bf16* lnf_ = nullptr;        // (N, C)  final RMSNorm output
   float* lnf_rstd_ = nullptr;  // (N)

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""scripts/repro/coat_report.py: the Markdown report of a COAT reproduction (scripts/repro/coat.sh) beside the paper.
+
+Reads the benchmark's raw records (<out>/bench/raw/*.jsonl, one JSON object per run from dev/bench/bench.py: the row
+with model, recipe, micro_batch, tokens_per_s, mem_gib, and max_batch for a B=max run) and the loss logs
+(<out>/loss/<recipe>.jsonl from scripts/fp8_loss_parity.sh), and writes <out>/coat.md:
+  - peak memory and tokens/s at one micro-batch for every recipe, each against bf16's (the median of a recipe's
+    rounds where a run was repeated);
+  - tokens/s and the micro-batch at each recipe's largest micro-batch, against bf16's;
+  - the final validation losses against bf16 and fp8_tensorwise;
+  - the issue's goals, each met, not met or not measured, and COAT's own numbers (shared/reference/fp8_recipes.md §1).
+Exit code: 0 when every measured goal is met, 1 when one is not, 2 when there is nothing to report.
+
+  usage: coat_report.py OUT
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runlog  # noqa: E402
+
+RECIPES = ("bf16", "fp8_tensorwise", "coat")
+PAPER = [
+    "Table 7 (Llama-2-7B, 4 x H100, context 2048; BF16 / TE FP8 / COAT): peak 55.1 / 51.1 / 35.6 GB (COAT 0.65x "
+    "BF16), 7730 / 9577 / 11257 tokens/s per GPU (1.45x), COAT at twice the micro-batch",
+    "Table 2 (activation memory per Llama layer, U = B*S*H*2 bytes): BF16 22.66U, TE 18.33U, COAT 13.33U (0.59x)",
+    "Fig. 1c (Llama-2-7B, GB; optimizer / activations / weights / gradients): BF16 12.6 / 40.2 / 6.3 / 6.3, "
+    "COAT 3.2 / 26.4 / 6.3 / 6.3",
+    "OLMo-1B, 300B tokens: final loss 2.551 (BF16) vs 2.568 (COAT, +0.67%); OLMo-7B 2.366 vs 2.379 (+0.55%)",
+]
+
+
+def bench_rows(out):
+    """{(model, max_batch): {recipe: [row, ...]}} of the successful benchmark runs."""
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(out, "bench", "raw", "*.jsonl"))):
+        for rec in runlog.read_records(path):
+            row = rec.get("row")
+            if not rec.get("ok") or not row or rec.get("impl", "llm8") != "llm8":
+                continue
+            runs.setdefault((row["model"], bool(rec.get("max_batch"))), {}).setdefault(row["recipe"], []).append(row)
+    return runs
+
+
+def median_row(rows):
+    """The tokens/s and peak memory medians of a recipe's rounds, with their (common) micro-batch."""
+    return {"micro_batch": rows[0]["micro_batch"],
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+            "mem_gib": statistics.median(r["mem_gib"] for r in rows if r.get("mem_gib") is not None)
+            if any(r.get("mem_gib") is not None for r in rows) else None}
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def fmt(value, spec, none="n/a"):
+    return none if value is None else format(value, spec)
+
+
+def goal(results, text, value, ok):
+    """Appends a goal line: met / not met with the measured value, or not measured."""
+    state = "not measured" if value is None else ("**met**" if ok(value) else "**not met**")
+    results.append((text, value, state))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="the output directory of scripts/repro/coat.sh")
+    args = ap.parse_args(argv)
+    runs = bench_rows(args.out)
+    losses = {}
+    for recipe in RECIPES:
+        path = os.path.join(args.out, "loss", recipe + ".jsonl")
+        if os.path.exists(path):
+            losses[recipe] = runlog.final_val_loss(runlog.read_records(path))
+    if not runs and not losses:
+        print(f"coat_report.py: no benchmark records under {args.out}/bench/raw and no loss logs under "
+              f"{args.out}/loss", file=sys.stderr)
+        return 2
+
+    lines = ["# COAT in our numbers", "",
+             "Written by `scripts/repro/coat.sh` (`scripts/repro/coat_report.py`). `coat` = fp8_tensorwise GEMMs, the "
+             "norm and GELU / SwiGLU inputs saved as E4M3 1x16 groups, AdamW moments fp8_expand; peak memory is the "
+             "trainer's measured peak (cudaMemGetInfo); tokens/s the median step after the warm-up.", ""]
+    goals = []
+    for max_batch, title in ((False, "At one micro-batch for every recipe"),
+                             (True, "At each recipe's largest micro-batch (B=max, from the memory plan)")):
+        models = sorted(m for (m, mb) in runs if mb == max_batch)
+        if not models:
+            continue
+        lines += [f"## {title}", "", "| model | recipe | micro-batch | peak GiB | vs bf16 | tokens/s | vs bf16 |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for model in models:
+            by_recipe = {r: median_row(rows) for r, rows in runs[(model, max_batch)].items()}
+            base = by_recipe.get("bf16")
+            for recipe in sorted(by_recipe, key=lambda r: (RECIPES.index(r) if r in RECIPES else len(RECIPES), r)):
+                m = by_recipe[recipe]
+                mem_ratio = ratio(m["mem_gib"], base and base["mem_gib"])
+                tok_ratio = ratio(m["tokens_per_s"], base and base["tokens_per_s"])
+                lines.append(f"| {model} | {recipe} | {m['micro_batch']} | {fmt(m['mem_gib'], '.1f')} | "
+                             f"{fmt(mem_ratio, '.3f')} | {fmt(m['tokens_per_s'], ',.0f')} | {fmt(tok_ratio, '.3f')} |")
+                if recipe != "coat" or base is None:
+                    continue
+                if not max_batch and model in ("llama-1b", "llama-3b"):
+                    goal(goals, f"{model}, equal micro-batch: coat peak memory <= 0.65x bf16's", mem_ratio,
+                         lambda v: v <= 0.65)
+                if max_batch and model in ("llama-1b", "llama-3b", "llama-7b"):
+                    goal(goals, f"{model}, largest micro-batches: coat tokens/s >= 1.4x bf16's", tok_ratio,
+                         lambda v: v >= 1.4)
+                if max_batch and model == "llama-7b":
+                    goal(goals, "llama-7b: coat's largest micro-batch >= 3x bf16's",
+                         ratio(m["micro_batch"], base["micro_batch"]), lambda v: v >= 3)
+        lines.append("")
+    if losses:
+        lines += ["## Final validation loss (same seed and data)", "",
+                  "| recipe | val loss | vs bf16 | vs fp8_tensorwise |", "| --- | --- | --- | --- |"]
+        for recipe in RECIPES:
+            if recipe not in losses:
+                continue
+            v = losses[recipe]
+            lines.append(f"| {recipe} | {fmt(v, '.4f')} | {fmt(runlog.relative_pct(v, losses.get('bf16')), '+.2f')}% | "
+                         f"{fmt(runlog.relative_pct(v, losses.get('fp8_tensorwise')), '+.2f')}% |")
+        lines.append("")
+        for base in ("bf16", "fp8_tensorwise"):
+            rel = runlog.relative_pct(losses.get("coat"), losses.get(base))
+            goal(goals, f"coat's final validation loss within 0.5% of {base}'s", rel, lambda v: abs(v) <= 0.5)
+    lines += ["## Goals (issue 14)", "", "| goal | measured | |", "| --- | --- | --- |"]
+    lines += [f"| {text} | {fmt(value, '.3f')} | {state} |" for text, value, state in goals]
+    lines += ["", "## COAT's numbers (arXiv 2410.19313)", ""] + [f"- {p}" for p in PAPER] + [""]
+    path = os.path.join(args.out, "coat.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    print(f"coat_report.py: wrote {path}")
+    return 1 if any(state == "**not met**" for _, _, state in goals) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
