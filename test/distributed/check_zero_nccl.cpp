@@ -315,16 +315,31 @@ int main(int argc, char** argv) {
         OptimizerSnapshot snap;
         check(comm, what + ": snapshot matches the reference state and loads back into both stages and every format",
               [&]() -> std::string {
+                // Every rank runs every collective below whatever it finds (an early return on one rank would leave
+                // the other waiting in a collective until parallel.timeout_s): the first difference is kept in why.
+                std::string why;
+                auto note = [&why](const std::string& what_differs) {
+                  if (why.empty()) why = what_differs;
+                };
                 if (rank == 0) fs::create_directories(dir);
                 comm.barrier("creating the checkpoint directory");
                 snap = opt.snapshot(s);
                 write_optimizer_snapshot(snap, dir);
                 comm.barrier("writing the checkpoint");
                 if (rank == 0) {
-                  for (size_t i = 0; i < n; i++)
-                    if (snap.master_full[i] != ref_master[i] && std::fabs(snap.master_full[i] - ref_master[i]) >
-                                                                    1e-5f * std::fabs(ref_master[i]) + 1e-7f)
-                      return strformat("master weight %zu: %g, reference %g", i, snap.master_full[i], ref_master[i]);
+                  // The clipped step 3 scales the gradients by norms that differ in their last bits: the weights
+                  // may differ by a rounding here and there (a grouped format can also round a moment code the other
+                  // way); no more than 0.1% of them, by at most 1%, as for the bf16 weights above.
+                  size_t differ = 0;
+                  for (size_t i = 0; i < n && why.empty(); i++) {
+                    const float a = snap.master_full[i], b = ref_master[i];
+                    if (a == b || std::fabs(a - b) <= 1e-5f * std::fabs(b) + 1e-7f) continue;
+                    differ++;
+                    if (std::fabs(a - b) > 0.01f * std::max(std::fabs(a), std::fabs(b)) + 1e-6f)
+                      note(strformat("master weight %zu: %g, reference %g", i, a, b));
+                  }
+                  if (differ > n / 1000)
+                    note(strformat("%zu of %zu master weights differ from the reference", differ, n));
                 }
                 TrainerState state;
                 state.world_size = N;
@@ -350,22 +365,21 @@ int main(int argc, char** argv) {
                     const OptimizerStateFiles saved =
                         read_optimizer_state(dir, state, table, again.owned_ranges(), again.state_format());
                     if (saved.note.empty() != (into_format == format))
-                      return where + ": conversion note '" + saved.note + "'";
+                      note(where + ": conversion note '" + saved.note + "'");
                     again.restore(saved.master_full.data(), saved.moments, s);
                     const OptimizerSnapshot back = again.snapshot(s);
-                    if (rank == 0 && back.master_full != snap.master_full)
-                      return where + ": the master weights differ";
+                    if (rank == 0 && back.master_full != snap.master_full) note(where + ": the master weights differ");
                     size_t at = 0;
                     if (!same_bits(download(b2.params, n), download(buf.params, n), &at))
-                      return where + ": the bf16 weights differ";
+                      note(strformat("%s: the bf16 weights differ (first at %zu)", where.c_str(), at));
                     if (into_format != format) continue;  // converted moments: llmc/io's tests check the values
                     if ((snap.kind == "sharded" || rank == 0) && (back.kind == "sharded" || rank == 0)) {
                       if (piece_bytes(snap, snap.moments.m) != piece_bytes(back, back.moments.m) ||
                           piece_bytes(snap, snap.moments.v) != piece_bytes(back, back.moments.v))
-                        return where + ": the moments differ";
+                        note(where + ": the moments differ");
                     }
                   }
-                return "";
+                return why;
               });
       }
     }

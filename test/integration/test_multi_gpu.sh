@@ -26,9 +26,13 @@
 set -u
 TRAIN_GPT=$(realpath "${1:?usage: test_multi_gpu.sh path/to/train_gpt}")
 BUILD=$(dirname "$TRAIN_GPT")
+# The GPUs a process here can use: those CUDA_VISIBLE_DEVICES names when it is set (nvidia-smi lists them all).
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+  gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^[:space:]]')
+fi
 if [ "${gpus:-0}" -lt 2 ]; then
-  echo "SKIPPED: needs at least 2 GPUs (nvidia-smi -L lists ${gpus:-0})"
+  echo "SKIPPED: needs at least 2 GPUs (this process sees ${gpus:-0}: nvidia-smi -L, CUDA_VISIBLE_DEVICES)"
   exit 77
 fi
 export NCCL_NVLS_ENABLE=0
