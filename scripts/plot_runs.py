@@ -11,6 +11,7 @@ Examples:
   python3 scripts/plot_runs.py a.jsonl b.jsonl --label bf16 --label fp8 --out bf16_vs_fp8.png --x tokens
 """
 import argparse
+import gzip
 import json
 import math
 import os
@@ -20,9 +21,12 @@ import sys
 def read_metrics(path):
     """(train, val) of a JSONL metrics file: train = [(step, loss, tokens)], val = [(step, val_loss)], sorted by
     step, the last record of a repeated step kept, records with a null loss dropped. Non-JSON lines are errors that
-    name the file and line."""
+    name the file and line. A gzip-compressed file (.gz; also read when path is missing and path.gz exists) is read
+    the same way."""
     train, val = {}, {}
-    with open(path) as f:
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
             if not line:

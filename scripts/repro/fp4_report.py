@@ -6,12 +6,14 @@ Reads <out>/<run>.jsonl for every run named by --runs (train_gpt's JSONL logs: t
 fp8_tensorwise, nvfp4 and the ablation variants <recipe>_<tag>) and writes <out>/<paper>.md:
   - per run: the final validation loss, its difference to the bf16 run and to the fp8_tensorwise run in percent
     ((run - base) / base), for an ablation (a run named <recipe>_<tag>) its difference to the plain <recipe> run and
-    whether it raised the loss, the skipped steps, the tokens, and what the paper found for that run;
+    whether it raised the loss, the skipped steps, the tokens, what the paper found for that run, and the mean train
+    loss of the last 300 steps against bf16's (runlog.TAIL_STEPS);
   - the goals given by --goal RUN=PCT (e.g. nvfp4=2: nvfp4 within 2% of BF16), each met or not.
 and <out>/<paper>.png, the loss curves of every run (scripts/plot_runs.py), when matplotlib is there.
 Exit code: 0 when every goal is met, 1 when one is not, 2 when a log is missing or has no validation loss.
 
   usage: fp4_report.py OUT --paper nvfp4|quartet --runs bf16 fp8_tensorwise nvfp4 nvfp4_no_sr ... [--goal nvfp4=2 ...]
+                       [--gpu NAME] [--no-plot]
 """
 import argparse
 import datetime
@@ -65,6 +67,8 @@ def main(argv=None):
     ap.add_argument("--runs", nargs="+", required=True, help="run names: <out>/<run>.jsonl")
     ap.add_argument("--goal", action="append", default=[], metavar="RUN=PCT",
                     help="RUN's final validation loss within PCT percent of bf16's (repeatable)")
+    ap.add_argument("--gpu", help="the GPU the runs ran on, for a table written on another machine (default: this "
+                    "machine's, from nvidia-smi)")
     ap.add_argument("--no-plot", action="store_true", help="write the table only")
     args = ap.parse_args(argv)
     paper = PAPERS[args.paper]
@@ -102,9 +106,12 @@ def main(argv=None):
             ablation = f"{delta:+.2f}% ({'raises' if delta > 0 else 'does not raise'} the loss)"
         else:
             ablation = "—"
+        tail = runlog.tail_train_loss(records[run])
+        tail_rel = runlog.relative_pct(tail, runlog.tail_train_loss(records["bf16"])) if "bf16" in records else None
         rows.append(f"| {run} | {final[run]:.4f} | {rel(run, 'bf16')} | {rel(run, 'fp8_tensorwise')} | {ablation} | "
                     f"{runlog.skipped_steps(records[run])} | {runlog.trained_tokens(records[run]):,} | "
-                    f"{paper['runs'].get(run, '—')} |")
+                    f"{paper['runs'].get(run, '—')} | {tail if tail is not None else float('nan'):.4f} "
+                    f"({'—' if tail_rel is None else format(tail_rel, '+.2f') + '%'}) |")
     ok = True
     goal_lines = []
     for run, pct in goals.items():
@@ -116,12 +123,12 @@ def main(argv=None):
         ok &= met
         goal_lines.append(f"- {run} within {pct:g}% of BF16: {d:+.2f}%, {'met' if met else 'NOT met'}")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    table = [f"{paper['title']} in our numbers; {gpu_name()}; {date}. Same seed and data for every run; the FP4 "
+    table = [f"{paper['title']} in our numbers; {args.gpu or gpu_name()}; {date}. Same seed and data for every run; the FP4 "
              f"products run exactly on {paper['products']} (Hopper has no FP4 ones): FP4 numerics, not FP4 speed.",
              "",
              "| run | final val loss | vs bf16 | vs fp8_tensorwise | ablation vs its recipe | skipped steps | tokens | "
-             "paper |",
-             "|---|---|---|---|---|---|---|---|"] + rows
+             f"paper | train loss, last {runlog.TAIL_STEPS} steps (vs bf16) |",
+             "|---|---|---|---|---|---|---|---|---|"] + rows
     if goal_lines:
         table += [""] + goal_lines
     with open(os.path.join(args.out, f"{args.paper}.md"), "w") as f:

@@ -3,11 +3,13 @@
 
 Reads <out>/<recipe><tag>.jsonl for every recipe and writes <out>/summary<tag>.md: per recipe the final validation
 loss, its difference to the BF16 run in percent ((recipe - bf16) / bf16), whether that is within --tolerance, the
-final train loss, the median step time (steps 6 on), the skipped steps, the tokens trained and the steps. A variant
+final train loss, the median step time (steps 6 on), the skipped steps, the tokens trained, the steps, and the mean
+train loss of the last 300 steps with its difference to BF16's (runlog.TAIL_STEPS: a held-out loss on a larger
+sample than the validation split when the run makes one pass over its data). A variant
 (--tag) compares with its own bf16 run when there is one, else with the plain bf16.jsonl. Exit code 1 when an FP8
 recipe is outside the tolerance, 2 when a log is missing or has no validation loss.
 
-  usage: fp8_parity_report.py OUT --title TEXT [--tag _NAME] [--tolerance PCT] RECIPE...
+  usage: fp8_parity_report.py OUT --title TEXT [--tag _NAME] [--tolerance PCT] [--gpu NAME] RECIPE...
 """
 import argparse
 import datetime
@@ -40,6 +42,8 @@ def main(argv=None):
     ap.add_argument("out", help="the directory of the runs' JSONL logs")
     ap.add_argument("recipes", nargs="+")
     ap.add_argument("--title", default="", help="the line above the table (model, steps, tokens)")
+    ap.add_argument("--gpu", help="the GPU the runs ran on, for a table written on another machine (default: this "
+                    "machine's, from nvidia-smi)")
     ap.add_argument("--tag", default="", help="variant suffix of the log names, with its leading '_'")
     ap.add_argument("--tolerance", type=float, default=0.25, help="allowed |final val loss vs bf16| in %% "
                     "(default 0.25)")
@@ -74,16 +78,20 @@ def main(argv=None):
         ms = runlog.median(times) if times else float("nan")
         losses = [loss for _, loss in runlog.train_losses(recs) if loss is not None]
         rel = runlog.relative_pct(final_val, base)
+        tail = runlog.tail_train_loss(recs)
+        tail_rel = runlog.relative_pct(tail, runlog.tail_train_loss(base_recs))
         within = recipe == "bf16" or abs(rel) <= args.tolerance
         ok &= within
         rows.append(f"| {recipe}{args.tag} | {final_val:.4f} | {rel:+.2f}% | {'yes' if within else 'NO'} | "
                     f"{losses[-1] if losses else float('nan'):.4f} | {ms:.1f} | {runlog.skipped_steps(recs)} | "
-                    f"{runlog.trained_tokens(recs):,} | {train[-1]['step'] if train else 0} |")
+                    f"{runlog.trained_tokens(recs):,} | {train[-1]['step'] if train else 0} | "
+                    f"{tail if tail is not None else float('nan'):.4f} | "
+                    f"{'n/a' if tail_rel is None else format(tail_rel, '+.2f') + '%'} |")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    table = [f"{args.title}; {gpu_name()}; {date}.", "",
+    table = [f"{args.title}; {args.gpu or gpu_name()}; {date}.", "",
              f"| recipe | final val loss | vs bf16 | within {args.tolerance:g}% | final train loss | median step ms | "
-             f"skipped steps | tokens | steps |",
-             "|---|---|---|---|---|---|---|---|---|"] + rows
+             f"skipped steps | tokens | steps | train loss, last {runlog.TAIL_STEPS} steps | vs bf16 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"] + rows
     with open(os.path.join(args.out, f"summary{args.tag}.md"), "w") as f:
         f.write("\n".join(table) + "\n")
     print("\n".join(table))

@@ -8,6 +8,7 @@ data and schedule), >= 100M tokens per run by default, --seed, --set / --tag pla
 corpus directory are rejected (exit 2). The report on synthetic logs: final val loss, the difference to BF16 in
 percent, the tolerance column and exit code, tokens and steps, variants against the plain BF16 run, a missing log.
 """
+import gzip
 import json
 import os
 import shlex
@@ -137,6 +138,29 @@ class TestReport(unittest.TestCase):
         self.assertNotIn("== bf16", proc.stdout)
         self.assertIn("| fp8_blockwise | 2.0030 | +0.15% | yes |", proc.stdout)
         self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
+
+    def test_tail_train_loss_and_compressed_logs(self):
+        """The last columns: the mean train loss of the last 300 steps and its difference to BF16's; a log kept as
+        <run>.jsonl.gz (the results folder) is read like <run>.jsonl."""
+        def write(path, loss_at):
+            with open(path, "w") as f:
+                for s in range(1, 401):
+                    f.write(json.dumps({"type": "train", "step": s, "loss": loss_at(s), "ms": 1.0,
+                                        "tokens": 1000}) + "\n")
+                f.write(json.dumps({"type": "eval", "step": 400, "val_loss": 2.0 + 0.001 * loss_at(400)}) + "\n")
+        write(os.path.join(self.out, "bf16.jsonl"), lambda s: 1.0 if s > 100 else 5.0)
+        with open(os.path.join(self.out, "bf16.jsonl"), "rb") as f, \
+                gzip.open(os.path.join(self.out, "bf16.jsonl.gz"), "wb") as g:
+            g.write(f.read())
+        os.remove(os.path.join(self.out, "bf16.jsonl"))
+        write(os.path.join(self.out, "coat.jsonl"), lambda s: 1.01 if s > 100 else 5.0)
+        proc = self.report("bf16", "coat")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("| train loss, last 300 steps | vs bf16 |", proc.stdout)
+        self.assertIn("| bf16 | 2.0010 | +0.00% | yes | 1.0000 | 1.0 | 0 | 400,000 | 400 | 1.0000 | +0.00% |",
+                      proc.stdout)
+        self.assertIn("| coat | 2.0010 | +0.00% | yes | 1.0100 | 1.0 | 0 | 400,000 | 400 | 1.0100 | +1.00% |",
+                      proc.stdout)
 
     def test_variant_against_plain_bf16_and_missing_log(self):
         write_log(os.path.join(self.out, "bf16.jsonl"), 2.0)
