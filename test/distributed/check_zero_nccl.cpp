@@ -343,17 +343,31 @@ int main(int argc, char** argv) {
                 }
                 TrainerState state;
                 state.world_size = N;
-                // this rank's pieces of a moment, in the snapshot's format: the sharded snapshot holds them; the
-                // full one (rank 0) holds the whole buffer
+                // this rank's pieces of a moment in the snapshot's format, as their codes followed by their group
+                // metadata (grouped formats): the sharded snapshot holds exactly these pieces in one storage block,
+                // the full one (rank 0) the whole buffer's block (llmc/optim/state_format.h has the layout)
                 const std::vector<ElementRange> pieces = opt.layout().owned(rank);
-                auto piece_bytes = [&](const OptimizerSnapshot& x, const std::vector<uint8_t>& codes) {
-                  if (x.kind == "sharded") return codes;
-                  const size_t b = x.moments.format.m.code_bytes();
-                  std::vector<uint8_t> out;
-                  for (const ElementRange& p : pieces)
-                    out.insert(out.end(), codes.begin() + static_cast<long>(p.first * b),
-                               codes.begin() + static_cast<long>(p.second * b));
-                  return out;
+                auto piece_bytes = [&](const OptimizerSnapshot& x, std::vector<uint8_t> block,
+                                       const MomentStorage& storage) {
+                  std::vector<uint8_t> codes, groups;
+                  auto add = [&](size_t block_elements, size_t offset, size_t len) {
+                    const MomentView view = moment_view(storage, block.data(), block_elements, offset);
+                    const uint8_t* c = static_cast<const uint8_t*>(view.codes);
+                    codes.insert(codes.end(), c, c + len * storage.code_bytes());
+                    if (view.groups) {
+                      const uint8_t* g = reinterpret_cast<const uint8_t*>(view.groups);
+                      groups.insert(groups.end(), g, g + storage.metadata_bytes(len));
+                    }
+                  };
+                  if (x.kind == "sharded") {
+                    size_t local = 0;
+                    for (const ElementRange& p : pieces) local += p.second - p.first;
+                    add(local, 0, local);
+                  } else {
+                    for (const ElementRange& p : pieces) add(n, p.first, p.second - p.first);
+                  }
+                  codes.insert(codes.end(), groups.begin(), groups.end());
+                  return codes;
                 };
                 for (const StateFormat& into_format : state_formats())
                   for (int into : {0, 1}) {
@@ -374,8 +388,9 @@ int main(int argc, char** argv) {
                       note(strformat("%s: the bf16 weights differ (first at %zu)", where.c_str(), at));
                     if (into_format != format) continue;  // converted moments: llmc/io's tests check the values
                     if ((snap.kind == "sharded" || rank == 0) && (back.kind == "sharded" || rank == 0)) {
-                      if (piece_bytes(snap, snap.moments.m) != piece_bytes(back, back.moments.m) ||
-                          piece_bytes(snap, snap.moments.v) != piece_bytes(back, back.moments.v))
+                      const StateFormat& f = snap.moments.format;
+                      if (piece_bytes(snap, snap.moments.m, f.m) != piece_bytes(back, back.moments.m, f.m) ||
+                          piece_bytes(snap, snap.moments.v, f.v) != piece_bytes(back, back.moments.v, f.v))
                         note(where + ": the moments differ");
                     }
                   }
