@@ -9,7 +9,7 @@
 #   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B] [--seed S]
 #                                          [--out DIR] [--data DIR] [--corpus DIR] [--tolerance PCT] [--dry] [--report]
 #                                          [--recipes "bf16 fp8_tensorwise ..."] [--build DIR]
-#                                          [--set section.key=value ... --tag NAME]
+#                                          [--set section.key=value ... --tag NAME] [--gpus LIST | --queue FILE]
 #   --model (or MODEL in the environment): gpt2-124m (default; configs/gpt2_124m_bf16.json, batch 32 x 1024, lr 6e-4,
 #   out runs/fp8_parity) or llama-350m (configs/llama_350m_bf16.json, batch 16 x 2048, lr 3e-4, out
 #   runs/fp8_parity_llama-350m). Both: 3072 steps of 32,768 tokens = 100.7M tokens, warm-up 100, cosine to 10%,
@@ -21,11 +21,15 @@
 #   data = data/pysrc, tokenised on first use by dev/data/prepare.py --python-sources from --corpus (default: this
 #   Python's site-packages, *.py files: a large public text tree present on every machine with Python); with fewer
 #   training tokens than a run trains on, the runs repeat data (the same for every recipe) and a warning says so.
+#   --gpus 0,1,2,3 trains the recipes at the same time, one per GPU (scripts/repro/gpu_queue.py; each run's output in
+#   OUT/<run>.log), then writes the plot and the table. --queue FILE only appends each run's train_gpt command to FILE
+#   (after preparing the data), for a caller that collects the runs of several calls and runs them with gpu_queue.py
+#   (scripts/repro/nvfp4.sh --gpus does).
 #   TRAIN_GPT in the environment names the binary (default: <build>/train_gpt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-gpt2-124m}; STEPS=3072; BATCH=""; SEED=42; OUT=""; DATA=data/pysrc; CORPUS=""; BUILD=build
-TOLERANCE=0.25; DRY=0; REPORT_ONLY=0
+TOLERANCE=0.25; DRY=0; REPORT_ONLY=0; GPUS=""; QUEUE=""
 RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
 EXTRA=(); TAG=""
 while [ $# -gt 0 ]; do
@@ -44,7 +48,9 @@ while [ $# -gt 0 ]; do
     --report) REPORT_ONLY=1; shift ;;
     --set) EXTRA+=(--set "$2"); shift 2 ;;
     --tag) TAG=_$2; shift 2 ;;
-    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
+    --gpus) GPUS=$2; shift 2 ;;
+    --queue) QUEUE=$2; shift 2 ;;
+    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
     *) echo "fp8_loss_parity: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -63,6 +69,8 @@ done
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || fail "--steps must be an integer >= 4 (got '$STEPS')"
 [[ "$BATCH" =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] || fail "--batch must be a positive integer (got '$BATCH')"
 [[ "$SEED" =~ ^[0-9]+$ ]] || fail "--seed must be a non-negative integer (got '$SEED')"
+[ -z "$GPUS" ] || [ -z "$QUEUE" ] || fail "--gpus runs the queue itself and --queue leaves it to the caller: give one"
+[ -z "$GPUS" ] || [[ "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "--gpus '$GPUS': give GPU indices separated by commas, e.g. 0,1,2,3"
 [ -z "$CORPUS" ] || [ -d "$CORPUS" ] || fail "--corpus '$CORPUS' is not a directory (give a directory that holds .py files, or leave --corpus out for this Python's site-packages)"
 TOKENS=$((STEPS * BATCH * SEQ))
 TRAIN_GPT=${TRAIN_GPT:-$BUILD/train_gpt}
@@ -94,7 +102,11 @@ PY
   fi
 fi
 
-# 2. The runs: identical but for precision.recipe.
+# 2. The runs: identical but for precision.recipe; with --gpus or --queue, their commands go to a queue file.
+if [ -n "$GPUS" ] && [ "$DRY" -eq 0 ] && [ "$REPORT_ONLY" -eq 0 ]; then
+  QUEUE=$OUT/jobs$TAG.txt
+  : > "$QUEUE"
+fi
 for recipe in $RECIPES; do
   [ "$REPORT_ONLY" -eq 0 ] || break
   run=$recipe$TAG
@@ -109,11 +121,25 @@ for recipe in $RECIPES; do
     printf '%q ' "${cmd[@]}"; echo
     continue
   fi
+  if [ -n "$QUEUE" ]; then
+    { printf '%q ' "${cmd[@]}"; printf '> %q 2>&1\n' "$OUT/$run.log"; } >> "$QUEUE"
+    continue
+  fi
   echo "== $run"
   "${cmd[@]}" 2>&1 | tee "$OUT/$run.log" | grep -E "^(device|precision|memory|step .*(/|val)|error)" || true
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fp8_loss_parity: the $run run failed (log: $OUT/$run.log)" >&2; exit 1; }
 done
-[ "$DRY" -eq 1 ] && exit 0
+if [ "$DRY" -eq 1 ]; then
+  [ -z "$GPUS" ] || echo "then: python3 scripts/repro/gpu_queue.py $OUT/jobs$TAG.txt --gpus $GPUS --logdir $OUT/queue$TAG"
+  exit 0
+fi
+if [ -n "$GPUS" ] && [ "$REPORT_ONLY" -eq 0 ]; then
+  python3 scripts/repro/gpu_queue.py "$QUEUE" --gpus "$GPUS" --logdir "$OUT/queue$TAG" ||
+    { echo "fp8_loss_parity: a run failed (its log: $OUT/<run>.log)" >&2; exit 1; }
+elif [ -n "$QUEUE" ]; then
+  echo "fp8_loss_parity: the runs of $RECIPES are queued in $QUEUE"
+  exit 0
+fi
 
 # 3. Plot and table.
 files=(); labels=()

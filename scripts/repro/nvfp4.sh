@@ -13,39 +13,20 @@
 # are those of FP4 training, the speed is not FP4's (see README, "FP4 on Hopper").
 #
 #   usage: bash scripts/repro/nvfp4.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B] [--seed S] [--out DIR]
-#                                      [--data DIR] [--corpus DIR] [--build DIR] [--dry] [--report]
+#                                      [--data DIR] [--corpus DIR] [--build DIR] [--gpus LIST] [--dry] [--report]
 #   --dry prints every command and runs nothing; --report writes the tables and plots from the logs already in OUT.
+#   --gpus 0,1,2,3 trains all the runs at once, one per GPU (scripts/repro/gpu_queue.py), then reports.
 #   The other options are scripts/fp8_loss_parity.sh's; OUT defaults to runs/nvfp4[_<model>].
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-MODEL=${MODEL:-gpt2-124m}; OUT=""; PASS=(); MODE=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --model) MODEL=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --steps|--batch|--seed|--data|--corpus|--build) PASS+=("$1" "$2"); shift 2 ;;
-    --dry|--report) MODE+=("$1"); shift ;;
-    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
-    *) echo "nvfp4.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-case "$MODEL" in
-  gpt2-124m) OUT=${OUT:-runs/nvfp4} ;;
-  llama-350m) OUT=${OUT:-runs/nvfp4_llama-350m} ;;
-  *) echo "nvfp4.sh: unknown model '$MODEL' (choose from: gpt2-124m llama-350m)" >&2; exit 2 ;;
-esac
-PARITY=(bash scripts/fp8_loss_parity.sh --model "$MODEL" --out "$OUT" "${PASS[@]}" "${MODE[@]}")
-# A report outside the tolerance exits 1 and is part of the result, not a failure of the script; anything else is.
-step() {
-  "${PARITY[@]}" "$@"
-  local rc=$?
-  [ $rc -le 1 ] || { echo "nvfp4.sh: scripts/fp8_loss_parity.sh $* failed (exit $rc)" >&2; exit $rc; }
-}
-step --recipes "bf16 fp8_tensorwise nvfp4" --tolerance 2
-step --recipes nvfp4 --tolerance 2 --set precision.dy_rounding=nearest --tag no_sr
-step --recipes nvfp4 --tolerance 2 --set precision.wgrad_hadamard=0 --tag no_rht
-step --recipes nvfp4 --tolerance 2 --set precision.w_granularity=1x16 --tag w1x16
-step --recipes nvfp4 --tolerance 2 --set 'precision.bf16_layers=[]' --tag all_fp4
-case " ${MODE[*]:-} " in *" --dry "*) exit 0 ;; esac
+source scripts/repro/loss_steps.sh
+repro_parse nvfp4 "$@"
+repro_step --recipes "bf16 fp8_tensorwise nvfp4" --tolerance 2
+repro_step --recipes nvfp4 --tolerance 2 --set precision.dy_rounding=nearest --tag no_sr
+repro_step --recipes nvfp4 --tolerance 2 --set precision.wgrad_hadamard=0 --tag no_rht
+repro_step --recipes nvfp4 --tolerance 2 --set precision.w_granularity=1x16 --tag w1x16
+repro_step --recipes nvfp4 --tolerance 2 --set 'precision.bf16_layers=[]' --tag all_fp4
+repro_run_queue
+repro_mode --dry && exit 0
 python3 scripts/repro/fp4_report.py "$OUT" --paper nvfp4 --goal nvfp4=2 \
   --runs bf16 fp8_tensorwise nvfp4 nvfp4_no_sr nvfp4_no_rht nvfp4_w1x16 nvfp4_all_fp4

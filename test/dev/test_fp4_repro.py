@@ -24,10 +24,11 @@ ABLATIONS = {"no_sr": "precision.dy_rounding=nearest", "no_rht": "precision.wgra
              "w1x16": "precision.w_granularity=1x16", "all_fp4": "precision.bf16_layers=[]"}
 
 
-def run(*args):
-    env = dict(os.environ)
-    env.pop("MODEL", None)
-    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=120)
+def run(*args, env=None):
+    e = dict(os.environ)
+    e.pop("MODEL", None)
+    e.update(env or {})
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, cwd=REPO_ROOT, env=e, timeout=120)
 
 
 class TestDry(unittest.TestCase):
@@ -63,6 +64,30 @@ class TestDry(unittest.TestCase):
             proc = run("--dry", *args)
             self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
             self.assertIn(word, proc.stderr)
+
+
+class TestGpus(unittest.TestCase):
+    def test_every_run_in_one_queue_then_the_report(self):
+        """--gpus: the comparison and all four ablations go to OUT/jobs.txt, train over the GPUs at once
+        (scripts/repro/gpu_queue.py), and the report covers them; train_gpt is test/dev/fake_train_gpt.py."""
+        import fake_train_gpt
+        tmp = tempfile.mkdtemp(prefix="test_nvfp4_gpus_")
+        self.addCleanup(shutil.rmtree, tmp)
+        data, out = os.path.join(tmp, "data"), os.path.join(tmp, "out")
+        fake_train_gpt.make_shards(data)
+        proc = run("--gpus", "0,1,2", "--steps", "8", "--out", out, "--data", data,
+                   env={"TRAIN_GPT": os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_train_gpt.py")})
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(out, "jobs.txt")) as f:
+            self.assertEqual(len(f.read().splitlines()), 3 + len(ABLATIONS))
+        self.assertIn("gpu_queue: all 7 jobs exited 0", proc.stdout)
+        with open(os.path.join(out, "nvfp4.md")) as f:
+            text = f.read()
+        self.assertIn("| nvfp4 | 2.0300 | +1.50% | +1.40% | — |", text)
+        for tag in ABLATIONS:
+            self.assertIn(f"| nvfp4_{tag} | 2.0310 | +1.55% | +1.45% | +0.05% (raises the loss) |", text)
+        self.assertIn("- nvfp4 within 2% of BF16: +1.50%, met", text)
+        self.assertEqual(run("--gpus", "x", "--dry").returncode, 2)
 
 
 def write_log(path, final_val, steps=8, tokens=1000, skips=0):

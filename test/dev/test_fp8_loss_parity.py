@@ -106,6 +106,57 @@ def write_log(path, final_val, steps=8, tokens=1000):
         f.write(json.dumps({"type": "eval", "step": steps, "val_loss": final_val}) + "\n")
 
 
+class TestGpus(unittest.TestCase):
+    """--gpus: the recipes go to OUT/jobs.txt and run through scripts/repro/gpu_queue.py, one per GPU, then the table
+    is written; --queue only appends the commands. train_gpt is test/dev/fake_train_gpt.py."""
+
+    def setUp(self):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import fake_train_gpt
+        self.dir = tempfile.mkdtemp(prefix="test_parity_gpus_")
+        self.addCleanup(shutil.rmtree, self.dir)
+        self.data, self.out = os.path.join(self.dir, "data"), os.path.join(self.dir, "out")
+        fake_train_gpt.make_shards(self.data)
+        self.env = {"TRAIN_GPT": os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_train_gpt.py")}
+
+    def test_gpus(self):
+        proc = run("--gpus", "3,5", "--steps", "8", "--recipes", "bf16 fp8_tensorwise coat", "--out", self.out,
+                   "--data", self.data, "--tolerance", "1", env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(self.out, "jobs.txt")) as f:
+            jobs = f.read().splitlines()
+        self.assertEqual(len(jobs), 3)
+        for recipe, line in zip(("bf16", "fp8_tensorwise", "coat"), jobs):
+            self.assertIn(f"precision.recipe={recipe} ", line)
+            self.assertTrue(line.endswith(f"> {self.out}/{recipe}.log 2>&1"), line)
+        gpus = set()
+        for recipe in ("bf16", "fp8_tensorwise", "coat"):
+            with open(os.path.join(self.out, recipe + ".log")) as f:
+                gpus.add(f.read().split("GPU ")[1].strip())
+        self.assertEqual(gpus, {"3", "5"})
+        self.assertIn("| coat | 2.0040 | +0.20% | yes |", proc.stdout)
+        self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
+
+    def test_queue_only_appends(self):
+        queue = os.path.join(self.dir, "jobs.txt")
+        for args in (["--recipes", "bf16 nvfp4"], ["--recipes", "nvfp4", "--set", "precision.wgrad_hadamard=0",
+                                                   "--tag", "no_rht"]):
+            proc = run("--queue", queue, "--steps", "8", "--out", self.out, "--data", self.data, *args, env=self.env)
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            self.assertIn("queued in", proc.stdout)
+        with open(queue) as f:
+            jobs = f.read().splitlines()
+        self.assertEqual(len(jobs), 3)
+        self.assertIn("log.jsonl=" + os.path.join(self.out, "nvfp4_no_rht.jsonl"), jobs[2])
+        self.assertFalse(os.path.exists(os.path.join(self.out, "bf16.jsonl")))  # nothing ran
+
+    def test_bad_gpus(self):
+        for args, word in ((["--gpus", "0,a"], "--gpus '0,a'"), (["--gpus", "0", "--queue", "q"], "give one")):
+            proc = run("--dry", *args)
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertIn(word, proc.stderr)
+
+
 class TestReport(unittest.TestCase):
     def setUp(self):
         self.out = tempfile.mkdtemp(prefix="test_parity_")

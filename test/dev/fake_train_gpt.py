@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""test/dev/fake_train_gpt.py: a stand-in for build/train_gpt in the CPU tests of the loss-comparison scripts
+(scripts/fp8_loss_parity.sh and the repro scripts over it, TRAIN_GPT=this file): it reads the --set overrides those
+scripts pass and writes what a run writes to log.jsonl (a train record per step, a final eval record), with a loss
+that depends on the recipe and the tag, and prints the GPU it was given (CUDA_VISIBLE_DEVICES). make_shards() writes
+the data files the scripts look for.
+"""
+import json
+import os
+import sys
+
+# The final loss of each recipe above 2.0 (bf16); a tagged variant's log name adds 0.001.
+OFFSETS = {"bf16": 0.0, "fp8_tensorwise": 0.002, "fp8_delayed": 0.003, "fp8_blockwise": 0.004, "coat": 0.004,
+           "nvfp4": 0.03, "mxfp4": 0.05}
+
+
+def make_shards(data_dir, tokens=1_000_000):
+    """pysrc_train_000.bin / pysrc_val_000.bin with the shard header (magic, version, token count) and no tokens:
+    enough for the scripts, which read only the header."""
+    os.makedirs(data_dir, exist_ok=True)
+    for split in ("train", "val"):
+        header = [20240520, 1, tokens] + [0] * 253
+        with open(os.path.join(data_dir, f"pysrc_{split}_000.bin"), "wb") as f:
+            f.write(b"".join(int(h).to_bytes(4, "little") for h in header))
+
+
+def main(argv):
+    sets = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
+    recipe, steps, log = sets["precision.recipe"], int(sets["train.steps"]), sets["log.jsonl"]
+    tagged = os.path.basename(log) != recipe + ".jsonl"
+    loss = 2.0 + OFFSETS.get(recipe, 0.1) + (0.001 if tagged else 0.0)
+    with open(log, "w") as f:
+        for s in range(1, steps + 1):
+            f.write(json.dumps({"type": "train", "step": s, "loss": loss + 1.0 / s, "ms": 1.0, "tokens": 100}) + "\n")
+        f.write(json.dumps({"type": "eval", "step": steps, "val_loss": loss}) + "\n")
+    print(f"fake train_gpt: {recipe} on GPU {os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
