@@ -14,8 +14,12 @@
 #
 #   usage: bash scripts/repro/coat.sh [--model llama-350m|gpt2-124m] [--steps N] [--seed S] [--batch-1b B]
 #                                     [--batch-3b B] [--accum K] [--bench-steps N] [--out DIR] [--data DIR]
-#                                     [--corpus DIR] [--build DIR] [--skip-bench] [--skip-loss] [--dry] [--report]
-#   --dry prints every command and runs nothing; --report writes OUT/coat.md from the logs already in OUT.
+#                                     [--corpus DIR] [--build DIR] [--gpus LIST] [--skip-bench] [--skip-loss] [--dry]
+#                                     [--report]
+#   --dry prints every command and runs nothing; --report writes OUT/coat.md from the logs already in OUT; --gpus 0,1,2
+#   trains the three loss runs at once, one per GPU (scripts/fp8_loss_parity.sh --gpus).
+#   COAT's Table 1 (the error of the FP8 moments on a real run's FP32 moments) is dev/tools/state_error on a
+#   checkpoint: dev/bench/results/coat/state_error_llama350m.md says how it was measured.
 #   OUT defaults to runs/coat; the bench rows go to OUT/bench (raw JSONL and a Markdown table per GPU), the loss logs
 #   to OUT/loss.
 set -uo pipefail
@@ -31,12 +35,12 @@ while [ $# -gt 0 ]; do
     --batch-3b) B3=$2; shift 2 ;;
     --accum) ACCUM=$2; shift 2 ;;
     --bench-steps) BENCH_STEPS=$2; shift 2 ;;
-    --steps|--seed|--data|--corpus) LOSS+=("$1" "$2"); shift 2 ;;
+    --steps|--seed|--data|--corpus|--gpus) LOSS+=("$1" "$2"); shift 2 ;;
     --skip-bench) SKIP_BENCH=1; shift ;;
     --skip-loss) SKIP_LOSS=1; shift ;;
     --dry) DRY=1; shift ;;
     --report) REPORT=1; shift ;;
-    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "coat.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
