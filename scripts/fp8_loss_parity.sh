@@ -26,6 +26,8 @@
 #   (after preparing the data), for a caller that collects the runs of several calls and runs them with gpu_queue.py
 #   (scripts/repro/nvfp4.sh --gpus does).
 #   TRAIN_GPT in the environment names the binary (default: <build>/train_gpt).
+#   Exit status: 0 every recipe within the tolerance, 1 one outside it (a result: the table is written), 2 bad
+#   arguments, a missing binary or log, 3 a training run failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-gpt2-124m}; STEPS=3072; BATCH=""; SEED=42; OUT=""; DATA=data/pysrc; CORPUS=""; BUILD=build
@@ -50,7 +52,7 @@ while [ $# -gt 0 ]; do
     --tag) TAG=_$2; shift 2 ;;
     --gpus) GPUS=$2; shift 2 ;;
     --queue) QUEUE=$2; shift 2 ;;
-    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "fp8_loss_parity: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -127,7 +129,7 @@ for recipe in $RECIPES; do
   fi
   echo "== $run"
   "${cmd[@]}" 2>&1 | tee "$OUT/$run.log" | grep -E "^(device|precision|memory|step .*(/|val)|error)" || true
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fp8_loss_parity: the $run run failed (log: $OUT/$run.log)" >&2; exit 1; }
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fp8_loss_parity: the $run run failed (log: $OUT/$run.log)" >&2; exit 3; }
 done
 if [ "$DRY" -eq 1 ]; then
   [ -z "$GPUS" ] || echo "then: python3 scripts/repro/gpu_queue.py $OUT/jobs$TAG.txt --gpus $GPUS --logdir $OUT/queue$TAG"
@@ -135,7 +137,7 @@ if [ "$DRY" -eq 1 ]; then
 fi
 if [ -n "$GPUS" ] && [ "$REPORT_ONLY" -eq 0 ]; then
   python3 scripts/repro/gpu_queue.py "$QUEUE" --gpus "$GPUS" --logdir "$OUT/queue$TAG" ||
-    { echo "fp8_loss_parity: a run failed (its log: $OUT/<run>.log)" >&2; exit 1; }
+    { echo "fp8_loss_parity: a run failed (its log: $OUT/<run>.log)" >&2; exit 3; }
 elif [ -n "$QUEUE" ]; then
   echo "fp8_loss_parity: the runs of $RECIPES are queued in $QUEUE"
   exit 0

@@ -56,5 +56,5 @@ repro_run_queue() {
     return 0
   fi
   python3 scripts/repro/gpu_queue.py "$OUT/jobs.txt" --gpus "$GPUS" --logdir "$OUT/queue" ||
-    { echo "$REPRO.sh: a run failed (the runs' logs: $OUT/<run>.log)" >&2; exit 1; }
+    { echo "$REPRO.sh: a run failed (the runs' logs: $OUT/<run>.log)" >&2; exit 3; }
 }

@@ -2,8 +2,8 @@
 """test/dev/fake_train_gpt.py: a stand-in for build/train_gpt in the CPU tests of the loss-comparison scripts
 (scripts/fp8_loss_parity.sh and the repro scripts over it, TRAIN_GPT=this file): it reads the --set overrides those
 scripts pass and writes what a run writes to log.jsonl (a train record per step, a final eval record), with a loss
-that depends on the recipe and the tag, and prints the GPU it was given (CUDA_VISIBLE_DEVICES). make_shards() writes
-the data files the scripts look for.
+that depends on the recipe and the tag, and prints the GPU it was given (CUDA_VISIBLE_DEVICES); a recipe named in
+FAKE_TRAIN_GPT_FAIL fails (exit 1) as a crashed run would. make_shards() writes the data files the scripts look for.
 """
 import json
 import os
@@ -27,6 +27,9 @@ def make_shards(data_dir, tokens=1_000_000):
 def main(argv):
     sets = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
     recipe, steps, log = sets["precision.recipe"], int(sets["train.steps"]), sets["log.jsonl"]
+    if recipe == os.environ.get("FAKE_TRAIN_GPT_FAIL"):
+        print(f"fake train_gpt: {recipe} fails", file=sys.stderr)
+        return 1
     tagged = os.path.basename(log) != recipe + ".jsonl"
     loss = 2.0 + OFFSETS.get(recipe, 0.1) + (0.001 if tagged else 0.0)
     with open(log, "w") as f:

@@ -137,6 +137,15 @@ class TestGpus(unittest.TestCase):
         self.assertIn("| coat | 2.0040 | +0.20% | yes |", proc.stdout)
         self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
 
+    def test_a_failed_run_is_exit_3(self):
+        """A crashed run is not a result: exit 3 (1 means a recipe outside the tolerance, its table written)."""
+        proc = run("--gpus", "0,1", "--steps", "8", "--recipes", "bf16 coat", "--out", self.out, "--data", self.data,
+                   env=dict(self.env, FAKE_TRAIN_GPT_FAIL="coat"))
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        self.assertIn("a run failed", proc.stderr)
+        self.assertIn("job 1 (exit 1)", proc.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "summary.md")))
+
     def test_queue_only_appends(self):
         queue = os.path.join(self.dir, "jobs.txt")
         for args in (["--recipes", "bf16 nvfp4"], ["--recipes", "nvfp4", "--set", "precision.wgrad_hadamard=0",
