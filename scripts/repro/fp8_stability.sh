@@ -9,7 +9,11 @@
 #            [--recipes "bf16 fp8_tensorwise fp8_delayed fp8_blockwise"] [--seeds "1 2 3"]
 #            [--lrs "1.2e-3 2.4e-3 4.8e-3 9.6e-3"] [--steps 500] [--batch 32] [--out runs/fp8_stability]
 #            [--data data/pysrc] [--corpus DIR] [--build build] [--force] [--tflops 150] [--overhead-s 20]
+#            [--gpus LIST]
 #   --dry        print the grid, the estimate and every command, run nothing (no data or binary needed)
+#   --gpus       run the cells at the same time, one per GPU of LIST (e.g. 0,1,2,3), through
+#                scripts/repro/gpu_queue.py (OUT/jobs.txt, OUT/queue/); the cells that fail for a reason other than
+#                divergence are listed after all have run
 #   models       gpt2-mini (the preset: 6 layers, n_embd 384, 30M parameters) and llama-mini (llama-125m's
 #                architecture, RMSNorm, SwiGLU, RoPE, GQA 6/2 heads, at gpt2-mini's size: 29M parameters)
 #   each run     --steps of --batch x 512 tokens, warm-up 10% of the steps, cosine to 10% of the lr, grad clip 1.0,
@@ -31,7 +35,7 @@ RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
 SEEDS="1 2 3"
 LRS="1.2e-3 2.4e-3 4.8e-3 9.6e-3"
 STEPS=500; BATCH=32; SEQ=512; OUT=runs/fp8_stability; DATA=data/pysrc; CORPUS=""; BUILD=build
-DRY=0; FORCE=0; TFLOPS=150; OVERHEAD_S=20; MAX_SKIPPED=5
+DRY=0; FORCE=0; TFLOPS=150; OVERHEAD_S=20; MAX_SKIPPED=5; GPUS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry) DRY=1; shift ;;
@@ -48,7 +52,8 @@ while [ $# -gt 0 ]; do
     --force) FORCE=1; shift ;;
     --tflops) TFLOPS=$2; shift 2 ;;
     --overhead-s) OVERHEAD_S=$2; shift 2 ;;
-    -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+    --gpus) GPUS=$2; shift 2 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "fp8_stability: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -66,6 +71,7 @@ for s in $SEEDS; do [[ "$s" =~ ^[0-9]+$ ]] || fail "--seeds: '$s' is not a non-n
 for lr in $LRS; do [[ "$lr" =~ ^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$ ]] || fail "--lrs: '$lr' is not a positive number"; done
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 10 ] || fail "--steps must be an integer >= 10 (got '$STEPS')"
 [[ "$BATCH" =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] || fail "--batch must be a positive integer (got '$BATCH')"
+[ -z "$GPUS" ] || [[ "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "--gpus '$GPUS': give GPU indices separated by commas, e.g. 0,1,2,3"
 [ -n "$MODELS" ] && [ -n "$RECIPES" ] && [ -n "$SEEDS" ] && [ -n "$LRS" ] || fail "an empty grid axis"
 [ -z "$CORPUS" ] || [ -d "$CORPUS" ] || fail "--corpus '$CORPUS' is not a directory (give a directory that holds .py files, or leave --corpus out for this Python's site-packages)"
 
@@ -127,7 +133,13 @@ if [ "$DRY" -eq 0 ]; then
   fi
 fi
 
-# The runs: every cell of the grid, models outermost, so that a part of the grid is a whole model's table.
+# The runs: every cell of the grid, models outermost, so that a part of the grid is a whole model's table. With
+# --gpus each cell's command goes to the queue file (the cell's exit code written by the job itself).
+QUEUED=()
+if [ -n "$GPUS" ] && [ "$DRY" -eq 0 ]; then
+  mkdir -p "$OUT"
+  : > "$OUT/jobs.txt"
+fi
 for m in $MODELS; do
   set_model_args "$m"
   for lr in $LRS; do
@@ -148,6 +160,12 @@ for m in $MODELS; do
         printf '%q ' "${cmd[@]}" >"$dir/command.txt"; echo >>"$dir/command.txt"
         printf '{"model": "%s", "recipe": "%s", "lr": %s, "seed": %s, "steps": %s, "tokens_per_step": %s, "max_skipped_steps": %s}\n' \
           "$m" "$recipe" "$lr" "$seed" "$STEPS" "$((BATCH * SEQ))" "$MAX_SKIPPED" >"$dir/run.json"
+        if [ -n "$GPUS" ]; then
+          printf '%s> %q 2>&1; echo $? > %q\n' "$(printf '%q ' "${cmd[@]}")" "$dir/train.log" "$dir/exit_code" \
+            >> "$OUT/jobs.txt"
+          QUEUED+=("$dir")
+          continue
+        fi
         echo "== $m $recipe lr $lr seed $seed"
         set +e
         "${cmd[@]}" >"$dir/train.log" 2>&1
@@ -163,6 +181,22 @@ for m in $MODELS; do
     done
   done
 done
-[ "$DRY" -eq 1 ] && exit 0
+if [ "$DRY" -eq 1 ]; then
+  [ -z "$GPUS" ] || echo "then: python3 scripts/repro/gpu_queue.py $OUT/jobs.txt --gpus $GPUS --logdir $OUT/queue"
+  exit 0
+fi
+if [ ${#QUEUED[@]} -gt 0 ]; then
+  python3 scripts/repro/gpu_queue.py "$OUT/jobs.txt" --gpus "$GPUS" --logdir "$OUT/queue"
+  failed=()
+  for dir in "${QUEUED[@]}"; do
+    rc=$(cat "$dir/exit_code" 2>/dev/null || echo none)
+    if [ "$rc" != 0 ] && ! grep -q "training diverged" "$dir/train.log" 2>/dev/null; then failed+=("$dir"); fi
+  done
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "fp8_stability: ${#failed[@]} run(s) failed for a reason other than divergence (their train.log):" >&2
+    printf '  %s\n' "${failed[@]}" >&2
+    exit 1
+  fi
+fi
 
 python3 scripts/repro/fp8_stability_report.py "$OUT" --out "$OUT/stability"

@@ -242,6 +242,54 @@ def overrides(cmd):
     return out
 
 
+class TestStabilityGpus(unittest.TestCase):
+    """--gpus: every cell's command goes to OUT/jobs.txt with its exit code written by the job, the cells train over
+    the GPUs at once (scripts/repro/gpu_queue.py), and the report covers them; train_gpt is test/dev/fake_train_gpt.py.
+    A cell that fails for another reason than divergence is named after the others have run (exit 1)."""
+
+    def setUp(self):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import fake_train_gpt
+        self.dir = tempfile.mkdtemp(prefix="test_stability_gpus_")
+        self.addCleanup(shutil.rmtree, self.dir)
+        self.data, self.out = os.path.join(self.dir, "data"), os.path.join(self.dir, "out")
+        fake_train_gpt.make_shards(self.data)
+        self.fake = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_train_gpt.py")
+
+    def grid(self, **env):
+        e = dict(os.environ, TRAIN_GPT=self.fake, **env)
+        return subprocess.run(["bash", SCRIPT, "--gpus", "0,1", "--models", "gpt2-mini", "--recipes",
+                               "bf16 fp8_tensorwise", "--seeds", "1 2", "--lrs", "1e-3", "--steps", "10", "--out",
+                               self.out, "--data", self.data], capture_output=True, text=True, cwd=REPO_ROOT, env=e,
+                              timeout=300)
+
+    def test_cells_through_the_queue(self):
+        proc = self.grid()
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(self.out, "jobs.txt")) as f:
+            self.assertEqual(len(f.read().splitlines()), 4)
+        for recipe in ("bf16", "fp8_tensorwise"):
+            for seed in ("1", "2"):
+                cell = os.path.join(self.out, "gpt2-mini", recipe, f"lr1e-3_seed{seed}")
+                with open(os.path.join(cell, "exit_code")) as f:
+                    self.assertEqual(f.read().strip(), "0")
+                with open(os.path.join(cell, "train.log")) as f:
+                    self.assertRegex(f.read(), r"on GPU [01]")
+        self.assertTrue(os.path.exists(os.path.join(self.out, "stability.md")))
+        # A second call finds every cell done and queues nothing.
+        proc = self.grid()
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("done before (exit code 0), not run again", proc.stdout)
+        with open(os.path.join(self.out, "jobs.txt")) as f:
+            self.assertEqual(f.read(), "")
+
+    def test_a_failed_cell_is_named(self):
+        proc = self.grid(FAKE_TRAIN_GPT_FAIL="fp8_tensorwise")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("2 run(s) failed for a reason other than divergence", proc.stderr)
+        self.assertIn("gpt2-mini/fp8_tensorwise/lr1e-3_seed2", proc.stderr)
+
+
 class TestStabilityDry(unittest.TestCase):
     def test_default_grid(self):
         proc = run_script(SCRIPT, "--dry", env_binary=False)
