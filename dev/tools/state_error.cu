@@ -69,15 +69,14 @@ int main(int argc, char** argv) {
       throw_error("%s: the moments are not stored in fp32 (%s); state_error measures the other formats against "
                   "FP32 moments: give a checkpoint of a run with optimizer.state_format=fp32",
                   step_dir.c_str(), note.c_str());
-    std::vector<float> m(n), v(n);
-    std::copy_n(reinterpret_cast<const float*>(saved.m.data()), n, m.data());
-    std::copy_n(reinterpret_cast<const float*>(saved.v.data()), n, v.data());
+    const float* m = reinterpret_cast<const float*>(saved.m.data());  // fp32: the codes are the values
+    const float* v = reinterpret_cast<const float*>(saved.v.data());
 
     const AdamWStepShape shape{cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps, state.step};
     std::vector<std::string> rows;
     for (const StateFormat& format : state_formats()) {
       if (format == StateFormat::fp32()) continue;
-      const StateFormatError e = state_format_error(format, m.data(), v.data(), n, shape, threads);
+      const StateFormatError e = state_format_error(format, m, v, n, shape, threads);
       rows.push_back(strformat("| %s | %.3e | %.3e | %.3e | %.3e | %.4f%% | %s | %s |", format.name, e.m_rel_l2,
                                e.v_rel_l2, e.u_rel_l2, e.u_mse, 100.0 * e.m_lost, quantiles(e.k_m).c_str(),
                                quantiles(e.k_v).c_str()));

@@ -3,11 +3,16 @@
 (scripts/fp8_loss_parity.sh and the repro scripts over it, TRAIN_GPT=this file): it reads the --set overrides those
 scripts pass and writes what a run writes to log.jsonl (a train record per step, a final eval record), with a loss
 that depends on the recipe and the tag, and prints the GPU it was given (CUDA_VISIBLE_DEVICES); a recipe named in
-FAKE_TRAIN_GPT_FAIL fails (exit 1) as a crashed run would. make_shards() writes the data files the scripts look for.
+FAKE_TRAIN_GPT_FAIL fails (exit 1) as a crashed run would. make_shards() writes the data files the scripts look for;
+workspace() gives a test a temporary directory with them.
 """
 import json
 import os
+import shutil
 import sys
+import tempfile
+
+PATH = os.path.abspath(__file__)  # what the tests put in TRAIN_GPT
 
 # The final loss of each recipe above 2.0 (bf16); a tagged variant's log name adds 0.001.
 OFFSETS = {"bf16": 0.0, "fp8_tensorwise": 0.002, "fp8_delayed": 0.003, "fp8_blockwise": 0.004, "coat": 0.004,
@@ -22,6 +27,15 @@ def make_shards(data_dir, tokens=1_000_000):
         header = [20240520, 1, tokens] + [0] * 253
         with open(os.path.join(data_dir, f"pysrc_{split}_000.bin"), "wb") as f:
             f.write(b"".join(int(h).to_bytes(4, "little") for h in header))
+
+
+def workspace(test, prefix):
+    """(data dir with the shards, output dir) in a temporary directory that is removed after the unittest `test`."""
+    root = tempfile.mkdtemp(prefix=prefix)
+    test.addCleanup(shutil.rmtree, root)
+    data = os.path.join(root, "data")
+    make_shards(data)
+    return data, os.path.join(root, "out")
 
 
 def main(argv):

@@ -71,12 +71,9 @@ class TestGpus(unittest.TestCase):
         """--gpus: the comparison and all four ablations go to OUT/jobs.txt, train over the GPUs at once
         (scripts/repro/gpu_queue.py), and the report covers them; train_gpt is test/dev/fake_train_gpt.py."""
         import fake_train_gpt
-        tmp = tempfile.mkdtemp(prefix="test_nvfp4_gpus_")
-        self.addCleanup(shutil.rmtree, tmp)
-        data, out = os.path.join(tmp, "data"), os.path.join(tmp, "out")
-        fake_train_gpt.make_shards(data)
+        data, out = fake_train_gpt.workspace(self, "test_nvfp4_gpus_")
         proc = run("--gpus", "0,1,2", "--steps", "8", "--out", out, "--data", data,
-                   env={"TRAIN_GPT": os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_train_gpt.py")})
+                   env={"TRAIN_GPT": fake_train_gpt.PATH})
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         with open(os.path.join(out, "jobs.txt")) as f:
             self.assertEqual(len(f.read().splitlines()), 3 + len(ABLATIONS))

@@ -18,6 +18,9 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fake_train_gpt  # noqa: E402
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "fp8_loss_parity.sh")
 REPORT = os.path.join(REPO_ROOT, "scripts", "repro", "fp8_parity_report.py")
@@ -111,13 +114,8 @@ class TestGpus(unittest.TestCase):
     is written; --queue only appends the commands. train_gpt is test/dev/fake_train_gpt.py."""
 
     def setUp(self):
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import fake_train_gpt
-        self.dir = tempfile.mkdtemp(prefix="test_parity_gpus_")
-        self.addCleanup(shutil.rmtree, self.dir)
-        self.data, self.out = os.path.join(self.dir, "data"), os.path.join(self.dir, "out")
-        fake_train_gpt.make_shards(self.data)
-        self.env = {"TRAIN_GPT": os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_train_gpt.py")}
+        self.data, self.out = fake_train_gpt.workspace(self, "test_parity_gpus_")
+        self.env = {"TRAIN_GPT": fake_train_gpt.PATH}
 
     def test_gpus(self):
         proc = run("--gpus", "3,5", "--steps", "8", "--recipes", "bf16 fp8_tensorwise coat", "--out", self.out,
@@ -147,7 +145,7 @@ class TestGpus(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.out, "summary.md")))
 
     def test_queue_only_appends(self):
-        queue = os.path.join(self.dir, "jobs.txt")
+        queue = os.path.join(os.path.dirname(self.out), "jobs.txt")
         for args in (["--recipes", "bf16 nvfp4"], ["--recipes", "nvfp4", "--set", "precision.wgrad_hadamard=0",
                                                    "--tag", "no_rht"]):
             proc = run("--queue", queue, "--steps", "8", "--out", self.out, "--data", self.data, *args, env=self.env)

@@ -250,11 +250,8 @@ class TestStabilityGpus(unittest.TestCase):
     def setUp(self):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import fake_train_gpt
-        self.dir = tempfile.mkdtemp(prefix="test_stability_gpus_")
-        self.addCleanup(shutil.rmtree, self.dir)
-        self.data, self.out = os.path.join(self.dir, "data"), os.path.join(self.dir, "out")
-        fake_train_gpt.make_shards(self.data)
-        self.fake = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_train_gpt.py")
+        self.data, self.out = fake_train_gpt.workspace(self, "test_stability_gpus_")
+        self.fake = fake_train_gpt.PATH
 
     def grid(self, **env):
         e = dict(os.environ, TRAIN_GPT=self.fake, **env)
