@@ -9,11 +9,12 @@
 #            [--recipes "bf16 fp8_tensorwise fp8_delayed fp8_blockwise"] [--seeds "1 2 3"]
 #            [--lrs "1.2e-3 2.4e-3 4.8e-3 9.6e-3"] [--steps 500] [--batch 32] [--out runs/fp8_stability]
 #            [--data data/pysrc] [--corpus DIR] [--build build] [--force] [--tflops 150] [--overhead-s 20]
-#            [--gpus LIST]
+#            [--gpus LIST] [--per-gpu N]
 #   --dry        print the grid, the estimate and every command, run nothing (no data or binary needed)
 #   --gpus       run the cells at the same time, one per GPU of LIST (e.g. 0,1,2,3), through
 #                scripts/repro/gpu_queue.py (OUT/jobs.txt, OUT/queue/); the cells that fail for a reason other than
-#                divergence are listed after all have run
+#                divergence are listed after all have run; --per-gpu N (default 1) lets N cells share one GPU (the
+#                grid's models are too small to fill an H100 or H200 alone)
 #   models       gpt2-mini (the preset: 6 layers, n_embd 384, 30M parameters) and llama-mini (llama-125m's
 #                architecture, RMSNorm, SwiGLU, RoPE, GQA 6/2 heads, at gpt2-mini's size: 29M parameters)
 #   each run     --steps of --batch x 512 tokens, warm-up 10% of the steps, cosine to 10% of the lr, grad clip 1.0,
@@ -35,7 +36,7 @@ RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
 SEEDS="1 2 3"
 LRS="1.2e-3 2.4e-3 4.8e-3 9.6e-3"
 STEPS=500; BATCH=32; SEQ=512; OUT=runs/fp8_stability; DATA=data/pysrc; CORPUS=""; BUILD=build
-DRY=0; FORCE=0; TFLOPS=150; OVERHEAD_S=20; MAX_SKIPPED=5; GPUS=""
+DRY=0; FORCE=0; TFLOPS=150; OVERHEAD_S=20; MAX_SKIPPED=5; GPUS=""; PER_GPU=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry) DRY=1; shift ;;
@@ -53,6 +54,7 @@ while [ $# -gt 0 ]; do
     --tflops) TFLOPS=$2; shift 2 ;;
     --overhead-s) OVERHEAD_S=$2; shift 2 ;;
     --gpus) GPUS=$2; shift 2 ;;
+    --per-gpu) PER_GPU=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "fp8_stability: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -72,6 +74,7 @@ for lr in $LRS; do [[ "$lr" =~ ^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$ ]] || fail 
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 10 ] || fail "--steps must be an integer >= 10 (got '$STEPS')"
 [[ "$BATCH" =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] || fail "--batch must be a positive integer (got '$BATCH')"
 [ -z "$GPUS" ] || [[ "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "--gpus '$GPUS': give GPU indices separated by commas, e.g. 0,1,2,3"
+[[ "$PER_GPU" =~ ^[0-9]+$ ]] && [ "$PER_GPU" -ge 1 ] || fail "--per-gpu must be a positive integer (got '$PER_GPU')"
 [ -n "$MODELS" ] && [ -n "$RECIPES" ] && [ -n "$SEEDS" ] && [ -n "$LRS" ] || fail "an empty grid axis"
 [ -z "$CORPUS" ] || [ -d "$CORPUS" ] || fail "--corpus '$CORPUS' is not a directory (give a directory that holds .py files, or leave --corpus out for this Python's site-packages)"
 
@@ -182,11 +185,11 @@ for m in $MODELS; do
   done
 done
 if [ "$DRY" -eq 1 ]; then
-  [ -z "$GPUS" ] || echo "then: python3 scripts/repro/gpu_queue.py $OUT/jobs.txt --gpus $GPUS --logdir $OUT/queue"
+  [ -z "$GPUS" ] || echo "then: python3 scripts/repro/gpu_queue.py $OUT/jobs.txt --gpus $GPUS --per-gpu $PER_GPU --logdir $OUT/queue"
   exit 0
 fi
 if [ ${#QUEUED[@]} -gt 0 ]; then
-  python3 scripts/repro/gpu_queue.py "$OUT/jobs.txt" --gpus "$GPUS" --logdir "$OUT/queue"
+  python3 scripts/repro/gpu_queue.py "$OUT/jobs.txt" --gpus "$GPUS" --per-gpu "$PER_GPU" --logdir "$OUT/queue"
   failed=()
   for dir in "${QUEUED[@]}"; do
     rc=$(cat "$dir/exit_code" 2>/dev/null || echo none)

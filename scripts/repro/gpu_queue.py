@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """scripts/repro/gpu_queue.py: runs a list of shell commands over the GPUs of one machine, one command per GPU at a
-time, so that the independent trainings of a reproduction (every recipe and ablation of scripts/repro/*.sh, each a
+time (or --per-gpu N at a time, for models too small to fill a GPU alone), so that the independent trainings of a reproduction (every recipe and ablation of scripts/repro/*.sh, each a
 scripts/fp8_loss_parity.sh call) finish in the time of the longest queue instead of the sum of them all.
 
-    usage: python3 scripts/repro/gpu_queue.py JOBS [--gpus 0,1,2,3] [--logdir DIR] [--dry]
+    usage: python3 scripts/repro/gpu_queue.py JOBS [--gpus 0,1,2,3] [--per-gpu N] [--logdir DIR] [--dry]
 
 JOBS is a text file with one shell command per line (blank lines and lines starting with '#' are skipped). Commands
 start in file order, each on the first free GPU, with CUDA_VISIBLE_DEVICES set to that GPU alone: put the longest
-first. --gpus defaults to every GPU that nvidia-smi lists. Each command's output goes to DIR/job_<N>.log (default
+first. --gpus defaults to every GPU that nvidia-smi lists; --per-gpu (default 1) is how many commands share one GPU
+at a time (the slots are filled GPU by GPU in turn: with --gpus 0,1 --per-gpu 2 the first four commands go to GPUs
+0, 1, 0, 1). Each command's output goes to DIR/job_<N>.log (default
 DIR: runs/gpu_queue); one line per start and per end (exit status, minutes) is printed. Exit status: 0 when every
 command exited 0, 1 otherwise (the failed ones are listed), 2 for bad arguments.
 """
@@ -31,11 +33,16 @@ def visible_gpus():
     return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
 
 
-def run_queue(jobs, gpus, logdir, out=sys.stdout, poll_s=0.2):
-    """Runs jobs (shell commands) with at most one per GPU; returns the list of (index, command, exit status) of the
-    jobs that failed."""
+def slots(gpus, per_gpu):
+    """The GPU of each slot, in the order slots are handed out: every GPU once, then every GPU again, per_gpu times."""
+    return [gpu for _ in range(per_gpu) for gpu in gpus]
+
+
+def run_queue(jobs, gpus, logdir, out=sys.stdout, poll_s=0.2, per_gpu=1):
+    """Runs jobs (shell commands) with at most per_gpu at a time on each GPU; returns the list of (index, command,
+    exit status) of the jobs that failed."""
     os.makedirs(logdir, exist_ok=True)
-    free = list(gpus)
+    free = slots(gpus, per_gpu)
     running = {}  # Popen -> (index, gpu, start time, log file)
     failed = []
     pending = list(enumerate(jobs))
@@ -68,6 +75,8 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("jobs", help="file with one shell command per line")
     p.add_argument("--gpus", help="comma-separated GPU indices (default: every GPU nvidia-smi lists)")
+    p.add_argument("--per-gpu", type=int, default=1, metavar="N",
+                   help="commands sharing one GPU at a time (default 1; more for models too small to fill a GPU)")
     p.add_argument("--logdir", default="runs/gpu_queue", help="where job_<N>.log go (default: runs/gpu_queue)")
     p.add_argument("--dry", action="store_true", help="print which command would run first on which GPU, run nothing")
     args = p.parse_args(argv)
@@ -85,13 +94,17 @@ def main(argv=None):
         gpus = [g.strip() for g in args.gpus.split(",")]
         if not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
             p.error(f"--gpus '{args.gpus}': give distinct non-negative integers separated by commas, e.g. 0,1,2,3")
+    if not 1 <= args.per_gpu <= 64:
+        p.error(f"--per-gpu {args.per_gpu}: give the number of commands that may share one GPU, 1 to 64")
+    first = slots(gpus, args.per_gpu)
     if args.dry:
         for index, command in enumerate(jobs):
-            slot = f"GPU {gpus[index]}" if index < len(gpus) else "the first GPU free"
+            slot = f"GPU {first[index]}" if index < len(first) else "the first GPU free"
             print(f"job {index} on {slot}: {command}")
         return 0
-    print(f"gpu_queue: {len(jobs)} jobs on GPUs {','.join(gpus)}, logs in {args.logdir}", flush=True)
-    failed = run_queue(jobs, gpus, args.logdir)
+    print(f"gpu_queue: {len(jobs)} jobs on GPUs {','.join(gpus)}, {args.per_gpu} at a time on each, logs in "
+          f"{args.logdir}", flush=True)
+    failed = run_queue(jobs, gpus, args.logdir, per_gpu=args.per_gpu)
     if failed:
         print(f"gpu_queue: {len(failed)} of {len(jobs)} jobs failed:", flush=True)
         for index, command, rc in failed:

@@ -253,16 +253,17 @@ class TestStabilityGpus(unittest.TestCase):
         self.data, self.out = fake_train_gpt.workspace(self, "test_stability_gpus_")
         self.fake = fake_train_gpt.PATH
 
-    def grid(self, **env):
+    def grid(self, *args, **env):
         e = dict(os.environ, TRAIN_GPT=self.fake, **env)
         return subprocess.run(["bash", SCRIPT, "--gpus", "0,1", "--models", "gpt2-mini", "--recipes",
                                "bf16 fp8_tensorwise", "--seeds", "1 2", "--lrs", "1e-3", "--steps", "10", "--out",
-                               self.out, "--data", self.data], capture_output=True, text=True, cwd=REPO_ROOT, env=e,
-                              timeout=300)
+                               self.out, "--data", self.data, *args], capture_output=True, text=True, cwd=REPO_ROOT,
+                              env=e, timeout=300)
 
     def test_cells_through_the_queue(self):
-        proc = self.grid()
+        proc = self.grid("--per-gpu", "2")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("2 at a time on each", proc.stdout)
         with open(os.path.join(self.out, "jobs.txt")) as f:
             self.assertEqual(len(f.read().splitlines()), 4)
         for recipe in ("bf16", "fp8_tensorwise"):

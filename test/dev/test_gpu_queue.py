@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test/dev/test_gpu_queue.py: scripts/repro/gpu_queue.py on the CPU, with shell commands standing in for trainings:
-every command runs once, with CUDA_VISIBLE_DEVICES naming one GPU of --gpus, never two at a time on one GPU, in file
-order; comments and blank lines are skipped; a failing command makes the exit status 1 and is listed; bad --gpus and
+every command runs once, with CUDA_VISIBLE_DEVICES naming one GPU of --gpus, never two at a time on one GPU (never
+more than --per-gpu), in file order; comments and blank lines are skipped; a failing command makes the exit status 1 and is listed; bad --gpus and
 an empty jobs file are errors (exit 2)."""
 import os
 import shutil
@@ -46,6 +46,24 @@ class TestGpuQueue(unittest.TestCase):
         self.assertEqual([line.split("start job ")[1].split()[0] for line in starts], [str(i) for i in range(6)])
         self.assertTrue(os.path.exists(os.path.join(self.dir, "logs", "job_5.log")))
 
+    def test_per_gpu_shares_a_gpu_up_to_n(self):
+        # Each job adds a file for itself under its GPU's directory, records how many it finds there, and holds it
+        # for a moment: with --per-gpu 2 the count reaches 2 and never 3.
+        trace = os.path.join(self.dir, "trace")
+        job = (f'd={self.dir}/busy_$CUDA_VISIBLE_DEVICES; mkdir -p $d; touch $d/$JOB; '
+               f'echo "$CUDA_VISIBLE_DEVICES $(ls $d | wc -l)" >> {trace}; sleep 0.5; rm $d/$JOB')
+        proc = self.queue([f"JOB={i}; {job}" for i in range(8)], "--gpus", "0,1", "--per-gpu", "2")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("2 at a time on each", proc.stdout)
+        with open(trace) as f:
+            rows = [r.split() for r in f.read().split("\n") if r]
+        self.assertEqual(len(rows), 8)
+        self.assertEqual(max(int(n) for _, n in rows), 2)
+        self.assertEqual(sorted({g for g, _ in rows}), ["0", "1"])
+        dry = self.queue(["a", "b", "c", "d", "e"], "--gpus", "0,1", "--per-gpu", "2", "--dry")
+        self.assertEqual(dry.stdout.splitlines(), ["job 0 on GPU 0: a", "job 1 on GPU 1: b", "job 2 on GPU 0: c",
+                                                   "job 3 on GPU 1: d", "job 4 on the first GPU free: e"])
+
     def test_failures_are_listed(self):
         proc = self.queue(["true", "echo out; exit 3", "true"], "--gpus", "0")
         self.assertEqual(proc.returncode, 1)
@@ -57,6 +75,7 @@ class TestGpuQueue(unittest.TestCase):
     def test_bad_arguments(self):
         for lines, args, word in ((["true"], ["--gpus", "0,x"], "--gpus '0,x'"),
                                   (["true"], ["--gpus", "1,1"], "distinct"),
+                                  (["true"], ["--gpus", "0", "--per-gpu", "0"], "--per-gpu 0"),
                                   (["# nothing", ""], ["--gpus", "0"], "holds no command")):
             with self.subTest(args=args):
                 proc = self.queue(lines, *args)
