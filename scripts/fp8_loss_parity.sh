@@ -6,14 +6,16 @@
 # JSONL logs, the loss-curve plot (scripts/plot_runs.py) and a Markdown table
 # (scripts/repro/fp8_parity_report.py: final val loss, vs BF16 in %, tokens, steps, ...) to OUT.
 #
-#   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B] [--seed S]
+#   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m|llama-125m] [--steps N] [--batch B] [--seed S]
 #                                          [--out DIR] [--data DIR] [--corpus DIR] [--tolerance PCT] [--dry] [--report]
 #                                          [--recipes "bf16 fp8_tensorwise ..."] [--build DIR]
 #                                          [--set section.key=value ... --tag NAME] [--gpus LIST | --queue FILE]
 #   --model (or MODEL in the environment): gpt2-124m (default; configs/gpt2_124m_bf16.json, batch 32 x 1024, lr 6e-4,
 #   out runs/fp8_parity) or llama-350m (configs/llama_350m_bf16.json, batch 16 x 2048, lr 3e-4, out
-#   runs/fp8_parity_llama-350m). Both: 3072 steps of 32,768 tokens = 100.7M tokens, warm-up 100, cosine to 10%,
-#   train.seed --seed (default 42, the config's), validation every steps/4 on 40 batches.
+#   runs/fp8_parity_llama-350m) or llama-125m (configs/llama_125m_bf16.json, batch 16 x 2048, lr 1e-3, out
+#   runs/fp8_parity_llama-125m: issue 18's setting, for short diagnosis runs with --steps). All: 3072 steps of
+#   32,768 tokens = 100.7M tokens, warm-up 100, cosine to 10%, train.seed --seed (default 42, the config's),
+#   validation every steps/4 on 40 batches.
 #   --set adds overrides to every run (e.g. --set precision.pow2_scales=false) and --tag names that variant: its logs
 #   are <recipe>_<tag>.jsonl, so variants can share an output directory with the plain runs.
 #   --dry prints the commands and runs nothing (no binary or data needed); --report only writes the plot and the table
@@ -62,7 +64,9 @@ case "$MODEL" in
              BATCH=${BATCH:-32}; OUT=${OUT:-runs/fp8_parity} ;;
   llama-350m) CONFIG=configs/llama_350m_bf16.json; SEQ=2048; LR=3e-4; TITLE="Llama 350M"
               BATCH=${BATCH:-16}; OUT=${OUT:-runs/fp8_parity_llama-350m} ;;
-  *) fail "unknown model '$MODEL' (choose from: gpt2-124m llama-350m)" ;;
+  llama-125m) CONFIG=configs/llama_125m_bf16.json; SEQ=2048; LR=1e-3; TITLE="Llama 125M"
+              BATCH=${BATCH:-16}; OUT=${OUT:-runs/fp8_parity_llama-125m} ;;
+  *) fail "unknown model '$MODEL' (choose from: gpt2-124m llama-350m llama-125m)" ;;
 esac
 KNOWN_RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise nvfp4 mxfp4 coat"
 for r in $RECIPES; do

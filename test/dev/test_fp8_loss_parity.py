@@ -76,6 +76,12 @@ class TestDry(unittest.TestCase):
             self.assertEqual((o["train.micro_batch"], o["train.seq_len"], o["train.lr"], o["train.seed"]),
                              ("16", "2048", "3e-4", "7"))
             self.assertEqual(o["log.jsonl"], "runs/fp8_parity_llama-350m/bf16.jsonl")
+        proc = run("--dry", "--model", "llama-125m", "--steps", "500")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        o = overrides(commands(proc.stdout)[0])
+        self.assertEqual((o["train.micro_batch"], o["train.seq_len"], o["train.lr"], o["train.steps"]),
+                         ("16", "2048", "1e-3", "500"))
+        self.assertEqual(o["log.jsonl"], "runs/fp8_parity_llama-125m/bf16.jsonl")
 
     def test_variant(self):
         proc = run("--dry", "--recipes", "fp8_blockwise", "--set", "precision.pow2_scales=false", "--tag", "nopow2",
