@@ -4,11 +4,15 @@
 Reads the JSONL metrics that train_gpt writes (log.jsonl, or <checkpoint.dir>/metrics.jsonl): "train" records
 (step, loss, tokens) and "eval" records (step, val_loss). Each run is drawn in its own colour: the raw train loss
 faintly, the train loss smoothed by a bias-corrected exponential moving average as a line, and the validation loss
-as points. A resumed run may repeat steps; the later record of a step wins.
+as points. A resumed run may repeat steps; the later record of a step wins. --relative adds a lower panel with every
+other run's loss relative to the first file's, in percent, where the gaps between recipes (often under 1%) are visible:
+the train losses smoothed more (--relative-smooth) at the steps both runs logged, and the validation losses at the
+steps both evaluated.
 
 Examples:
   python3 scripts/plot_runs.py runs/gpt2_mini_bf16/metrics.jsonl
   python3 scripts/plot_runs.py a.jsonl b.jsonl --label bf16 --label fp8 --out bf16_vs_fp8.png --x tokens
+  python3 scripts/plot_runs.py bf16.jsonl fp8.jsonl --relative     (lower panel: fp8 vs bf16 in %)
 """
 import argparse
 import gzip
@@ -67,6 +71,18 @@ def cumulative_tokens(train):
     return out
 
 
+def relative_series(base, other, beta):
+    """[(step, percent)] of other's loss relative to base's, 100 * (other - base) / base, at the steps both have:
+    base and other are [(step, loss, ...)] sorted by step; each is first smoothed by ema(beta) over its own records
+    (beta 0 = raw), so a gap is measured between the two smoothed curves."""
+    def smoothed(series):
+        steps = [r[0] for r in series]
+        losses = [r[1] for r in series]
+        return dict(zip(steps, ema(losses, beta) if beta > 0 else losses))
+    b, o = smoothed(base), smoothed(other)
+    return [(s, 100.0 * (o[s] - b[s]) / b[s]) for s in sorted(set(b) & set(o)) if b[s] != 0]
+
+
 def default_labels(paths):
     """File names without extension; when they clash (e.g. runs/*/metrics.jsonl), the parent directory names."""
     names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
@@ -86,12 +102,20 @@ def main(argv=None):
     ap.add_argument("--title", default="", help="plot title")
     ap.add_argument("--ymax", type=float, help="upper limit of the loss axis (the first steps are often far above)")
     ap.add_argument("--log-x", action="store_true", help="logarithmic x axis")
+    ap.add_argument("--relative", action="store_true", help="a lower panel: every other run's loss relative to the "
+                    "first file's, in percent")
+    ap.add_argument("--relative-smooth", type=float, default=0.99, help="EMA factor of the train losses compared in "
+                    "the --relative panel (default 0.99: per-step losses vary by several percent)")
     args = ap.parse_args(argv)
 
     if args.label and len(args.label) != len(args.files):
         ap.error(f"give one --label per file ({len(args.files)} files, {len(args.label)} labels)")
     if not 0.0 <= args.smooth < 1.0:
         ap.error("--smooth must be in [0, 1)")
+    if not 0.0 <= args.relative_smooth < 1.0:
+        ap.error("--relative-smooth must be in [0, 1)")
+    if args.relative and len(args.files) < 2:
+        ap.error("--relative compares runs with the first file: give at least two")
     labels = args.label or default_labels(args.files)
 
     runs = []
@@ -114,7 +138,10 @@ def main(argv=None):
         print("plot_runs.py: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return 1
 
-    fig, ax = plt.subplots(figsize=(10, 6))
+    if args.relative:
+        fig, (ax, rel_ax) = plt.subplots(2, 1, figsize=(10, 9), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    else:
+        fig, ax = plt.subplots(figsize=(10, 6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (label, train, val) in enumerate(runs):
         color = colors[i % len(colors)]
@@ -138,7 +165,31 @@ def main(argv=None):
                 summary.append(f"val {val[-1][1]:.4f} at step {val[-1][0]}")
         print(": ".join([summary[0], ", ".join(summary[1:])]))
 
-    ax.set_xlabel("step" if args.x == "step" else "tokens")
+    if args.relative:
+        base_label, base_train, base_val = runs[0]
+        tokens = cumulative_tokens(base_train)
+        xof = (lambda s: s) if args.x == "step" else (lambda s: tokens.get(s, math.nan))
+        rel_ax.axhline(0.0, color=colors[0], linewidth=1.0)
+        for i, (label, train, val) in enumerate(runs[1:], 1):
+            color = colors[i % len(colors)]
+            summary = []
+            rel = relative_series(base_train, train, args.relative_smooth)
+            if rel:
+                rel_ax.plot([xof(s) for s, _ in rel], [p for _, p in rel], color=color, linewidth=1.4,
+                            label=f"{label} train")
+                summary.append(f"train {rel[-1][1]:+.2f}% at step {rel[-1][0]}")
+            rel_val = relative_series(base_val, val, 0.0)
+            if rel_val:
+                rel_ax.plot([xof(s) for s, _ in rel_val], [p for _, p in rel_val], "o", color=color, markersize=5,
+                            label=f"{label} val")
+                summary.append(f"val {rel_val[-1][1]:+.2f}% at step {rel_val[-1][0]}")
+            print(f"{label} vs {base_label}: " + (", ".join(summary) or "no common steps"))
+        rel_ax.set_ylabel(f"loss vs {base_label} (%)")
+        rel_ax.grid(True, alpha=0.3)
+        rel_ax.legend(fontsize=8)
+        rel_ax.set_xlabel("step" if args.x == "step" else "tokens")
+    else:
+        ax.set_xlabel("step" if args.x == "step" else "tokens")
     ax.set_ylabel("loss")
     if args.log_x:
         ax.set_xscale("log")
