@@ -8,7 +8,7 @@
 #
 #   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m|llama-125m] [--steps N] [--batch B] [--seed S]
 #                                          [--out DIR] [--data DIR] [--corpus DIR] [--tolerance PCT] [--dry] [--report]
-#                                          [--recipes "bf16 fp8_tensorwise ..."] [--build DIR]
+#                                          [--recipes "bf16 fp8_tensorwise ..."] [--build DIR] [--seeds "42 43 44"]
 #                                          [--set section.key=value ... --tag NAME] [--gpus LIST | --queue FILE]
 #   --model (or MODEL in the environment): gpt2-124m (default; configs/gpt2_124m_bf16.json, batch 32 x 1024, lr 6e-4,
 #   out runs/fp8_parity) or llama-350m (configs/llama_350m_bf16.json, batch 16 x 2048, lr 3e-4, out
@@ -16,6 +16,10 @@
 #   runs/fp8_parity_llama-125m: issue 18's setting, for short diagnosis runs with --steps). All: 3072 steps of
 #   32,768 tokens = 100.7M tokens, warm-up 100, cosine to 10%, train.seed --seed (default 42, the config's),
 #   validation every steps/4 on 40 batches.
+#   --seeds trains every recipe once per seed (the first replaces --seed): the first seed's logs are <recipe>.jsonl as
+#   without it, the others' <recipe>_seed<N>.jsonl; the table of the first seed is written as usual, and
+#   scripts/repro/seed_report.py adds OUT/seeds.md (per recipe the seeds' final losses, their spread, and the
+#   difference to BF16 paired by seed): a gap under about 1% needs it (see dev/bench/results/fp8_blockwise_llama).
 #   --set adds overrides to every run (e.g. --set precision.pow2_scales=false) and --tag names that variant: its logs
 #   are <recipe>_<tag>.jsonl, so variants can share an output directory with the plain runs.
 #   --dry prints the commands and runs nothing (no binary or data needed); --report only writes the plot and the table
@@ -33,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-gpt2-124m}; STEPS=3072; BATCH=""; SEED=42; OUT=""; DATA=data/pysrc; CORPUS=""; BUILD=build
-TOLERANCE=0.25; DRY=0; REPORT_ONLY=0; GPUS=""; QUEUE=""
+TOLERANCE=0.25; DRY=0; REPORT_ONLY=0; GPUS=""; QUEUE=""; SEEDS=""
 RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
 EXTRA=(); TAG=""
 while [ $# -gt 0 ]; do
@@ -42,6 +46,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift 2 ;;
     --batch) BATCH=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
+    --seeds) SEEDS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --data) DATA=$2; shift 2 ;;
     --corpus) CORPUS=$2; shift 2 ;;
@@ -75,6 +80,9 @@ done
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || fail "--steps must be an integer >= 4 (got '$STEPS')"
 [[ "$BATCH" =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] || fail "--batch must be a positive integer (got '$BATCH')"
 [[ "$SEED" =~ ^[0-9]+$ ]] || fail "--seed must be a non-negative integer (got '$SEED')"
+for s in $SEEDS; do [[ "$s" =~ ^[0-9]+$ ]] || fail "--seeds: '$s' is not a non-negative integer"; done
+[ -z "$SEEDS" ] || SEED=${SEEDS%% *}
+SEEDS=${SEEDS:-$SEED}
 [ -z "$GPUS" ] || [ -z "$QUEUE" ] || fail "--gpus runs the queue itself and --queue leaves it to the caller: give one"
 [ -z "$GPUS" ] || [[ "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "--gpus '$GPUS': give GPU indices separated by commas, e.g. 0,1,2,3"
 [ -z "$CORPUS" ] || [ -d "$CORPUS" ] || fail "--corpus '$CORPUS' is not a directory (give a directory that holds .py files, or leave --corpus out for this Python's site-packages)"
@@ -114,13 +122,15 @@ if [ -n "$GPUS" ] && [ "$DRY" -eq 0 ] && [ "$REPORT_ONLY" -eq 0 ]; then
   : > "$QUEUE"
 fi
 for recipe in $RECIPES; do
-  [ "$REPORT_ONLY" -eq 0 ] || break
+ for seed in $SEEDS; do
+  [ "$REPORT_ONLY" -eq 0 ] || break 2
   run=$recipe$TAG
+  [ "$seed" = "$SEED" ] || run=${run}_seed$seed
   cmd=("$TRAIN_GPT" --config "$CONFIG" --set precision.recipe="$recipe"
        --set "data.train=$DATA/pysrc_train_*.bin" --set "data.val=$DATA/pysrc_val_*.bin"
        --set train.micro_batch="$BATCH" --set train.seq_len=$SEQ --set train.global_batch_tokens=0
        --set train.steps="$STEPS" --set train.warmup_steps=100 --set train.lr=$LR --set train.final_lr_frac=0.1
-       --set train.seed="$SEED" --set eval.every=$((STEPS / 4)) --set eval.batches=40 --set sample.every=0
+       --set train.seed="$seed" --set eval.every=$((STEPS / 4)) --set eval.batches=40 --set sample.every=0
        --set sample.tokens=64 --set checkpoint.dir= --set log.every=100 --set log.numerics_every=$((STEPS / 4))
        --set log.jsonl="$OUT/$run.jsonl" "${EXTRA[@]}")
   if [ "$DRY" -eq 1 ]; then
@@ -134,6 +144,7 @@ for recipe in $RECIPES; do
   echo "== $run"
   "${cmd[@]}" 2>&1 | tee "$OUT/$run.log" | grep -E "^(device|precision|memory|step .*(/|val)|error)" || true
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fp8_loss_parity: the $run run failed (log: $OUT/$run.log)" >&2; exit 3; }
+ done
 done
 if [ "$DRY" -eq 1 ]; then
   [ -z "$GPUS" ] || echo "then: python3 scripts/repro/gpu_queue.py $OUT/jobs$TAG.txt --gpus $GPUS --logdir $OUT/queue$TAG"
@@ -150,7 +161,12 @@ fi
 # 3. Plot and table.
 files=(); labels=()
 for recipe in $RECIPES; do files+=("$OUT/$recipe$TAG.jsonl"); labels+=(--label "$recipe$TAG"); done
-python3 scripts/plot_runs.py "${files[@]}" "${labels[@]}" --out "$OUT/fp8_loss_parity$TAG.png" --x tokens \
+relative=(); [ ${#files[@]} -lt 2 ] || relative=(--relative)
+python3 scripts/plot_runs.py "${files[@]}" "${labels[@]}" --out "$OUT/fp8_loss_parity$TAG.png" --x tokens "${relative[@]}" \
   --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens: BF16 vs low-precision recipes" --ymax 6 || true
+if [ "$SEEDS" != "$SEED" ]; then
+  python3 scripts/repro/seed_report.py "$OUT" --base-seed "$SEED" \
+    --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ), seeds $SEEDS" || exit 2
+fi
 python3 scripts/repro/fp8_parity_report.py "$OUT" $RECIPES --tag "$TAG" --tolerance "$TOLERANCE" \
   --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ) = $TOKENS tokens, same seed ($SEED) and data"

@@ -2,12 +2,14 @@
 """test/dev/fake_train_gpt.py: a stand-in for build/train_gpt in the CPU tests of the loss-comparison scripts
 (scripts/fp8_loss_parity.sh and the repro scripts over it, TRAIN_GPT=this file): it reads the --set overrides those
 scripts pass and writes what a run writes to log.jsonl (a train record per step, a final eval record), with a loss
-that depends on the recipe and the tag, and prints the GPU it was given (CUDA_VISIBLE_DEVICES); a recipe named in
-FAKE_TRAIN_GPT_FAIL fails (exit 1) as a crashed run would. make_shards() writes the data files the scripts look for;
-workspace() gives a test a temporary directory with them.
+that depends on the recipe and the tag (a _seed<N> suffix of the log name is not a tag), and prints the GPU it was
+given (CUDA_VISIBLE_DEVICES); a recipe named in FAKE_TRAIN_GPT_FAIL fails (exit 1) as a crashed run would;
+FAKE_TRAIN_GPT_SEED_STEP=D adds D x (train.seed - 42) to the loss, so that runs of several seeds differ.
+make_shards() writes the data files the scripts look for; workspace() gives a test a temporary directory with them.
 """
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -47,8 +49,9 @@ def main(argv):
     if recipe == os.environ.get("FAKE_TRAIN_GPT_FAIL"):
         print(f"fake train_gpt: {recipe} fails", file=sys.stderr)
         return 1
-    tagged = os.path.basename(log) != recipe + ".jsonl"
+    tagged = re.sub(r"_seed\d+(?=\.jsonl$)", "", os.path.basename(log)) != recipe + ".jsonl"
     loss = 2.0 + OFFSETS.get(recipe, 0.1) + (0.001 if tagged else 0.0)
+    loss += float(os.environ.get("FAKE_TRAIN_GPT_SEED_STEP", "0")) * (int(sets.get("train.seed", "42")) - 42)
     with open(log, "w") as f:
         for s in range(1, steps + 1):
             f.write(json.dumps({"type": "train", "step": s, "loss": loss + 1.0 / s, "ms": 1.0, "tokens": 100}) + "\n")

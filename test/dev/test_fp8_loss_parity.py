@@ -97,7 +97,8 @@ class TestDry(unittest.TestCase):
                                 ([], {"MODEL": "bogus"}, "unknown model 'bogus'"),
                                 (["--recipes", "bf16 fp8_x"], None, "unknown recipe 'fp8_x'"),
                                 (["--corpus", "/no/such/dir"], None, "--corpus '/no/such/dir' is not a directory"),
-                                (["--steps", "x"], None, "--steps")):
+                                (["--steps", "x"], None, "--steps"),
+                                (["--seeds", "42 x"], None, "--seeds: 'x'")):
             with self.subTest(args=args, env=env):
                 proc = run("--dry", *args, env=env)
                 self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
@@ -140,6 +141,26 @@ class TestGpus(unittest.TestCase):
         self.assertEqual(gpus, {"3", "5"})
         self.assertIn("| coat | 2.0040 | +0.20% | yes |", proc.stdout)
         self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
+
+    def test_seeds(self):
+        """--seeds: every recipe once per seed (the first seed's logs keep their plain names), the first seed's
+        table, and seeds.md with the seeds' spread and the differences paired by seed."""
+        proc = run("--gpus", "0,1", "--steps", "8", "--recipes", "bf16 fp8_blockwise", "--seeds", "42 43 44", "--out",
+                   self.out, "--data", self.data, "--tolerance", "1",
+                   env=dict(self.env, FAKE_TRAIN_GPT_SEED_STEP="0.01"))
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(self.out, "jobs.txt")) as f:
+            jobs = f.read().splitlines()
+        self.assertEqual(len(jobs), 6)
+        self.assertIn("train.seed=43 ", jobs[1])
+        self.assertIn("log.jsonl=" + os.path.join(self.out, "bf16_seed43.jsonl"), jobs[1])
+        self.assertIn("same seed (42)", proc.stdout)
+        with open(os.path.join(self.out, "seeds.md")) as f:
+            seeds = f.read()
+        # bf16: 2.00, 2.01, 2.02; fp8_blockwise: 2.004, 2.014, 2.024 (the fake trainer's losses)
+        self.assertIn("| bf16 | 42 43 44 | 2.0000 2.0100 2.0200 | 2.0100 | 0.0100 (0.50%) | — | — |", seeds)
+        self.assertRegex(seeds, r"\| fp8_blockwise \| 42 43 44 \| 2\.0040 2\.0140 2\.0240 \| 2\.0140 \| .* \| "
+                                r"\+0\.20% \(\+0\.20\.\.\+0\.20, 3 seeds\) \| — \|")
 
     def test_a_failed_run_is_exit_3(self):
         """A crashed run is not a result: exit 3 (1 means a recipe outside the tolerance, its table written)."""

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""scripts/repro/seed_report.py: the Markdown table of a comparison trained with several seeds: per run the final
+validation loss of every seed, their mean and spread, and the difference to BF16 (and to the run's plain recipe)
+paired by seed, so that a gap between recipes is read against the spread between seeds of one recipe.
+
+    usage: python3 scripts/repro/seed_report.py OUT [--base-seed 42] [--title TEXT] [--gpu NAME] [--md FILE]
+
+Reads OUT/<name>.jsonl (or .jsonl.gz) as scripts/fp8_loss_parity.sh names them: <recipe>[_<variant>][_seed<N>], where
+a log without _seed<N> is the run of --base-seed (the script's default seed, 42). Runs of the same name and different
+seeds form one row. Per row: the seeds; the final validation loss of each; their mean and sample standard deviation
+(in % of the mean); and against bf16 and against the row's recipe (for a variant such as fp8_blockwise_nopow2: the
+plain fp8_blockwise) the mean of the per-seed relative differences (recipe - reference) / reference over the seeds
+both have, with their range. Writes OUT/seeds.md (or --md) and prints it. Exit status 2 when OUT holds no log with a
+validation loss.
+"""
+import argparse
+import datetime
+import glob
+import math
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runlog  # noqa: E402
+
+RECIPES = ("bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "coat", "nvfp4", "mxfp4")
+SEED_SUFFIX = re.compile(r"^(?P<name>.+)_seed(?P<seed>\d+)$")
+
+
+def split_name(stem, base_seed):
+    """(run name, seed) of a log's file name without extension: bf16_seed43 -> (bf16, 43), bf16 -> (bf16, base)."""
+    m = SEED_SUFFIX.match(stem)
+    return (m.group("name"), int(m.group("seed"))) if m else (stem, base_seed)
+
+
+def recipe_of(name):
+    """The recipe a run name starts with (the longest known one), or None: fp8_blockwise_nopow2 -> fp8_blockwise."""
+    known = [r for r in RECIPES if name == r or name.startswith(r + "_")]
+    return max(known, key=len) if known else None
+
+
+def collect(out, base_seed):
+    """{run name: {seed: final val loss}} over OUT/*.jsonl[.gz]; logs without a validation loss are left out."""
+    runs = {}
+    paths = sorted(set(glob.glob(os.path.join(out, "*.jsonl")) + glob.glob(os.path.join(out, "*.jsonl.gz"))))
+    for path in paths:
+        stem = os.path.basename(path)
+        stem = stem[: -len(".jsonl.gz")] if stem.endswith(".jsonl.gz") else stem[: -len(".jsonl")]
+        name, seed = split_name(stem, base_seed)
+        if seed in runs.get(name, {}):
+            continue  # x.jsonl and x.jsonl.gz: the same run
+        val = runlog.final_val_loss(runlog.read_records(path))
+        if val is not None:
+            runs.setdefault(name, {})[seed] = val
+    return runs
+
+
+def mean_sd(values):
+    m = sum(values) / len(values)
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+    return m, sd
+
+
+def paired(run, reference):
+    """(mean, min, max, n) of the per-seed relative differences of run against reference in %, over common seeds;
+    None when they share no seed."""
+    diffs = [runlog.relative_pct(run[s], reference[s]) for s in sorted(set(run) & set(reference))]
+    diffs = [d for d in diffs if d is not None]
+    if not diffs:
+        return None
+    return sum(diffs) / len(diffs), min(diffs), max(diffs), len(diffs)
+
+
+def fmt_paired(p):
+    if p is None:
+        return "—"
+    mean, lo, hi, n = p
+    return f"{mean:+.2f}%" if n == 1 else f"{mean:+.2f}% ({lo:+.2f}..{hi:+.2f}, {n} seeds)"
+
+
+def order_key(name):
+    recipe = recipe_of(name)
+    return (RECIPES.index(recipe) if recipe else len(RECIPES), name != recipe, name)
+
+
+def table(runs):
+    lines = ["| run | seeds | final val loss per seed | mean | sd (% of mean) | vs bf16, paired by seed | "
+             "vs its recipe, paired by seed |", "|---|---|---|---|---|---|---|"]
+    bf16 = runs.get("bf16", {})
+    for name in sorted(runs, key=order_key):
+        vals = runs[name]
+        seeds = sorted(vals)
+        m, sd = mean_sd([vals[s] for s in seeds])
+        recipe = recipe_of(name)
+        vs_bf16 = fmt_paired(paired(vals, bf16)) if name != "bf16" else "—"
+        vs_recipe = fmt_paired(paired(vals, runs[recipe])) if recipe and recipe != name and recipe in runs else "—"
+        sd_text = f"{sd:.4f} ({100 * sd / m:.2f}%)" if sd is not None else "—"
+        lines.append(f"| {name} | {' '.join(map(str, seeds))} | {' '.join(f'{vals[s]:.4f}' for s in seeds)} | "
+                     f"{m:.4f} | {sd_text} | {vs_bf16} | {vs_recipe} |")
+    return "\n".join(lines)
+
+
+def gpu_name():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, check=True).stdout.split("\n")[0].strip()
+        return out or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", help="the directory of the runs' JSONL logs")
+    p.add_argument("--base-seed", type=int, default=42, help="the seed of the logs without _seed<N> (default 42)")
+    p.add_argument("--title", default="", help="the line above the table (model, steps, tokens)")
+    p.add_argument("--gpu", help="the GPU the runs ran on (default: this machine's, from nvidia-smi)")
+    p.add_argument("--md", help="where to write the table (default OUT/seeds.md)")
+    args = p.parse_args(argv)
+    try:
+        runs = collect(args.out, args.base_seed)
+    except (OSError, ValueError) as e:
+        print(f"seed_report: {e}", file=sys.stderr)
+        return 2
+    if not runs:
+        print(f"seed_report: {args.out} holds no JSONL log with a validation loss", file=sys.stderr)
+        return 2
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = ", ".join(x for x in (args.title, args.gpu or gpu_name() or "GPU unknown", when) if x)
+    text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
+            f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
+            f"reference, with their range.\n\n{table(runs)}\n")
+    md = args.md or os.path.join(args.out, "seeds.md")
+    with open(md, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text, end="")
+    print(f"wrote {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

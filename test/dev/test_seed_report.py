@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""test/dev/test_seed_report.py: scripts/repro/seed_report.py on the CPU, on hand-written logs: run names and seeds
+from the file names (<recipe>[_<variant>][_seed<N>], no suffix = --base-seed), the recipe of a variant, the mean and
+sample standard deviation of a row, differences paired by seed over the common seeds only, .jsonl.gz logs, logs
+without a validation loss left out, and the exit status 2 for a directory without any."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "..", "scripts", "repro", "seed_report.py")
+sys.path.insert(0, os.path.dirname(SCRIPT))
+import seed_report  # noqa: E402
+
+
+def write_log(path, val):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wt") as f:
+        f.write(json.dumps({"type": "train", "step": 1, "loss": 3.0, "tokens": 10}) + "\n")
+        if val is not None:
+            f.write(json.dumps({"type": "eval", "step": 1, "val_loss": val}) + "\n")
+
+
+class TestNames(unittest.TestCase):
+    def test_split_name(self):
+        self.assertEqual(seed_report.split_name("bf16", 42), ("bf16", 42))
+        self.assertEqual(seed_report.split_name("bf16_seed43", 42), ("bf16", 43))
+        self.assertEqual(seed_report.split_name("fp8_blockwise_nopow2_seed7", 1), ("fp8_blockwise_nopow2", 7))
+        self.assertEqual(seed_report.split_name("fp8_blockwise_seedless", 1), ("fp8_blockwise_seedless", 1))
+
+    def test_recipe_of(self):
+        self.assertEqual(seed_report.recipe_of("fp8_blockwise_nopow2"), "fp8_blockwise")
+        self.assertEqual(seed_report.recipe_of("fp8_delayed"), "fp8_delayed")
+        self.assertEqual(seed_report.recipe_of("nvfp4_no_sr"), "nvfp4")
+        self.assertIsNone(seed_report.recipe_of("fp8"))
+        self.assertIsNone(seed_report.recipe_of("bf16x"))
+
+
+class TestArithmetic(unittest.TestCase):
+    def test_mean_sd(self):
+        m, sd = seed_report.mean_sd([2.0, 2.2, 2.4])
+        self.assertAlmostEqual(m, 2.2)
+        self.assertAlmostEqual(sd, 0.2)
+        self.assertEqual(seed_report.mean_sd([3.0]), (3.0, None))
+
+    def test_paired_uses_common_seeds(self):
+        run = {1: 2.02, 2: 1.98, 3: 5.0}
+        ref = {1: 2.0, 2: 2.0, 4: 1.0}
+        mean, lo, hi, n = seed_report.paired(run, ref)
+        self.assertEqual(n, 2)
+        self.assertAlmostEqual(lo, -1.0)
+        self.assertAlmostEqual(hi, 1.0)
+        self.assertAlmostEqual(mean, 0.0)
+        self.assertIsNone(seed_report.paired({1: 2.0}, {2: 2.0}))
+
+
+class TestCommandLine(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="test_seed_report_")
+        self.addCleanup(shutil.rmtree, self.dir)
+
+    def report(self, *args):
+        return subprocess.run([sys.executable, SCRIPT, self.dir, "--gpu", "test GPU", *args], capture_output=True,
+                              text=True, timeout=60)
+
+    def test_table(self):
+        for name, val in (("bf16", 2.0), ("bf16_seed43", 2.1), ("fp8_blockwise.jsonl.gz", 1.98),
+                          ("fp8_blockwise_seed43", 2.142), ("fp8_blockwise_nopow2", 2.02), ("fp8_tensorwise", None)):
+            path = os.path.join(self.dir, name if name.endswith(".gz") else name + ".jsonl")
+            write_log(path, val)
+        proc = self.report("--title", "tiny")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(os.path.join(self.dir, "seeds.md")) as f:
+            text = f.read()
+        self.assertTrue(text.startswith("tiny, test GPU, "))
+        rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| run")]
+        self.assertEqual([r.split(" | ")[0] for r in rows], ["| bf16", "| fp8_blockwise", "| fp8_blockwise_nopow2"])
+        self.assertEqual(rows[0], "| bf16 | 42 43 | 2.0000 2.1000 | 2.0500 | 0.0707 (3.45%) | — | — |")
+        # fp8_blockwise: -1% at seed 42, +2% at seed 43
+        self.assertEqual(rows[1], "| fp8_blockwise | 42 43 | 1.9800 2.1420 | 2.0610 | 0.1146 (5.56%) | "
+                                  "+0.50% (-1.00..+2.00, 2 seeds) | — |")
+        self.assertEqual(rows[2], "| fp8_blockwise_nopow2 | 42 | 2.0200 | 2.0200 | — | +1.00% | +2.02% |")
+        proc = self.report("--base-seed", "7", "--md", os.path.join(self.dir, "other.md"))
+        self.assertIn("| bf16 | 7 43 |", proc.stdout)
+
+    def test_no_logs(self):
+        write_log(os.path.join(self.dir, "bf16.jsonl"), None)
+        proc = self.report()
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("no JSONL log with a validation loss", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
