@@ -7,7 +7,7 @@
 #
 #   usage: bash scripts/repro/fp8_stability.sh [--dry] [--models "gpt2-mini llama-mini"]
 #            [--recipes "bf16 fp8_tensorwise fp8_delayed fp8_blockwise"] [--seeds "1 2 3"]
-#            [--lrs "1.2e-3 2.4e-3 4.8e-3 9.6e-3"] [--steps 500] [--batch 32] [--out runs/fp8_stability]
+#            [--lrs "1.2e-3 2.4e-3 4.8e-3 9.6e-3 1.92e-2 3.84e-2"] [--steps 500] [--batch 32] [--out runs/fp8_stability]
 #            [--data data/pysrc] [--corpus DIR] [--build build] [--force] [--tflops 150] [--overhead-s 20]
 #            [--gpus LIST] [--per-gpu N]
 #   --dry        print the grid, the estimate and every command, run nothing (no data or binary needed)
@@ -34,7 +34,7 @@ cd "$(dirname "$0")/../.."
 MODELS="gpt2-mini llama-mini"
 RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
 SEEDS="1 2 3"
-LRS="1.2e-3 2.4e-3 4.8e-3 9.6e-3"
+LRS="1.2e-3 2.4e-3 4.8e-3 9.6e-3 1.92e-2 3.84e-2"
 STEPS=500; BATCH=32; SEQ=512; OUT=runs/fp8_stability; DATA=data/pysrc; CORPUS=""; BUILD=build
 DRY=0; FORCE=0; TFLOPS=150; OVERHEAD_S=20; MAX_SKIPPED=5; GPUS=""; PER_GPU=1
 while [ $# -gt 0 ]; do

@@ -45,6 +45,12 @@ class TestRelativeSeries(unittest.TestCase):
         self.assertEqual(plot_runs.relative_series(base, [(9, 1.0)], 0.0), [])
 
 
+class TestLabels(unittest.TestCase):
+    def test_default_labels(self):
+        self.assertEqual(plot_runs.default_labels(["a/bf16.jsonl.gz", "b/fp8.jsonl"]), ["bf16", "fp8"])
+        self.assertEqual(plot_runs.default_labels(["x/metrics.jsonl", "y/metrics.jsonl"]), ["x", "y"])
+
+
 class TestReadMetrics(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="test_plot_runs_")
