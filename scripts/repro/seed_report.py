@@ -10,7 +10,8 @@ a log without _seed<N> is the run of --base-seed (the script's default seed, 42)
 seeds form one row. Per row: the seeds; the final validation loss of each; their mean and sample standard deviation
 (in % of the mean); and against bf16 and against the row's recipe (for a variant such as fp8_blockwise_nopow2: the
 plain fp8_blockwise) the mean of the per-seed relative differences (recipe - reference) / reference over the seeds
-both have, with their range. Writes OUT/seeds.md (or --md) and prints it. Exit status 2 when OUT holds no log with a
+both have, with its standard error (the differences' sample standard deviation / sqrt(seeds); a mean within two
+standard errors of a goal cannot tell whether the goal is met) and their range. Writes OUT/seeds.md (or --md) and prints it. Exit status 2 when OUT holds no log with a
 validation loss.
 """
 import argparse
@@ -64,20 +65,22 @@ def mean_sd(values):
 
 
 def paired(run, reference):
-    """(mean, min, max, n) of the per-seed relative differences of run against reference in %, over common seeds;
-    None when they share no seed."""
+    """(mean, standard error or None, min, max, n) of the per-seed relative differences of run against reference in
+    %, over common seeds; None when they share no seed."""
     diffs = [runlog.relative_pct(run[s], reference[s]) for s in sorted(set(run) & set(reference))]
     diffs = [d for d in diffs if d is not None]
     if not diffs:
         return None
-    return sum(diffs) / len(diffs), min(diffs), max(diffs), len(diffs)
+    mean, sd = mean_sd(diffs)
+    se = sd / math.sqrt(len(diffs)) if sd is not None else None
+    return mean, se, min(diffs), max(diffs), len(diffs)
 
 
 def fmt_paired(p):
     if p is None:
         return "—"
-    mean, lo, hi, n = p
-    return f"{mean:+.2f}%" if n == 1 else f"{mean:+.2f}% ({lo:+.2f}..{hi:+.2f}, {n} seeds)"
+    mean, se, lo, hi, n = p
+    return f"{mean:+.2f}%" if n == 1 else f"{mean:+.2f}% ± {se:.2f} ({lo:+.2f}..{hi:+.2f}, {n} seeds)"
 
 
 def order_key(name):
@@ -132,7 +135,7 @@ def main(argv=None):
     head = ", ".join(x for x in (args.title, args.gpu or gpu_name() or "GPU unknown", when) if x)
     text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
             f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
-            f"reference, with their range.\n\n{table(runs)}\n")
+            f"reference ± its standard error, with their range.\n\n{table(runs)}\n")
     md = args.md or os.path.join(args.out, "seeds.md")
     with open(md, "w", encoding="utf-8") as f:
         f.write(text)

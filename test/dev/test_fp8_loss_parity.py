@@ -160,7 +160,7 @@ class TestGpus(unittest.TestCase):
         # bf16: 2.00, 2.01, 2.02; fp8_blockwise: 2.004, 2.014, 2.024 (the fake trainer's losses)
         self.assertIn("| bf16 | 42 43 44 | 2.0000 2.0100 2.0200 | 2.0100 | 0.0100 (0.50%) | — | — |", seeds)
         self.assertRegex(seeds, r"\| fp8_blockwise \| 42 43 44 \| 2\.0040 2\.0140 2\.0240 \| 2\.0140 \| .* \| "
-                                r"\+0\.20% \(\+0\.20\.\.\+0\.20, 3 seeds\) \| — \|")
+                                r"\+0\.20% ± 0\.00 \(\+0\.20\.\.\+0\.20, 3 seeds\) \| — \|")
 
     def test_a_failed_run_is_exit_3(self):
         """A crashed run is not a result: exit 3 (1 means a recipe outside the tolerance, its table written)."""

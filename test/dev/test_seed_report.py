@@ -51,8 +51,9 @@ class TestArithmetic(unittest.TestCase):
     def test_paired_uses_common_seeds(self):
         run = {1: 2.02, 2: 1.98, 3: 5.0}
         ref = {1: 2.0, 2: 2.0, 4: 1.0}
-        mean, lo, hi, n = seed_report.paired(run, ref)
+        mean, se, lo, hi, n = seed_report.paired(run, ref)
         self.assertEqual(n, 2)
+        self.assertAlmostEqual(se, 1.0)  # sd of (+1, -1) = sqrt(2), / sqrt(2)
         self.assertAlmostEqual(lo, -1.0)
         self.assertAlmostEqual(hi, 1.0)
         self.assertAlmostEqual(mean, 0.0)
@@ -83,7 +84,7 @@ class TestCommandLine(unittest.TestCase):
         self.assertEqual(rows[0], "| bf16 | 42 43 | 2.0000 2.1000 | 2.0500 | 0.0707 (3.45%) | — | — |")
         # fp8_blockwise: -1% at seed 42, +2% at seed 43
         self.assertEqual(rows[1], "| fp8_blockwise | 42 43 | 1.9800 2.1420 | 2.0610 | 0.1146 (5.56%) | "
-                                  "+0.50% (-1.00..+2.00, 2 seeds) | — |")
+                                  "+0.50% ± 1.50 (-1.00..+2.00, 2 seeds) | — |")
         self.assertEqual(rows[2], "| fp8_blockwise_nopow2 | 42 | 2.0200 | 2.0200 | — | +1.00% | +2.02% |")
         proc = self.report("--base-seed", "7", "--md", os.path.join(self.dir, "other.md"))
         self.assertIn("| bf16 | 7 43 |", proc.stdout)
