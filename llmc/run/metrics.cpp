@@ -263,7 +263,7 @@ void MetricsLogger::log_memory(const MemoryReport& m, const std::string& at) {
   if (options_.console) {
     std::fprintf(options_.console,
                  "memory after step %d (%s): peak %.2f GiB in use (cudaMemGetInfo), %.2f GiB of it allocated by the "
-                 "run (%.2f GiB in use before it: CUDA context, NCCL) | estimate %.2f GiB, %s\n",
+                 "run (%.2f GiB in use before it: CUDA context, NCCL, other processes) | estimate %.2f GiB, %s\n",
                  m.step, at == "end" ? "end of run" : "first step", gib(m.peak_bytes), gib(m.run_bytes()),
                  gib(m.before_run_bytes), gib(m.estimate_bytes),
                  std::isfinite(error) ? strformat("within %.1f%% of measured (%s by %.2f GiB)", 100.0 * std::fabs(error),

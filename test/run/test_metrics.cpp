@@ -387,7 +387,7 @@ TEST_F(MetricsTest, MemoryLineAndRecordCompareTheEstimateWithTheMeasuredPeak) {
   }
   const std::string said = read_text(console_path);
   EXPECT_NE(said.find("memory after step 1 (first step): peak 21.00 GiB in use (cudaMemGetInfo), 20.00 GiB of it "
-                      "allocated by the run (1.00 GiB in use before it: CUDA context, NCCL) | estimate 19.00 GiB, "
+                      "allocated by the run (1.00 GiB in use before it: CUDA context, NCCL, other processes) | estimate 19.00 GiB, "
                       "within 5.0% of measured (under by 1.00 GiB)"),
             std::string::npos) << said;
   EXPECT_NE(said.find("memory after step 100 (end of run)"), std::string::npos) << said;
