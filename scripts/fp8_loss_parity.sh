@@ -6,8 +6,8 @@
 # JSONL logs, the loss-curve plot (scripts/plot_runs.py) and a Markdown table
 # (scripts/repro/fp8_parity_report.py: final val loss, vs BF16 in %, tokens, steps, ...) to OUT.
 #
-#   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m|llama-125m] [--steps N] [--batch B] [--seed S]
-#                                          [--out DIR] [--data DIR] [--corpus DIR] [--tolerance PCT] [--dry] [--report]
+#   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m|llama-125m] [--steps N] [--batch B]
+#                                          [--seed S] [--out DIR] [--data DIR] [--corpus DIR] [--tolerance PCT] [--dry] [--report]
 #                                          [--recipes "bf16 fp8_tensorwise ..."] [--build DIR] [--seeds "42 43 44"]
 #                                          [--set section.key=value ... --tag NAME] [--gpus LIST | --queue FILE]
 #   --model (or MODEL in the environment): gpt2-124m (default; configs/gpt2_124m_bf16.json, batch 32 x 1024, lr 6e-4,
@@ -81,6 +81,7 @@ done
 [[ "$BATCH" =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] || fail "--batch must be a positive integer (got '$BATCH')"
 [[ "$SEED" =~ ^[0-9]+$ ]] || fail "--seed must be a non-negative integer (got '$SEED')"
 for s in $SEEDS; do [[ "$s" =~ ^[0-9]+$ ]] || fail "--seeds: '$s' is not a non-negative integer"; done
+[ "$(tr ' ' '\n' <<<"$SEEDS" | grep -v '^$' | sort | uniq -d)" = "" ] || fail "--seeds '$SEEDS' names a seed twice"
 [ -z "$SEEDS" ] || SEED=${SEEDS%% *}
 SEEDS=${SEEDS:-$SEED}
 [ -z "$GPUS" ] || [ -z "$QUEUE" ] || fail "--gpus runs the queue itself and --queue leaves it to the caller: give one"

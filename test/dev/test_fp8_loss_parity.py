@@ -98,7 +98,8 @@ class TestDry(unittest.TestCase):
                                 (["--recipes", "bf16 fp8_x"], None, "unknown recipe 'fp8_x'"),
                                 (["--corpus", "/no/such/dir"], None, "--corpus '/no/such/dir' is not a directory"),
                                 (["--steps", "x"], None, "--steps"),
-                                (["--seeds", "42 x"], None, "--seeds: 'x'")):
+                                (["--seeds", "42 x"], None, "--seeds: 'x'"),
+                                (["--seeds", "42 43 42"], None, "names a seed twice")):
             with self.subTest(args=args, env=env):
                 proc = run("--dry", *args, env=env)
                 self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
