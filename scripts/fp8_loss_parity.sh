@@ -7,8 +7,9 @@
 # (scripts/repro/fp8_parity_report.py: final val loss, vs BF16 in %, tokens, steps, ...) to OUT.
 #
 #   usage: bash scripts/fp8_loss_parity.sh [--model gpt2-124m|llama-350m|llama-125m] [--steps N] [--batch B]
-#                                          [--seed S] [--out DIR] [--data DIR] [--corpus DIR] [--tolerance PCT] [--dry] [--report]
-#                                          [--recipes "bf16 fp8_tensorwise ..."] [--build DIR] [--seeds "42 43 44"]
+#                                          [--seed S | --seeds "42 43 44"] [--out DIR] [--data DIR] [--corpus DIR]
+#                                          [--tolerance PCT] [--dry] [--report] [--recipes "bf16 fp8_tensorwise ..."]
+#                                          [--build DIR]
 #                                          [--set section.key=value ... --tag NAME] [--gpus LIST | --queue FILE]
 #   --model (or MODEL in the environment): gpt2-124m (default; configs/gpt2_124m_bf16.json, batch 32 x 1024, lr 6e-4,
 #   out runs/fp8_parity) or llama-350m (configs/llama_350m_bf16.json, batch 16 x 2048, lr 3e-4, out
