@@ -164,8 +164,8 @@ fi
 files=(); labels=()
 for recipe in $RECIPES; do files+=("$OUT/$recipe$TAG.jsonl"); labels+=(--label "$recipe$TAG"); done
 relative=(); [ ${#files[@]} -lt 2 ] || relative=(--relative)
-python3 scripts/plot_runs.py "${files[@]}" "${labels[@]}" --out "$OUT/fp8_loss_parity$TAG.png" --x tokens "${relative[@]}" \
-  --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens: BF16 vs low-precision recipes" --ymax 6 || true
+python3 scripts/plot_runs.py "${files[@]}" "${labels[@]}" --out "$OUT/fp8_loss_parity$TAG.png" --x tokens \
+  "${relative[@]}" --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens: BF16 vs low-precision recipes" --ymax 6 || true
 if [ "$SEEDS" != "$SEED" ]; then
   python3 scripts/repro/seed_report.py "$OUT" --base-seed "$SEED" \
     --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ), seeds $SEEDS" || exit 2

@@ -84,7 +84,8 @@ def relative_series(base, other, beta):
 
 
 def default_labels(paths):
-    """File names without extension (and without .gz); when they clash (e.g. runs/*/metrics.jsonl), the parent directory names."""
+    """File names without extension (and without .gz); when they clash (e.g. runs/*/metrics.jsonl), the parent
+    directory names."""
     names = [os.path.basename(p) for p in paths]
     names = [n[:-3] if n.endswith(".gz") else n for n in names]
     names = [os.path.splitext(n)[0] for n in names]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/repro/gpu_queue.py: runs a list of shell commands over the GPUs of one machine, one command per GPU at a
-time (or --per-gpu N at a time, for models too small to fill a GPU alone), so that the independent trainings of a reproduction (every recipe and ablation of scripts/repro/*.sh, each a
-scripts/fp8_loss_parity.sh call) finish in the time of the longest queue instead of the sum of them all.
+time (or --per-gpu N at a time, for models too small to fill a GPU alone), so that the independent trainings of a
+reproduction (every recipe and ablation of scripts/repro/*.sh, each a scripts/fp8_loss_parity.sh call) finish in the
+time of the longest queue instead of the sum of them all.
 
     usage: python3 scripts/repro/gpu_queue.py JOBS [--gpus 0,1,2,3] [--per-gpu N] [--logdir DIR] [--dry]
 
@@ -9,8 +10,8 @@ JOBS is a text file with one shell command per line (blank lines and lines start
 start in file order, each on the first free GPU, with CUDA_VISIBLE_DEVICES set to that GPU alone: put the longest
 first. --gpus defaults to every GPU that nvidia-smi lists; --per-gpu (default 1) is how many commands share one GPU
 at a time (the slots are filled GPU by GPU in turn: with --gpus 0,1 --per-gpu 2 the first four commands go to GPUs
-0, 1, 0, 1). Each command's output goes to DIR/job_<N>.log (default
-DIR: runs/gpu_queue); one line per start and per end (exit status, minutes) is printed. Exit status: 0 when every
+0, 1, 0, 1). Each command's output goes to DIR/job_<N>.log (default DIR: runs/gpu_queue); one line per start and
+per end (exit status, minutes) is printed. Exit status: 0 when every
 command exited 0, 1 otherwise (the failed ones are listed), 2 for bad arguments.
 """
 import argparse

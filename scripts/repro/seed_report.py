@@ -11,8 +11,8 @@ seeds form one row. Per row: the seeds; the final validation loss of each; their
 (in % of the mean); and against bf16 and against the row's recipe (for a variant such as fp8_blockwise_nopow2: the
 plain fp8_blockwise) the mean of the per-seed relative differences (recipe - reference) / reference over the seeds
 both have, with its standard error (the differences' sample standard deviation / sqrt(seeds); a mean within two
-standard errors of a goal cannot tell whether the goal is met) and their range. Writes OUT/seeds.md (or --md) and prints it. Exit status 2 when OUT holds no log with a
-validation loss.
+standard errors of a goal cannot tell whether the goal is met) and their range. Writes OUT/seeds.md (or --md) and
+prints it. Exit status 2 when OUT holds no log with a validation loss.
 """
 import argparse
 import datetime
@@ -20,11 +20,11 @@ import glob
 import math
 import os
 import re
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import runlog  # noqa: E402
+from fp8_parity_report import gpu_name  # noqa: E402
 
 RECIPES = ("bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "coat", "nvfp4", "mxfp4")
 SEED_SUFFIX = re.compile(r"^(?P<name>.+)_seed(?P<seed>\d+)$")
@@ -105,15 +105,6 @@ def table(runs):
     return "\n".join(lines)
 
 
-def gpu_name():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, check=True).stdout.split("\n")[0].strip()
-        return out or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,7 +123,7 @@ def main(argv=None):
         print(f"seed_report: {args.out} holds no JSONL log with a validation loss", file=sys.stderr)
         return 2
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = ", ".join(x for x in (args.title, args.gpu or gpu_name() or "GPU unknown", when) if x)
+    head = ", ".join(x for x in (args.title, args.gpu or gpu_name(), when) if x)
     text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
             f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
             f"reference ± its standard error, with their range.\n\n{table(runs)}\n")
