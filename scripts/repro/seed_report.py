@@ -11,8 +11,10 @@ seeds form one row. Per row: the seeds; the final validation loss of each; their
 (in % of the mean); and against bf16 and against the row's recipe (for a variant such as fp8_blockwise_nopow2: the
 plain fp8_blockwise) the mean of the per-seed relative differences (recipe - reference) / reference over the seeds
 both have, with its standard error (the differences' sample standard deviation / sqrt(seeds); a mean within two
-standard errors of a goal cannot tell whether the goal is met) and their range. Writes OUT/seeds.md (or --md) and
-prints it. Exit status 2 when OUT holds no log with a validation loss.
+standard errors of a goal cannot tell whether the goal is met) and their range. A second table gives the same for the
+held-out loss: the mean train loss of the last runlog.TAIL_STEPS steps (on one pass over the data those batches are
+unseen when their loss is taken: ten times the validation split at 32,768 tokens per step). Writes OUT/seeds.md (or
+--md) and prints it. Exit status 2 when OUT holds no log with a validation loss.
 """
 import argparse
 import datetime
@@ -43,8 +45,9 @@ def recipe_of(name):
 
 
 def collect(out, base_seed):
-    """{run name: {seed: final val loss}} over OUT/*.jsonl[.gz]; logs without a validation loss are left out."""
-    runs = {}
+    """({run name: {seed: final val loss}}, {run name: {seed: held-out loss}}) over OUT/*.jsonl[.gz]; logs without a
+    validation loss are left out of both."""
+    runs, held_out = {}, {}
     paths = sorted(set(glob.glob(os.path.join(out, "*.jsonl")) + glob.glob(os.path.join(out, "*.jsonl.gz"))))
     for path in paths:
         stem = os.path.basename(path)
@@ -52,10 +55,14 @@ def collect(out, base_seed):
         name, seed = split_name(stem, base_seed)
         if seed in runs.get(name, {}):
             continue  # x.jsonl and x.jsonl.gz: the same run
-        val = runlog.final_val_loss(runlog.read_records(path))
+        records = runlog.read_records(path)
+        val = runlog.final_val_loss(records)
         if val is not None:
             runs.setdefault(name, {})[seed] = val
-    return runs
+            tail = runlog.tail_train_loss(records)
+            if tail is not None:
+                held_out.setdefault(name, {})[seed] = tail
+    return runs, held_out
 
 
 def mean_sd(values):
@@ -88,8 +95,8 @@ def order_key(name):
     return (RECIPES.index(recipe) if recipe else len(RECIPES), name != recipe, name)
 
 
-def table(runs):
-    lines = ["| run | seeds | final val loss per seed | mean | sd (% of mean) | vs bf16, paired by seed | "
+def table(runs, measure="final val loss"):
+    lines = [f"| run | seeds | {measure} per seed | mean | sd (% of mean) | vs bf16, paired by seed | "
              "vs its recipe, paired by seed |", "|---|---|---|---|---|---|---|"]
     bf16 = runs.get("bf16", {})
     for name in sorted(runs, key=order_key):
@@ -115,7 +122,7 @@ def main(argv=None):
     p.add_argument("--md", help="where to write the table (default OUT/seeds.md)")
     args = p.parse_args(argv)
     try:
-        runs = collect(args.out, args.base_seed)
+        runs, held_out = collect(args.out, args.base_seed)
     except (OSError, ValueError) as e:
         print(f"seed_report: {e}", file=sys.stderr)
         return 2
@@ -126,7 +133,9 @@ def main(argv=None):
     head = ", ".join(x for x in (args.title, args.gpu or gpu_name(), when) if x)
     text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
             f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
-            f"reference ± its standard error, with their range.\n\n{table(runs)}\n")
+            f"reference ± its standard error, with their range.\n\n{table(runs)}\n\n"
+            f"Held-out loss per seed: the mean train loss of the last {runlog.TAIL_STEPS} steps (unseen batches on one "
+            f"pass over the data).\n\n{table(held_out, 'held-out loss')}\n")
     md = args.md or os.path.join(args.out, "seeds.md")
     with open(md, "w", encoding="utf-8") as f:
         f.write(text)

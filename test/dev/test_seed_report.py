@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """test/dev/test_seed_report.py: scripts/repro/seed_report.py on the CPU, on hand-written logs: run names and seeds
 from the file names (<recipe>[_<variant>][_seed<N>], no suffix = --base-seed), the recipe of a variant, the mean and
-sample standard deviation of a row, differences paired by seed over the common seeds only, .jsonl.gz logs, logs
-without a validation loss left out, and the exit status 2 for a directory without any."""
+sample standard deviation of a row, differences paired by seed over the common seeds only, the held-out table (mean
+train loss of the last 300 steps), .jsonl.gz logs, logs without a validation loss left out, and the exit status 2 for
+a directory without any."""
 import gzip
 import json
 import os
@@ -19,9 +20,13 @@ import seed_report  # noqa: E402
 
 
 def write_log(path, val):
+    """A log whose train losses are 3.0 then val - 0.5 (the held-out loss: the mean of the last 300 of 301 steps)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "wt") as f:
         f.write(json.dumps({"type": "train", "step": 1, "loss": 3.0, "tokens": 10}) + "\n")
+        for step in range(2, 302):
+            loss = val - 0.5 if val is not None else 3.0
+            f.write(json.dumps({"type": "train", "step": step, "loss": loss, "tokens": 10}) + "\n")
         if val is not None:
             f.write(json.dumps({"type": "eval", "step": 1, "val_loss": val}) + "\n")
 
@@ -79,13 +84,20 @@ class TestCommandLine(unittest.TestCase):
         with open(os.path.join(self.dir, "seeds.md")) as f:
             text = f.read()
         self.assertTrue(text.startswith("tiny, test GPU, "))
-        rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| run")]
+        val_text, held_text = text.split("Held-out loss per seed")
+        self.assertIn("| run | seeds | held-out loss per seed |", held_text)
+        rows = [line for line in val_text.splitlines() if line.startswith("| ") and not line.startswith("| run")]
         self.assertEqual([r.split(" | ")[0] for r in rows], ["| bf16", "| fp8_blockwise", "| fp8_blockwise_nopow2"])
         self.assertEqual(rows[0], "| bf16 | 42 43 | 2.0000 2.1000 | 2.0500 | 0.0707 (3.45%) | — | — |")
         # fp8_blockwise: -1% at seed 42, +2% at seed 43
         self.assertEqual(rows[1], "| fp8_blockwise | 42 43 | 1.9800 2.1420 | 2.0610 | 0.1146 (5.56%) | "
                                   "+0.50% ± 1.50 (-1.00..+2.00, 2 seeds) | — |")
         self.assertEqual(rows[2], "| fp8_blockwise_nopow2 | 42 | 2.0200 | 2.0200 | — | +1.00% | +2.02% |")
+        held = [line for line in held_text.splitlines() if line.startswith("| ") and not line.startswith("| run")]
+        # train losses val - 0.5: bf16 1.5 / 1.6, fp8_blockwise 1.48 (-1.33%) / 1.642 (+2.62%)
+        self.assertEqual(held[0], "| bf16 | 42 43 | 1.5000 1.6000 | 1.5500 | 0.0707 (4.56%) | — | — |")
+        self.assertEqual(held[1], "| fp8_blockwise | 42 43 | 1.4800 1.6420 | 1.5610 | 0.1146 (7.34%) | "
+                                  "+0.65% ± 1.98 (-1.33..+2.62, 2 seeds) | — |")
         proc = self.report("--base-seed", "7", "--md", os.path.join(self.dir, "other.md"))
         self.assertIn("| bf16 | 7 43 |", proc.stdout)
 
