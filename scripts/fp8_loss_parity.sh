@@ -11,6 +11,7 @@
 #                                          [--tolerance PCT] [--dry] [--report] [--recipes "bf16 fp8_tensorwise ..."]
 #                                          [--build DIR]
 #                                          [--set section.key=value ... --tag NAME] [--gpus LIST | --queue FILE]
+#                                          [--variant "NAME section.key=value ..." ...] [--force]
 #   --model (or MODEL in the environment): gpt2-124m (default; configs/gpt2_124m_bf16.json, batch 32 x 1024, lr 6e-4,
 #   out runs/fp8_parity) or llama-350m (configs/llama_350m_bf16.json, batch 16 x 2048, lr 3e-4, out
 #   runs/fp8_parity_llama-350m) or llama-125m (configs/llama_125m_bf16.json, batch 16 x 2048, lr 1e-3, out
@@ -23,6 +24,16 @@
 #   difference to BF16 paired by seed): a gap under about 1% needs it (see dev/bench/results/fp8_blockwise_llama).
 #   --set adds overrides to every run (e.g. --set precision.pow2_scales=false) and --tag names that variant: its logs
 #   are <recipe>_<tag>.jsonl, so variants can share an output directory with the plain runs.
+#   --variant "NAME key=value ..." (repeatable) adds, beside the plain runs, one run of every recipe and seed with those
+#   overrides, named <recipe>[_<tag>]_NAME[_seed<N>]: an ablation in one command, e.g.
+#     --recipes fp8_blockwise --seeds "42 43" --variant "nopow2 precision.pow2_scales=false" \
+#     --variant "ends precision.bf16_layers=[0,-1]"
+#   Each variant gets its table (summary_NAME.md: against bf16_NAME, or the plain bf16 run where bf16 is not among
+#   the recipes) and a row in seeds.md with the difference to the plain run of its recipe, paired by seed. The exit
+#   status judges the plain runs only.
+#   A run whose log already holds its final validation (an eval record at the last step) is kept and not trained
+#   again, so an interrupted comparison resumes where it stopped and a finished log is never overwritten; --force
+#   trains every run again.
 #   --dry prints the commands and runs nothing (no binary or data needed); --report only writes the plot and the table
 #   from the logs already in OUT (after runs made one recipe at a time).
 #   data = data/pysrc, tokenised on first use by dev/data/prepare.py --python-sources from --corpus (default: this
@@ -38,7 +49,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-gpt2-124m}; STEPS=3072; BATCH=""; SEED=42; OUT=""; DATA=data/pysrc; CORPUS=""; BUILD=build
-TOLERANCE=0.25; DRY=0; REPORT_ONLY=0; GPUS=""; QUEUE=""; SEEDS=""
+TOLERANCE=0.25; DRY=0; REPORT_ONLY=0; GPUS=""; QUEUE=""; SEEDS=""; FORCE=0
+VARIANT_NAMES=(""); VARIANT_SETS=("")
 RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
 EXTRA=(); TAG=""
 while [ $# -gt 0 ]; do
@@ -58,6 +70,9 @@ while [ $# -gt 0 ]; do
     --report) REPORT_ONLY=1; shift ;;
     --set) EXTRA+=(--set "$2"); shift 2 ;;
     --tag) TAG=_$2; shift 2 ;;
+    --variant) read -r vname vsets <<<"$2"
+               VARIANT_NAMES+=("${vname:-}"); VARIANT_SETS+=("${vsets:-}"); shift 2 ;;
+    --force) FORCE=1; shift ;;
     --gpus) GPUS=$2; shift 2 ;;
     --queue) QUEUE=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
@@ -83,6 +98,21 @@ done
 [[ "$SEED" =~ ^[0-9]+$ ]] || fail "--seed must be a non-negative integer (got '$SEED')"
 for s in $SEEDS; do [[ "$s" =~ ^[0-9]+$ ]] || fail "--seeds: '$s' is not a non-negative integer"; done
 [ "$(tr ' ' '\n' <<<"$SEEDS" | grep -v '^$' | sort | uniq -d)" = "" ] || fail "--seeds '$SEEDS' names a seed twice"
+for i in "${!VARIANT_NAMES[@]}"; do
+  [ "$i" -gt 0 ] || continue
+  v=${VARIANT_NAMES[$i]}
+  [[ "$v" =~ ^[A-Za-z0-9][A-Za-z0-9-]*(_[A-Za-z0-9-]+)*$ ]] && ! [[ "$v" =~ (^|_)seed[0-9]+$ ]] ||
+    fail "--variant '$v ${VARIANT_SETS[$i]}': the name (first word) must be letters, digits, '-' and '_' and not end" \
+         "in seed<N>, e.g. --variant \"nopow2 precision.pow2_scales=false\""
+  [ -n "${VARIANT_SETS[$i]}" ] || fail "--variant '$v': give its overrides after the name, e.g." \
+                                       "--variant \"$v precision.pow2_scales=false\""
+  for kv in ${VARIANT_SETS[$i]}; do
+    [[ "$kv" =~ ^[a-z_0-9]+\.[a-z_0-9]+=.+$ ]] || fail "--variant '$v': '$kv' is not section.key=value"
+  done
+  for j in $(seq 1 $((i - 1))); do
+    [ "${VARIANT_NAMES[$j]}" != "$v" ] || fail "--variant '$v' is given twice"
+  done
+done
 [ -z "$SEEDS" ] || SEED=${SEEDS%% *}
 SEEDS=${SEEDS:-$SEED}
 [ -z "$GPUS" ] || [ -z "$QUEUE" ] || fail "--gpus runs the queue itself and --queue leaves it to the caller: give one"
@@ -123,18 +153,38 @@ if [ -n "$GPUS" ] && [ "$DRY" -eq 0 ] && [ "$REPORT_ONLY" -eq 0 ]; then
   QUEUE=$OUT/jobs$TAG.txt
   : > "$QUEUE"
 fi
+# finished LOG: the log holds an eval record at the last step (the run ended); the logs may be .jsonl or .jsonl.gz.
+finished() {
+  python3 - "$1" "$STEPS" <<'PY'
+import sys
+sys.path.insert(0, "scripts/repro")
+import runlog
+try:
+    evals = [r for r in runlog.read_records(sys.argv[1]) if r.get("type") == "eval"]
+except (OSError, ValueError):  # no log yet, or a broken one: train the run (it rewrites the log)
+    sys.exit(1)
+sys.exit(0 if evals and evals[-1].get("step") == int(sys.argv[2]) and runlog.finite(evals[-1].get("val_loss")) else 1)
+PY
+}
 for recipe in $RECIPES; do
+ for vi in "${!VARIANT_NAMES[@]}"; do
+ vname=${VARIANT_NAMES[$vi]}
+ vsets=(); for kv in ${VARIANT_SETS[$vi]}; do vsets+=(--set "$kv"); done
  for seed in $SEEDS; do
-  [ "$REPORT_ONLY" -eq 0 ] || break 2
-  run=$recipe$TAG
+  [ "$REPORT_ONLY" -eq 0 ] || break 3
+  run=$recipe$TAG${vname:+_$vname}
   [ "$seed" = "$SEED" ] || run=${run}_seed$seed
+  if [ "$FORCE" -eq 0 ] && finished "$OUT/$run.jsonl"; then
+    echo "fp8_loss_parity: $run finished already ($OUT/$run.jsonl): kept (--force trains it again)"
+    continue
+  fi
   cmd=("$TRAIN_GPT" --config "$CONFIG" --set precision.recipe="$recipe"
        --set "data.train=$DATA/pysrc_train_*.bin" --set "data.val=$DATA/pysrc_val_*.bin"
        --set train.micro_batch="$BATCH" --set train.seq_len=$SEQ --set train.global_batch_tokens=0
        --set train.steps="$STEPS" --set train.warmup_steps=100 --set train.lr=$LR --set train.final_lr_frac=0.1
        --set train.seed="$seed" --set eval.every=$((STEPS / 4)) --set eval.batches=40 --set sample.every=0
        --set sample.tokens=64 --set checkpoint.dir= --set log.every=100 --set log.numerics_every=$((STEPS / 4))
-       --set log.jsonl="$OUT/$run.jsonl" "${EXTRA[@]}")
+       --set log.jsonl="$OUT/$run.jsonl" "${EXTRA[@]}" "${vsets[@]}")
   if [ "$DRY" -eq 1 ]; then
     printf '%q ' "${cmd[@]}"; echo
     continue
@@ -147,28 +197,41 @@ for recipe in $RECIPES; do
   "${cmd[@]}" 2>&1 | tee "$OUT/$run.log" | grep -E "^(device|precision|memory|step .*(/|val)|error)" || true
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fp8_loss_parity: the $run run failed (log: $OUT/$run.log)" >&2; exit 3; }
  done
+ done
 done
 if [ "$DRY" -eq 1 ]; then
   [ -z "$GPUS" ] || echo "then: python3 scripts/repro/gpu_queue.py $OUT/jobs$TAG.txt --gpus $GPUS --logdir $OUT/queue$TAG"
   exit 0
 fi
 if [ -n "$GPUS" ] && [ "$REPORT_ONLY" -eq 0 ]; then
-  python3 scripts/repro/gpu_queue.py "$QUEUE" --gpus "$GPUS" --logdir "$OUT/queue$TAG" ||
-    { echo "fp8_loss_parity: a run failed (its log: $OUT/<run>.log)" >&2; exit 3; }
+  if [ -s "$QUEUE" ]; then
+    python3 scripts/repro/gpu_queue.py "$QUEUE" --gpus "$GPUS" --logdir "$OUT/queue$TAG" ||
+      { echo "fp8_loss_parity: a run failed (its log: $OUT/<run>.log)" >&2; exit 3; }
+  fi
 elif [ -n "$QUEUE" ]; then
   echo "fp8_loss_parity: the runs of $RECIPES are queued in $QUEUE"
   exit 0
 fi
 
-# 3. Plot and table.
+# 3. Plot and tables (of the first seed; seeds.md covers every seed).
 files=(); labels=()
-for recipe in $RECIPES; do files+=("$OUT/$recipe$TAG.jsonl"); labels+=(--label "$recipe$TAG"); done
+for recipe in $RECIPES; do
+  for vname in "${VARIANT_NAMES[@]}"; do
+    files+=("$OUT/$recipe$TAG${vname:+_$vname}.jsonl"); labels+=(--label "$recipe$TAG${vname:+_$vname}")
+  done
+done
 relative=(); [ ${#files[@]} -lt 2 ] || relative=(--relative)
 python3 scripts/plot_runs.py "${files[@]}" "${labels[@]}" --out "$OUT/fp8_loss_parity$TAG.png" --x tokens \
   "${relative[@]}" --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens: BF16 vs low-precision recipes" --ymax 6 || true
-if [ "$SEEDS" != "$SEED" ]; then
+if [ "$SEEDS" != "$SEED" ] || [ ${#VARIANT_NAMES[@]} -gt 1 ]; then
   python3 scripts/repro/seed_report.py "$OUT" --base-seed "$SEED" \
     --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ), seeds $SEEDS" || exit 2
 fi
+for vname in "${VARIANT_NAMES[@]:1}"; do
+  python3 scripts/repro/fp8_parity_report.py "$OUT" $RECIPES --tag "${TAG}_$vname" --tolerance "$TOLERANCE" \
+    --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ) = $TOKENS tokens, variant $vname" && rc=0 ||
+    rc=$?
+  [ "$rc" -le 1 ] || exit 2  # 1: outside the tolerance, a result; 2: a missing log
+done
 python3 scripts/repro/fp8_parity_report.py "$OUT" $RECIPES --tag "$TAG" --tolerance "$TOLERANCE" \
   --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ) = $TOKENS tokens, same seed ($SEED) and data"

@@ -4,8 +4,9 @@
 
 --dry: GPT-2 124M by default (its config, 32 x 1024 tokens, lr 6e-4, runs/fp8_parity) and Llama 350M with --model or
 MODEL (its config, 16 x 2048, lr 3e-4), one command per recipe, identical but for the recipe and the log (same seed,
-data and schedule), >= 100M tokens per run by default, --seed, --set / --tag placed last; unknown model, recipe and
-corpus directory are rejected (exit 2). The report on synthetic logs: final val loss, the difference to BF16 in
+data and schedule), >= 100M tokens per run by default, --seed, --set / --tag placed last, --variant's runs and
+names; unknown model, recipe, corpus directory and malformed variants are rejected (exit 2). With the stand-in
+trainer: --gpus, --seeds, --variant with its tables, finished runs kept (and trained again with --force). The report on synthetic logs: final val loss, the difference to BF16 in
 percent, the tolerance column and exit code, tokens and steps, variants against the plain BF16 run, a missing log.
 """
 import gzip
@@ -92,6 +93,25 @@ class TestDry(unittest.TestCase):
         self.assertEqual(overrides(cmd)["train.seed"], "43")  # the variant's override is the last one: it wins
         self.assertEqual(overrides(cmd)["log.jsonl"], "runs/fp8_parity/fp8_blockwise_nopow2.jsonl")
 
+    def test_variants(self):
+        """--variant: beside the plain runs, one run per recipe and seed with the variant's overrides (last, after
+        --set), named <recipe>_<variant>[_seed<N>]."""
+        proc = run("--dry", "--recipes", "bf16 fp8_blockwise", "--seeds", "42 43", "--set", "train.lr=1e-3",
+                   "--variant", "nopow2 precision.pow2_scales=false",
+                   "--variant", "ends precision.bf16_layers=[0,-1] precision.margin=1")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        cmds = commands(proc.stdout)
+        names = [os.path.basename(overrides(c)["log.jsonl"]) for c in cmds]
+        self.assertEqual(names, ["bf16.jsonl", "bf16_seed43.jsonl", "bf16_nopow2.jsonl", "bf16_nopow2_seed43.jsonl",
+                                 "bf16_ends.jsonl", "bf16_ends_seed43.jsonl", "fp8_blockwise.jsonl",
+                                 "fp8_blockwise_seed43.jsonl", "fp8_blockwise_nopow2.jsonl",
+                                 "fp8_blockwise_nopow2_seed43.jsonl", "fp8_blockwise_ends.jsonl",
+                                 "fp8_blockwise_ends_seed43.jsonl"])
+        self.assertEqual(cmds[0][-2:], ["--set", "train.lr=1e-3"])
+        self.assertEqual(cmds[3][-4:], ["--set", "train.lr=1e-3", "--set", "precision.pow2_scales=false"])
+        self.assertEqual(cmds[4][-4:], ["--set", "precision.bf16_layers=[0,-1]", "--set", "precision.margin=1"])
+        self.assertEqual(overrides(cmds[5])["train.seed"], "43")
+
     def test_errors(self):
         for args, env, word in ((["--model", "gpt2-xl"], None, "unknown model 'gpt2-xl'"),
                                 ([], {"MODEL": "bogus"}, "unknown model 'bogus'"),
@@ -99,7 +119,12 @@ class TestDry(unittest.TestCase):
                                 (["--corpus", "/no/such/dir"], None, "--corpus '/no/such/dir' is not a directory"),
                                 (["--steps", "x"], None, "--steps"),
                                 (["--seeds", "42 x"], None, "--seeds: 'x'"),
-                                (["--seeds", "42 43 42"], None, "names a seed twice")):
+                                (["--seeds", "42 43 42"], None, "names a seed twice"),
+                                (["--variant", "nopow2"], None, "give its overrides after the name"),
+                                (["--variant", "x_seed3 a.b=1"], None, "not end in seed<N>"),
+                                (["--variant", "a/b a.b=1"], None, "must be letters, digits"),
+                                (["--variant", "v pow2=false"], None, "'pow2=false' is not section.key=value"),
+                                (["--variant", "v a.b=1", "--variant", "v a.b=2"], None, "'v' is given twice")):
             with self.subTest(args=args, env=env):
                 proc = run("--dry", *args, env=env)
                 self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
@@ -162,6 +187,40 @@ class TestGpus(unittest.TestCase):
         self.assertIn("| bf16 | 42 43 44 | 2.0000 2.0100 2.0200 | 2.0100 | 0.0100 (0.50%) | — | — |", seeds)
         self.assertRegex(seeds, r"\| fp8_blockwise \| 42 43 44 \| 2\.0040 2\.0140 2\.0240 \| 2\.0140 \| .* \| "
                                 r"\+0\.20% ± 0\.00 \(\+0\.20\.\.\+0\.20, 3 seeds\) \| — \|")
+
+    def test_variants_and_finished_runs(self):
+        """--variant with --seeds: every recipe x (plain, variant) x seed, the variant's own table and its row in
+        seeds.md against the plain recipe; a second call trains nothing (every log holds its final validation) and
+        rewrites the tables; --force trains everything again."""
+        args = ["--gpus", "0,1", "--steps", "8", "--recipes", "bf16 fp8_blockwise", "--seeds", "42 43", "--out",
+                self.out, "--data", self.data, "--tolerance", "1", "--variant", "nopow2 precision.pow2_scales=false"]
+        env = dict(self.env, FAKE_TRAIN_GPT_SEED_STEP="0.01")
+        proc = run(*args, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        jobs_file = os.path.join(self.out, "jobs.txt")
+        with open(jobs_file) as f:
+            jobs = f.read().splitlines()
+        self.assertEqual(len(jobs), 8)
+        self.assertIn("precision.pow2_scales=false", jobs[6])
+        self.assertIn("log.jsonl=" + os.path.join(self.out, "fp8_blockwise_nopow2_seed43.jsonl"), jobs[7])
+        with open(os.path.join(self.out, "seeds.md")) as f:
+            seeds = f.read()
+        # the fake trainer: fp8_blockwise_nopow2 = fp8_blockwise + 0.001 at every seed
+        self.assertRegex(seeds, r"\| fp8_blockwise_nopow2 \| 42 43 \| 2\.0050 2\.0150 \| .* \| "
+                                r"\+0\.0[45]% ± 0\.00 \(.*, 2 seeds\) \|")
+        with open(os.path.join(self.out, "summary_nopow2.md")) as f:
+            self.assertIn("| fp8_blockwise_nopow2 | 2.0050 | +0.20% |", f.read())  # against bf16_nopow2
+        os.remove(os.path.join(self.out, "summary.md"))
+        proc = run(*args, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(proc.stdout.count("finished already"), 8, proc.stdout)
+        self.assertEqual(os.path.getsize(jobs_file), 0)
+        self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
+        proc = run(*args, "--force", env=env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertNotIn("finished already", proc.stdout)
+        with open(jobs_file) as f:
+            self.assertEqual(len(f.read().splitlines()), 8)
 
     def test_a_failed_run_is_exit_3(self):
         """A crashed run is not a result: exit 3 (1 means a recipe outside the tolerance, its table written)."""
