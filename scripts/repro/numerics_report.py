@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""scripts/repro/numerics_report.py: the quantisation telemetry of one or more runs as Markdown tables, per kind of
+tensor, so that recipes can be compared operand by operand and layer by layer (issue 18: which operands, which layers).
+
+    usage: python3 scripts/repro/numerics_report.py LOG [LOG ...] [--step N] [--top K] [--label NAME ...] [--md FILE]
+
+Reads the "numerics" records that train_gpt writes every log.numerics_every steps (llmc/precision/quantize.h:
+{"type":"numerics","step":S,"tensor":NAME,"amax","scale","snr_db","underflow_frac","saturated_frac"}) from each
+LOG (.jsonl or .jsonl.gz). NAME is a parameter name and the operand: "transformer.h.3.mlp.c_fc.x" is the input of
+block 3's c_fc, ".w" its weight, ".dy" its output gradient. A tensor kind is the name without its block number
+("transformer.h.*.mlp.c_fc.x"): one row per kind and run, over the blocks, at one step (--step, default the last step
+every LOG has telemetry for).
+
+Columns:
+  blocks      how many tensors of the kind the run recorded at that step
+  amax        the largest amax over the blocks
+  underflow   the fraction of nonzero elements quantised to zero: mean over the blocks, and the worst block
+  saturated   the fraction of elements at the format's largest magnitude (clipped, or rounded up to it): mean, worst
+  SNR dB      10 log10(sum x^2 / sum (x - dequant(q))^2): mean over the blocks, and the lowest (an exact copy's
+              infinite SNR is logged as null and left out; "—" where no block has a finite one)
+Then the --top K tensors (default 10) with the largest underflow over all runs.
+
+Exit status 2 when a LOG cannot be read or holds no numerics record, or --step names a step without records.
+"""
+import argparse
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runlog  # noqa: E402
+
+BLOCK_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def num(record, field):
+    """A record's number; NaN where it is missing or null (the trainer writes an infinite SNR, an exact copy, as
+    null)."""
+    v = record.get(field)
+    return float(v) if isinstance(v, (int, float)) else float("nan")
+
+
+def kind_of(tensor):
+    """(kind, block or None): transformer.h.3.mlp.c_fc.x -> (transformer.h.*.mlp.c_fc.x, 3); lm_head.x -> (lm_head.x,
+    None)."""
+    m = BLOCK_INDEX.search(tensor)
+    if not m:
+        return tensor, None
+    return tensor[: m.start()] + ".*." + tensor[m.end():], int(m.group(1))
+
+
+def numerics(records):
+    """{step: [numerics record]} of one run's records."""
+    by_step = {}
+    for r in records:
+        if r.get("type") == "numerics" and "tensor" in r and "step" in r:
+            by_step.setdefault(int(r["step"]), []).append(r)
+    return by_step
+
+
+def summarise(records_at_step):
+    """{kind: row} for one run at one step; row: blocks, amax, underflow mean / max / worst block, saturated mean /
+    max, SNR mean / min."""
+    kinds = {}
+    for r in records_at_step:
+        kind, block = kind_of(r["tensor"])
+        kinds.setdefault(kind, []).append((block, r))
+    rows = {}
+    for kind, items in kinds.items():
+        def values(field):
+            return [num(r, field) for _, r in items]
+        under = values("underflow_frac")
+        worst = max(range(len(items)), key=lambda i: under[i])
+        snr = [v for v in values("snr_db") if runlog.finite(v)]
+        rows[kind] = {
+            "blocks": len(items),
+            "amax": max(values("amax")),
+            "under_mean": sum(under) / len(under),
+            "under_max": under[worst],
+            "under_block": items[worst][0],
+            "sat_mean": sum(values("saturated_frac")) / len(items),
+            "sat_max": max(values("saturated_frac")),
+            "snr_mean": sum(snr) / len(snr) if snr else float("nan"),
+            "snr_min": min(snr) if snr else float("nan"),
+        }
+    return rows
+
+
+def pct(v):
+    return f"{100 * v:.3g}%" if v else "0"
+
+
+def db(v):
+    return f"{v:.1f}" if runlog.finite(v) else "—"
+
+
+def kind_order(kind):
+    """Block tensors first in name order, the operand x / w / dy order within a layer."""
+    base, _, operand = kind.rpartition(".")
+    return (".*." not in kind, base, {"x": 0, "w": 1, "dy": 2}.get(operand, 3), operand)
+
+
+def report(runs, step, top):
+    """runs: [(label, {step: [records]})]. The Markdown text."""
+    summaries = [(label, summarise(by_step[step])) for label, by_step in runs]
+    kinds = sorted({k for _, s in summaries for k in s}, key=kind_order)
+    lines = [f"Quantisation telemetry at step {step} (per tensor kind: mean over the blocks, and the worst block).", "",
+             "| tensor | run | blocks | amax | underflow mean | worst (block) | saturated mean | worst | SNR dB mean "
+             "| lowest |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for kind in kinds:
+        for label, s in summaries:
+            if kind not in s:
+                continue
+            r = s[kind]
+            block = "" if r["under_block"] is None or not r["under_max"] else f" ({r['under_block']})"
+            lines.append(f"| {kind} | {label} | {r['blocks']} | {r['amax']:.4g} | {pct(r['under_mean'])} | "
+                         f"{pct(r['under_max'])}{block} | {pct(r['sat_mean'])} | {pct(r['sat_max'])} | "
+                         f"{db(r['snr_mean'])} | {db(r['snr_min'])} |")
+    tensors = [(num(r, "underflow_frac"), label, r["tensor"], r) for label, by_step in runs for r in by_step[step]]
+    tensors = [t for t in tensors if runlog.finite(t[0])]
+    tensors.sort(key=lambda t: (-t[0], t[1], t[2]))
+    lines += ["", f"The {min(top, len(tensors))} tensors with the most elements quantised to zero:", "",
+              "| run | tensor | underflow | amax | SNR dB |", "|---|---|---|---|---|"]
+    for under, label, tensor, r in tensors[:top]:
+        lines.append(f"| {label} | {tensor} | {pct(under)} | {num(r, 'amax'):.4g} | {db(num(r, 'snr_db'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_label(path):
+    name = os.path.basename(path)
+    for ext in (".jsonl.gz", ".jsonl"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("logs", nargs="+", help="train_gpt JSONL metrics (.jsonl or .jsonl.gz) with numerics records")
+    p.add_argument("--step", type=int, help="the step to report (default: the last step every log has telemetry for)")
+    p.add_argument("--top", type=int, default=10, help="how many tensors in the underflow list (default 10)")
+    p.add_argument("--label", action="append", help="a name per log, in order (default: the file names)")
+    p.add_argument("--md", help="also write the tables to this file")
+    args = p.parse_args(argv)
+    if args.label and len(args.label) != len(args.logs):
+        p.error(f"--label given {len(args.label)} times for {len(args.logs)} logs: give one per log or none")
+    runs = []
+    for i, path in enumerate(args.logs):
+        try:
+            by_step = numerics(runlog.read_records(path))
+        except (OSError, ValueError) as e:
+            print(f"numerics_report: cannot read {path}: {e}", file=sys.stderr)
+            return 2
+        if not by_step:
+            print(f"numerics_report: {path} holds no numerics record (train with log.numerics_every > 0)",
+                  file=sys.stderr)
+            return 2
+        runs.append((args.label[i] if args.label else run_label(path), by_step))
+    common = set.intersection(*(set(by_step) for _, by_step in runs))
+    if args.step is None:
+        if not common:
+            print("numerics_report: the logs share no step with telemetry; name one with --step", file=sys.stderr)
+            return 2
+        step = max(common)
+    else:
+        step = args.step
+        missing = [label for label, by_step in runs if step not in by_step]
+        if missing:
+            print(f"numerics_report: no telemetry at step {step} in {', '.join(missing)} (steps with telemetry: "
+                  f"{', '.join(map(str, sorted(common))) or 'none in common'})", file=sys.stderr)
+            return 2
+    text = report(runs, step, args.top)
+    if args.md:
+        with open(args.md, "w", encoding="utf-8") as f:
+            f.write(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
