@@ -11,7 +11,9 @@ the sum of durations excludes launch gaps (compare it with the trainer's own ste
       --set train.micro_batch=4 --set precision.recipe=fp8_tensorwise [--steps 2] [--csv out.csv] [--top 40]
 
 The --set overrides are passed to train_gpt after the benchmark's own (one micro-step per optimizer step, no eval,
-sampling or checkpoints).
+sampling or checkpoints). After the kernels comes the same step by family (GEMMs, attention, quantisation, norms,
+activations, optimizer, ...: CATEGORIES below), the table the notes in dev/bench/NOTES.md are made of.
+--from-csv FILE prints both tables again from a step saved with --csv, without ncu (to compare profiles later).
 """
 import argparse
 import csv
@@ -23,6 +25,32 @@ import subprocess
 import sys
 
 STEP_MARKER = "encoder_forward_kernel"
+
+# Kernel families, first match wins: (family, regular expression on the short name). cuBLASLt's kernels (nvjet_*,
+# sm90_xmma_*, cutlass, split-K reductions, its bias-gradient kernels) are the GEMMs; our own GEMM epilogues that
+# finish a product (the NVFP4 alpha scaling) count with them.
+CATEGORIES = [
+    ("GEMMs", r"^(nvjet|sm\d+_xmma|cutlass|cublas|gemm|.*splitKreduce|.*gemv|globalKernel)|^nvfp4_gemm_alpha"),
+    ("attention", r"attention_"),
+    ("optimizer and gradient norm", r"adamw|global_norm|clip_scale"),
+    ("quantisation (casts, scales, amax, FP4 expansion)",
+     r"^(fp8_|fp4_|mxfp4_|nvfp4_|quantize_|amax_|combine_quant_stats)"),
+    ("LayerNorm / RMSNorm", r"(layernorm|rmsnorm)_"),
+    ("GELU / SwiGLU / RoPE / bias", r"^(gelu_|swiglu_|rope_|add_bias|bias_partials|sum_column_partials)"),
+    ("classifier and loss", r"classifier|_loss_"),
+    ("embeddings", r"^(encoder_|wte_|wpe_)"),
+]
+
+
+def category(name):
+    """The family of a kernel (a short name, or ncu's full one): matched on its base name, without namespaces and
+    template arguments ('<unnamed>::fp4_run_kernel<16>' -> 'fp4_run_kernel')."""
+    base = re.sub(r"<unnamed>::|\(anonymous namespace\)::", "", name.strip())
+    base = re.sub(r"^void\s+", "", base).split("<")[0].split("(")[0].split("::")[-1]
+    for family, pattern in CATEGORIES:
+        if re.search(pattern, base):
+            return family
+    return "other"
 
 
 def short_name(name):
@@ -65,16 +93,58 @@ def last_step(kernels):
     return kernels[starts[-2]:starts[-1]] if len(starts) > 2 else kernels[starts[-1]:]
 
 
+def tables(step, top):
+    """The two tables of one step [(name, ns)]: kernels grouped by short name (the top ones, the rest summed), then
+    families."""
+    total = sum(ns for _, ns in step)
+    groups, families = {}, {}
+    for name, ns in step:
+        short = short_name(name)
+        for table, key in ((groups, short), (families, category(short))):
+            g = table.setdefault(key, [0.0, 0])
+            g[0] += ns
+            g[1] += 1
+    lines = [f"one step: {len(step)} kernels, {total / 1e6:.2f} ms of kernel time (no launch gaps)", "",
+             f"{'ms':>8} {'share':>6} {'launches':>8}  kernel"]
+    ordered = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    for name, (ns, n) in ordered[:top]:
+        lines.append(f"{ns / 1e6:8.3f} {100 * ns / total:5.1f}% {n:8d}  {name}")
+    rest = ordered[top:]
+    if rest:
+        ns = sum(v[0] for _, v in rest)
+        lines.append(f"{ns / 1e6:8.3f} {100 * ns / total:5.1f}% {sum(v[1] for _, v in rest):8d}  "
+                     f"({len(rest)} other kernels)")
+    lines += ["", f"{'ms':>8} {'share':>6} {'launches':>8}  family"]
+    for family, (ns, n) in sorted(families.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"{ns / 1e6:8.3f} {100 * ns / total:5.1f}% {n:8d}  {family}")
+    return "\n".join(lines)
+
+
+def read_step_csv(path):
+    """A step written by --csv -> [(kernel name, ns)] in launch order."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"launch", "kernel", "ns"} <= set(rows[0]):
+        raise SystemExit(f"kernel_profile: {path} is not a --csv step (columns launch, kernel, ns)")
+    return [(r["kernel"], float(r["ns"])) for r in sorted(rows, key=lambda r: int(r["launch"]))]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--train-gpt", default="build/train_gpt")
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--config", help="the run's config (required unless --from-csv)")
+    ap.add_argument("--from-csv", help="print the tables of a step saved with --csv instead of running ncu")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps to run (the last complete one is shown)")
     ap.add_argument("--top", type=int, default=40, help="kernel names to list (the rest are summed)")
     ap.add_argument("--csv", help="also write the step's kernels (launch order, name, ns) here")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     args = ap.parse_args()
+    if args.from_csv:
+        print(tables(read_step_csv(args.from_csv), args.top))
+        return
+    if not args.config:
+        ap.error("--config is required (or --from-csv FILE)")
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first step carries one-time work)")
 
@@ -91,21 +161,8 @@ def main():
         raise SystemExit(f"kernel_profile: ncu exited {proc.returncode}")
     kernels = parse_ncu_csv(proc.stdout)
     step = last_step(kernels)
-    total = sum(ns for _, ns in step)
-    groups = {}
-    for name, ns in step:
-        g = groups.setdefault(short_name(name), [0.0, 0])
-        g[0] += ns
-        g[1] += 1
-    ordered = sorted(groups.items(), key=lambda kv: -kv[1][0])
-    print(f"\none step: {len(step)} kernels, {total / 1e6:.2f} ms of kernel time (no launch gaps)\n")
-    print(f"{'ms':>8} {'share':>6} {'launches':>8}  kernel")
-    for name, (ns, n) in ordered[:args.top]:
-        print(f"{ns / 1e6:8.3f} {100 * ns / total:5.1f}% {n:8d}  {name}")
-    rest = ordered[args.top:]
-    if rest:
-        ns = sum(v[0] for _, v in rest)
-        print(f"{ns / 1e6:8.3f} {100 * ns / total:5.1f}% {sum(v[1] for _, v in rest):8d}  ({len(rest)} other kernels)")
+    print()
+    print(tables(step, args.top))
     if args.csv:
         os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
         with open(args.csv, "w", newline="") as f:

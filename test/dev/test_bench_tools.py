@@ -9,8 +9,9 @@ records). The llm.c peer: --peer lists, the alternation of ours and the peers ov
 gets from ours of its round), llm.c's command line for GPT-2 124M and 350M (the same tokens per step as ours), the
 parsing of its step lines, the shard header check, and the error paths (no --llmc-dir, a failing build, a Llama
 spec). B=max run specs: the dry-run total, the search for the largest micro-batch that fits (with a fake plan and
-over train_gpt's real dry runs). dev/bench/kernel_profile.py: kernel-name shortening, ncu CSV parsing (units, one row per kernel in launch
-order) and the cut into steps at the embedding kernel.
+over train_gpt's real dry runs). dev/bench/kernel_profile.py: kernel-name shortening, ncu CSV parsing (units, one
+row per kernel in launch order), the cut into steps at the embedding kernel, the kernel families and both tables
+(also from a step saved with --csv).
 """
 
 import contextlib
@@ -489,6 +490,43 @@ class KernelProfile(unittest.TestCase):
         self.assertEqual(len(step), 3)  # the second encoder launch to the end
         self.assertTrue(step[0][0].startswith("encoder_forward_kernel"))
         self.assertAlmostEqual(sum(ns for _, ns in step), 16000 + 320000 + 1.5e6)
+
+    def test_families(self):
+        for name, family in (("<unnamed>::fp4_run_kernel<16>", "quantisation"), ("quantize_tile_kernel<1>", "quant"),
+                             ("void llmc::(anonymous namespace)::attention_forward_sm90_kernel<64>(float *)",
+                              "attention"), ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "GEMMs"),
+                             ("cublasLt::splitKreduce_kernel<32, 16, int>", "GEMMs"),
+                             ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n", "GEMMs"),
+                             ("<unnamed>::nvfp4_gemm_alpha_kernel", "GEMMs"),
+                             ("adamw_kernel<llmc::Fp32Moments, 4>", "optimizer"),
+                             ("fp8_adamw_expand_cuda_kernel", "optimizer"), ("fused_residual_rmsnorm_kernel", "Norm"),
+                             ("gelu_backward_inplace_kernel<llmc::Bf16Loader>", "GELU"), ("rope_kernel", "RoPE"),
+                             ("fused_classifier_smem_kernel", "classifier"), ("wte_backward_kernel", "embeddings"),
+                             ("hash_words_kernel", "other")):
+            with self.subTest(name=name):
+                self.assertIn(family, kprof.category(name))
+
+    def test_tables_and_from_csv(self):
+        step = kprof.last_step(kprof.parse_ncu_csv(NCU_CSV))
+        text = kprof.tables(step, top=1)
+        self.assertIn("one step: 3 kernels, 1.84 ms of kernel time", text)
+        lines = text.splitlines()
+        self.assertEqual(lines[3].split(), ["1.500", "81.7%", "1", "adamw_kernel<4>"])
+        self.assertEqual(lines[4].split()[:3], ["0.336", "18.3%", "2"])  # the other two kernels, summed
+        families = lines[lines.index(next(line for line in lines if line.endswith("family"))) + 1:]
+        self.assertEqual([" ".join(line.split()[3:]) for line in families],
+                         ["optimizer and gradient norm", "attention", "embeddings"])
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "step.csv")
+            with open(path, "w") as f:
+                f.write("launch,kernel,ns\n")
+                for i, (name, ns) in enumerate(step):
+                    f.write(f'{i},"{name}",{ns:.0f}\n')
+            self.assertEqual(kprof.tables(kprof.read_step_csv(path), 1), text)
+            with open(path, "w") as f:
+                f.write("a,b\n1,2\n")
+            with self.assertRaises(SystemExit):
+                kprof.read_step_csv(path)
 
     def test_needs_two_steps_and_a_csv(self):
         one_step = "\n".join(NCU_CSV.splitlines()[:5])
