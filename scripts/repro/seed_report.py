@@ -4,6 +4,7 @@ validation loss of every seed, their mean and spread, and the difference to BF16
 paired by seed, so that a gap between recipes is read against the spread between seeds of one recipe.
 
     usage: python3 scripts/repro/seed_report.py OUT [--base-seed 42] [--title TEXT] [--gpu NAME] [--md FILE]
+                                                [--against RUN ...]
 
 Reads OUT/<name>.jsonl (or .jsonl.gz) as scripts/fp8_loss_parity.sh names them: <recipe>[_<variant>][_seed<N>], where
 a log without _seed<N> is the run of --base-seed (the script's default seed, 42). Runs of the same name and different
@@ -13,8 +14,9 @@ plain fp8_blockwise) the mean of the per-seed relative differences (recipe - ref
 both have, with its standard error (the differences' sample standard deviation / sqrt(seeds); a mean within two
 standard errors of a goal cannot tell whether the goal is met) and their range. A second table gives the same for the
 held-out loss: the mean train loss of the last runlog.TAIL_STEPS steps (on one pass over the data those batches are
-unseen when their loss is taken: ten times the validation split at 32,768 tokens per step). Writes OUT/seeds.md (or
---md) and prints it. Exit status 2 when OUT holds no log with a validation loss.
+unseen when their loss is taken: ten times the validation split at 32,768 tokens per step). --against RUN adds a
+column pairing every run with RUN the same way (e.g. block-wise against per-tensor). Writes OUT/seeds.md (or --md) and
+prints it. Exit status 2 when OUT holds no log with a validation loss.
 """
 import argparse
 import datetime
@@ -95,9 +97,11 @@ def order_key(name):
     return (RECIPES.index(recipe) if recipe else len(RECIPES), name != recipe, name)
 
 
-def table(runs, measure="final val loss"):
+def table(runs, measure="final val loss", against=()):
+    """The Markdown table of {run: {seed: loss}}; `against`: more runs to pair every run with (one column each)."""
+    extra = "".join(f" vs {a}, paired by seed |" for a in against)
     lines = [f"| run | seeds | {measure} per seed | mean | sd (% of mean) | vs bf16, paired by seed | "
-             "vs its recipe, paired by seed |", "|---|---|---|---|---|---|---|"]
+             f"vs its recipe, paired by seed |{extra}", "|---|---|---|---|---|---|---|" + "---|" * len(against)]
     bf16 = runs.get("bf16", {})
     for name in sorted(runs, key=order_key):
         vals = runs[name]
@@ -107,8 +111,10 @@ def table(runs, measure="final val loss"):
         vs_bf16 = fmt_paired(paired(vals, bf16)) if name != "bf16" else "—"
         vs_recipe = fmt_paired(paired(vals, runs[recipe])) if recipe and recipe != name and recipe in runs else "—"
         sd_text = f"{sd:.4f} ({100 * sd / m:.2f}%)" if sd is not None else "—"
+        vs_more = "".join(f" {fmt_paired(paired(vals, runs[a])) if a != name and a in runs else '—'} |"
+                          for a in against)
         lines.append(f"| {name} | {' '.join(map(str, seeds))} | {' '.join(f'{vals[s]:.4f}' for s in seeds)} | "
-                     f"{m:.4f} | {sd_text} | {vs_bf16} | {vs_recipe} |")
+                     f"{m:.4f} | {sd_text} | {vs_bf16} | {vs_recipe} |{vs_more}")
     return "\n".join(lines)
 
 
@@ -120,6 +126,8 @@ def main(argv=None):
     p.add_argument("--title", default="", help="the line above the table (model, steps, tokens)")
     p.add_argument("--gpu", help="the GPU the runs ran on (default: this machine's, from nvidia-smi)")
     p.add_argument("--md", help="where to write the table (default OUT/seeds.md)")
+    p.add_argument("--against", action="append", default=[], metavar="RUN",
+                   help="also pair every run with this one (a column per --against), e.g. --against fp8_tensorwise")
     args = p.parse_args(argv)
     try:
         runs, held_out = collect(args.out, args.base_seed)
@@ -129,13 +137,18 @@ def main(argv=None):
     if not runs:
         print(f"seed_report: {args.out} holds no JSONL log with a validation loss", file=sys.stderr)
         return 2
+    unknown = [a for a in args.against if a not in runs]
+    if unknown:
+        print(f"seed_report: --against {', '.join(unknown)}: no such run in {args.out} (runs: "
+              f"{', '.join(sorted(runs, key=order_key))})", file=sys.stderr)
+        return 2
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = ", ".join(x for x in (args.title, args.gpu or gpu_name(), when) if x)
     text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
             f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
-            f"reference ± its standard error, with their range.\n\n{table(runs)}\n\n"
+            f"reference ± its standard error, with their range.\n\n{table(runs, against=args.against)}\n\n"
             f"Held-out loss per seed: the mean train loss of the last {runlog.TAIL_STEPS} steps (unseen batches on one "
-            f"pass over the data).\n\n{table(held_out, 'held-out loss')}\n")
+            f"pass over the data).\n\n{table(held_out, 'held-out loss', args.against)}\n")
     md = args.md or os.path.join(args.out, "seeds.md")
     with open(md, "w", encoding="utf-8") as f:
         f.write(text)

@@ -101,6 +101,24 @@ class TestCommandLine(unittest.TestCase):
         proc = self.report("--base-seed", "7", "--md", os.path.join(self.dir, "other.md"))
         self.assertIn("| bf16 | 7 43 |", proc.stdout)
 
+    def test_against(self):
+        for name, val in (("bf16", 2.0), ("bf16_seed43", 2.1), ("fp8_tensorwise", 2.02), ("fp8_tensorwise_seed43", 2.1),
+                          ("fp8_blockwise", 2.0402), ("fp8_blockwise_seed43", 2.121)):
+            write_log(os.path.join(self.dir, name + ".jsonl"), val)
+        proc = self.report("--against", "fp8_tensorwise")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        val_text = proc.stdout.split("Held-out loss per seed")[0]
+        self.assertIn("| vs its recipe, paired by seed | vs fp8_tensorwise, paired by seed |", val_text)
+        self.assertIn("|---|---|---|---|---|---|---|---|", val_text)
+        rows = {line.split(" | ")[0][2:]: line for line in val_text.splitlines() if line.startswith("| ")}
+        # fp8_blockwise against fp8_tensorwise: +1% at both seeds; fp8_tensorwise against itself: —
+        self.assertTrue(rows["fp8_blockwise"].endswith("| +1.00% ± 0.00 (+1.00..+1.00, 2 seeds) |"),
+                        rows["fp8_blockwise"])
+        self.assertTrue(rows["fp8_tensorwise"].endswith("| — | — |"), rows["fp8_tensorwise"])
+        proc = self.report("--against", "fp8_nothing")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("--against fp8_nothing: no such run", proc.stderr)
+
     def test_no_logs(self):
         write_log(os.path.join(self.dir, "bf16.jsonl"), None)
         proc = self.report()
