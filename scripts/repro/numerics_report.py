@@ -126,14 +126,6 @@ def report(runs, step, top):
     return "\n".join(lines) + "\n"
 
 
-def run_label(path):
-    name = os.path.basename(path)
-    for ext in (".jsonl.gz", ".jsonl"):
-        if name.endswith(ext):
-            return name[: -len(ext)]
-    return name
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -156,7 +148,7 @@ def main(argv=None):
             print(f"numerics_report: {path} holds no numerics record (train with log.numerics_every > 0)",
                   file=sys.stderr)
             return 2
-        runs.append((args.label[i] if args.label else run_label(path), by_step))
+        runs.append((args.label[i] if args.label else runlog.run_name(path), by_step))
     common = set.intersection(*(set(by_step) for _, by_step in runs))
     if args.step is None:
         if not common:

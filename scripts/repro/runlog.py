@@ -1,9 +1,10 @@
 """scripts/repro/runlog.py: reading train_gpt's JSONL metrics for the FP8 reports, and the arithmetic they share.
 
-Owns: reading every record of a metrics file (null losses kept: a skipped step's loss is null; <name>.jsonl.gz is read
-when <name>.jsonl is not there), the final validation loss, the mean train loss of the last steps, the loss relative
-to a baseline in percent, and the loss-spike count of the stability grid. Used by
-fp8_parity_report.py (scripts/fp8_loss_parity.sh) and fp8_stability_report.py (scripts/repro/fp8_stability.sh).
+Owns: a log's run name, reading every record of a metrics file (null losses kept: a skipped step's loss is null;
+<name>.jsonl.gz is read when <name>.jsonl is not there), the final validation loss, the mean train loss of the last
+steps, the loss relative to a baseline in percent, and the loss-spike count of the stability grid. Used by
+fp8_parity_report.py (scripts/fp8_loss_parity.sh), fp8_stability_report.py (scripts/repro/fp8_stability.sh),
+seed_report.py and numerics_report.py.
 
 Records (llmc/run/metrics.h): {"type":"train","step":S,"loss":L|null,...,"tokens":T}, {"type":"eval","step":S,
 "val_loss":V|null}, {"type":"skip","step":S,"loss":...,"consecutive":K} (the divergence guard skipped step S).
@@ -23,6 +24,16 @@ SPIKE_THRESHOLD = 0.5  # nats
 # every batch is unseen when its loss is taken, so this is a held-out loss over TAIL_STEPS batches (9.8M tokens in the
 # 100.7M-token parity runs), a larger sample than the validation split (under 1M tokens of the Python sources).
 TAIL_STEPS = 300
+
+
+def run_name(path):
+    """A log's run name: its file name without .jsonl or .jsonl.gz (runs/x/fp8_blockwise_seed43.jsonl.gz ->
+    fp8_blockwise_seed43)."""
+    name = os.path.basename(path)
+    for ext in (".jsonl.gz", ".jsonl"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
 
 
 def read_records(path):

@@ -52,9 +52,7 @@ def collect(out, base_seed):
     runs, held_out = {}, {}
     paths = sorted(set(glob.glob(os.path.join(out, "*.jsonl")) + glob.glob(os.path.join(out, "*.jsonl.gz"))))
     for path in paths:
-        stem = os.path.basename(path)
-        stem = stem[: -len(".jsonl.gz")] if stem.endswith(".jsonl.gz") else stem[: -len(".jsonl")]
-        name, seed = split_name(stem, base_seed)
+        name, seed = split_name(runlog.run_name(path), base_seed)
         if seed in runs.get(name, {}):
             continue  # x.jsonl and x.jsonl.gz: the same run
         records = runlog.read_records(path)
