@@ -68,9 +68,16 @@ def train_losses(records):
 
 
 def final_val_loss(records):
-    """The val_loss of the last eval record, None when there is none or it is null."""
+    """The val_loss of the last eval record, None when there is none, it is null, or train records come after its
+    step (a run that stopped before its end: train_gpt validates after the last step, so a finished run's last eval
+    is at or after its last train step, and an earlier eval is not the run's final loss)."""
     evals = [r for r in records if r.get("type") == "eval"]
-    return float(evals[-1]["val_loss"]) if evals and finite(evals[-1].get("val_loss")) else None
+    if not evals or not finite(evals[-1].get("val_loss")):
+        return None
+    steps = [r["step"] for r in records if r.get("type") == "train" and isinstance(r.get("step"), int)]
+    if steps and isinstance(evals[-1].get("step"), int) and evals[-1]["step"] < max(steps):
+        return None
+    return float(evals[-1]["val_loss"])
 
 
 def tail_train_loss(records, steps=TAIL_STEPS):

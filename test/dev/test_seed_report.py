@@ -2,8 +2,8 @@
 """test/dev/test_seed_report.py: scripts/repro/seed_report.py on the CPU, on hand-written logs: run names and seeds
 from the file names (<recipe>[_<variant>][_seed<N>], no suffix = --base-seed), the recipe of a variant, the mean and
 sample standard deviation of a row, differences paired by seed over the common seeds only, the held-out table (mean
-train loss of the last 300 steps), .jsonl.gz logs, logs without a validation loss left out, and the exit status 2 for
-a directory without any."""
+train loss of the last 300 steps), .jsonl.gz logs, logs without a validation loss left out, runs that stopped before
+their end (an eval, then more train steps) left out, and the exit status 2 for a directory without any."""
 import gzip
 import json
 import os
@@ -28,7 +28,7 @@ def write_log(path, val):
             loss = val - 0.5 if val is not None else 3.0
             f.write(json.dumps({"type": "train", "step": step, "loss": loss, "tokens": 10}) + "\n")
         if val is not None:
-            f.write(json.dumps({"type": "eval", "step": 1, "val_loss": val}) + "\n")
+            f.write(json.dumps({"type": "eval", "step": 301, "val_loss": val}) + "\n")
 
 
 class TestNames(unittest.TestCase):
@@ -79,6 +79,10 @@ class TestCommandLine(unittest.TestCase):
                           ("fp8_blockwise_seed43", 2.142), ("fp8_blockwise_nopow2", 2.02), ("fp8_tensorwise", None)):
             path = os.path.join(self.dir, name if name.endswith(".gz") else name + ".jsonl")
             write_log(path, val)
+        with open(os.path.join(self.dir, "fp8_delayed.jsonl"), "w") as f:  # cut off after its step-1 eval
+            for r in ({"type": "train", "step": 1, "loss": 3.0, "tokens": 10}, {"type": "eval", "step": 1, "val_loss": 2.5},
+                      {"type": "train", "step": 2, "loss": 2.9, "tokens": 10}):
+                f.write(json.dumps(r) + "\n")
         proc = self.report("--title", "tiny")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         with open(os.path.join(self.dir, "seeds.md")) as f:
