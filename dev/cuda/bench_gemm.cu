@@ -8,7 +8,8 @@
 // fp8 suite: each product of each layer in five modes, next to each other:
 //   bf16          matmul_forward / matmul_dgrad / matmul_wgrad (bf16 in, FP32 accumulation; wgrad into FP32 +=)
 //   fp8 tensor    per-tensor scales, split accumulation: fprop e4m3*e4m3, dgrad and wgrad e5m2 (gradient) * e4m3
-//   fp8 fast      the same with fast accumulation (the recipes use it in fprop only; timed for all three)
+//   fp8 fast      the same with fast accumulation (Transformer Engine uses it in fprop, precision.fast_accum = true here;
+//                 timed for all three)
 //   blk 1x128*128 block scales, e4m3: A 1x128, B 128x128 (the block recipe's fprop X*W and dgrad dY*W^T)
 //   blk 1x128*1x128  both 1x128 (the block recipe's wgrad dY^T*X^T, both quantised along the tokens)
 //   As FP8 GEMMs D (m,n) = A (m,k) * B (n,k)^T: fprop (tokens, out, in), dgrad (tokens, in, out), wgrad (out, in,

@@ -31,8 +31,8 @@ struct PrecisionRecipe {
   int amax_history_len = 1024;     // delayed: steps of amax history
   std::string amax_compute = "max";  // delayed: "max" over the history or "most_recent"
   int margin = 0;                  // scale = max(format) / amax / 2^margin
-  bool fast_accum = true;          // fast accumulation in the fprop of per-tensor quantised GEMMs (never dgrad, wgrad
-                                   // or blocks)
+  bool fast_accum = false;         // fast accumulation in the fprop of per-tensor quantised GEMMs (never dgrad, wgrad
+                                   // or blocks); Transformer Engine's choice, off in every preset (see recipe.cpp)
   std::vector<int> bf16_layers;    // blocks kept in BF16 (negative = from the end: -1 is the last block)
   bool quantize_lm_head = false;   // (lm_head_fp8) the (tied) lm_head GEMMs quantised too (embeddings always BF16)
   bool save_quantized_inputs = true;  // (fp8_activations) save linear inputs for backward quantised (transposed
