@@ -36,6 +36,22 @@ def run_name(path):
     return name
 
 
+def run_device(path):
+    """The GPU model a run trained on, from the first lines of the train_gpt output saved beside its JSONL log
+    (<run>.log, as scripts/fp8_loss_parity.sh writes it: "device: NVIDIA H100 80GB HBM3 (sm_90, ...)"), or None when
+    there is no such file or line. The same run on two GPU models can differ by as much as two seeds do (other GEMM
+    kernels, other rounding), so the reports mark comparisons across models."""
+    log = os.path.join(os.path.dirname(path), run_name(path) + ".log")
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            for _, line in zip(range(50), f):
+                if line.startswith("device: "):
+                    return line[len("device: "):].split(" (")[0].strip() or None
+    except OSError:
+        return None
+    return None
+
+
 def read_records(path):
     """Every JSON object of a JSONL file, in order. A line that is not JSON is a ValueError naming the file and line,
     except a partial last line (a run killed while writing), which is dropped."""

@@ -15,8 +15,11 @@ both have, with its standard error (the differences' sample standard deviation /
 standard errors of a goal cannot tell whether the goal is met) and their range. A second table gives the same for the
 held-out loss: the mean train loss of the last runlog.TAIL_STEPS steps (on one pass over the data those batches are
 unseen when their loss is taken: ten times the validation split at 32,768 tokens per step). --against RUN adds a
-column pairing every run with RUN the same way (e.g. block-wise against per-tensor). Writes OUT/seeds.md (or --md) and
-prints it. Exit status 2 when OUT holds no log with a validation loss.
+column pairing every run with RUN the same way (e.g. block-wise against per-tensor). The GPU model of each run comes
+from the train_gpt output beside its log (<run>.log, "device: ..."); a paired difference says how many of its pairs
+ran on two different GPU models, and the GPU of every run follows the tables when the runs used more than one: the
+same run on two GPU models can differ by as much as two seeds do. Writes OUT/seeds.md (or --md) and prints it. Exit
+status 2 when OUT holds no log with a validation loss.
 """
 import argparse
 import datetime
@@ -46,9 +49,10 @@ def recipe_of(name):
     return max(known, key=len) if known else None
 
 
-def collect(out, base_seed):
+def collect(out, base_seed, devices=None):
     """({run name: {seed: final val loss}}, {run name: {seed: held-out loss}}) over OUT/*.jsonl[.gz]; logs without a
-    validation loss are left out of both."""
+    validation loss are left out of both. `devices`, a dict, receives {run name: {seed: GPU model}} for the runs whose
+    GPU model is known (runlog.run_device)."""
     runs, held_out = {}, {}
     paths = sorted(set(glob.glob(os.path.join(out, "*.jsonl")) + glob.glob(os.path.join(out, "*.jsonl.gz"))))
     for path in paths:
@@ -59,6 +63,9 @@ def collect(out, base_seed):
         val = runlog.final_val_loss(records)
         if val is not None:
             runs.setdefault(name, {})[seed] = val
+            device = runlog.run_device(path)
+            if devices is not None and device:
+                devices.setdefault(name, {})[seed] = device
             tail = runlog.tail_train_loss(records)
             if tail is not None:
                 held_out.setdefault(name, {})[seed] = tail
@@ -71,23 +78,31 @@ def mean_sd(values):
     return m, sd
 
 
-def paired(run, reference):
-    """(mean, standard error or None, min, max, n) of the per-seed relative differences of run against reference in
-    %, over common seeds; None when they share no seed."""
-    diffs = [runlog.relative_pct(run[s], reference[s]) for s in sorted(set(run) & set(reference))]
-    diffs = [d for d in diffs if d is not None]
-    if not diffs:
+def paired(run, reference, run_gpus=None, reference_gpus=None):
+    """(mean, standard error or None, min, max, n, mixed) of the per-seed relative differences of run against
+    reference in %, over common seeds; mixed: how many of those pairs ran on two different GPU models (both known,
+    from {seed: GPU model}); None when they share no seed."""
+    run_gpus, reference_gpus = run_gpus or {}, reference_gpus or {}
+    pairs = [(s, runlog.relative_pct(run[s], reference[s])) for s in sorted(set(run) & set(reference))]
+    pairs = [(s, d) for s, d in pairs if d is not None]
+    if not pairs:
         return None
+    diffs = [d for _, d in pairs]
+    mixed = sum(1 for s, _ in pairs
+                if run_gpus.get(s) and reference_gpus.get(s) and run_gpus[s] != reference_gpus[s])
     mean, sd = mean_sd(diffs)
     se = sd / math.sqrt(len(diffs)) if sd is not None else None
-    return mean, se, min(diffs), max(diffs), len(diffs)
+    return mean, se, min(diffs), max(diffs), len(diffs), mixed
 
 
 def fmt_paired(p):
     if p is None:
         return "—"
-    mean, se, lo, hi, n = p
-    return f"{mean:+.2f}%" if n == 1 else f"{mean:+.2f}% ± {se:.2f} ({lo:+.2f}..{hi:+.2f}, {n} seeds)"
+    mean, se, lo, hi, n, mixed = p
+    text = f"{mean:+.2f}%" if n == 1 else f"{mean:+.2f}% ± {se:.2f} ({lo:+.2f}..{hi:+.2f}, {n} seeds)"
+    if mixed:
+        text += " across GPU models" if mixed == n else f" ({mixed} of {n} across GPU models)"
+    return text
 
 
 def order_key(name):
@@ -95,8 +110,14 @@ def order_key(name):
     return (RECIPES.index(recipe) if recipe else len(RECIPES), name != recipe, name)
 
 
-def table(runs, measure="final val loss", against=()):
-    """The Markdown table of {run: {seed: loss}}; `against`: more runs to pair every run with (one column each)."""
+def table(runs, measure="final val loss", against=(), devices=None):
+    """The Markdown table of {run: {seed: loss}}; `against`: more runs to pair every run with (one column each);
+    `devices`: {run: {seed: GPU model}} (pairs across GPU models are counted in the paired cells)."""
+    devices = devices or {}
+
+    def pair(name, reference):
+        return fmt_paired(paired(runs[name], runs[reference], devices.get(name), devices.get(reference)))
+
     extra = "".join(f" vs {a}, paired by seed |" for a in against)
     lines = [f"| run | seeds | {measure} per seed | mean | sd (% of mean) | vs bf16, paired by seed | "
              f"vs its recipe, paired by seed |{extra}", "|---|---|---|---|---|---|---|" + "---|" * len(against)]
@@ -106,14 +127,26 @@ def table(runs, measure="final val loss", against=()):
         seeds = sorted(vals)
         m, sd = mean_sd([vals[s] for s in seeds])
         recipe = recipe_of(name)
-        vs_bf16 = fmt_paired(paired(vals, bf16)) if name != "bf16" else "—"
-        vs_recipe = fmt_paired(paired(vals, runs[recipe])) if recipe and recipe != name and recipe in runs else "—"
+        vs_bf16 = pair(name, "bf16") if name != "bf16" and bf16 else "—"
+        vs_recipe = pair(name, recipe) if recipe and recipe != name and recipe in runs else "—"
         sd_text = f"{sd:.4f} ({100 * sd / m:.2f}%)" if sd is not None else "—"
-        vs_more = "".join(f" {fmt_paired(paired(vals, runs[a])) if a != name and a in runs else '—'} |"
-                          for a in against)
+        vs_more = "".join(f" {pair(name, a) if a != name and a in runs else '—'} |" for a in against)
         lines.append(f"| {name} | {' '.join(map(str, seeds))} | {' '.join(f'{vals[s]:.4f}' for s in seeds)} | "
                      f"{m:.4f} | {sd_text} | {vs_bf16} | {vs_recipe} |{vs_more}")
     return "\n".join(lines)
+
+
+def gpu_list(runs, devices):
+    """The GPU model of every run and seed, one line per run (models shortened to what tells them apart), when the
+    runs used more than one model; "" otherwise."""
+    models = {gpu for per_seed in devices.values() for gpu in per_seed.values()}
+    if len(models) < 2:
+        return ""
+    lines = ["GPU model per run and seed (pairs across models differ by the GPU's rounding as well as the recipe):", ""]
+    for name in sorted(runs, key=order_key):
+        per_seed = devices.get(name, {})
+        lines.append(f"- {name}: " + ", ".join(f"{seed} {per_seed.get(seed, 'unknown')}" for seed in sorted(runs[name])))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
@@ -128,7 +161,8 @@ def main(argv=None):
                    help="also pair every run with this one (a column per --against), e.g. --against fp8_tensorwise")
     args = p.parse_args(argv)
     try:
-        runs, held_out = collect(args.out, args.base_seed)
+        devices = {}
+        runs, held_out = collect(args.out, args.base_seed, devices)
     except (OSError, ValueError) as e:
         print(f"seed_report: {e}", file=sys.stderr)
         return 2
@@ -144,9 +178,12 @@ def main(argv=None):
     head = ", ".join(x for x in (args.title, args.gpu or gpu_name(), when) if x)
     text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
             f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
-            f"reference ± its standard error, with their range.\n\n{table(runs, against=args.against)}\n\n"
-            f"Held-out loss per seed: the mean train loss of the last {runlog.TAIL_STEPS} steps (unseen batches on one "
-            f"pass over the data).\n\n{table(held_out, 'held-out loss', args.against)}\n")
+            f"reference ± its standard error, with their range.\n\n{table(runs, against=args.against, devices=devices)}"
+            f"\n\nHeld-out loss per seed: the mean train loss of the last {runlog.TAIL_STEPS} steps (unseen batches on "
+            f"one pass over the data).\n\n{table(held_out, 'held-out loss', args.against, devices)}\n")
+    gpus = gpu_list(runs, devices)
+    if gpus:
+        text += "\n" + gpus
     md = args.md or os.path.join(args.out, "seeds.md")
     with open(md, "w", encoding="utf-8") as f:
         f.write(text)

@@ -3,7 +3,9 @@
 from the file names (<recipe>[_<variant>][_seed<N>], no suffix = --base-seed), the recipe of a variant, the mean and
 sample standard deviation of a row, differences paired by seed over the common seeds only, the held-out table (mean
 train loss of the last 300 steps), .jsonl.gz logs, logs without a validation loss left out, runs that stopped before
-their end (an eval, then more train steps) left out, and the exit status 2 for a directory without any."""
+their end (an eval, then more train steps) left out, the exit status 2 for a directory without any, and the GPU model
+of each run (from the train_gpt output beside its log): pairs across GPU models counted in the paired cells and the
+GPU of every run listed when the runs used more than one model."""
 import gzip
 import json
 import os
@@ -56,13 +58,24 @@ class TestArithmetic(unittest.TestCase):
     def test_paired_uses_common_seeds(self):
         run = {1: 2.02, 2: 1.98, 3: 5.0}
         ref = {1: 2.0, 2: 2.0, 4: 1.0}
-        mean, se, lo, hi, n = seed_report.paired(run, ref)
+        mean, se, lo, hi, n, mixed = seed_report.paired(run, ref)
         self.assertEqual(n, 2)
+        self.assertEqual(mixed, 0)
         self.assertAlmostEqual(se, 1.0)  # sd of (+1, -1) = sqrt(2), / sqrt(2)
         self.assertAlmostEqual(lo, -1.0)
         self.assertAlmostEqual(hi, 1.0)
         self.assertAlmostEqual(mean, 0.0)
         self.assertIsNone(seed_report.paired({1: 2.0}, {2: 2.0}))
+
+    def test_pairs_across_gpu_models_are_counted(self):
+        run, ref = {1: 2.02, 2: 1.98, 3: 2.0}, {1: 2.0, 2: 2.0, 3: 2.0}
+        # seed 1 on two models, seed 2 on one, seed 3's reference model unknown: one mixed pair of three
+        p = seed_report.paired(run, ref, {1: "H100", 2: "H200", 3: "H100"}, {1: "H200", 2: "H200"})
+        self.assertEqual(p[5], 1)
+        self.assertTrue(seed_report.fmt_paired(p).endswith("3 seeds) (1 of 3 across GPU models)"),
+                        seed_report.fmt_paired(p))
+        p = seed_report.paired({1: 2.02}, {1: 2.0}, {1: "H100"}, {1: "H200"})
+        self.assertEqual(seed_report.fmt_paired(p), "+1.00% across GPU models")
 
 
 class TestCommandLine(unittest.TestCase):
@@ -122,6 +135,31 @@ class TestCommandLine(unittest.TestCase):
         proc = self.report("--against", "fp8_nothing")
         self.assertEqual(proc.returncode, 2)
         self.assertIn("--against fp8_nothing: no such run", proc.stderr)
+
+    def test_gpu_models(self):
+        for name, val, device in (("bf16", 2.0, "NVIDIA H200"), ("bf16_seed43", 2.1, "NVIDIA H200"),
+                                  ("fp8_tensorwise", 2.02, "NVIDIA H100 80GB HBM3"),
+                                  ("fp8_tensorwise_seed43", 2.121, "NVIDIA H200"), ("fp8_blockwise", 2.0, None)):
+            write_log(os.path.join(self.dir, name + ".jsonl.gz"), val)
+            if device:
+                with open(os.path.join(self.dir, name + ".log"), "w") as f:
+                    f.write(f"device: {device} (sm_90, 132 SMs, 79.2 GiB)\ndata: ...\nstep 0/301 | val loss 9.0\n")
+        self.assertEqual(seed_report.runlog.run_device(os.path.join(self.dir, "fp8_tensorwise.jsonl.gz")),
+                         "NVIDIA H100 80GB HBM3")
+        self.assertIsNone(seed_report.runlog.run_device(os.path.join(self.dir, "fp8_blockwise.jsonl.gz")))
+        proc = self.report()
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        val_text = proc.stdout.split("Held-out loss per seed")[0]
+        rows = {line.split(" | ")[0][2:]: line for line in val_text.splitlines() if line.startswith("| ")}
+        self.assertIn("+1.00% ± 0.00 (+1.00..+1.00, 2 seeds) (1 of 2 across GPU models) |", rows["fp8_tensorwise"])
+        self.assertIn("| +0.00% | — |", rows["fp8_blockwise"])  # its GPU is unknown: not marked
+        self.assertIn("- fp8_tensorwise: 42 NVIDIA H100 80GB HBM3, 43 NVIDIA H200", proc.stdout)
+        self.assertIn("- fp8_blockwise: 42 unknown", proc.stdout)
+        # one model only: no list
+        os.remove(os.path.join(self.dir, "fp8_tensorwise.log"))
+        proc = self.report()
+        self.assertNotIn("GPU model per run", proc.stdout)
+        self.assertNotIn("across GPU models", proc.stdout)
 
     def test_no_logs(self):
         write_log(os.path.join(self.dir, "bf16.jsonl"), None)
