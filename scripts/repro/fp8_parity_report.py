@@ -6,7 +6,9 @@ loss, its difference to the BF16 run in percent ((recipe - bf16) / bf16), whethe
 final train loss, the median step time (steps 6 on), the skipped steps, the tokens trained, the steps, and the mean
 train loss of the last 300 steps with its difference to BF16's (runlog.TAIL_STEPS: a held-out loss on a larger
 sample than the validation split when the run makes one pass over its data). A variant
-(--tag) compares with its own bf16 run when there is one, else with the plain bf16.jsonl. Exit code 1 when an FP8
+(--tag) compares with its own bf16 run when there is one, else with the plain bf16.jsonl. When the runs trained on
+more than one GPU model (runlog.run_device: the train_gpt output beside each log) a last column names each run's:
+the step times then compare GPUs as well, and the losses the GPUs' rounding as well as the recipes. Exit code 1 when an FP8
 recipe is outside the tolerance, 2 when a log is missing or has no validation loss.
 
   usage: fp8_parity_report.py OUT --title TEXT [--tag _NAME] [--tolerance PCT] [--gpu NAME] RECIPE...
@@ -65,6 +67,8 @@ def main(argv=None):
         print(e, file=sys.stderr)
         return 2
     base = runlog.final_val_loss(base_recs)
+    devices = {recipe: runlog.run_device(run_path(args.out, recipe, args.tag)) for recipe in args.recipes}
+    mixed_gpus = len({d for d in devices.values() if d}) > 1
     rows, ok = [], True
     for recipe in args.recipes:
         try:
@@ -86,12 +90,14 @@ def main(argv=None):
                     f"{losses[-1] if losses else float('nan'):.4f} | {ms:.1f} | {runlog.skipped_steps(recs)} | "
                     f"{runlog.trained_tokens(recs):,} | {train[-1]['step'] if train else 0} | "
                     f"{tail if tail is not None else float('nan'):.4f} | "
-                    f"{'n/a' if tail_rel is None else format(tail_rel, '+.2f') + '%'} |")
+                    f"{'n/a' if tail_rel is None else format(tail_rel, '+.2f') + '%'} |"
+                    + (f" {devices[recipe] or 'unknown'} |" if mixed_gpus else ""))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     table = [f"{args.title}; {args.gpu or gpu_name()}; {date}.", "",
              f"| recipe | final val loss | vs bf16 | within {args.tolerance:g}% | final train loss | median step ms | "
-             f"skipped steps | tokens | steps | train loss, last {runlog.TAIL_STEPS} steps | vs bf16 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"] + rows
+             f"skipped steps | tokens | steps | train loss, last {runlog.TAIL_STEPS} steps | vs bf16 |"
+             + (" GPU |" if mixed_gpus else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if mixed_gpus else "")] + rows
     with open(os.path.join(args.out, f"summary{args.tag}.md"), "w") as f:
         f.write("\n".join(table) + "\n")
     print("\n".join(table))

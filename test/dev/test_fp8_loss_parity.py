@@ -307,6 +307,26 @@ class TestReport(unittest.TestCase):
         self.assertIn("| coat | 2.0010 | +0.00% | yes | 1.0100 | 1.0 | 0 | 400,000 | 400 | 1.0100 | +1.00% |",
                       proc.stdout)
 
+    def test_gpu_column_when_the_runs_used_two_gpu_models(self):
+        for recipe, val in zip(RECIPES, (2.0, 2.004, 1.99, 2.01)):
+            write_log(os.path.join(self.out, recipe + ".jsonl"), val)
+        for recipe, device in (("bf16", "NVIDIA H100 80GB HBM3"), ("fp8_tensorwise", "NVIDIA H200"),
+                               ("fp8_delayed", "NVIDIA H200")):
+            with open(os.path.join(self.out, recipe + ".log"), "w") as f:
+                f.write(f"device: {device} (sm_90, 132 SMs, 139.8 GiB)\nstep 0/8 | val loss 9.0\n")
+        proc = self.report(*RECIPES)
+        self.assertIn("| vs bf16 | GPU |", proc.stdout)
+        self.assertIn("|---|---|---|---|---|---|---|---|---|---|---|---|", proc.stdout)
+        rows = {line.split(" | ")[0][2:]: line for line in proc.stdout.splitlines() if line.startswith("| fp8")}
+        self.assertTrue(rows["fp8_tensorwise"].endswith("| NVIDIA H200 |"), rows["fp8_tensorwise"])
+        self.assertTrue(rows["fp8_blockwise"].endswith("| unknown |"), rows["fp8_blockwise"])
+        # one GPU model: no column
+        for recipe in ("fp8_tensorwise", "fp8_delayed"):
+            os.remove(os.path.join(self.out, recipe + ".log"))
+        proc = self.report(*RECIPES)
+        self.assertNotIn("GPU |", proc.stdout)
+        self.assertIn("| fp8_tensorwise | 2.0040 | +0.20% | yes |", proc.stdout)
+
     def test_variant_against_plain_bf16_and_missing_log(self):
         write_log(os.path.join(self.out, "bf16.jsonl"), 2.0)
         write_log(os.path.join(self.out, "fp8_blockwise_v.jsonl"), 2.002)
