@@ -2,7 +2,8 @@
 """test/dev/test_window_report.py: scripts/repro/window_report.py on the CPU, on hand-written logs: the window ranges
 (a shorter last window, the extra row of the last steps), the means and their difference to the base run, runs cut
 off at different steps compared up to the last shared step, skipped steps left out of a mean and counted, the shared
-validation steps only, .jsonl.gz logs, and the exit status 2 for a missing log, a log without train records and a
+validation steps only, .jsonl.gz logs, the GPU model of each run named when the runs used more than one, and the
+exit status 2 for a missing log, a log without train records and a
 base run not among the runs."""
 import gzip
 import json
@@ -72,6 +73,16 @@ class TestCommandLine(unittest.TestCase):
         self.assertEqual(text, r.stdout)
         self.assertTrue(text.startswith("T\n"))
         self.assertIn("| 1-6 | 2.2000, 1 skipped | 2.0000 (-9.09%) |", text)
+
+    def test_gpu_models(self):
+        r = self.run_script("bf16", "fp8")
+        self.assertNotIn("GPU model", r.stdout)  # no train_gpt output beside the logs
+        for run, device in (("bf16", "NVIDIA H100 80GB HBM3"), ("fp8", "NVIDIA H200")):
+            with open(os.path.join(self.dir, run + ".log"), "w") as f:
+                f.write(f"device: {device} (sm_90, 132 SMs, 79.2 GiB)\n")
+        r = self.run_script("bf16", "fp8")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("recipe): bf16 NVIDIA H100 80GB HBM3, fp8 NVIDIA H200.", r.stdout)
 
     def test_errors(self):
         self.assertEqual(self.run_script("bf16", "nothere").returncode, 2)
