@@ -5,10 +5,9 @@
 //   bf16            every GEMM in BF16.
 //   fp8_tensorwise  Transformer Engine's current scaling / torchao tensorwise: x, w E4M3 and dy E5M2, one scale per
 //                   tensor from the current amax (the producer kernel reports it). Split (promoted) accumulation in
-//                   every GEMM: Transformer Engine uses fast accumulation in fprop (precision.fast_accum = true), and
-//                   on GPT-2 124M after 100.7M tokens (three seeds, dev/bench/results/loss_gpt2_124m_100m) that ended
-//                   0.89% above BF16's validation loss against 0.14% with split accumulation, which costs under 1%
-//                   of the step time (Hopper's FP8 accumulator keeps about 14 bits: DeepSeek-V3).
+//                   every GEMM, as Hopper's fast FP8 accumulator keeps about 14 bits (DeepSeek-V3); Transformer
+//                   Engine's fast accumulation in fprop is precision.fast_accum = true (the loss and step time of
+//                   both: dev/bench/results/loss_gpt2_124m_100m).
 //   fp8_delayed     Transformer Engine's DelayedScaling: the same formats and accumulation, scales from the max of an
 //                   amax history (1024 steps, margin 0) recorded over earlier steps, so quantisation needs no amax
 //                   pass first.

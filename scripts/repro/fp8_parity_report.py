@@ -8,8 +8,8 @@ train loss of the last 300 steps with its difference to BF16's (runlog.TAIL_STEP
 sample than the validation split when the run makes one pass over its data). A variant
 (--tag) compares with its own bf16 run when there is one, else with the plain bf16.jsonl. When the runs trained on
 more than one GPU model (runlog.run_device: the train_gpt output beside each log) a last column names each run's:
-the step times then compare GPUs as well, and the losses the GPUs' rounding as well as the recipes. Exit code 1 when an FP8
-recipe is outside the tolerance, 2 when a log is missing or has no validation loss.
+the step times then compare GPUs as well, and the losses the GPUs' rounding as well as the recipes. Exit code 1 when
+an FP8 recipe is outside the tolerance, 2 when a log is missing or has no validation loss.
 
   usage: fp8_parity_report.py OUT --title TEXT [--tag _NAME] [--tolerance PCT] [--gpu NAME] RECIPE...
 """
@@ -68,7 +68,7 @@ def main(argv=None):
         return 2
     base = runlog.final_val_loss(base_recs)
     devices = {recipe: runlog.run_device(run_path(args.out, recipe, args.tag)) for recipe in args.recipes}
-    mixed_gpus = len({d for d in devices.values() if d}) > 1
+    mixed_gpus = runlog.several_gpu_models(devices.values())
     rows, ok = [], True
     for recipe in args.recipes:
         try:

@@ -52,6 +52,11 @@ def run_device(path):
     return None
 
 
+def several_gpu_models(models):
+    """Whether the known GPU models among `models` (run_device's answers, None for unknown) are more than one."""
+    return len({m for m in models if m}) > 1
+
+
 def read_records(path):
     """Every JSON object of a JSONL file, in order. A line that is not JSON is a ValueError naming the file and line,
     except a partial last line (a run killed while writing), which is dropped."""

@@ -137,15 +137,14 @@ def table(runs, measure="final val loss", against=(), devices=None):
 
 
 def gpu_list(runs, devices):
-    """The GPU model of every run and seed, one line per run (models shortened to what tells them apart), when the
-    runs used more than one model; "" otherwise."""
-    models = {gpu for per_seed in devices.values() for gpu in per_seed.values()}
-    if len(models) < 2:
+    """The GPU model of every run and seed, one line per run, when the runs used more than one model; "" otherwise."""
+    if not runlog.several_gpu_models(gpu for per_seed in devices.values() for gpu in per_seed.values()):
         return ""
     lines = ["GPU model per run and seed (pairs across models differ by the GPU's rounding as well as the recipe):", ""]
     for name in sorted(runs, key=order_key):
         per_seed = devices.get(name, {})
-        lines.append(f"- {name}: " + ", ".join(f"{seed} {per_seed.get(seed, 'unknown')}" for seed in sorted(runs[name])))
+        seeds = ", ".join(f"{seed} {per_seed.get(seed, 'unknown')}" for seed in sorted(runs[name]))
+        lines.append(f"- {name}: {seeds}")
     return "\n".join(lines) + "\n"
 
 
@@ -178,9 +177,10 @@ def main(argv=None):
     head = ", ".join(x for x in (args.title, args.gpu or gpu_name(), when) if x)
     text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
             f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
-            f"reference ± its standard error, with their range.\n\n{table(runs, against=args.against, devices=devices)}"
-            f"\n\nHeld-out loss per seed: the mean train loss of the last {runlog.TAIL_STEPS} steps (unseen batches on "
-            f"one pass over the data).\n\n{table(held_out, 'held-out loss', args.against, devices)}\n")
+            f"reference ± its standard error, with their range.\n\n"
+            f"{table(runs, against=args.against, devices=devices)}\n\nHeld-out loss per seed: the mean train loss "
+            f"of the last {runlog.TAIL_STEPS} steps (unseen batches on one pass over the data).\n\n"
+            f"{table(held_out, 'held-out loss', args.against, devices)}\n")
     gpus = gpu_list(runs, devices)
     if gpus:
         text += "\n" + gpus

@@ -13,8 +13,8 @@ each train batch is unseen when its loss is taken, so a window's mean train loss
 (window x tokens per step) tokens (runlog.TAIL_STEPS explains the same measure at the end of a run). A window's mean
 uses the finite losses only (a skipped step has none); its row gives the number of such steps left out. Prints the
 Markdown (and writes it to --md when given); when the runs trained on more than one GPU model (runlog.run_device: the
-train_gpt output beside each log) a last line names each run's. Exit status 2 when a log is missing, has no train records, or the base
-run is not among the runs.
+train_gpt output beside each log) a last line names each run's. Exit status 2 when a log is missing, has no train
+records, or the base run is not among the runs.
 """
 import argparse
 import os
@@ -87,7 +87,7 @@ def report(out, runs, base, width, last, title=""):
                      for run in runs]
             lines.append(f"| {step} | " + " | ".join(cells) + " |")
     devices = {run: runlog.run_device(os.path.join(out, f"{run}.jsonl")) for run in runs}
-    if len({d for d in devices.values() if d}) > 1:
+    if runlog.several_gpu_models(devices.values()):
         lines += ["", "GPU model per run (runs on different models differ by the GPU's rounding as well as the "
                   "recipe): " + ", ".join(f"{run} {devices[run] or 'unknown'}" for run in runs) + "."]
     return "\n".join(lines) + "\n"
