@@ -78,41 +78,54 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
     throw_error("%s: Quartet's rotations and scales take whole blocks of %d along in/out features (got %d x %d); keep "
                 "this layer in BF16 (precision.bf16_layers) or change the model shape", name_.c_str(), kGaussianBlock,
                 N_, K_);
-  if (plan_.x.per_tensor()) {
-    x_slot_ = state_.new_slot(name_ + ".x", plan_.x.element);
-    w_slot_ = state_.new_slot(name_ + ".w", plan_.w.element);
-    dy_slot_ = state_.new_slot(name_ + ".dy", plan_.dy.element);
-  }
-  // One allocation: the weight codes (N, K) + transposed (K, N), their block scales, and the saved input's
-  // transposed codes (K, M_max) + block scales.
+  // A per-tensor slot for each role with a whole-tensor copy (one of its copies, with precision.tensorwise_products).
   const Encoding& xe = plan_.x;
   const Encoding& we = plan_.w;
   const Encoding& dye = plan_.dy;
+  const Encoding& xte = plan_.x_t;
+  const Encoding& wte = plan_.w_t;
+  const Encoding& dyte = plan_.dy_t;
+  if (xe.per_tensor() || xte.per_tensor()) x_slot_ = state_.new_slot(name_ + ".x", xe.element);
+  if (we.per_tensor() || wte.per_tensor()) w_slot_ = state_.new_slot(name_ + ".w", we.element);
+  if (dye.per_tensor() || dyte.per_tensor()) dy_slot_ = state_.new_slot(name_ + ".dy", dye.element);
+  if (quartet && (xte != xe || wte != we || dyte != dye))
+    throw_error("%s: Quartet's backward re-quantises the forward's codes: its copies share their roles' encodings",
+                name_.c_str());
+  split_weight_ = wte != we;
+  if (split_weight_ && !plan_.cache_weight_transpose)
+    throw_error("%s: the weight's two copies have different encodings (%s, %s), so the transposed one cannot be made "
+                "from the row codes: keep the transposed weight cached (validate the recipe first)", name_.c_str(),
+                encoding_name(we).c_str(), encoding_name(wte).c_str());
+  // One allocation: the weight codes (N, K) + transposed (K, N), their block scales, and the saved input's
+  // transposed codes (K, M_max) + block scales.
   wq_.rows = N_;
   wq_.cols = K_;
   wq_.encoding = we;
+  wq_t_.rows = N_;
+  wq_t_.cols = K_;
+  wq_t_.encoding = wte;
   x_saved_.rows = max_rows_;
   x_saved_.cols = K_;
-  x_saved_.encoding = xe;
+  x_saved_.encoding = xte;
   const size_t w_bytes = align256(code_bytes(we, N_, K_));
+  const size_t wt_bytes = align256(code_bytes(wte, K_, N_));
   // Quartet keeps no transposed copies: Wq (N, K) and Xq (M_max, K) with their scales and trust masks.
-  const size_t w_scales = !we.per_tensor() ? align256(scale_inv_bytes(we, N_, K_)) +
-                                                 (quartet ? 0 : align256(scale_inv_bytes(we, K_, N_)))
-                                           : 0;
+  const size_t w_scales = (!we.per_tensor() ? align256(scale_inv_bytes(we, N_, K_)) : 0) +
+                          (!quartet && !wte.per_tensor() ? align256(scale_inv_bytes(wte, K_, N_)) : 0);
   const bool masks = quartet && plan_.trust_mask;
   const size_t w_mask_bytes = masks ? align256(sizeof(uint32_t) * N_ * (K_ / kGaussianBlock)) : 0;
   const size_t x_mask_bytes = masks ? align256(sizeof(uint32_t) * max_rows_ * (K_ / kGaussianBlock)) : 0;
   const bool save = plan_.save_quantized_input;
   const int saved_rows = quartet ? max_rows_ : K_, saved_cols = quartet ? K_ : max_rows_;  // Xq or Xᵀq
-  const size_t x_bytes = save ? align256(code_bytes(xe, saved_rows, saved_cols)) : 0;
-  const size_t x_scales = save && !xe.per_tensor() ? align256(scale_inv_bytes(xe, saved_rows, saved_cols)) : 0;
+  const size_t x_bytes = save ? align256(code_bytes(xte, saved_rows, saved_cols)) : 0;
+  const size_t x_scales = save && !xte.per_tensor() ? align256(scale_inv_bytes(xte, saved_rows, saved_cols)) : 0;
   const bool cache_t = plan_.cache_weight_transpose && !quartet;
   const bool fp4 = xe.element == ElementFormat::E2M1 || we.element == ElementFormat::E2M1 ||
                    dye.element == ElementFormat::E2M1;
   constexpr size_t kInexactOffset = 64;  // bytes: after the tensor scales
   static_assert(kTensorScaleSlots * sizeof(float) <= kInexactOffset, "FP4 scalars overlap");
   const size_t scalars = fp4 ? align256(kInexactOffset + sizeof(unsigned long long)) : 0;
-  weight_cache_bytes_ = (cache_t ? 2 : 1) * w_bytes + w_scales + w_mask_bytes + scalars;
+  weight_cache_bytes_ = w_bytes + (cache_t ? wt_bytes : 0) + w_scales + w_mask_bytes + scalars;
   saved_input_bytes_ = x_bytes + x_scales + x_mask_bytes;
   const size_t total = weight_cache_bytes_ + saved_input_bytes_;
   memory_bytes_ = total;
@@ -121,17 +134,19 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
     char* p = static_cast<char*>(memory_);
     wq_.data = reinterpret_cast<uint8_t*>(p);
     p += w_bytes;
+    // The transposed copy lives in wq_ (one quantisation writes both) unless its encoding differs (then in wq_t_).
+    QTensor& wt = split_weight_ ? wq_t_ : wq_;
     if (cache_t) {
-      wq_.data_t = reinterpret_cast<uint8_t*>(p);
-      p += w_bytes;
+      wt.data_t = reinterpret_cast<uint8_t*>(p);
+      p += wt_bytes;
     }
     if (!we.per_tensor()) {
       wq_.scale_inv = reinterpret_cast<float*>(p);
       p += align256(scale_inv_bytes(we, N_, K_));
-      if (!quartet) {
-        wq_.scale_inv_t = reinterpret_cast<float*>(p);
-        p += align256(scale_inv_bytes(we, K_, N_));
-      }
+    }
+    if (!quartet && !wte.per_tensor()) {
+      wt.scale_inv_t = reinterpret_cast<float*>(p);
+      p += align256(scale_inv_bytes(wte, K_, N_));
     }
     if (masks) {
       w_mask_ = reinterpret_cast<uint32_t*>(p);
@@ -142,7 +157,7 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
     if (save) {
       (quartet ? x_saved_.data : x_saved_.data_t) = reinterpret_cast<uint8_t*>(p);
       p += x_bytes;
-      if (!xe.per_tensor()) (quartet ? x_saved_.scale_inv : x_saved_.scale_inv_t) = reinterpret_cast<float*>(p);
+      if (!xte.per_tensor()) (quartet ? x_saved_.scale_inv : x_saved_.scale_inv_t) = reinterpret_cast<float*>(p);
       p += x_scales;
     }
     if (fp4) {
@@ -153,7 +168,7 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
         wq_.tensor_scale_inv = tensor_scales_ + kTsWeight;
         wq_.tensor_scale_inv_t = tensor_scales_ + kTsWeightT;
       }
-      if (xe.tensor_scale) x_saved_.tensor_scale_inv_t = tensor_scales_ + kTsSavedInputT;
+      if (xte.tensor_scale) x_saved_.tensor_scale_inv_t = tensor_scales_ + kTsSavedInputT;
     }
   }
   // The FP4 products convert their operands into the GEMM layer's scratch (0 for FP8): fprop x·wᵀ, dgrad dy·w,
@@ -161,14 +176,15 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   if (fp4) {
     const int M = max_rows_;
     gemm_scratch_bytes_ = std::max({quant_gemm_scratch_bytes(xe, we, M, N_, K_),
-                                    quant_gemm_scratch_bytes(dye, we, M, K_, N_),
-                                    quant_gemm_scratch_bytes(dye, xe, N_, K_, M)});
+                                    quant_gemm_scratch_bytes(dye, wte, M, K_, N_),
+                                    quant_gemm_scratch_bytes(dyte, xte, N_, K_, M)});
   }
   // Shared scratch this layer needs at its largest M (codes in bytes, scales in entries).
   const int M = max_rows_;
   state_.reserve(kScratchRows, std::max(code_bytes(xe, M, K_), code_bytes(dye, M, N_)),
-                 !xe.per_tensor() ? std::max(scale_inv_count(xe, M, K_), scale_inv_count(dye, M, N_)) : 0);
-  state_.reserve(kScratchRowsT, code_bytes(dye, N_, M), !dye.per_tensor() ? scale_inv_count(dye, N_, M) : 0);
+                 std::max(!xe.per_tensor() ? scale_inv_count(xe, M, K_) : 0,
+                          !dye.per_tensor() ? scale_inv_count(dye, M, N_) : 0));
+  state_.reserve(kScratchRowsT, code_bytes(dyte, N_, M), !dyte.per_tensor() ? scale_inv_count(dyte, N_, M) : 0);
   if (quartet) {  // the re-quantised weight and input (scales included), their BF16 decodes, the FP32 products
     state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), scale_inv_count(we, K_, N_));
     state_.reserve(kScratchInputT, code_bytes(xe, K_, M), scale_inv_count(xe, K_, M));
@@ -177,7 +193,7 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   } else {
     if (!cache_t) state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), 0);
     if (!save)
-      state_.reserve(kScratchInputT, code_bytes(xe, K_, M), !xe.per_tensor() ? scale_inv_count(xe, K_, M) : 0);
+      state_.reserve(kScratchInputT, code_bytes(xte, K_, M), !xte.per_tensor() ? scale_inv_count(xte, K_, M) : 0);
   }
   index_ = state_.add(this);
 }
@@ -272,7 +288,8 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
     if (opt.out_amax) amax_bf16(opt.out_amax, out, (size_t)M * N_, s);
     return;
   }
-  const int need = quant_gemm_dim_multiple(plan_.x);
+  const int need = std::max({quant_gemm_dim_multiple(plan_.x), quant_gemm_dim_multiple(plan_.x_t),
+                             quant_gemm_dim_multiple(plan_.dy), quant_gemm_dim_multiple(plan_.dy_t)});
   if (M % need != 0)
     throw_error("%s: quantised GEMMs need the rows (B*T = %d) to be a multiple of %d", name_.c_str(), M, need);
   state_.ensure_allocated();
@@ -292,6 +309,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
     // transposed scales, which are kept.
     if (!plan_.cache_weight_transpose) wq_.data_t = state_.scratch(kScratchWeightT);
     quantize_operand(wq_, w_slot_, w, /*amax_ready=*/false, training, LinearRole::W, s, w_mask_);
+    if (split_weight_) quantize_operand(wq_t_, w_slot_, w, /*amax_ready=*/false, training, LinearRole::W, s);
     if (!plan_.cache_weight_transpose) wq_.data_t = nullptr;
     weight_cache_valid_ = true;
     weight_cache_recorded_ = training;
@@ -306,20 +324,30 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   if (!xq.encoding.per_tensor()) xq.scale_inv = state_.scratch_scales(kScratchRows);
   if (xq.encoding.tensor_scale) xq.tensor_scale_inv = tensor_scales_ + kTsInput;
   const bool save = training && plan_.save_quantized_input;
+  // The saved transposed copy comes from the same quantisation as the row codes when their encodings agree, else
+  // from a quantisation of its own (xs).
+  const bool split_saved = save && !plan_.requantize_backward && plan_.x_t != plan_.x;
+  QTensor xs;
   if (save && plan_.requantize_backward) {  // Quartet saves the forward's own codes (and trust mask)
     xq.data = x_saved_.data;
     xq.scale_inv = x_saved_.scale_inv;
   } else if (save) {
-    xq.data_t = x_saved_.data_t;
-    xq.scale_inv_t = x_saved_.scale_inv_t;
-    xq.tensor_scale_inv_t = x_saved_.tensor_scale_inv_t;
+    QTensor& t = split_saved ? xs : xq;
+    t.rows = M;
+    t.cols = K_;
+    t.encoding = plan_.x_t;
+    t.data_t = x_saved_.data_t;
+    t.scale_inv_t = x_saved_.scale_inv_t;
+    t.tensor_scale_inv_t = x_saved_.tensor_scale_inv_t;
   }
   quantize_operand(xq, x_slot_, x, opt.x_amax_ready, training, LinearRole::X, s,
                    save && plan_.requantize_backward ? x_mask_ : nullptr);
+  if (split_saved) quantize_operand(xs, x_slot_, x, opt.x_amax_ready, training, LinearRole::X, s);
   if (save) {
+    const QTensor& t = split_saved ? xs : xq;
     x_saved_.rows = M;
-    x_saved_.scale = xq.scale;
-    x_saved_.scale_inv = xq.scale_inv;  // per-tensor: the slot's scale_inv (blocks use scale_inv_t)
+    x_saved_.scale = t.scale;
+    x_saved_.scale_inv = t.scale_inv;  // per-tensor: the slot's scale_inv (blocks use scale_inv_t)
     have_saved_input_ = true;
   } else {
     have_saved_input_ = false;
@@ -375,27 +403,28 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
     return;
   }
 
-  // dy: row codes (dgrad) and transposed codes (wgrad) in one pass.
-  QTensor dyq;
-  dyq.rows = M;
-  dyq.cols = N_;
+  // dy: row codes (dgrad) and transposed codes (wgrad) in one pass, or in two when their encodings differ (dyq_t).
+  const bool split_dy = plan_.dy_t != plan_.dy;
+  QTensor dyq, dyq_t;
+  dyq.rows = dyq_t.rows = M;
+  dyq.cols = dyq_t.cols = N_;
   dyq.encoding = plan_.dy;
+  dyq_t.encoding = plan_.dy_t;
+  QTensor& t = split_dy ? dyq_t : dyq;
   dyq.data = dx != nullptr ? state_.scratch(kScratchRows) : nullptr;
-  dyq.data_t = state_.scratch(kScratchRowsT);
-  if (!dyq.encoding.per_tensor()) {
-    dyq.scale_inv = state_.scratch_scales(kScratchRows);
-    dyq.scale_inv_t = state_.scratch_scales(kScratchRowsT);
-  }
-  if (dyq.encoding.tensor_scale) {
-    dyq.tensor_scale_inv = tensor_scales_ + kTsDy;
-    dyq.tensor_scale_inv_t = tensor_scales_ + kTsDyT;
-  }
-  quantize_operand(dyq, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, LinearRole::Dy, s);
+  t.data_t = state_.scratch(kScratchRowsT);
+  if (!dyq.encoding.per_tensor()) dyq.scale_inv = state_.scratch_scales(kScratchRows);
+  if (!t.encoding.per_tensor()) t.scale_inv_t = state_.scratch_scales(kScratchRowsT);
+  if (dyq.encoding.tensor_scale) dyq.tensor_scale_inv = tensor_scales_ + kTsDy;
+  if (t.encoding.tensor_scale) t.tensor_scale_inv_t = tensor_scales_ + kTsDyT;
+  if (!split_dy || dyq.data != nullptr)
+    quantize_operand(dyq, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, LinearRole::Dy, s);
+  if (split_dy) quantize_operand(dyq_t, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, LinearRole::Dy, s);
   if (state_.numerics_requested() && dyq.data != nullptr) state_.record_numerics(name_ + ".dy", dyq, dy, s);
 
   // dgrad: dx (M, K) = dYq (M, N) · Wᵀq (K, N)ᵀ
   if (dx != nullptr) {
-    QTensor wt = wq_;
+    QTensor wt = split_weight_ ? wq_t_ : wq_;
     if (!plan_.cache_weight_transpose) {
       wt.data_t = state_.scratch(kScratchWeightT);
       fp8_transpose_codes(wt.data_t, wq_.data, N_, K_, s);
@@ -418,24 +447,28 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
                   "given", name_.c_str(), M);
     xt.rows = M;
     xt.cols = K_;
-    xt.encoding = plan_.x;
+    xt.encoding = plan_.x_t;
     xt.data_t = state_.scratch(kScratchInputT);
     QuantizeArgs args;
     if (!xt.encoding.per_tensor()) {
       xt.scale_inv_t = state_.scratch_scales(kScratchInputT);
       if (xt.encoding.tensor_scale) xt.tensor_scale_inv_t = tensor_scales_ + kTsInputT;
       args = block_args(LinearRole::X, xt);
-    } else {
+      quantize(xt, x, args, s);
+    } else if (plan_.x.per_tensor()) {
       // the forward's per-tensor x scale (same micro-step) without measuring the amax again
       xt.scale = state_.scale_ptr(x_slot_);
       xt.scale_inv = state_.scale_inv_ptr(x_slot_);
       args.source = ScaleSource::Stored;
+      quantize(xt, x, args, s);
+    } else {
+      // the forward's row codes had block scales: this copy's whole-tensor scale from x's amax, measured now
+      quantize_operand(xt, x_slot_, x, /*amax_ready=*/false, /*training=*/true, LinearRole::X, s);
     }
-    quantize(xt, x, args, s);
   }
   QuantGemmOptions g = gemm_options();
   g.accumulate = true;
-  matmul_quant(dw, quant_operand(dyq, true), quant_operand(xt, true), N_, K_, M, g, s);
+  matmul_quant(dw, quant_operand(split_dy ? dyq_t : dyq, true), quant_operand(xt, true), N_, K_, M, g, s);
 }
 
 void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cudaStream_t s,

@@ -124,6 +124,8 @@ class Linear {
   // Quantised operands. Per-tensor slots index into the PrecisionState arrays (-1 = none).
   int x_slot_ = -1, w_slot_ = -1, dy_slot_ = -1;
   QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step
+  QTensor wq_t_;       // the transposed copy instead, when its encoding differs from the row codes' (split_weight_)
+  bool split_weight_ = false;
   QTensor x_saved_;    // (M_max, K) input: only data_t (K, M) kept for wgrad when save_quantized_input (Quartet
                        // plans: only data (M, K), the forward's own codes)
   uint32_t* w_mask_ = nullptr;  // Quartet with trust masks: Wq's (N, K / 32 words), in the weight cache

@@ -124,22 +124,79 @@ const RecipePreset* find_preset(const std::string& name) {
   return nullptr;
 }
 
-// The GEMMs of a quantised linear and their operands, with the names validation errors use.
+// The GEMMs of a quantised linear and their operands (per-tensor in the products precision.tensorwise_products names),
+// with the names validation errors use.
 struct GemmRoles {
   const char* gemm;
-  const Encoding& a;
+  Encoding a;
   const char* a_name;
-  const Encoding& b;
+  Encoding b;
   const char* b_name;
 };
 std::vector<GemmRoles> linear_gemms(const PrecisionRecipe& r) {
   // fprop multiplies x with w, dgrad dy with w, wgrad dy with x.
-  return {{"fprop", r.x, "x", r.w, "w"}, {"dgrad", r.dy, "dy", r.w, "w"}, {"wgrad", r.dy, "dy", r.x, "x"}};
+  auto pair = [&](LinearProduct p, const Encoding& a, const char* a_name, const Encoding& b, const char* b_name) {
+    const bool whole = product_is_tensorwise(r, p);
+    return GemmRoles{linear_product_name(p), whole ? whole_tensor_encoding(a) : a, a_name,
+                     whole ? whole_tensor_encoding(b) : b, b_name};
+  };
+  return {pair(LinearProduct::Fprop, r.x, "x", r.w, "w"), pair(LinearProduct::Dgrad, r.dy, "dy", r.w, "w"),
+          pair(LinearProduct::Wgrad, r.dy, "dy", r.x, "x")};
 }
 
 }  // namespace
 
 const char* scaling_mode_name(ScalingMode m) { return m == ScalingMode::Current ? "current" : "delayed"; }
+
+const char* linear_product_name(LinearProduct p) {
+  switch (p) {
+    case LinearProduct::Fprop: return "fprop";
+    case LinearProduct::Dgrad: return "dgrad";
+    case LinearProduct::Wgrad: return "wgrad";
+  }
+  return "?";
+}
+
+std::string format_linear_products(const std::vector<LinearProduct>& products) {
+  std::string s;
+  for (LinearProduct p : products) s += std::string(s.empty() ? "" : ",") + linear_product_name(p);
+  return s;
+}
+
+bool parse_linear_products(const std::string& s, std::vector<LinearProduct>* out, std::string* why) {
+  std::vector<LinearProduct> products;
+  size_t start = 0;
+  while (start <= s.size() && !s.empty()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    std::string name = s.substr(start, end - start);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    bool known = false;
+    for (LinearProduct p : kLinearProducts) {
+      if (name != linear_product_name(p)) continue;
+      known = true;
+      if (std::find(products.begin(), products.end(), p) != products.end()) {
+        if (why) *why = "'" + name + "' is named twice";
+        return false;
+      }
+      products.push_back(p);
+    }
+    if (!known) {
+      if (why) *why = "'" + name + "' is not a product (fprop, dgrad, wgrad)";
+      return false;
+    }
+    start = end + 1;
+  }
+  if (out) *out = products;
+  return true;
+}
+
+bool product_is_tensorwise(const PrecisionRecipe& r, LinearProduct p) {
+  return std::find(r.tensorwise_products.begin(), r.tensorwise_products.end(), p) != r.tensorwise_products.end();
+}
+
+Encoding whole_tensor_encoding(const Encoding& e) { return Encoding{e.element, kWholeTensor, ScaleFormat::FP32, false}; }
 
 const char* linear_kind_name(LinearKind k) {
   switch (k) {
@@ -285,6 +342,33 @@ void validate_quartet_switches(const PrecisionRecipe& r, const Roles& roles) {
                 "precision.fp8_activations to true");
 }
 
+// precision.tensorwise_products: each named product multiplies two block-scaled FP8 roles (a per-tensor product of
+// per-tensor roles is the recipe already; FP4 elements, Quartet's included, have no per-tensor quantiser); when fprop and dgrad differ, the weight's two copies differ, so the transposed one cannot be made from the row codes.
+void validate_tensorwise_products(const PrecisionRecipe& r) {
+  const auto fp8 = [](const Encoding& e) { return e.element == ElementFormat::E4M3 || e.element == ElementFormat::E5M2; };
+  for (LinearProduct p : r.tensorwise_products) {
+    const Encoding& a = p == LinearProduct::Fprop ? r.x : r.dy;
+    const Encoding& b = p == LinearProduct::Wgrad ? r.x : r.w;
+    const char* a_name = p == LinearProduct::Fprop ? "x" : "dy";
+    const char* b_name = p == LinearProduct::Wgrad ? "x" : "w";
+    for (const auto& [e, name] : {std::pair<const Encoding&, const char*>{a, a_name}, {b, b_name}}) {
+      if (!fp8(e))
+        throw_error("precision.tensorwise_products names %s, whose operand %s is %s: per-tensor products are FP8 "
+                    "(e4m3 / e5m2) only; remove %s from it", linear_product_name(p), name, encoding_name(e).c_str(),
+                    linear_product_name(p));
+      if (e.per_tensor())
+        throw_error("precision.tensorwise_products names %s, but its operand %s (%s) already has one scale per "
+                    "tensor: the setting is for the block-scaled recipes (e.g. fp8_blockwise); remove %s from it",
+                    linear_product_name(p), name, encoding_name(e).c_str(), linear_product_name(p));
+    }
+  }
+  if (product_is_tensorwise(r, LinearProduct::Fprop) != product_is_tensorwise(r, LinearProduct::Dgrad) &&
+      !r.cache_weight_transpose)
+    throw_error("precision.tensorwise_products = \"%s\" scales the weight's fprop and dgrad copies differently, so "
+                "the transposed codes cannot be made from the row codes: set precision.cache_weight_transpose to true",
+                format_linear_products(r.tensorwise_products).c_str());
+}
+
 }  // namespace
 
 void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
@@ -293,6 +377,10 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
     if (l >= n_layer || l < -n_layer)
       throw_error("precision.bf16_layers: layer %d does not exist (the model has %d blocks: use 0..%d, or -1..-%d "
                   "from the end)", l, n_layer, n_layer - 1, n_layer);
+  if (!r.tensorwise_products.empty() && !r.quantize_linears)
+    throw_error("precision.tensorwise_products = \"%s\" changes the scales of quantised products, but recipe %s "
+                "quantises no linear: set it to \"\"", format_linear_products(r.tensorwise_products).c_str(),
+                r.recipe.c_str());
   if (!r.quantize_linears) return;
   struct Role {
     const char* name;
@@ -309,6 +397,7 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
                   "\"%s\": block scales always come from the block's own amax (use scaling \"current\", or "
                   "granularity \"tensor\")", role.name, block_shape_name(role.e.block).c_str());
   }
+  validate_tensorwise_products(r);  // before the products' operands are checked: its errors name the key
   const auto fp32_scaled = [](const Encoding& e) {
     return e.scale == ScaleFormat::FP32 || e.scale == ScaleFormat::Pow2FP32;
   };
@@ -362,9 +451,15 @@ LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearK
       r.quantize_linears && (kind == LinearKind::LmHead ? r.quantize_lm_head : !layer_stays_bf16(r, layer, n_layer));
   if (!quantized) return p;  // BF16
   p.quantized = true;
-  p.x = r.x;
-  p.w = r.w;
-  p.dy = r.dy;
+  const bool fprop_whole = product_is_tensorwise(r, LinearProduct::Fprop);
+  const bool dgrad_whole = product_is_tensorwise(r, LinearProduct::Dgrad);
+  const bool wgrad_whole = product_is_tensorwise(r, LinearProduct::Wgrad);
+  p.x = fprop_whole ? whole_tensor_encoding(r.x) : r.x;
+  p.w = fprop_whole ? whole_tensor_encoding(r.w) : r.w;
+  p.dy = dgrad_whole ? whole_tensor_encoding(r.dy) : r.dy;
+  p.w_t = dgrad_whole ? whole_tensor_encoding(r.w) : r.w;
+  p.x_t = wgrad_whole ? whole_tensor_encoding(r.x) : r.x;
+  p.dy_t = wgrad_whole ? whole_tensor_encoding(r.dy) : r.dy;
   p.scaling = r.x.per_tensor() ? r.scaling : ScalingMode::Current;
   p.amax_history_len = p.scaling == ScalingMode::Delayed ? r.amax_history_len : 1;
   p.amax_use_max = r.amax_compute != "most_recent";
@@ -415,6 +510,8 @@ std::string describe_recipe(const PrecisionRecipe& r) {
     if (r.scaling == ScalingMode::Delayed)
       s += strformat(" (history %d, %s, margin %d)", r.amax_history_len, r.amax_compute.c_str(), r.margin);
   }
+  if (!r.tensorwise_products.empty())
+    s += "; per-tensor scales in " + format_linear_products(r.tensorwise_products);
   s += r.fast_accum ? "; fast accumulation in fprop" : "; split accumulation";
   if (r.dy_stochastic_rounding && !r.backward_range_matched) s += "; dy rounded stochastically";
   if (r.wgrad_hadamard != 0) s += strformat("; random Hadamard-%d on the wgrad operands", r.wgrad_hadamard);

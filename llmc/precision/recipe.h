@@ -16,6 +16,15 @@
 
 namespace llmc {
 
+// The three products of a linear layer: fprop y = x·wᵀ, dgrad dx = dy·w, wgrad dw = dyᵀ·x.
+enum class LinearProduct : uint8_t { Fprop, Dgrad, Wgrad };
+constexpr LinearProduct kLinearProducts[] = {LinearProduct::Fprop, LinearProduct::Dgrad, LinearProduct::Wgrad};
+const char* linear_product_name(LinearProduct p);  // "fprop" | "dgrad" | "wgrad"
+// precision.tensorwise_products' text: the names joined by ',' ("" for none), and back (false, out untouched, for an
+// unknown or repeated name; *why then says which).
+std::string format_linear_products(const std::vector<LinearProduct>& products);
+bool parse_linear_products(const std::string& s, std::vector<LinearProduct>* out, std::string* why);
+
 // How whole-tensor scales are found: from the tensor's current amax, or delayed from an amax history.
 enum class ScalingMode : uint8_t { Current, Delayed };
 const char* scaling_mode_name(ScalingMode m);  // "current" | "delayed"
@@ -57,6 +66,10 @@ struct PrecisionRecipe {
                                    // (along N) and wgrad (along the tokens)
   bool backward_range_matched = false;  // (backward_scale) "range_matched": Quartet's backward; "absmax": the
                                         // quantised backward of the other presets
+  // Products whose two operands take one whole-tensor scale each (current scaling, FP32 scales, the roles' element
+  // formats) instead of the roles' block scales: the block-scaled FP8 recipes' per-product ablation (which product
+  // carries the difference between block and per-tensor scaling). Empty in every preset.
+  std::vector<LinearProduct> tensorwise_products;
   bool nonlinear_fp8 = false;  // COAT's FP8 precision flow: the inputs the norms (LayerNorm / RMSNorm) and GELU /
                                // SwiGLU save for backward are kept as E4M3 with one FP32 scale per 1x16 channel
                                // group (llmc/kernels/fp8_groups.h) instead of BF16; the forward and the residual
@@ -76,10 +89,13 @@ constexpr BlockShape kNonlinearFp8Groups = kBlock1x16;
 enum class LinearKind : uint8_t { Qkv, AttnOut, MlpUp, MlpDown, LmHead };
 const char* linear_kind_name(LinearKind k);  // "qkv", "attn_out", "mlp_up", "mlp_down", "lm_head"
 
-// The plan of one linear layer: BF16 GEMMs, or quantised ones with the three role encodings.
+// The plan of one linear layer: BF16 GEMMs, or quantised ones with the encodings of the operands' two copies: the
+// row copies x, w (fprop) and dy (dgrad), the transposed copies wᵀ (dgrad), xᵀ and dyᵀ (wgrad). A copy's encoding is
+// its role's, except in the products precision.tensorwise_products names (then one whole-tensor scale).
 struct LinearPlan {
   bool quantized = false;        // false: BF16 GEMMs (the fields below are unused)
-  Encoding x, w, dy;
+  Encoding x, w, dy;             // row copies
+  Encoding x_t, w_t, dy_t;       // transposed copies
   ScalingMode scaling = ScalingMode::Current;  // of the whole-tensor scales
   int amax_history_len = 1;
   bool amax_use_max = true;      // false: most recent
@@ -127,6 +143,11 @@ Encoding role_encoding(ElementFormat element, BlockShape block, bool pow2);
 // True when block n (0-based) of an n_layer model is listed in bf16_layers (negative indices count from the end).
 bool layer_stays_bf16(const PrecisionRecipe& r, int layer, int n_layer);
 LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearKind kind);
+// Whether precision.tensorwise_products names product p.
+bool product_is_tensorwise(const PrecisionRecipe& r, LinearProduct p);
+// The encoding a copy of role encoding e takes in a product with whole-tensor scales: e's element format, one FP32
+// scale for the tensor.
+Encoding whole_tensor_encoding(const Encoding& e);
 
 // Whether the recipe runs quantised GEMMs for its linears (all but those bf16_layers and the lm_head keep in BF16).
 // Sampling must then run the training batch shape (quantised GEMMs need their rows in whole multiples), and the

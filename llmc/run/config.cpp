@@ -283,6 +283,17 @@ const std::vector<KeySchema>& schema() {
       row("precision", "fast_accum", T::Bool,
           "fast FP8 accumulation in the forward GEMM (per-tensor scales only; dgrad and wgrad never use it)",
           LLMC_ACCESS(precision.fast_accum)),
+      row("precision", "tensorwise_products", T::String,
+          "products of the block-scaled recipes run with one FP32 scale per operand tensor instead (current scaling, "
+          "same element formats): a comma-separated subset of fprop, dgrad, wgrad, e.g. \"dgrad,wgrad\" keeps blocks "
+          "in fprop only (\"\" = none; the per-product ablation of fp8_blockwise)",
+          [](const RunConfig& c) { return json(format_linear_products(c.precision.tensorwise_products)); },
+          [](RunConfig& c, const json& v) {
+            std::string why;
+            if (!parse_linear_products(v.get<std::string>(), &c.precision.tensorwise_products, &why))
+              throw_error("precision.tensorwise_products = \"%s\": %s; use a comma-separated subset of fprop, dgrad, "
+                          "wgrad, or \"\"", v.get<std::string>().c_str(), why.c_str());
+          }),
       row("precision", "bf16_layers", T::IntList, "blocks that stay in BF16, e.g. [0, -1] (negative = from the end)",
           LLMC_ACCESS(precision.bf16_layers)),
       row("precision", "lm_head_fp8", T::Bool, "run the lm_head GEMMs quantised too (embeddings always stay BF16)",

@@ -10,6 +10,7 @@
 //   - delayed scaling: the first step scales from the current amax, later steps from the history,
 //   - numerics telemetry names and sanity,
 //   - the BF16 plan is exactly the cuBLASLt BF16 path;
+//   - precision.tensorwise_products: each product gives the bits of the preset whose scaling it takes;
 //   - Quartet plans (mxfp4 and its ablations): fprop, dgrad and wgrad against a host reference of exactly its
 //     algorithm (forward rotation, scales, trust masks; backward re-quantisation under the micro-step's signs with
 //     range-matched scales; the products x16/9, masked, rotated back) within the FP4 products' accumulation bounds.
@@ -241,6 +242,16 @@ MicroStep train_micro_step(PrecisionState& state, Linear& lin, const Problem& p)
   return r;
 }
 
+// The message of the llmc::Error validate_precision_recipe throws for r (4 blocks), or "".
+std::string validate_recipe_error(const PrecisionRecipe& r) {
+  try {
+    validate_precision_recipe(r, 4);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 PrecisionRecipe recipe(const char* name) {
   PrecisionRecipe r;
   EXPECT_TRUE(precision_recipe_preset(name, &r));
@@ -398,6 +409,41 @@ TEST_P(LinearFp8, UncachedWeightTransposeIsBitIdentical) {
   EXPECT_EQ(0, std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * sizeof(float))) << "dgrad differs";
   EXPECT_EQ(0, std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * sizeof(float))) << "wgrad differs";
   for (float v : a.dx) ASSERT_TRUE(std::isfinite(v)) << "dgrad not written";
+}
+
+// precision.tensorwise_products: a product with per-tensor scales gives fp8_tensorwise's bits and one with blocks
+// fp8_blockwise's (the presets share their element formats: x, w E4M3, dy E5M2), for each of the 8 subsets of the
+// three products. The weight's and the input's copies are then quantised separately (a block row copy beside a
+// whole-tensor transposed one, or the reverse), from the same amax as the recipe that quantises them together.
+TEST(LinearTensorwiseProducts, EachProductGivesItsRecipesBits) {
+  std::mt19937_64 rng(seed() ^ 17);
+  const Problem p(rng);
+  auto run = [&](const PrecisionRecipe& r) {
+    EXPECT_EQ(validate_recipe_error(r), "");
+    PrecisionState state(r);
+    Linear lin(state, "mixed", LinearKind::MlpUp, 0, p.N, p.K, plan_linear(r, 0, 2, LinearKind::MlpUp), p.M);
+    return train_micro_step(state, lin, p);
+  };
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const MicroStep tensorwise = run(recipe("fp8_tensorwise")), blockwise = run(recipe("fp8_blockwise"));
+  ASSERT_FALSE(same(tensorwise.out, blockwise.out)) << "the two recipes' fprop must differ for this test to mean much";
+  ASSERT_FALSE(same(tensorwise.dx, blockwise.dx));
+  ASSERT_FALSE(same(tensorwise.dw, blockwise.dw));
+  for (int subset = 0; subset < 8; subset++) {
+    PrecisionRecipe r = recipe("fp8_blockwise");
+    for (LinearProduct product : kLinearProducts)
+      if (subset & (1 << static_cast<int>(product))) r.tensorwise_products.push_back(product);
+    const std::string name = "tensorwise_products = \"" + format_linear_products(r.tensorwise_products) + "\"";
+    const MicroStep m = run(r);
+    auto expected = [&](LinearProduct product) {
+      return product_is_tensorwise(r, product) ? &tensorwise : &blockwise;
+    };
+    EXPECT_TRUE(same(m.out, expected(LinearProduct::Fprop)->out)) << name << ": fprop";
+    EXPECT_TRUE(same(m.dx, expected(LinearProduct::Dgrad)->dx)) << name << ": dgrad";
+    EXPECT_TRUE(same(m.dw, expected(LinearProduct::Wgrad)->dw)) << name << ": wgrad";
+  }
 }
 
 // GELU_AUX forward (epilogue or separate kernel) and the DGELU backward.

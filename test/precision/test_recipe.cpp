@@ -5,7 +5,8 @@
 // impossible combinations and of encodings this build cannot quantise, with errors naming the precision.* key; the
 // names and help generated from the preset table; the precision.pow2_scales mapping onto the scale formats; the FP4
 // roles (role_encoding: the scales an E2M1 block implies), the nvfp4 preset and its switches (stochastic dy, the wgrad
-// Hadamard transform) with what they refuse.
+// Hadamard transform) with what they refuse; precision.tensorwise_products (per-tensor scales in chosen products of a
+// block-scaled recipe).
 #include <iterator>
 #include <string>
 #include <vector>
@@ -319,6 +320,85 @@ TEST(Recipe, ImpossibleCombinations) {
   r.bf16_layers = {-13};
   EXPECT_TRUE(contains(validation_error(r), "precision.bf16_layers"));
   r.bf16_layers = {-12, 11};
+  EXPECT_EQ(validation_error(r), "");
+}
+
+// precision.tensorwise_products: its text, the copies' encodings in the plan, and what it refuses.
+TEST(Recipe, TensorwiseProducts) {
+  std::vector<LinearProduct> ps;
+  std::string why;
+  EXPECT_TRUE(parse_linear_products("dgrad, wgrad", &ps, &why)) << why;
+  EXPECT_EQ(ps, (std::vector<LinearProduct>{LinearProduct::Dgrad, LinearProduct::Wgrad}));
+  EXPECT_EQ(format_linear_products(ps), "dgrad,wgrad");
+  EXPECT_TRUE(parse_linear_products("", &ps, &why));
+  EXPECT_TRUE(ps.empty());
+  EXPECT_EQ(format_linear_products(ps), "");
+  EXPECT_FALSE(parse_linear_products("fprop,fprop", &ps, &why));
+  EXPECT_TRUE(contains(why, "named twice")) << why;
+  EXPECT_FALSE(parse_linear_products("fprop,bwd", &ps, &why));
+  EXPECT_TRUE(contains(why, "'bwd' is not a product")) << why;
+  EXPECT_FALSE(parse_linear_products("wgrad,", &ps, &why));
+
+  // No preset sets it: every copy takes its role's encoding.
+  for (const std::string& name : precision_recipe_names()) {
+    PrecisionRecipe r;
+    ASSERT_TRUE(precision_recipe_preset(name, &r));
+    EXPECT_TRUE(r.tensorwise_products.empty()) << name;
+    const LinearPlan p = plan_linear(r, 0, 12, LinearKind::MlpUp);
+    EXPECT_TRUE(p.x_t == p.x && p.w_t == p.w && p.dy_t == p.dy) << name;
+  }
+
+  // Block-wise with per-tensor dgrad and wgrad: only fprop keeps the blocks.
+  const Encoding x_whole{ElementFormat::E4M3}, w_whole{ElementFormat::E4M3}, dy_whole{ElementFormat::E5M2};
+  PrecisionRecipe r = preset("fp8_blockwise");
+  r.tensorwise_products = {LinearProduct::Dgrad, LinearProduct::Wgrad};
+  EXPECT_EQ(validation_error(r), "");
+  LinearPlan p = plan_linear(r, 0, 12, LinearKind::MlpUp);
+  EXPECT_EQ(p.x, r.x);
+  EXPECT_EQ(p.w, r.w);
+  EXPECT_EQ(p.w_t, w_whole);
+  EXPECT_EQ(p.dy, dy_whole);
+  EXPECT_EQ(p.dy_t, dy_whole);
+  EXPECT_EQ(p.x_t, x_whole);
+  EXPECT_EQ(p.scaling, ScalingMode::Current);
+  EXPECT_FALSE(p.fast_accum_fprop);
+  EXPECT_EQ(recipe_min_compute_capability(r), 90);
+  EXPECT_TRUE(contains(describe_recipe(r), "; per-tensor scales in dgrad,wgrad;")) << describe_recipe(r);
+  // Blocks in wgrad only.
+  r.tensorwise_products = {LinearProduct::Fprop, LinearProduct::Dgrad};
+  p = plan_linear(r, 0, 12, LinearKind::MlpUp);
+  EXPECT_TRUE(p.x == x_whole && p.w == w_whole && p.w_t == w_whole && p.dy == dy_whole) << describe_recipe(r);
+  EXPECT_TRUE(p.x_t == r.x && p.dy_t == r.dy) << describe_recipe(r);
+  EXPECT_EQ(validation_error(r), "");
+  // All three: fp8_tensorwise's products (sm_89).
+  r.tensorwise_products = {LinearProduct::Fprop, LinearProduct::Dgrad, LinearProduct::Wgrad};
+  EXPECT_EQ(validation_error(r), "");
+  EXPECT_EQ(recipe_min_compute_capability(r), 89);
+  const LinearPlan t = plan_linear(preset("fp8_tensorwise"), 0, 12, LinearKind::MlpUp);
+  p = plan_linear(r, 0, 12, LinearKind::MlpUp);
+  EXPECT_TRUE(p.x == t.x && p.w == t.w && p.dy == t.dy && p.x_t == t.x_t && p.w_t == t.w_t && p.dy_t == t.dy_t);
+
+  // Refused: products that are per-tensor already, FP4 operands, no quantised linears, and fprop / dgrad apart
+  // without the cached weight transpose (wgrad alone is fine there: the weight's copies agree).
+  r = preset("fp8_tensorwise");
+  r.tensorwise_products = {LinearProduct::Fprop};
+  EXPECT_TRUE(contains(validation_error(r), "already has one scale per tensor")) << validation_error(r);
+  r = preset("nvfp4");
+  r.tensorwise_products = {LinearProduct::Wgrad};
+  EXPECT_TRUE(contains(validation_error(r), "FP8 (e4m3 / e5m2) only")) << validation_error(r);
+  r = preset("mxfp4");
+  r.tensorwise_products = {LinearProduct::Dgrad};
+  EXPECT_TRUE(contains(validation_error(r), "precision.tensorwise_products names dgrad")) << validation_error(r);
+  r = preset("bf16");
+  r.tensorwise_products = {LinearProduct::Wgrad};
+  EXPECT_TRUE(contains(validation_error(r), "quantises no linear")) << validation_error(r);
+  r = preset("fp8_blockwise");
+  r.cache_weight_transpose = false;
+  r.tensorwise_products = {LinearProduct::Fprop};
+  EXPECT_TRUE(contains(validation_error(r), "precision.cache_weight_transpose to true")) << validation_error(r);
+  r.tensorwise_products = {LinearProduct::Fprop, LinearProduct::Dgrad};
+  EXPECT_EQ(validation_error(r), "");
+  r.tensorwise_products = {LinearProduct::Wgrad};
   EXPECT_EQ(validation_error(r), "");
 }
 

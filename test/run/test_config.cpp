@@ -114,7 +114,7 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 85u);  // 13 model keys + 25 precision keys + the 47 fields of the other sections
+  EXPECT_EQ(docs.size(), 86u);  // 13 model keys + 26 precision keys + the 47 fields of the other sections
   EXPECT_EQ(doc("checkpoint.overwrite").default_value, "false");
   EXPECT_EQ(doc("train.allow_nonfinite_init").default_value, "false");
   EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
@@ -336,6 +336,24 @@ TEST(Config, Fp4RolesAndSwitches) {
   json j = with("precision", "recipe", "nvfp4");
   j["train"] = {{"micro_batch", 1}, {"seq_len", 100}};
   expect_error(load_error(j), {"micro_batch * train.seq_len", "multiple of 16"});
+}
+
+// precision.tensorwise_products: set with --set or in the file, written back by the resolved config, and its
+// errors name the key.
+TEST(Config, TensorwiseProducts) {
+  using llmc::LinearProduct;
+  llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "fp8_blockwise"),
+                                             {"precision.tensorwise_products=dgrad,wgrad"});
+  EXPECT_EQ(c.precision.tensorwise_products, (std::vector<LinearProduct>{LinearProduct::Dgrad, LinearProduct::Wgrad}));
+  const json dumped = llmc::config_to_json(c);
+  EXPECT_EQ(dumped["precision"]["tensorwise_products"], "dgrad,wgrad");
+  EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(dumped, {})), dumped);
+  EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(with("precision", "recipe", "fp8_blockwise"), {}))
+                ["precision"]["tensorwise_products"], "");
+  expect_error(load_error(with("precision", "recipe", "fp8_blockwise"), {"precision.tensorwise_products=fprop,bwd"}),
+               {"precision.tensorwise_products = \"fprop,bwd\": 'bwd' is not a product"});
+  expect_error(load_error(with("precision", "recipe", "fp8_tensorwise"), {"precision.tensorwise_products=wgrad"}),
+               {"precision.tensorwise_products names wgrad", "already has one scale per tensor"});
 }
 
 // Quartet's switches are keys: the mxfp4 preset sets them, the ablations unset them, the resolved config reloads to the
