@@ -21,6 +21,7 @@
 //     with them; the MXFP4 inexact-block count reaches the telemetry.
 // Fresh random inputs each run (seed printed; LLM8_TEST_SEED replays).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -204,7 +205,8 @@ std::vector<double> fp8_product(const HostQ& a, bool at, const HostQ& b, bool bt
 struct Problem {
   int M = 256, N = 384, K = 512;
   std::vector<float> x, w, bias, dy, dw0;
-  explicit Problem(std::mt19937_64& rng) {
+  explicit Problem(std::mt19937_64& rng, int rows = 256, int out_features = 384, int in_features = 512)
+      : M(rows), N(out_features), K(in_features) {
     x = random_values((size_t)M * K, rng, 1.0f);
     w = random_values((size_t)N * K, rng, 0.02f);
     bias = random_values(N, rng, 0.1f);
@@ -414,10 +416,15 @@ TEST_P(LinearFp8, UncachedWeightTransposeIsBitIdentical) {
 // precision.tensorwise_products: a product with per-tensor scales gives fp8_tensorwise's bits and one with blocks
 // fp8_blockwise's (the presets share their element formats: x, w E4M3, dy E5M2), for each of the 8 subsets of the
 // three products. The weight's and the input's copies are then quantised separately (a block row copy beside a
-// whole-tensor transposed one, or the reverse), from the same amax as the recipe that quantises them together.
-TEST(LinearTensorwiseProducts, EachProductGivesItsRecipesBits) {
-  std::mt19937_64 rng(seed() ^ 17);
-  const Problem p(rng);
+// whole-tensor transposed one, or the reverse), from the same amax as the recipe that quantises them together; so
+// this also checks that one quantisation writing both block copies gives the bits of two writing one each. Shapes:
+// the small problem, and GPT-2 124M's MLP up and down projections at 8192 tokens.
+class LinearTensorwiseProducts : public ::testing::TestWithParam<std::array<int, 3>> {};
+
+TEST_P(LinearTensorwiseProducts, EachProductGivesItsRecipesBits) {
+  const auto [M, N, K] = GetParam();
+  std::mt19937_64 rng(seed() ^ 17 ^ (uint64_t)M * N * K);
+  const Problem p(rng, M, N, K);
   auto run = [&](const PrecisionRecipe& r) {
     EXPECT_EQ(validate_recipe_error(r), "");
     PrecisionState state(r);
@@ -445,6 +452,10 @@ TEST(LinearTensorwiseProducts, EachProductGivesItsRecipesBits) {
     EXPECT_TRUE(same(m.dw, expected(LinearProduct::Wgrad)->dw)) << name << ": wgrad";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearTensorwiseProducts,
+                         ::testing::Values(std::array<int, 3>{256, 384, 512}, std::array<int, 3>{8192, 3072, 768},
+                                           std::array<int, 3>{8192, 768, 3072}));
 
 // GELU_AUX forward (epilogue or separate kernel) and the DGELU backward.
 TEST_P(LinearFp8, GeluForwardAndBackward) {
