@@ -14,7 +14,9 @@
 // scale on the device and casts; delayed scaling casts with the scale from the amax history and records this
 // tensor's amax for the next update (in the first step, before any history exists, it scales from the current amax).
 // Block scales come from each block's own amax inside the block quantiser. Every quantisation goes through the one
-// dispatch point, llmc/precision/quantize.h.
+// dispatch point, llmc/precision/quantize.h. Where a role's two copies have different encodings (the plan's x / x_t,
+// w / w_t, dy / dy_t: precision.tensorwise_products), each copy is quantised by a pass of its own, the whole-tensor
+// one with the role's per-tensor slot; otherwise one pass writes both.
 // FP4 plans use the same flow: E2M1 codes packed two per byte with their one-byte block scales, NVFP4's FP32 tensor
 // scales in this layer's small scalar piece (tensor_scales_); dy may be rounded stochastically (both copies, from
 // the precision state's keyed random stream), and the transposed copies of x and dy, the operands of wgrad, may be
