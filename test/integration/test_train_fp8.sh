@@ -4,7 +4,9 @@
 #      activation buffers than BF16 (no BF16 copies of the linear inputs it saves as FP8);
 #   2. fp8_delayed: two identical runs give bit-identical losses, and a run stopped after step 6 and resumed from its
 #      checkpoint (amax histories and scales included) continues bit-identically;
-#   3. the divergence guard: a learning rate that blows the model up gives skipped steps, each logged with the first
+#   3. precision.tensorwise_products: fp8_blockwise with all three products per-tensor gives fp8_tensorwise's losses
+#      bit for bit, and with blocks in fprop only neither plain recipe's;
+#   4. the divergence guard: a learning rate that blows the model up gives skipped steps, each logged with the first
 #      non-finite gradient, and a clear stop after train.max_skipped_steps consecutive ones.
 # Skipped (exit 77) without a GPU, or when the GPU has no FP8 tensor cores.
 set -euo pipefail
@@ -68,6 +70,28 @@ losses "$TMP/again.jsonl" > "$TMP/c.losses"
 diff "$TMP/a.losses" "$TMP/c.losses" || { echo "FAIL: two identical fp8_delayed runs differ"; fail=1; }
 diff "$TMP/a.losses" "$TMP/b.losses" || { echo "FAIL: the resumed fp8_delayed run differs from the uninterrupted one"; fail=1; }
 
+echo "== precision.tensorwise_products: fp8_blockwise with every product per-tensor trains as fp8_tensorwise"
+T=(--set log.numerics_every=0)
+"$TRAIN_GPT" "${COMMON[@]}" "${T[@]}" --set precision.recipe=fp8_tensorwise --set "log.jsonl=$TMP/tw.jsonl" \
+  > "$TMP/tw.log" 2>&1 || { cat "$TMP/tw.log"; exit 1; }
+for products in fprop,dgrad,wgrad dgrad,wgrad; do
+  "$TRAIN_GPT" "${COMMON[@]}" "${T[@]}" --set precision.recipe=fp8_blockwise --set "precision.tensorwise_products=$products" \
+    --set "log.jsonl=$TMP/mixed_$products.jsonl" > "$TMP/mixed_$products.log" 2>&1 ||
+    { cat "$TMP/mixed_$products.log"; echo "FAIL: tensorwise_products=$products run"; fail=1; continue; }
+  grep -q "per-tensor scales in $products" "$TMP/mixed_$products.log" ||
+    { echo "FAIL: the log does not describe tensorwise_products=$products"; fail=1; }
+  losses "$TMP/mixed_$products.jsonl" > "$TMP/mixed_$products.losses"
+done
+losses "$TMP/tw.jsonl" > "$TMP/tw.losses"
+losses "$TMP/fp8_blockwise/metrics.jsonl" > "$TMP/bw.losses"
+diff -q "$TMP/tw.losses" "$TMP/mixed_fprop,dgrad,wgrad.losses" > /dev/null ||
+  { echo "FAIL: fp8_blockwise with tensorwise_products=fprop,dgrad,wgrad differs from fp8_tensorwise"; fail=1; }
+if diff -q "$TMP/tw.losses" "$TMP/mixed_dgrad,wgrad.losses" > /dev/null ||
+   diff -q "$TMP/bw.losses" "$TMP/mixed_dgrad,wgrad.losses" > /dev/null; then
+  echo "FAIL: blocks in fprop only gave the losses of one of the plain recipes"; fail=1
+fi
+tail -1 "$TMP/mixed_dgrad,wgrad.losses"
+
 echo "== divergence guard"
 set +e
 "$TRAIN_GPT" "${COMMON[@]}" --set precision.recipe=fp8_tensorwise --set train.lr=1e30 --set train.warmup_steps=0 \
@@ -85,5 +109,5 @@ skips = [json.loads(l) for l in open('$TMP/guard.jsonl') if json.loads(l)['type'
 assert len(skips) == 3 and all(s['first_nonfinite_gradient'] for s in skips), skips" || fail=1
 fi
 
-[ $fail -eq 0 ] && echo "PASS: FP8 recipes train, log numerics, save activation memory; fp8_delayed is deterministic and resumes bit-identically; the divergence guard stops cleanly"
+[ $fail -eq 0 ] && echo "PASS: FP8 recipes train, log numerics, save activation memory; fp8_delayed is deterministic and resumes bit-identically; per-tensor products of fp8_blockwise are fp8_tensorwise's; the divergence guard stops cleanly"
 exit $fail
