@@ -124,6 +124,19 @@ const RecipePreset* find_preset(const std::string& name) {
   return nullptr;
 }
 
+// The roles each product of a quantised linear multiplies: fprop x with w, dgrad dy with w, wgrad dy with x.
+struct ProductRoles {
+  LinearProduct product;
+  const Encoding& a;
+  const char* a_name;
+  const Encoding& b;
+  const char* b_name;
+};
+std::vector<ProductRoles> product_roles(const PrecisionRecipe& r) {
+  return {{LinearProduct::Fprop, r.x, "x", r.w, "w"}, {LinearProduct::Dgrad, r.dy, "dy", r.w, "w"},
+          {LinearProduct::Wgrad, r.dy, "dy", r.x, "x"}};
+}
+
 // The GEMMs of a quantised linear and their operands (per-tensor in the products precision.tensorwise_products names),
 // with the names validation errors use.
 struct GemmRoles {
@@ -134,14 +147,13 @@ struct GemmRoles {
   const char* b_name;
 };
 std::vector<GemmRoles> linear_gemms(const PrecisionRecipe& r) {
-  // fprop multiplies x with w, dgrad dy with w, wgrad dy with x.
-  auto pair = [&](LinearProduct p, const Encoding& a, const char* a_name, const Encoding& b, const char* b_name) {
-    const bool whole = product_is_tensorwise(r, p);
-    return GemmRoles{linear_product_name(p), whole ? whole_tensor_encoding(a) : a, a_name,
-                     whole ? whole_tensor_encoding(b) : b, b_name};
-  };
-  return {pair(LinearProduct::Fprop, r.x, "x", r.w, "w"), pair(LinearProduct::Dgrad, r.dy, "dy", r.w, "w"),
-          pair(LinearProduct::Wgrad, r.dy, "dy", r.x, "x")};
+  std::vector<GemmRoles> gemms;
+  for (const ProductRoles& p : product_roles(r)) {
+    const bool whole = product_is_tensorwise(r, p.product);
+    gemms.push_back({linear_product_name(p.product), whole ? whole_tensor_encoding(p.a) : p.a, p.a_name,
+                     whole ? whole_tensor_encoding(p.b) : p.b, p.b_name});
+  }
+  return gemms;
 }
 
 }  // namespace
@@ -196,7 +208,9 @@ bool product_is_tensorwise(const PrecisionRecipe& r, LinearProduct p) {
   return std::find(r.tensorwise_products.begin(), r.tensorwise_products.end(), p) != r.tensorwise_products.end();
 }
 
-Encoding whole_tensor_encoding(const Encoding& e) { return Encoding{e.element, kWholeTensor, ScaleFormat::FP32, false}; }
+Encoding whole_tensor_encoding(const Encoding& e) {
+  return Encoding{e.element, kWholeTensor, ScaleFormat::FP32, false};
+}
 
 const char* linear_kind_name(LinearKind k) {
   switch (k) {
@@ -343,23 +357,23 @@ void validate_quartet_switches(const PrecisionRecipe& r, const Roles& roles) {
 }
 
 // precision.tensorwise_products: each named product multiplies two block-scaled FP8 roles (a per-tensor product of
-// per-tensor roles is the recipe already; FP4 elements, Quartet's included, have no per-tensor quantiser); when fprop and dgrad differ, the weight's two copies differ, so the transposed one cannot be made from the row codes.
+// per-tensor roles is the recipe already; FP4 elements, Quartet's included, have no per-tensor quantiser); when fprop
+// and dgrad differ, the weight's two copies differ, so the transposed one cannot be made from the row codes.
 void validate_tensorwise_products(const PrecisionRecipe& r) {
-  const auto fp8 = [](const Encoding& e) { return e.element == ElementFormat::E4M3 || e.element == ElementFormat::E5M2; };
-  for (LinearProduct p : r.tensorwise_products) {
-    const Encoding& a = p == LinearProduct::Fprop ? r.x : r.dy;
-    const Encoding& b = p == LinearProduct::Wgrad ? r.x : r.w;
-    const char* a_name = p == LinearProduct::Fprop ? "x" : "dy";
-    const char* b_name = p == LinearProduct::Wgrad ? "x" : "w";
-    for (const auto& [e, name] : {std::pair<const Encoding&, const char*>{a, a_name}, {b, b_name}}) {
+  const auto fp8 = [](const Encoding& e) {
+    return e.element == ElementFormat::E4M3 || e.element == ElementFormat::E5M2;
+  };
+  for (const ProductRoles& p : product_roles(r)) {
+    if (!product_is_tensorwise(r, p.product)) continue;
+    const char* product = linear_product_name(p.product);
+    for (const auto& [e, name] : {std::pair<const Encoding&, const char*>{p.a, p.a_name}, {p.b, p.b_name}}) {
       if (!fp8(e))
         throw_error("precision.tensorwise_products names %s, whose operand %s is %s: per-tensor products are FP8 "
-                    "(e4m3 / e5m2) only; remove %s from it", linear_product_name(p), name, encoding_name(e).c_str(),
-                    linear_product_name(p));
+                    "(e4m3 / e5m2) only; remove %s from it", product, name, encoding_name(e).c_str(), product);
       if (e.per_tensor())
         throw_error("precision.tensorwise_products names %s, but its operand %s (%s) already has one scale per "
                     "tensor: the setting is for the block-scaled recipes (e.g. fp8_blockwise); remove %s from it",
-                    linear_product_name(p), name, encoding_name(e).c_str(), linear_product_name(p));
+                    product, name, encoding_name(e).c_str(), product);
     }
   }
   if (product_is_tensorwise(r, LinearProduct::Fprop) != product_is_tensorwise(r, LinearProduct::Dgrad) &&
