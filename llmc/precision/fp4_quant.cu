@@ -4,16 +4,16 @@
 // is a pure function of the element's block, so nothing depends on the launch shape.
 //
 // Kernels:
-//   fp4_run_kernel<N>: one thread per 1xN block of one output copy. Row-wise copy: threads walk the blocks of a row
-//     in order (a warp reads contiguous runs of x); column-wise copy (data_t, blocks along the rows of x): adjacent
-//     threads take adjacent columns of the same rows (each of the N loads of a warp is one contiguous run of x). The
-//     thread loads its N values (8 at a time for a row-wise copy of 16-byte aligned rows), applies the Hadamard
-//     transform if asked, takes the block amax (max over the bits of |v|: order independent, a NaN wins), computes
-//     the scale code and the element multiplier, rounds, packs two codes per byte and stores them (one 8- or 16-byte
-//     store for a full block when the row's bytes allow, else bytes). In amax mode (the NVFP4 tensor amax of a
-//     rotated copy) it only maxes the block amaxes into a slot.
-//   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one thread per 32-element run: scale, mask, inverse
-//     Hadamard, store (bf16) or accumulate (FP32).
+//   fp4_run_kernel<N>: one thread per 1xN block of one output copy, a CTA per tile of 64 source rows x 4N source
+//     columns: the tile is loaded into shared memory in whole rows (8 bf16 at a time where rows are 16-byte aligned),
+//     then each thread reads its block along a tile row (data) or a tile column (data_t), applies the Hadamard
+//     transform if asked, takes the block amax (max over the bits of |v|: order independent, a NaN wins), computes the
+//     scale code and the element multiplier, rounds, packs two codes per byte and stores them (one 8- or 16-byte
+//     store for a full block when the row's bytes allow, else bytes); the threads of a tile write whole runs of code
+//     bytes and scale bytes. In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes
+//     into a slot, and the source's own amax into another when asked (one read for both).
+//   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one warp per 32-element run (a lane per element): scale,
+//     mask, inverse Hadamard by shuffles, store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
 //     tile amax is a max over the 16 lanes (shuffles), lane j writes row j's codes to data and quantises column j of
 //     the tile (the same values, the same scale: the same codes) into row j of the tile in data_t.
@@ -49,7 +49,7 @@ struct RunArgs {
   const bf16* x;
   int rows, cols;           // the source
   bool column;              // false: data (blocks along cols); true: data_t (blocks along rows)
-  bool vector_rows;         // row-wise copy of an x whose rows are 16-byte aligned: full blocks load 8 bf16 at a time
+  bool vector_loads;        // x's rows are 16-byte aligned (cols % 8 == 0, x aligned): tiles load 8 bf16 at a time
   uint8_t* codes;           // (out_rows, out_cols) packed, or null in amax mode
   uint8_t* scales;          // [kb * ld + o]
   int out_rows, out_cols, ld, blocks_per_row;
@@ -62,10 +62,25 @@ struct RunArgs {
   int hadamard;               // 0, 16 or 32
   uint32_t signs;
   float* amax_out;            // amax mode: the block amaxes are maxed into it (nothing else is written)
+  float* source_amax_out;     // amax mode: also max |x| of the unrotated source into it, or null
   Mxfp4Scale mxfp4_scale;     // MXFP4: the amax rule, QuEST's Gaussian scales or Quartet's range-matched ones
   uint32_t* trust_mask;       // MXFP4 data copy: the block's trust bits [o * blocks_per_row + kb], or null
 };
 
+// fp4_run_kernel's tiles: kRunTileRows source rows x 4N source columns, staged in shared memory (bf16) so that both
+// copies read x in whole rows and write their codes in runs of N / 2 * 4 bytes; each smem row is padded by 8 bf16
+// (16-byte aligned rows that start 4 banks apart). A tile holds 256 blocks of either copy: 4 per row for data
+// (threads 4 lo + j), 4 (N = 16) or 2 (N = 32) per column for data_t (threads lo + 4N j: a warp reads one smem row).
+constexpr int kRunTileRows = 64;
+constexpr int kRunTilePad = 8;
+template <int N>
+constexpr int run_tile_cols() {
+  return 4 * N;
+}
+template <int N>
+size_t run_tiles(int rows, int cols) {
+  return ceil_div(static_cast<size_t>(rows), kRunTileRows) * ceil_div(static_cast<size_t>(cols), run_tile_cols<N>());
+}
 __device__ inline float load_x(const bf16* x, size_t i) { return __bfloat162float(x[i]); }
 
 // The scale code and element multiplier of a block with amax bits `amax_bits`.
@@ -95,42 +110,62 @@ struct Rounder {
       group = index >> 2;
       words = random_word4(key, index, copy);
     }
-    return e2m1_sr(y, words.v[index & 3]);
+    const uint32_t r = (index & 2) ? ((index & 1) ? words.v[3] : words.v[2]) : ((index & 1) ? words.v[1] : words.v[0]);
+    return e2m1_sr(y, r);  // a select, not an indexed load: the words stay in registers
   }
 };
 
 template <int N>
 __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
-  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t total = static_cast<size_t>(a.out_rows) * a.blocks_per_row;
-  const bool active = id < total;
-  int o = 0, kb = 0;  // output row, block within it
-  if (a.column) {
-    kb = static_cast<int>(id / a.out_rows), o = static_cast<int>(id % a.out_rows);
+  constexpr int kCols = run_tile_cols<N>(), kLd = kCols + kRunTilePad;
+  static_assert(kRunTileRows * kCols / N == kThreads, "one block of either copy per thread");
+  static_assert(kRunTileRows % N == 0, "whole column blocks per tile");
+  __shared__ alignas(16) bf16 tile[kRunTileRows * kLd];
+  const int col_tiles = (a.cols + kCols - 1) / kCols;
+  const int r0 = static_cast<int>(blockIdx.x / col_tiles) * kRunTileRows;
+  const int c0 = static_cast<int>(blockIdx.x % col_tiles) * kCols;
+  if (a.vector_loads) {
+    constexpr int kVectorsPerRow = kCols / 8;
+    for (int t = threadIdx.x; t < kRunTileRows * kVectorsPerRow; t += kThreads) {
+      const int lr = t / kVectorsPerRow, lc = (t % kVectorsPerRow) * 8;
+      const int r = r0 + lr, c = c0 + lc;  // cols % 8 == 0: a vector is wholly inside or wholly outside
+      x128 packed = x128::filled(0.0f);
+      if (r < a.rows && c < a.cols) packed = load128(a.x + static_cast<size_t>(r) * a.cols + c);
+      store128(tile + lr * kLd + lc, packed);
+    }
   } else {
-    o = static_cast<int>(id / a.blocks_per_row), kb = static_cast<int>(id % a.blocks_per_row);
+    for (int t = threadIdx.x; t < kRunTileRows * kCols; t += kThreads) {
+      const int lr = t / kCols, lc = t % kCols;
+      const int r = r0 + lr, c = c0 + lc;
+      tile[lr * kLd + lc] = r < a.rows && c < a.cols ? a.x[static_cast<size_t>(r) * a.cols + c] : __float2bfloat16(0.0f);
+    }
   }
-  const int p0 = kb * N;
-  const int n = active ? min(N, a.out_cols - p0) : 0;
-  float v[N];
-  if (a.vector_rows && n == N) {
+  __syncthreads();
+
+  int o = 0, kb = 0;  // output row, block within it
+  float v[N];         // the block's values; zeros past the source's edges
+  if (a.column) {
+    const int lo = threadIdx.x % kCols, lkb = threadIdx.x / kCols;
+    o = c0 + lo, kb = r0 / N + lkb;
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = __bfloat162float(tile[(lkb * N + i) * kLd + lo]);
+  } else {
+    const int lo = threadIdx.x / 4, lkb = threadIdx.x % 4;
+    o = r0 + lo, kb = c0 / N + lkb;
 #pragma unroll
     for (int w = 0; w < N / 8; w++) {
-      const x128 packed = load128(a.x + static_cast<size_t>(o) * a.cols + p0 + 8 * w);
+      const x128 packed = load128(tile + lo * kLd + lkb * N + 8 * w);
 #pragma unroll
       for (int k = 0; k < 8; k++) v[8 * w + k] = __bfloat162float(packed[k]);
     }
-  } else {
+  }
+  const int p0 = kb * N;
+  const bool active = o < a.out_rows && p0 < a.out_cols;
+  const int n = active ? min(N, a.out_cols - p0) : 0;
+  unsigned source_amax = 0;
+  if (a.source_amax_out) {
 #pragma unroll
-    for (int i = 0; i < N; i++) {
-      float value = 0.0f;
-      if (i < n) {
-        const int p = p0 + i;
-        value = a.column ? load_x(a.x, static_cast<size_t>(p) * a.cols + o)
-                         : load_x(a.x, static_cast<size_t>(o) * a.cols + p);
-      }
-      v[i] = value;
-    }
+    for (int i = 0; i < N; i++) source_amax = max(source_amax, __float_as_uint(fabsf(v[i])));
   }
   if (a.hadamard != 0 && n == N) {
 #pragma unroll
@@ -143,11 +178,15 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   if (a.amax_out) {
     amax = warp_max_bits(amax);
     if (threadIdx.x % kWarpSize == 0) atomic_max_amax(a.amax_out, amax);
+    if (a.source_amax_out) {
+      source_amax = warp_max_bits(source_amax);
+      if (threadIdx.x % kWarpSize == 0) atomic_max_amax(a.source_amax_out, source_amax);
+    }
     return;
   }
   if (!active) return;
   const float s_enc = a.nvfp4 ? nvfp4_tensor_encode_scale(a.tensor_amax[0]) : 1.0f;
-  if (id == 0 && a.tensor_scale_inv) a.tensor_scale_inv[0] = div_rn(1.0f, s_enc);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && a.tensor_scale_inv) a.tensor_scale_inv[0] = div_rn(1.0f, s_enc);
   uint8_t scale_code;
   float multiplier;
   bool gaussian = false;
@@ -288,9 +327,10 @@ unsigned grid_of(size_t threads, const char* who) {
 }
 
 void launch_run(const RunArgs& a, int block_len, cudaStream_t stream) {
-  const size_t threads = static_cast<size_t>(a.out_rows) * a.blocks_per_row;
-  if (threads == 0) return;
-  const unsigned grid = grid_of(threads, "fp4_quantize");
+  const size_t tiles = block_len == 16 ? run_tiles<16>(a.rows, a.cols) : run_tiles<32>(a.rows, a.cols);
+  if (tiles == 0) return;
+  if (tiles > 0x7fffffffu) throw_error("fp4_quantize: %zu tiles exceed the grid limit", tiles);
+  const unsigned grid = static_cast<unsigned>(tiles);
   if (block_len == 16)
     fp4_run_kernel<16><<<grid, kThreads, 0, stream>>>(a);
   else
@@ -368,18 +408,22 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
   if (q.data) CUDA_CHECK(cudaMemsetAsync(scales, one, scale_inv_bytes(e, q.rows, q.cols), stream));
   if (q.data_t) CUDA_CHECK(cudaMemsetAsync(scales_t, one, scale_inv_bytes(e, q.cols, q.rows), stream));
 
-  // The source amax: q.amax (overwritten) and, for NVFP4 without a given amax, the tensor amax.
+  // The source amax: q.amax (overwritten) and, for NVFP4 without a given amax, the tensor amax. NVFP4 copies rotated
+  // by a Hadamard transform are scaled from the amax of their rotated values, measured by a pass of their own before
+  // any codes are written; the first such pass measures the source amax in the same read (else amax_bf16 does).
   float* scratch = nullptr;  // [0] source amax, [1] rotated data amax, [2] rotated data_t amax
   const bool rotate_data = args.hadamard.any() && args.hadamard.data && q.data;
   const bool rotate_data_t = args.hadamard.any() && args.hadamard.data_t && q.data_t;
+  const bool rotated_amax_pass = nvfp4 && e.block.rows == 1 && (rotate_data || rotate_data_t);
+  const bool measure_source = (nvfp4 && !args.amax) || q.amax;
   if (nvfp4 || q.amax) scratch = scratch_floats(3, stream);
   const float* source_amax = args.amax;
-  if ((nvfp4 && !source_amax) || q.amax) {
-    if (n > 0) amax_bf16(scratch, x, n, stream);
+  if (measure_source) {
+    if (n > 0 && !rotated_amax_pass) amax_bf16(scratch, x, n, stream);
     if (!source_amax) source_amax = scratch;
-    if (q.amax) CUDA_CHECK(cudaMemcpyAsync(q.amax, scratch, sizeof(float), cudaMemcpyDeviceToDevice, stream));
   }
   if (n == 0) {
+    if (q.amax) CUDA_CHECK(cudaMemcpyAsync(q.amax, scratch, sizeof(float), cudaMemcpyDeviceToDevice, stream));
     if (scratch) CUDA_CHECK(cudaFreeAsync(scratch, stream));
     return;
   }
@@ -402,15 +446,14 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
       CUDA_CHECK_LAUNCH();
     }
   } else {
+    RunArgs runs[2];
     for (int copy = 0; copy < 2; copy++) {
-      uint8_t* codes = copy == 0 ? q.data : q.data_t;
-      if (!codes) continue;
-      const bool rotate = copy == 0 ? rotate_data : rotate_data_t;
-      RunArgs a{};
+      RunArgs& a = runs[copy];
+      a = RunArgs{};
       a.x = x;
       a.rows = q.rows, a.cols = q.cols;
       a.column = copy == 1;
-      a.vector_rows = !a.column && q.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+      a.vector_loads = q.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
       a.out_rows = a.column ? q.cols : q.rows, a.out_cols = a.column ? q.rows : q.cols;
       a.ld = scale_inv_ld(e, a.out_rows, a.out_cols);
       a.blocks_per_row = static_cast<int>(ceil_div(a.out_cols, e.block.cols));
@@ -418,23 +461,34 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
       a.stochastic = args.rounding == Rounding::Stochastic;
       a.key = args.sr_key;
       a.copy = copy;
-      a.hadamard = rotate ? args.hadamard.size : 0;
+      a.hadamard = (copy == 0 ? rotate_data : rotate_data_t) ? args.hadamard.size : 0;
       a.signs = args.hadamard.signs;
       a.tensor_amax = source_amax;
       a.mxfp4_scale = args.mxfp4_scale;
       a.trust_mask = copy == 0 ? args.trust_mask : nullptr;
-      if (nvfp4 && rotate) {  // the amax of the rotated values first
-        a.amax_out = scratch + 1 + copy;
-        launch_run(a, e.block.cols, stream);
-        a.amax_out = nullptr;
-        a.tensor_amax = scratch + 1 + copy;
-      }
-      a.codes = codes;
+    }
+    bool source_pending = measure_source && rotated_amax_pass;
+    for (int copy = 0; copy < 2; copy++) {  // the rotated copies' amax passes
+      RunArgs& a = runs[copy];
+      if (!(copy == 0 ? q.data : q.data_t) || a.hadamard == 0 || !nvfp4) continue;
+      a.amax_out = scratch + 1 + copy;
+      a.source_amax_out = source_pending ? scratch : nullptr;
+      source_pending = false;
+      launch_run(a, e.block.cols, stream);
+      a.amax_out = nullptr;
+      a.source_amax_out = nullptr;
+      a.tensor_amax = scratch + 1 + copy;
+    }
+    for (int copy = 0; copy < 2; copy++) {
+      RunArgs& a = runs[copy];
+      a.codes = copy == 0 ? q.data : q.data_t;
+      if (!a.codes) continue;
       a.scales = copy == 0 ? scales : scales_t;
       a.tensor_scale_inv = nvfp4 ? (copy == 0 ? q.tensor_scale_inv : q.tensor_scale_inv_t) : nullptr;
       launch_run(a, e.block.cols, stream);
     }
   }
+  if (q.amax) CUDA_CHECK(cudaMemcpyAsync(q.amax, scratch, sizeof(float), cudaMemcpyDeviceToDevice, stream));
   if (scratch) CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
@@ -473,31 +527,37 @@ void fp4_dequantize(bf16* out, const QTensor& q, bool transposed, cudaStream_t s
   CUDA_CHECK_LAUNCH();
 }
 
-// Quartet's backward epilogue: one thread per 32-element run of a row.
+// Quartet's backward epilogue: one warp per 32-element run of a row, lane i holding element i (coalesced loads and
+// stores). The inverse rotation is hadamard_transform<32>'s butterflies by shuffles: at stage h the lane with bit h
+// clear keeps a + b and its partner a - b, with a the lower element and b the upper, the same FP32 operations.
 __global__ void __launch_bounds__(kThreads) mxfp4_gradient_epilogue_kernel(bf16* out_bf16, float* out_fp32,
                                                                            const float* g, const uint32_t* mask,
                                                                            int rows, int cols, float factor,
                                                                            int hadamard) {
   constexpr int N = kGaussianBlock;
+  static_assert(N == kWarpSize, "one lane per element of a run");
   const int runs = (cols + N - 1) / N;
-  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (id >= static_cast<size_t>(rows) * runs) return;
-  const int r = static_cast<int>(id / runs), kb = static_cast<int>(id % runs);
+  const size_t warp = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (warp >= static_cast<size_t>(rows) * runs) return;  // whole warps
+  const int r = static_cast<int>(warp / runs), kb = static_cast<int>(warp % runs);
   const int c0 = kb * N, n = min(N, cols - c0);
-  const size_t base = static_cast<size_t>(r) * cols + c0;
+  const size_t i = static_cast<size_t>(r) * cols + c0 + lane;
   const uint32_t bits = mask ? mask[static_cast<size_t>(r) * runs + kb] : 0xFFFFFFFFu;
-  float v[N];
+  float v = lane < n && ((bits >> lane) & 1u) ? mul_rn(g[i], factor) : 0.0f;
+  if (hadamard == N) {  // cols % 32 == 0: every lane holds an element
 #pragma unroll
-  for (int i = 0; i < N; i++) v[i] = i < n && ((bits >> i) & 1u) ? mul_rn(g[base + i], factor) : 0.0f;
-  if (hadamard == N) hadamard_transform<N>(v, 0u);
-#pragma unroll
-  for (int i = 0; i < N; i++) {
-    if (i >= n) break;
-    if (out_bf16)
-      out_bf16[base + i] = __float2bfloat16_rn(v[i]);
-    else
-      out_fp32[base + i] = add_rn(out_fp32[base + i], v[i]);
+    for (int h = 1; h < N; h *= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, v, h);
+      v = (lane & h) ? add_rn(other, -v) : add_rn(v, other);
+    }
+    v = mul_rn(v, HadamardNorm<N>::value);
   }
+  if (lane >= n) return;
+  if (out_bf16)
+    out_bf16[i] = __float2bfloat16_rn(v);
+  else
+    out_fp32[i] = add_rn(out_fp32[i], v);
 }
 
 void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, const uint32_t* mask, int rows, int cols,
@@ -510,7 +570,7 @@ void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, co
     throw_error("%s: hadamard = %d; the inverse rotation is of size 0 (none) or %d", who, hadamard, kGaussianBlock);
   if (hadamard != 0 && cols % hadamard != 0)
     throw_error("%s: cols = %d must be a multiple of hadamard = %d", who, cols, hadamard);
-  const size_t threads = static_cast<size_t>(rows) * ceil_div(cols, kGaussianBlock);
+  const size_t threads = static_cast<size_t>(rows) * ceil_div(cols, kGaussianBlock) * kWarpSize;
   if (threads == 0) return;
   if (!g) throw_error("%s: g is null", who);
   mxfp4_gradient_epilogue_kernel<<<grid_of(threads, who), kThreads, 0, stream>>>(out_bf16, out_fp32, g, mask, rows,

@@ -32,18 +32,30 @@ struct HadamardNorm<32> {
   static constexpr float value = 0.17677669529663688f;  // 1 / sqrt(32), rounded to FP32
 };
 
+// Device code unrolls the loops completely, so that a caller's array stays in registers.
+#ifdef __CUDA_ARCH__
+#define LLMC_HADAMARD_UNROLL _Pragma("unroll")
+#else
+#define LLMC_HADAMARD_UNROLL
+#endif
+
 template <int N>
 __host__ __device__ inline void hadamard_transform(float* v, uint32_t signs) {
   static_assert(N == 16 || N == 32, "block Hadamard transforms of size 16 or 32");
+  LLMC_HADAMARD_UNROLL
   for (int i = 0; i < N; i++)
     if ((signs >> i) & 1u) v[i] = -v[i];
-  for (int h = 1; h < N; h *= 2)
+  LLMC_HADAMARD_UNROLL
+  for (int h = 1; h < N; h *= 2) {
+    LLMC_HADAMARD_UNROLL
     for (int i = 0; i < N; i++)
       if (!(i & h)) {
         const float a = v[i], b = v[i + h];
         v[i] = add_rn(a, b);
         v[i + h] = add_rn(a, -b);
       }
+  }
+  LLMC_HADAMARD_UNROLL
   for (int i = 0; i < N; i++) v[i] = mul_rn(v[i], HadamardNorm<N>::value);
 }
 
@@ -54,5 +66,7 @@ __host__ __device__ inline void hadamard_transform_n(float* v, int size, uint32_
   else
     hadamard_transform<32>(v, signs);
 }
+
+#undef LLMC_HADAMARD_UNROLL
 
 }  // namespace llmc
