@@ -14,6 +14,14 @@ The --set overrides are passed to train_gpt after the benchmark's own (one micro
 sampling or checkpoints). After the kernels comes the same step by family (GEMMs, attention, quantisation, norms,
 activations, optimizer, ...: CATEGORIES below), the table the notes in dev/bench/NOTES.md are made of.
 --from-csv FILE prints both tables again from a step saved with --csv, without ncu (to compare profiles later).
+
+--detail REGEX profiles only the launches whose kernel name matches REGEX (ncu's --kernel-name regex:, after
+--detail-skip matching launches, --detail-count of them) with the metrics that say what bounds a kernel: duration,
+DRAM and SM throughput (% of peak), issue-slot use, achieved occupancy, warp instructions executed, registers, and
+the three largest stall reasons (cycles per issued instruction):
+
+  python3 dev/bench/kernel_profile.py --config configs/llama_1b_bf16.json --set precision.recipe=mxfp4 \
+      --detail mxfp4_to_e4m3 --detail-count 4
 """
 import argparse
 import csv
@@ -120,6 +128,57 @@ def tables(step, top):
     return "\n".join(lines)
 
 
+# --detail: (metric, column header, multiplier), then the stall reasons (ncu's names; cycles per issued instruction).
+DETAIL_METRICS = [
+    ("gpu__time_duration.sum", "us", 1e-3),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM%", 1.0),
+    ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM%", 1.0),
+    ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue%", 1.0),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", "occup%", 1.0),
+    ("smsp__inst_executed.sum", "Minst", 1e-6),
+    ("launch__registers_per_thread", "regs", 1.0),
+]
+STALL_REASONS = ["long_scoreboard", "short_scoreboard", "barrier", "membar", "math_pipe_throttle", "mio_throttle",
+                 "lg_throttle", "tex_throttle", "wait", "not_selected", "no_instruction", "dispatch_stall", "drain",
+                 "branch_resolving", "sleeping", "imc_miss", "misc"]
+
+
+def stall_metric(reason):
+    return f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+
+
+def detail_metric_names():
+    return [m for m, _, _ in DETAIL_METRICS] + [stall_metric(r) for r in STALL_REASONS]
+
+
+def parse_ncu_metrics(text):
+    """ncu --csv --print-units base output with several metrics -> [(kernel name, {metric: value})] in launch order
+    (values as floats, '1,234' read as 1234; metrics ncu reports as n/a are left out)."""
+    start = text.find('"ID"')
+    if start < 0:
+        raise SystemExit("kernel_profile: no ncu CSV in the output (did ncu run? see the log above)")
+    launches = {}
+    for r in csv.DictReader(io.StringIO(text[start:])):
+        entry = launches.setdefault(int(r["ID"]), (r["Kernel Name"], {}))
+        try:
+            entry[1][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
+        except ValueError:
+            pass
+    return [launches[i] for i in sorted(launches)]
+
+
+def detail_table(launches):
+    """One row per profiled launch: the DETAIL_METRICS columns, then the three largest stall reasons."""
+    header = f"{'launch':>6}  " + " ".join(f"{h:>8}" for _, h, _ in DETAIL_METRICS) + "  kernel; top stalls"
+    lines = [header]
+    for i, (name, m) in enumerate(launches):
+        cells = " ".join(f"{m[k] * mul:8.1f}" if k in m else f"{'-':>8}" for k, _, mul in DETAIL_METRICS)
+        stalls = sorted(((m[stall_metric(r)], r) for r in STALL_REASONS if stall_metric(r) in m), reverse=True)[:3]
+        top = ", ".join(f"{r} {v:.2f}" for v, r in stalls)
+        lines.append(f"{i:6d}  {cells}  {short_name(name)}; {top}")
+    return "\n".join(lines)
+
+
 def read_step_csv(path):
     """A step written by --csv -> [(kernel name, ns)] in launch order."""
     with open(path, newline="") as f:
@@ -127,6 +186,20 @@ def read_step_csv(path):
     if not rows or not {"launch", "kernel", "ns"} <= set(rows[0]):
         raise SystemExit(f"kernel_profile: {path} is not a --csv step (columns launch, kernel, ns)")
     return [(r["kernel"], float(r["ns"])) for r in sorted(rows, key=lambda r: int(r["launch"]))]
+
+
+def ncu_command(args, overrides):
+    """The ncu command line: every kernel's duration, or (--detail) the detail metrics of the matching launches."""
+    metrics = ",".join(detail_metric_names()) if args.detail else "gpu__time_duration.sum"
+    cmd = [args.ncu, "--csv", "--print-units", "base", "--metrics", metrics, "--cache-control", "none",
+           "--clock-control", "none"]
+    if args.detail:
+        cmd += ["--kernel-name", f"regex:{args.detail}", "--launch-skip", str(args.detail_skip), "--launch-count",
+                str(args.detail_count)]
+    cmd += [args.train_gpt, "--config", args.config]
+    for o in overrides:
+        cmd += ["--set", o]
+    return cmd
 
 
 def main():
@@ -139,6 +212,10 @@ def main():
     ap.add_argument("--top", type=int, default=40, help="kernel names to list (the rest are summed)")
     ap.add_argument("--csv", help="also write the step's kernels (launch order, name, ns) here")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
+    ap.add_argument("--detail", metavar="REGEX", help="profile only the launches of kernels matching REGEX, with the "
+                    "metrics that say what bounds them (see above)")
+    ap.add_argument("--detail-skip", type=int, default=0, help="matching launches to skip first (default 0)")
+    ap.add_argument("--detail-count", type=int, default=4, help="matching launches to profile (default 4)")
     args = ap.parse_args()
     if args.from_csv:
         print(tables(read_step_csv(args.from_csv), args.top))
@@ -147,18 +224,24 @@ def main():
         ap.error("--config is required (or --from-csv FILE)")
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first step carries one-time work)")
+    if args.detail is not None and (args.detail_count < 1 or args.detail_skip < 0):
+        ap.error("--detail-count must be at least 1 and --detail-skip at least 0")
 
     overrides = ["train.global_batch_tokens=0", f"train.steps={args.steps}", "train.warmup_steps=1", "eval.every=0",
                  "sample.every=0", "sample.tokens=0", 'checkpoint.dir=""', 'data.val=""', "log.every=1"] + args.set
-    cmd = [args.ncu, "--csv", "--print-units", "base", "--metrics", "gpu__time_duration.sum", "--cache-control", "none",
-           "--clock-control", "none", args.train_gpt, "--config", args.config]
-    for o in overrides:
-        cmd += ["--set", o]
+    cmd = ncu_command(args, overrides)
     print("kernel_profile:", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"kernel_profile: ncu exited {proc.returncode}")
+    if args.detail:
+        launches = parse_ncu_metrics(proc.stdout)
+        if not launches:
+            raise SystemExit(f"kernel_profile: no launch matched --detail {args.detail!r}")
+        print()
+        print(detail_table(launches))
+        return
     kernels = parse_ncu_csv(proc.stdout)
     step = last_step(kernels)
     print()

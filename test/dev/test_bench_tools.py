@@ -11,7 +11,8 @@ parsing of its step lines, the shard header check, and the error paths (no --llm
 spec). B=max run specs: the dry-run total, the search for the largest micro-batch that fits (with a fake plan and
 over train_gpt's real dry runs). dev/bench/kernel_profile.py: kernel-name shortening, ncu CSV parsing (units, one
 row per kernel in launch order), the cut into steps at the embedding kernel, the kernel families and both tables
-(also from a step saved with --csv).
+(also from a step saved with --csv), and --detail (the ncu command for matching launches, several metrics per launch
+parsed, n/a values left out, the table with its three largest stall reasons).
 """
 
 import contextlib
@@ -527,6 +528,55 @@ class KernelProfile(unittest.TestCase):
                 f.write("a,b\n1,2\n")
             with self.assertRaises(SystemExit):
                 kprof.read_step_csv(path)
+
+    def test_detail_metrics_and_table(self):
+        head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+                '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+
+        def row(i, name, metric, unit, value):
+            return f'"{i}","1","train_gpt","h","{name}","1","7","(256, 1, 1)","(4096, 1, 1)","0","9.0","",' \
+                   f'"{metric}","{unit}","{value}"\n'
+        remap = "void llmc::(anonymous namespace)::mxfp4_to_e4m3_kernel(unsigned char *, float *)"
+        text = "==PROF== Connected\n" + head
+        text += row(0, remap, "gpu__time_duration.sum", "nsecond", "65,888")
+        text += row(0, remap, "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "12.5")
+        text += row(0, remap, "smsp__inst_executed.sum", "inst", "33,554,432")
+        text += row(0, remap, kprof.stall_metric("long_scoreboard"), "", "3.25")
+        text += row(0, remap, kprof.stall_metric("wait"), "", "1.5")
+        text += row(0, remap, kprof.stall_metric("barrier"), "", "n/a")
+        text += row(0, remap, kprof.stall_metric("math_pipe_throttle"), "", "4.75")
+        text += row(0, remap, kprof.stall_metric("not_selected"), "", "0.5")
+        text += row(1, remap, "gpu__time_duration.sum", "nsecond", "26400")
+        launches = kprof.parse_ncu_metrics(text)
+        self.assertEqual(len(launches), 2)
+        self.assertAlmostEqual(launches[0][1]["gpu__time_duration.sum"], 65888.0)
+        self.assertNotIn(kprof.stall_metric("barrier"), launches[0][1])  # n/a is left out
+        lines = kprof.detail_table(launches).splitlines()
+        self.assertEqual(len(lines), 3)
+        first = lines[1].split()
+        self.assertEqual(first[:4], ["0", "65.9", "12.5", "-"])  # us, DRAM%, SM% missing
+        self.assertIn("33.6", first)  # million warp instructions
+        self.assertTrue(lines[1].endswith("mxfp4_to_e4m3_kernel; math_pipe_throttle 4.75, long_scoreboard 3.25, "
+                                          "wait 1.50"))
+        self.assertTrue(lines[2].endswith("mxfp4_to_e4m3_kernel; "))  # no stall metrics: none listed
+        with self.assertRaises(SystemExit):
+            kprof.parse_ncu_metrics("==PROF== nothing matched\n")
+
+    def test_detail_command(self):
+        args = types.SimpleNamespace(ncu="ncu", train_gpt="build/train_gpt", config="c.json", detail="fp4_run",
+                                     detail_skip=3, detail_count=2)
+        cmd = kprof.ncu_command(args, ["train.steps=2"])
+        metrics = cmd[cmd.index("--metrics") + 1].split(",")
+        self.assertIn("gpu__time_duration.sum", metrics)
+        self.assertIn(kprof.stall_metric("long_scoreboard"), metrics)
+        self.assertEqual(cmd[cmd.index("--kernel-name") + 1], "regex:fp4_run")
+        self.assertEqual(cmd[cmd.index("--launch-skip") + 1], "3")
+        self.assertEqual(cmd[cmd.index("--launch-count") + 1], "2")
+        self.assertEqual(cmd[-4:], ["--config", "c.json", "--set", "train.steps=2"])
+        args.detail = None
+        cmd = kprof.ncu_command(args, [])
+        self.assertEqual(cmd[cmd.index("--metrics") + 1], "gpu__time_duration.sum")
+        self.assertNotIn("--kernel-name", cmd)
 
     def test_needs_two_steps_and_a_csv(self):
         one_step = "\n".join(NCU_CSV.splitlines()[:5])
