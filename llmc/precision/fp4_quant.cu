@@ -11,7 +11,7 @@
 //     scale code and the element multiplier, rounds, packs two codes per byte and stores them (one 8- or 16-byte
 //     store for a full block when the row's bytes allow, else bytes); the threads of a tile write whole runs of code
 //     bytes and scale bytes. In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes
-//     into a slot, and the source's own amax into another when asked (one read for both).
+//     into a slot, and the source's own amax into another when asked (one read for both), one atomic per CTA each.
 //   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one warp per 32-element run (a lane per element): scale,
 //     mask, inverse Hadamard by shuffles, store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
@@ -175,12 +175,18 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   unsigned amax = 0;
 #pragma unroll
   for (int i = 0; i < N; i++) amax = max(amax, __float_as_uint(fabsf(v[i])));  // padding zeros add nothing
-  if (a.amax_out) {
+  if (a.amax_out) {  // one atomic per CTA and slot (a same-address atomic per warp bounded these passes)
+    __shared__ unsigned warp_amax[2][kThreads / kWarpSize];
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     amax = warp_max_bits(amax);
-    if (threadIdx.x % kWarpSize == 0) atomic_max_amax(a.amax_out, amax);
-    if (a.source_amax_out) {
-      source_amax = warp_max_bits(source_amax);
-      if (threadIdx.x % kWarpSize == 0) atomic_max_amax(a.source_amax_out, source_amax);
+    source_amax = warp_max_bits(source_amax);
+    if (lane == 0) warp_amax[0][warp] = amax, warp_amax[1][warp] = source_amax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 0; w < kThreads / kWarpSize; w++)
+        amax = max(amax, warp_amax[0][w]), source_amax = max(source_amax, warp_amax[1][w]);
+      atomic_max_amax(a.amax_out, amax);
+      if (a.source_amax_out) atomic_max_amax(a.source_amax_out, source_amax);
     }
     return;
   }
