@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes,
     for (int i = 0; i < kMxfp4Block; i++) e2m1[i] = static_cast<uint8_t>((words[i / 8] >> (4 * (i % 8))) & 0xFu);
   } else {
 #pragma unroll
-    for (int i = 0; i < kMxfp4Block; i++) e2m1[i] = block_in && c0 + i < K ? e2m1_nibble(row[(c0 + i) / 2], c0 + i) : 0;
+    for (int i = 0; i < kMxfp4Block; i++)
+      e2m1[i] = block_in && c0 + i < K ? e2m1_nibble(row[(c0 + i) / 2], c0 + i) : 0;
   }
   int top = INT_MIN;  // the largest element exponent of this block's nonzero elements (none for a NaN block)
   if (s != kE8M0NanCode) {
@@ -91,7 +92,8 @@ __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes,
     dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
   }
-  if (in_grid && b % kRunLanes == 0) scale_inv[static_cast<size_t>(b / kRunLanes) * ld + r] = r < rows ? pow2_float(R) : 1.0f;
+  if (in_grid && b % kRunLanes == 0)  // the run's outer scale; padding rows of the layout get 1
+    scale_inv[static_cast<size_t>(b / kRunLanes) * ld + r] = r < rows ? pow2_float(R) : 1.0f;
   const unsigned count = __popc(__ballot_sync(0xffffffffu, inexact));  // each inexact block once
   if (count != 0 && threadIdx.x % 32 == 0) atomicAdd(inexact_blocks, static_cast<unsigned long long>(count));
 }

@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
     for (int t = threadIdx.x; t < kRunTileRows * kCols; t += kThreads) {
       const int lr = t / kCols, lc = t % kCols;
       const int r = r0 + lr, c = c0 + lc;
-      tile[lr * kLd + lc] = r < a.rows && c < a.cols ? a.x[static_cast<size_t>(r) * a.cols + c] : __float2bfloat16(0.0f);
+      tile[lr * kLd + lc] =
+          r < a.rows && c < a.cols ? a.x[static_cast<size_t>(r) * a.cols + c] : __float2bfloat16(0.0f);
     }
   }
   __syncthreads();
