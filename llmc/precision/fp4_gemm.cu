@@ -1,7 +1,7 @@
-// llmc/precision/fp4_gemm.cu: the kernels behind llmc/precision/fp4_gemm.h. The MXFP4 remap gives each warp one
-// (row, 128-column) run: lane l holds elements 4l .. 4l + 3 (lanes 8b .. 8b + 7 one 32-element MXFP4 block), the warp
-// takes the maximum element exponent (its outer scale), re-encodes and counts; the NVFP4 expansion is one thread per
-// output element. Element arithmetic: llmc/precision/fp4_remap.cuh.
+// llmc/precision/fp4_gemm.cu: the kernels behind llmc/precision/fp4_gemm.h. The MXFP4 remap gives each thread one
+// 32-element MXFP4 block and each group of four consecutive lanes one (row, 128-column) run: the group takes the
+// maximum element exponent (its outer scale), re-encodes and counts; the NVFP4 expansion is one thread per 8 output
+// elements of a row. Element arithmetic: llmc/precision/fp4_remap.cuh.
 #include "llmc/precision/fp4_gemm.h"
 
 #include <climits>
@@ -22,11 +22,10 @@ namespace llmc {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarpsPerBlock = kThreads / 32;
-constexpr int kLaneElements = kE4m3RemapColumns / 32;  // 4
 constexpr int kMxfp4Block = 32;
-constexpr int kLanesPerMxfp4Block = kMxfp4Block / kLaneElements;  // 8
+constexpr int kRunLanes = kE4m3RemapColumns / kMxfp4Block;  // 4 threads (blocks) per outer-scale run
 static_assert(kE4m3RemapColumns % kMxfp4Block == 0, "a run holds whole MXFP4 blocks");
+static_assert(kRunLanes == 4 && 32 % kRunLanes == 0, "a run's threads are an aligned group of lanes");
 
 unsigned grid_for(size_t threads, const char* who) {
   const size_t blocks = ceil_div(threads, kThreads);
@@ -34,50 +33,69 @@ unsigned grid_for(size_t threads, const char* who) {
   return static_cast<unsigned>(blocks);
 }
 
-// codes (rows, Kp), scale_inv [j * ld + r] (j < Kp / 128, r < ld): one warp per (r, j), r running fastest.
+// codes (rows, Kp), scale_inv [j * ld + r] (j < Kp / 128, r < ld): one thread per 32-element MXFP4 block (r, b),
+// b running fastest, so the four threads of a 128-column run are four consecutive lanes (Kp / 32 is a multiple of 4):
+// they take the run's largest element exponent by two shuffles, re-encode their blocks and store 32 code bytes each.
+// `vector`: a row's code bytes are 16-byte aligned (K % 32 == 0, src aligned), so a whole block is one 16-byte load.
 __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes, float* scale_inv,
                                                                  unsigned long long* inexact_blocks,
                                                                  const uint8_t* src, const uint8_t* src_scales,
-                                                                 int rows, int K, int Kp, int src_ld, int ld) {
-  const size_t warp = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (warp >= static_cast<size_t>(ld) * (Kp / kE4m3RemapColumns)) return;  // whole warps
-  const int r = static_cast<int>(warp % ld), j = static_cast<int>(warp / ld);
-  if (r >= rows) {  // padding entry of the scale layout
-    if (lane == 0) scale_inv[static_cast<size_t>(j) * ld + r] = 1.0f;
-    return;
-  }
-  const int c0 = j * kE4m3RemapColumns + lane * kLaneElements;  // this lane's first element (even)
-  const int block = c0 / kMxfp4Block;
-  const bool block_in = c0 < K;  // c0 is the lane's first element; a block with any element < K has its scale
-  const uint8_t s = block_in ? src_scales[static_cast<size_t>(block) * src_ld + r] : kE8M0One;
+                                                                 int rows, int K, int Kp, int src_ld, int ld,
+                                                                 bool vector) {
+  const int blocks_per_row = Kp / kMxfp4Block;
+  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool in_grid = id < static_cast<size_t>(ld) * blocks_per_row;  // whole runs: all four lanes or none
+  const int r = in_grid ? static_cast<int>(id / blocks_per_row) : 0;
+  const int b = in_grid ? static_cast<int>(id % blocks_per_row) : 0;
+  const int c0 = b * kMxfp4Block;  // this block's first element
+  const bool active = in_grid && r < rows;
+  const bool block_in = active && c0 < K;  // a block with any element < K has its scale
+  const uint8_t s = block_in ? src_scales[static_cast<size_t>(b) * src_ld + r] : kE8M0One;
+  uint8_t e2m1[kMxfp4Block];  // zeros past K
   const size_t row_bytes = (static_cast<size_t>(K) + 1) / 2;
-  uint8_t e2m1[kLaneElements];
-  int top = INT_MIN;  // the largest element exponent of this lane's nonzero finite elements
-  for (int i = 0; i < kLaneElements; i++) {
-    const int c = c0 + i;
-    e2m1[i] = c < K ? e2m1_nibble(src[r * row_bytes + c / 2], c) : 0;
-    if ((e2m1[i] & 0x7) != 0 && s != kE8M0NanCode) top = max(top, mxfp4_element_exponent(e2m1[i], s));
+  const uint8_t* row = src + static_cast<size_t>(r) * row_bytes;
+  if (block_in && vector) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(row + c0 / 2);
+    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+    for (int i = 0; i < kMxfp4Block; i++) e2m1[i] = static_cast<uint8_t>((words[i / 8] >> (4 * (i % 8))) & 0xFu);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kMxfp4Block; i++)
+      e2m1[i] = block_in && c0 + i < K ? e2m1_nibble(row[(c0 + i) / 2], c0 + i) : 0;
   }
-  for (int offset = 16; offset > 0; offset /= 2) top = max(top, __shfl_xor_sync(0xffffffffu, top, offset));
+  int top = INT_MIN;  // the largest element exponent of this block's nonzero elements (none for a NaN block)
+  if (s != kE8M0NanCode) {
+#pragma unroll
+    for (int i = 0; i < kMxfp4Block; i++)
+      if ((e2m1[i] & 0x7) != 0) top = max(top, mxfp4_element_exponent(e2m1[i], s));
+  }
+  for (int offset = 1; offset < kRunLanes; offset *= 2) top = max(top, __shfl_xor_sync(0xffffffffu, top, offset));
   const int R = top == INT_MIN ? 0 : top - kE4M3TopExponent;
 
-  uint32_t packed = 0;
   bool inexact = false;
-  for (int i = 0; i < kLaneElements; i++) {
-    const E4m3Remap m = c0 + i < K ? mxfp4_element_to_e4m3(e2m1[i], s, R) : E4m3Remap{0, true};
-    packed |= static_cast<uint32_t>(m.code) << (8 * i);
-    inexact |= !m.exact;
+  if (active) {
+    uint32_t packed[kMxfp4Block / 4];
+#pragma unroll
+    for (int w = 0; w < kMxfp4Block / 4; w++) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int i = 4 * w + k;
+        const E4m3Remap m = c0 + i < K ? mxfp4_element_to_e4m3(e2m1[i], s, R) : E4m3Remap{0, true};
+        word |= static_cast<uint32_t>(m.code) << (8 * k);
+        inexact |= !m.exact;
+      }
+      packed[w] = word;
+    }
+    uint4* dst = reinterpret_cast<uint4*>(codes + static_cast<size_t>(r) * Kp + c0);  // Kp % 128 == 0: aligned
+    dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
   }
-  *reinterpret_cast<uint32_t*>(codes + static_cast<size_t>(r) * Kp + c0) = packed;  // Kp % 128 == 0: 4-byte aligned
-  const unsigned ballot = __ballot_sync(0xffffffffu, inexact);
-  if (lane == 0) {
-    scale_inv[static_cast<size_t>(j) * ld + r] = pow2_float(R);
-    unsigned long long count = 0;
-    for (int b = 0; b < 32 / kLanesPerMxfp4Block; b++)
-      count += ((ballot >> (b * kLanesPerMxfp4Block)) & ((1u << kLanesPerMxfp4Block) - 1u)) != 0;
-    if (count != 0) atomicAdd(inexact_blocks, count);
-  }
+  if (in_grid && b % kRunLanes == 0)  // the run's outer scale; padding rows of the layout get 1
+    scale_inv[static_cast<size_t>(b / kRunLanes) * ld + r] = r < rows ? pow2_float(R) : 1.0f;
+  const unsigned count = __popc(__ballot_sync(0xffffffffu, inexact));  // each inexact block once
+  if (count != 0 && threadIdx.x % 32 == 0) atomicAdd(inexact_blocks, static_cast<unsigned long long>(count));
 }
 
 // One thread per 8 output columns of a row (Kp is a multiple of 8, and 8 columns never straddle a 16-column NVFP4
@@ -143,10 +161,11 @@ void mxfp4_to_e4m3(uint8_t* codes, float* scale_inv, unsigned long long* inexact
   const int Kp = mxfp4_remap_cols(K);
   const Encoding out_encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::Pow2FP32};
   const int ld = scale_inv_ld(out_encoding, rows, Kp);
-  const size_t warps = static_cast<size_t>(ld) * (Kp / kE4m3RemapColumns);
-  mxfp4_to_e4m3_kernel<<<grid_for(warps * 32, who), kThreads, 0, stream>>>(
+  const size_t threads = static_cast<size_t>(ld) * (Kp / kMxfp4Block);
+  const bool vector = K % kMxfp4Block == 0 && reinterpret_cast<uintptr_t>(src.data) % 16 == 0;
+  mxfp4_to_e4m3_kernel<<<grid_for(threads, who), kThreads, 0, stream>>>(
       codes, scale_inv, inexact_blocks, src.data, reinterpret_cast<const uint8_t*>(src.scale_inv), rows, K, Kp,
-      scale_inv_ld(src.encoding, rows, K), ld);
+      scale_inv_ld(src.encoding, rows, K), ld, vector);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -11,7 +11,7 @@
 //     scale code and the element multiplier, rounds, packs two codes per byte and stores them (one 8- or 16-byte
 //     store for a full block when the row's bytes allow, else bytes); the threads of a tile write whole runs of code
 //     bytes and scale bytes. In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes
-//     into a slot, and the source's own amax into another when asked (one read for both).
+//     into a slot, and the source's own amax into another when asked (one read for both), one atomic per CTA each.
 //   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one warp per 32-element run (a lane per element): scale,
 //     mask, inverse Hadamard by shuffles, store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
     for (int t = threadIdx.x; t < kRunTileRows * kCols; t += kThreads) {
       const int lr = t / kCols, lc = t % kCols;
       const int r = r0 + lr, c = c0 + lc;
-      tile[lr * kLd + lc] = r < a.rows && c < a.cols ? a.x[static_cast<size_t>(r) * a.cols + c] : __float2bfloat16(0.0f);
+      tile[lr * kLd + lc] =
+          r < a.rows && c < a.cols ? a.x[static_cast<size_t>(r) * a.cols + c] : __float2bfloat16(0.0f);
     }
   }
   __syncthreads();
@@ -175,12 +176,18 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   unsigned amax = 0;
 #pragma unroll
   for (int i = 0; i < N; i++) amax = max(amax, __float_as_uint(fabsf(v[i])));  // padding zeros add nothing
-  if (a.amax_out) {
+  if (a.amax_out) {  // one atomic per CTA and slot (a same-address atomic per warp bounded these passes)
+    __shared__ unsigned warp_amax[2][kThreads / kWarpSize];
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     amax = warp_max_bits(amax);
-    if (threadIdx.x % kWarpSize == 0) atomic_max_amax(a.amax_out, amax);
-    if (a.source_amax_out) {
-      source_amax = warp_max_bits(source_amax);
-      if (threadIdx.x % kWarpSize == 0) atomic_max_amax(a.source_amax_out, source_amax);
+    source_amax = warp_max_bits(source_amax);
+    if (lane == 0) warp_amax[0][warp] = amax, warp_amax[1][warp] = source_amax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 0; w < kThreads / kWarpSize; w++)
+        amax = max(amax, warp_amax[0][w]), source_amax = max(source_amax, warp_amax[1][w]);
+      atomic_max_amax(a.amax_out, amax);
+      if (a.source_amax_out) atomic_max_amax(a.source_amax_out, source_amax);
     }
     return;
   }
@@ -493,22 +500,61 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Dequantisation: one element per thread.
+// Dequantisation: one thread per 8 consecutive elements of a row (8 divides every block length, so one scale code).
+// `vector`: cols % 8 == 0 and the pointers aligned, so the 8 codes are one 32-bit load and the values one (bf16) or
+// two (float) 128-bit stores.
+__device__ inline float dequantized_value(uint8_t code, uint8_t s, float tsi, bool nvfp4) {
+  return nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tsi) : mul_rn(e2m1_value(code), e8m0_value(s));
+}
+__device__ inline void store_values(float* out, const float (&v)[8]) {
+  store128(out, f128{{v[0], v[1], v[2], v[3]}});
+  store128(out + 4, f128{{v[4], v[5], v[6], v[7]}});
+}
+__device__ inline void store_values(bf16* out, const float (&v)[8]) {
+  x128 packed;
+#pragma unroll
+  for (int k = 0; k < 8; k++) packed[k] = __float2bfloat16_rn(v[k]);
+  store128(out, packed);
+}
 __device__ inline void store_value(float* out, size_t i, float v) { out[i] = v; }
 __device__ inline void store_value(bf16* out, size_t i, float v) { out[i] = __float2bfloat16_rn(v); }
 
 template <class Out>
-__global__ void fp4_dequantize_kernel(Out* out, const uint8_t* codes, const uint8_t* scales,
-                                      const float* tensor_scale_inv, int rows, int cols, BlockShape block, int ld,
-                                      bool nvfp4) {
-  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<size_t>(rows) * cols) return;
-  const int r = static_cast<int>(i / cols), c = static_cast<int>(i % cols);
+__global__ void __launch_bounds__(kThreads) fp4_dequantize_kernel(Out* out, const uint8_t* codes,
+                                                                  const uint8_t* scales, const float* tensor_scale_inv,
+                                                                  int rows, int cols, BlockShape block, int ld,
+                                                                  bool nvfp4, bool vector) {
+  const int chunks = (cols + 7) / 8;
+  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= static_cast<size_t>(rows) * chunks) return;
+  const int r = static_cast<int>(id / chunks), c0 = static_cast<int>(id % chunks) * 8;
   const size_t row_bytes = (static_cast<size_t>(cols) + 1) / 2;
-  const uint8_t code = e2m1_nibble(codes[r * row_bytes + c / 2], c);
-  const uint8_t s = scales[scale_index(block, r, c, ld)];
-  store_value(out, i, nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tensor_scale_inv[0])
-                            : mul_rn(e2m1_value(code), e8m0_value(s)));
+  const uint8_t* row = codes + static_cast<size_t>(r) * row_bytes;
+  const uint8_t s = scales[scale_index(block, r, c0, ld)];
+  const float tsi = nvfp4 ? tensor_scale_inv[0] : 1.0f;
+  Out* dst = out + static_cast<size_t>(r) * cols + c0;
+  if (vector) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(row + c0 / 2);
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = dequantized_value(static_cast<uint8_t>((word >> (4 * k)) & 0xFu), s, tsi, nvfp4);
+    store_values(dst, v);
+  } else {
+    for (int k = 0; k < 8 && c0 + k < cols; k++)
+      store_value(dst, k, dequantized_value(e2m1_nibble(row[(c0 + k) / 2], c0 + k), s, tsi, nvfp4));
+  }
+}
+
+// Launches fp4_dequantize_kernel over a (rows, cols) copy.
+template <class Out>
+void launch_dequantize(Out* out, const uint8_t* codes, const uint8_t* scales, const float* tsi, int rows, int cols,
+                       const Encoding& e, bool nvfp4, const char* who, cudaStream_t stream) {
+  const size_t threads = static_cast<size_t>(rows) * ceil_div(cols, 8);
+  const bool vector = cols % 8 == 0 && reinterpret_cast<uintptr_t>(codes) % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  fp4_dequantize_kernel<<<grid_of(threads, who), kThreads, 0, stream>>>(out, codes, scales, tsi, rows, cols, e.block,
+                                                                       scale_inv_ld(e, rows, cols), nvfp4, vector);
+  CUDA_CHECK_LAUNCH();
 }
 
 void fp4_dequantize(bf16* out, const QTensor& q, bool transposed, cudaStream_t stream) {
@@ -521,10 +567,7 @@ void fp4_dequantize(bf16* out, const QTensor& q, bool transposed, cudaStream_t s
   const size_t n = static_cast<size_t>(rows) * cols;
   if (n == 0) return;
   if (!out || !codes || !scales) throw_error("%s: out, the codes and their scales must be device pointers", who);
-  fp4_dequantize_kernel<<<grid_of(n, who), kThreads, 0, stream>>>(out, codes, scales, nullptr, rows, cols,
-                                                                 q.encoding.block,
-                                                                 scale_inv_ld(q.encoding, rows, cols), false);
-  CUDA_CHECK_LAUNCH();
+  launch_dequantize(out, codes, scales, nullptr, rows, cols, q.encoding, false, who, stream);
 }
 
 // Quartet's backward epilogue: one warp per 32-element run of a row, lane i holding element i (coalesced loads and
@@ -592,9 +635,7 @@ void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t 
   if (!out || !codes || !scales || (nvfp4 && !tsi))
     throw_error("%s: out, the codes, their scales%s must be device pointers", who,
                 nvfp4 ? " and the tensor scale" : "");
-  fp4_dequantize_kernel<<<grid_of(n, who), kThreads, 0, stream>>>(out, codes, scales, tsi, rows, cols, q.encoding.block,
-                                                                 scale_inv_ld(q.encoding, rows, cols), nvfp4);
-  CUDA_CHECK_LAUNCH();
+  launch_dequantize(out, codes, scales, tsi, rows, cols, q.encoding, nvfp4, who, stream);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
