@@ -1,7 +1,7 @@
 // llmc/precision/fp4_gemm.cu: the kernels behind llmc/precision/fp4_gemm.h. The MXFP4 remap gives each thread one
 // 32-element MXFP4 block and each group of four consecutive lanes one (row, 128-column) run: the group takes the
-// maximum element exponent (its outer scale), re-encodes and counts; the NVFP4 expansion is one thread per 8 output
-// elements of a row. Element arithmetic: llmc/precision/fp4_remap.cuh.
+// maximum element exponent (its outer scale), re-encodes through a per-block table and counts; the NVFP4 expansion is
+// one thread per 8 output elements of a row. Element and block arithmetic: llmc/precision/fp4_remap.cuh.
 #include "llmc/precision/fp4_gemm.h"
 
 #include <climits>
@@ -35,7 +35,8 @@ unsigned grid_for(size_t threads, const char* who) {
 
 // codes (rows, Kp), scale_inv [j * ld + r] (j < Kp / 128, r < ld): one thread per 32-element MXFP4 block (r, b),
 // b running fastest, so the four threads of a 128-column run are four consecutive lanes (Kp / 32 is a multiple of 4):
-// they take the run's largest element exponent by two shuffles, re-encode their blocks and store 32 code bytes each.
+// they take the run's largest element exponent by two shuffles, re-encode their blocks through the block's table
+// (fp4_remap.cuh: mxfp4_block_to_e4m3) and store 32 code bytes each.
 // `vector`: a row's code bytes are 16-byte aligned (K % 32 == 0, src aligned), so a whole block is one 16-byte load.
 __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes, float* scale_inv,
                                                                  unsigned long long* inexact_blocks,
@@ -51,42 +52,31 @@ __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes,
   const bool active = in_grid && r < rows;
   const bool block_in = active && c0 < K;  // a block with any element < K has its scale
   const uint8_t s = block_in ? src_scales[static_cast<size_t>(b) * src_ld + r] : kE8M0One;
-  uint8_t e2m1[kMxfp4Block];  // zeros past K
+  uint32_t words[kMxfp4BlockWords] = {0, 0, 0, 0};  // zero codes past K
   const size_t row_bytes = (static_cast<size_t>(K) + 1) / 2;
   const uint8_t* row = src + static_cast<size_t>(r) * row_bytes;
   if (block_in && vector) {
     const uint4 packed = *reinterpret_cast<const uint4*>(row + c0 / 2);
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+    words[0] = packed.x, words[1] = packed.y, words[2] = packed.z, words[3] = packed.w;
+  } else if (block_in) {
 #pragma unroll
-    for (int i = 0; i < kMxfp4Block; i++) e2m1[i] = static_cast<uint8_t>((words[i / 8] >> (4 * (i % 8))) & 0xFu);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kMxfp4Block; i++)
-      e2m1[i] = block_in && c0 + i < K ? e2m1_nibble(row[(c0 + i) / 2], c0 + i) : 0;
+    for (int i = 0; i < kMxfp4Block; i++)  // unrolled: the words stay in registers
+      if (c0 + i < K) words[i / 8] |= static_cast<uint32_t>(e2m1_nibble(row[(c0 + i) / 2], c0 + i)) << (4 * (i % 8));
   }
-  int top = INT_MIN;  // the largest element exponent of this block's nonzero elements (none for a NaN block)
-  if (s != kE8M0NanCode) {
-#pragma unroll
-    for (int i = 0; i < kMxfp4Block; i++)
-      if ((e2m1[i] & 0x7) != 0) top = max(top, mxfp4_element_exponent(e2m1[i], s));
-  }
+  // the largest element exponent of this block's nonzero elements (none for a NaN block)
+  const int top_p = mxfp4_block_top_p(words);
+  int top = s != kE8M0NanCode && top_p != INT_MIN ? static_cast<int>(s) - kE8M0Bias + top_p : INT_MIN;
   for (int offset = 1; offset < kRunLanes; offset *= 2) top = max(top, __shfl_xor_sync(0xffffffffu, top, offset));
   const int R = top == INT_MIN ? 0 : top - kE4M3TopExponent;
 
   bool inexact = false;
   if (active) {
     uint32_t packed[kMxfp4Block / 4];
+    inexact = mxfp4_block_to_e4m3(words, s, R, packed);
+    if (!vector) {  // elements past K are code 0 (the NaN scale's table would give them the NaN code)
 #pragma unroll
-    for (int w = 0; w < kMxfp4Block / 4; w++) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int i = 4 * w + k;
-        const E4m3Remap m = c0 + i < K ? mxfp4_element_to_e4m3(e2m1[i], s, R) : E4m3Remap{0, true};
-        word |= static_cast<uint32_t>(m.code) << (8 * k);
-        inexact |= !m.exact;
-      }
-      packed[w] = word;
+      for (int i = 0; i < kMxfp4Block; i++)
+        if (c0 + i >= K) packed[i / 4] &= ~(0xFFu << (8 * (i % 4)));
     }
     uint4* dst = reinterpret_cast<uint4*>(codes + static_cast<size_t>(r) * Kp + c0);  // Kp % 128 == 0: aligned
     dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);

@@ -28,6 +28,7 @@
 // so the product is exact in FP32 and again in BF16, always. A block with the E4M3 NaN scale gives NaN elements.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -76,6 +77,95 @@ __host__ __device__ inline E4m3Remap mxfp4_element_to_e4m3(uint8_t e2m1_code, ui
   const float v = mul_rn(e2m1_sig_1_5(e2m1_code) ? 1.5f : 1.0f, pow2_float(ec));
   const uint8_t magnitude = e4m3_rn(v);
   return {static_cast<uint8_t>(magnitude | (negative ? 0x80 : 0x00)), ec == e && e4m3_value(magnitude) == v};
+}
+
+// A whole MXFP4 block at once (the remap kernel's inner loop). The block's 32 E2M1 codes are four words, element i
+// at bits 4 (i % 8) .. 4 (i % 8) + 3 of word i / 8 (the packed byte order). An element's E4M3 code depends only on its
+// 3-bit magnitude and sign once the block's E8M0 code and R are fixed, so the block builds an eight-byte table (the
+// codes of magnitudes 0 .. 7) and looks four elements up at a time with one byte permute.
+constexpr int kMxfp4BlockWords = 4;
+
+// byte_perm(x, y, s): byte j of the result is byte (s >> 4j) & 7 of the eight bytes y:x (x's low byte is byte 0); the
+// PTX prmt (CUDA's __byte_perm) on the device. Every selector nibble must be below 8 (bit 3 would select prmt's
+// sign-replicating mode on the device).
+__host__ __device__ inline uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t pool = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int j = 0; j < 4; j++) r |= static_cast<uint32_t>((pool >> (8 * ((s >> (4 * j)) & 7))) & 0xFF) << (8 * j);
+  return r;
+#endif
+}
+
+struct Mxfp4BlockRemap {
+  uint32_t lo, hi;   // byte m % 4 of lo (m < 4) or hi: the E4M3 code of E2M1 magnitude m (mxfp4_element_to_e4m3's)
+  uint32_t sign;     // 0x80808080, or 0 for the NaN scale (whose elements are all the NaN code, sign or not)
+  uint32_t inexact;  // bit m: magnitude m's code is not exact
+};
+
+// The table of one block (E8M0 code, outer exponent R). For shifts k = X - R in [-5, 6] every nonzero magnitude
+// sig * 2^p lands on an E4M3 normal sig * 2^(k + p), code ((k + p + 7) << 3) | (sig = 1.5 ? 4 : 0): the bytes
+// 8k + {0, 48, 56, 60, 64, 68, 72, 76} for magnitudes 1 .. 7 (magnitude 0 stays 0x00). Each lies in [8, 124], so the
+// 32-bit sums below never carry from byte to byte. Other shifts (blocks far below their run's largest, or a run whose
+// largest block holds nothing above 3) take the element function for each magnitude.
+__host__ __device__ inline Mxfp4BlockRemap mxfp4_block_remap(uint8_t e8m0_code, int R) {
+  if (e8m0_code == kE8M0NanCode) return {0x01010101u * kE4M3NanCode, 0x01010101u * kE4M3NanCode, 0, 0};
+  const int k = static_cast<int>(e8m0_code) - kE8M0Bias - R;
+  if (k >= -5 && k <= 6) {
+    const uint32_t add = static_cast<uint32_t>(8 * k);  // two's complement: the sums below subtract for k < 0
+    return {0x3C383000u + add * 0x01010100u, 0x4C484440u + add * 0x01010101u, 0x80808080u, 0};
+  }
+  Mxfp4BlockRemap t{0, 0, 0x80808080u, 0};
+  for (int m = 1; m < 8; m++) {
+    const E4m3Remap r = mxfp4_element_to_e4m3(static_cast<uint8_t>(m), e8m0_code, R);
+    (m < 4 ? t.lo : t.hi) |= static_cast<uint32_t>(r.code) << (8 * (m % 4));
+    if (!r.exact) t.inexact |= 1u << m;
+  }
+  return t;
+}
+
+// The E4M3 codes of the four elements whose E2M1 codes are the nibbles of quad (bits 0 .. 15): the magnitudes are
+// looked up in the table; the sign bits, moved to bit 2 of each selector nibble by the shift, pick 0x80 or 0x00.
+__host__ __device__ inline uint32_t mxfp4_remap_quad(const Mxfp4BlockRemap& t, uint32_t quad) {
+  return byte_perm(t.lo, t.hi, quad & 0x7777u) | byte_perm(0u, t.sign, (quad >> 1) & 0x7777u);
+}
+
+// The largest E2M1 exponent p among the nonzero elements of a block's words, INT_MIN for none: 2 if some magnitude
+// has bits 1 and 2 (4, 6), else 1 if some has bit 2 (2, 3), 0 if some has bit 1 (1, 1.5), -1 if some is 0.5.
+__host__ __device__ inline int mxfp4_block_top_p(const uint32_t (&w)[kMxfp4BlockWords]) {
+  uint32_t any = 0, both = 0;
+#pragma unroll
+  for (int i = 0; i < kMxfp4BlockWords; i++) {
+    any |= w[i];
+    both |= w[i] & (w[i] >> 1);
+  }
+  if (both & 0x22222222u) return 2;
+  if (any & 0x44444444u) return 1;
+  if (any & 0x22222222u) return 0;
+  if (any & 0x11111111u) return -1;
+  return INT_MIN;
+}
+
+// A block's 32 E4M3 codes (out: element i at byte i % 4 of word i / 4) under the outer exponent R; true if some element
+// is inexact (mxfp4_element_to_e4m3 element by element, the kernel's count).
+__host__ __device__ inline bool mxfp4_block_to_e4m3(const uint32_t (&w)[kMxfp4BlockWords], uint8_t e8m0_code, int R,
+                                                    uint32_t (&out)[2 * kMxfp4BlockWords]) {
+  const Mxfp4BlockRemap t = mxfp4_block_remap(e8m0_code, R);
+#pragma unroll
+  for (int i = 0; i < kMxfp4BlockWords; i++) {
+    out[2 * i] = mxfp4_remap_quad(t, w[i]);
+    out[2 * i + 1] = mxfp4_remap_quad(t, w[i] >> 16);
+  }
+  if (t.inexact == 0) return false;
+  uint32_t flag_lo = 0, flag_hi = 0, flags = 0;  // byte m: 0xFF if magnitude m is inexact
+  for (int m = 1; m < 8; m++)
+    if (t.inexact & (1u << m)) (m < 4 ? flag_lo : flag_hi) |= 0xFFu << (8 * (m % 4));
+#pragma unroll
+  for (int i = 0; i < kMxfp4BlockWords; i++)
+    flags |= byte_perm(flag_lo, flag_hi, w[i] & 0x7777u) | byte_perm(flag_lo, flag_hi, (w[i] >> 16) & 0x7777u);
+  return flags != 0;
 }
 
 // The BF16 value of an NVFP4 element without the tensor scale: e2m1 * E4M3 block scale, exact (NaN for the NaN

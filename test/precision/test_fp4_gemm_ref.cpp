@@ -9,6 +9,8 @@
 // hand-built case (and gives the values worked out here), the expansion reference equals the element function, and
 // the FP64 GEMM reference equals a product of the FP32 dequantisation (fp4_dequantize_cpu). And the GEMM mapping of
 // the FP4 encodings (quant_gemm_operands_error and friends) and matmul_quant's FP4 argument errors, host only.
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -92,6 +94,77 @@ TEST(Fp4Remap, Mxfp4ToE4m3AgainstTheCodecEverywhere) {
     }
   }
   EXPECT_EQ(bad, 0u) << "of " << checked;
+}
+
+// byte_perm's host rule on hand-worked selectors (the device's __byte_perm is checked through the remap kernel by
+// gpu.test_fp4_gemm).
+TEST(Fp4Remap, BytePermSelectsBytesOfTheEightBytePool) {
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x7531u), 0x77553311u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x0000u), 0x00000000u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x4567u), 0x44556677u);
+  EXPECT_EQ(byte_perm(0xDDCCBBAAu, 0x11223344u, 0x2604u), 0xCC22AA44u);
+}
+
+// The block table (every E8M0 code, R in [-150, 150]) holds the element function's code for each magnitude, its
+// inexact bits are the element function's flags, and the NaN scale gives NaN codes without signs.
+TEST(Fp4Remap, BlockTableIsTheElementFunction) {
+  size_t bad = 0;
+  for (int s = 0; s < 256; s++) {
+    for (int R = -150; R <= 150; R++) {
+      const Mxfp4BlockRemap t = mxfp4_block_remap(static_cast<uint8_t>(s), R);
+      for (int m = 0; m < 8; m++) {
+        const E4m3Remap e = mxfp4_element_to_e4m3(static_cast<uint8_t>(m), static_cast<uint8_t>(s), R);
+        const uint32_t code = ((m < 4 ? t.lo : t.hi) >> (8 * (m % 4))) & 0xFF;
+        const bool inexact = (t.inexact >> m) & 1;
+        if ((code != e.code || inexact != !e.exact) && bad++ < 10)
+          ADD_FAILURE() << "e8m0 " << s << " R " << R << " magnitude " << m << ": table " << code << " / "
+                        << inexact << ", element function " << +e.code << " / " << !e.exact;
+      }
+      EXPECT_EQ(t.sign, s == kE8M0NanCode ? 0u : 0x80808080u);
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+// Whole blocks through the table against the element function element by element: random codes (both zeros, every
+// magnitude, blocks with few distinct magnitudes), every E8M0 code, shifts from far below to above the exact range;
+// the block's top exponent against the largest nonzero element's.
+TEST(Fp4Remap, BlockRemapIsTheElementFunctionElementByElement) {
+  std::mt19937 rng(20261128);
+  size_t bad = 0, inexact_blocks = 0;
+  for (int trial = 0; trial < 200000; trial++) {
+    const uint8_t s = static_cast<uint8_t>(trial < 256 ? trial : rng() % 256);
+    const int R = static_cast<int>(s) - kE8M0Bias - static_cast<int>(rng() % 26) + 13;  // shifts k in [-13, 12]
+    const uint32_t allowed = 0x1u | (rng() & 0xFFFFu);  // a random subset of the 16 codes, zero always in
+    uint32_t w[kMxfp4BlockWords] = {0, 0, 0, 0};
+    uint8_t e2m1[32];
+    for (int i = 0; i < 32; i++) {
+      uint8_t c;
+      do c = static_cast<uint8_t>(rng() % 16); while (!((allowed >> c) & 1));
+      e2m1[i] = c;
+      w[i / 8] |= static_cast<uint32_t>(c) << (4 * (i % 8));
+    }
+    uint32_t out[2 * kMxfp4BlockWords];
+    const bool inexact = mxfp4_block_to_e4m3(w, s, R, out);
+    bool want_inexact = false;
+    int want_top = INT_MIN;
+    for (int i = 0; i < 32; i++) {
+      const E4m3Remap e = mxfp4_element_to_e4m3(e2m1[i], s, R);
+      want_inexact |= !e.exact;
+      if ((e2m1[i] & 7) != 0) want_top = std::max(want_top, e2m1_exponent(e2m1[i]));
+      const uint32_t got = (out[i / 4] >> (8 * (i % 4))) & 0xFF;
+      if (got != e.code && bad++ < 10)
+        ADD_FAILURE() << "e8m0 " << +s << " R " << R << " element " << i << " e2m1 " << +e2m1[i] << ": " << got
+                      << " want " << +e.code;
+    }
+    inexact_blocks += inexact;
+    if (inexact != want_inexact && bad++ < 10)
+      ADD_FAILURE() << "e8m0 " << +s << " R " << R << ": inexact " << inexact << " want " << want_inexact;
+    if (mxfp4_block_top_p(w) != want_top && bad++ < 10)
+      ADD_FAILURE() << "top " << mxfp4_block_top_p(w) << " want " << want_top;
+  }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_GT(inexact_blocks, 1000u);  // the fallback path and its count were exercised
 }
 
 // A whole block (all 16 codes) is exact exactly for block shifts k = X - R in [-8, 6] (fp4_recipes.md §0).
