@@ -4,10 +4,12 @@
 // through llmc/core/float_rn.cuh (correctly rounded on both sides; no fast math).
 //
 // E2M1 (OCP FP4, values +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, code S.EE.M):
-//   e2m1_rn: round to nearest, ties to even, saturating: the magnitude code is the number of thresholds |x| passes,
-//     (|x| > 0.25) + (|x| >= 0.75) + (|x| > 1.25) + (|x| >= 1.75) + (|x| > 2.5) + (|x| >= 3.5) + (|x| > 5) (each tie
-//     goes to the neighbour with the even mantissa); NaN -> kE2M1NanCode as llmc/core/dtypes' e2m1_encode, which it
-//     equals on every float (test/precision/test_fp4_ref: sweep; test_fp4_quant: on the GPU).
+//   e2m1_rn: round to nearest, ties to even, saturating at 6 (the code of |x| in [2^E, 2^(E+1)) is 2 + 2E + the
+//     mantissa bit): for |x| >= 1 the FP32 bits rounded to one mantissa bit (adding 0x1FFFFF plus the kept bit sends a
+//     tie to the even mantissa) hold (E + 127) << 1 | m from bit 22, so the code is that minus 252, capped at 7; below
+//     1 the grid is 0, 0.5, 1 and the code is rint(2 |x|), the low bits of 2 |x| + 2^23 (an exact product, then one
+//     rounding at unit spacing). NaN -> kE2M1NanCode as llmc/core/dtypes' e2m1_encode, which it equals on every float
+//     (test/precision/test_fp4_ref: a sweep of every 331st float and the ties; test_fp4_quant: on the GPU).
 //   e2m1_sr(x, r): stochastic rounding with the 32-bit random word r: |x| >= 6 -> 6; otherwise lo = the grid value at
 //     or below |x|, g the grid step there (0.5 below 2, 1 below 4, 2 above), f = (|x| - lo) / g in [0, 1) (exact in
 //     FP32: g is a power of two and |x| - lo is exact), and the result is lo + g when u < f * 2^24 with u = r >> 8,
@@ -54,23 +56,26 @@ __host__ __device__ inline uint8_t e2m1_sign(float x) { return static_cast<uint8
 
 __host__ __device__ inline uint8_t e2m1_rn(float x) {
   const float a = fabsf(x);
-  if (a != a) return kE2M1NanCode;
-  const int m = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
-  return static_cast<uint8_t>(e2m1_sign(x) | m);
+  const uint32_t b = float_to_bits(a);
+  const uint32_t binade_and_bit = (b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22;  // 254 for 1, 259 for 6, more above
+  const uint32_t m = a < 1.0f ? float_to_bits(add_rn(mul_rn(a, 2.0f), 8388608.0f)) - 0x4B000000u
+                              : (binade_and_bit > 259u ? 7u : binade_and_bit - 252u);  // NaN: 7
+  return static_cast<uint8_t>((a == a ? e2m1_sign(x) : 0u) | m);  // selects, no branch: NaN -> kE2M1NanCode
 }
 
 __host__ __device__ inline uint8_t e2m1_sr(float x, uint32_t random) {
   const float a = fabsf(x);
-  if (a != a) return kE2M1NanCode;
-  if (a >= 6.0f) return static_cast<uint8_t>(e2m1_sign(x) | 0x7);
-  // grid step g and the code of 0 .. in that range: t = |x| / g (exact), lo code = floor(t) + offset
-  const float inv_g = a < 2.0f ? 2.0f : a < 4.0f ? 1.0f : 0.5f;
-  const int offset = a < 2.0f ? 0 : a < 4.0f ? 2 : 4;
-  const float t = mul_rn(a, inv_g);
-  const float n = floorf(t);
-  const float f24 = mul_rn(add_rn(t, -n), 16777216.0f);  // (|x| - lo) / g * 2^24, exact
-  const int up = static_cast<float>(random >> 8) < f24;
-  return static_cast<uint8_t>(e2m1_sign(x) | (static_cast<int>(n) + offset + up));
+  // u < f * 2^24, with f * 2^24 from the bits: for |x| in [1, 6) the grid step is half the binade, so lo's code is the
+  // binade and the kept mantissa bit (as in e2m1_rn) and f * 2^24 the 22 mantissa bits below it, times 4; in [0.5, 1)
+  // the step is the binade (lo = 0.5, code 1) and f * 2^24 is the 23 mantissa bits times 2; below 0.5, lo = 0 and
+  // f * 2^24 = |x| * 2^25 (exact), compared as floats.
+  const uint32_t b = float_to_bits(a), u = random >> 8;
+  const bool upper = a >= 1.0f;
+  const uint32_t f24 = upper ? (b & 0x3FFFFFu) << 2 : (b & 0x7FFFFFu) << 1;
+  uint32_t m = (upper ? (b >> 22) - 252u : 1u) + (u < f24);
+  if (a < 0.5f) m = static_cast<float>(u) < mul_rn(a, 33554432.0f);
+  if (!(a < 6.0f)) m = 7u;  // and NaN
+  return static_cast<uint8_t>((a == a ? e2m1_sign(x) : 0u) | m);  // selects, no branch: NaN -> kE2M1NanCode
 }
 
 // Element `index` of a packed pair (dtypes.h's e2m1_unpack, for device code): the even element in the low nibble.

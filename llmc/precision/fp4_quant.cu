@@ -95,7 +95,15 @@ __device__ inline void block_scale(bool nvfp4, float s_enc, unsigned amax_bits, 
   }
 }
 
-// Round v * multiplier (0 multiplier: code 0) for element `index` of copy `copy`.
+// The E2M1 code of v * multiplier (a nonzero multiplier), rounded to nearest or stochastically with the element's
+// random word r.
+template <bool kStochastic>
+__device__ inline uint8_t e2m1_scaled(float v, float multiplier, uint32_t r) {
+  const float y = mul_rn(v, multiplier);
+  return kStochastic ? e2m1_sr(y, r) : e2m1_rn(y);
+}
+
+// Round v * multiplier (0 multiplier: code 0) for element `index` of copy `copy`, any element order.
 struct Rounder {
   bool stochastic;
   StochasticKey key;
@@ -104,16 +112,27 @@ struct Rounder {
   Philox4 words{};
   __device__ uint8_t operator()(float v, float multiplier, uint64_t index) {
     if (multiplier == 0.0f) return 0;
-    const float y = mul_rn(v, multiplier);
-    if (!stochastic) return e2m1_rn(y);
+    if (!stochastic) return e2m1_scaled<false>(v, multiplier, 0);
     if ((index >> 2) != group) {
       group = index >> 2;
       words = random_word4(key, index, copy);
     }
     const uint32_t r = (index & 2) ? ((index & 1) ? words.v[3] : words.v[2]) : ((index & 1) ? words.v[1] : words.v[0]);
-    return e2m1_sr(y, r);  // a select, not an indexed load: the words stay in registers
+    return e2m1_scaled<true>(v, multiplier, r);  // a select, not an indexed load: the words stay in registers
   }
 };
+
+// A whole 1xN block rounded to nearest, as packed codes: the Rounder's codes without its per-element checks.
+// (Stochastic blocks use the Rounder: four Philox calls unrolled side by side need half again as many registers.)
+template <int N>
+__device__ inline void e2m1_rn_block(const float (&v)[N], float multiplier, uint32_t (&packed)[N / 8]) {
+#pragma unroll
+  for (int w = 0; w < N / 8; w++) packed[w] = 0;
+  if (multiplier == 0.0f) return;
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    packed[i / 8] |= static_cast<uint32_t>(e2m1_scaled<false>(v[i], multiplier, 0)) << (4 * (i % 8));
+}
 
 template <int N>
 __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
@@ -218,15 +237,19 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   Rounder round{a.stochastic, a.key, a.copy};
   const uint64_t index0 = static_cast<uint64_t>(o) * a.out_cols + p0;
   uint32_t packed[N / 8];  // N / 2 bytes
+  if (n == N && !a.stochastic) {
+    e2m1_rn_block(v, multiplier, packed);
+  } else {
 #pragma unroll
-  for (int w = 0; w < N / 8; w++) {
-    uint32_t word = 0;
+    for (int w = 0; w < N / 8; w++) {
+      uint32_t word = 0;
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-      const int i = 8 * w + k;
-      if (i < n) word |= static_cast<uint32_t>(round(v[i], multiplier, index0 + i)) << (4 * k);
+      for (int k = 0; k < 8; k++) {
+        const int i = 8 * w + k;
+        if (i < n) word |= static_cast<uint32_t>(round(v[i], multiplier, index0 + i)) << (4 * k);
+      }
+      packed[w] = word;
     }
-    packed[w] = word;
   }
   const size_t row_bytes = (static_cast<size_t>(a.out_cols) + 1) / 2;
   uint8_t* dst = a.codes + static_cast<size_t>(o) * row_bytes + p0 / 2;
