@@ -46,10 +46,14 @@ namespace {
 constexpr int kThreads = 256;
 
 struct RunArgs {
-  const bf16* x;
+  const bf16* x;            // the source, or null when it is the MXFP4 codes below
+  const uint8_t* src_codes;   // or: an MXFP4 tensor's row-wise codes (rows, cols), decoded as the tiles load
+  const uint8_t* src_scales;  //   their E8M0 scales [c / 32 * src_ld + r]
+  int src_ld;
   int rows, cols;           // the source
   bool column;              // false: data (blocks along cols); true: data_t (blocks along rows)
-  bool vector_loads;        // x's rows are 16-byte aligned (cols % 8 == 0, x aligned): tiles load 8 bf16 at a time
+  bool vector_loads;        // x's rows are 16-byte aligned (cols % 8 == 0, x aligned): tiles load 8 bf16 at a time;
+                            // with src_codes: cols % 8 == 0 and the codes 4-byte aligned (8 codes in one load)
   uint8_t* codes;           // (out_rows, out_cols) packed, or null in amax mode
   uint8_t* scales;          // [kb * ld + o]
   int out_rows, out_cols, ld, blocks_per_row;
@@ -82,6 +86,28 @@ size_t run_tiles(int rows, int cols) {
   return ceil_div(static_cast<size_t>(rows), kRunTileRows) * ceil_div(static_cast<size_t>(cols), run_tile_cols<N>());
 }
 __device__ inline float load_x(const bf16* x, size_t i) { return __bfloat162float(x[i]); }
+// The value of an FP4 code with block scale code s (NVFP4: times the tensor scale_inv tsi), fp4_codec.cuh's formula.
+__device__ inline float dequantized_value(uint8_t code, uint8_t s, float tsi, bool nvfp4) {
+  return nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tsi) : mul_rn(e2m1_value(code), e8m0_value(s));
+}
+
+// Elements c .. c + 7 of row r of an MXFP4 source (c % 8 == 0: one scale), as BF16 (exact: fp4_dequantize's
+// values); zeros at and past cols.
+__device__ inline x128 load_mxfp4_chunk(const RunArgs& a, int r, int c) {
+  x128 v = x128::filled(0.0f);
+  const uint8_t* row = a.src_codes + static_cast<size_t>(r) * ((static_cast<size_t>(a.cols) + 1) / 2);
+  const uint8_t s = a.src_scales[scale_index(kBlock1x32, r, c, a.src_ld)];
+  if (a.vector_loads) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(row + c / 2);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      v[k] = __float2bfloat16_rn(dequantized_value(static_cast<uint8_t>((word >> (4 * k)) & 0xFu), s, 1.0f, false));
+  } else {
+    for (int k = 0; k < 8 && c + k < a.cols; k++)
+      v[k] = __float2bfloat16_rn(dequantized_value(e2m1_nibble(row[(c + k) / 2], c + k), s, 1.0f, false));
+  }
+  return v;
+}
 
 // The scale code and element multiplier of a block with amax bits `amax_bits`.
 __device__ inline void block_scale(bool nvfp4, float s_enc, unsigned amax_bits, uint8_t* code, float* multiplier) {
@@ -143,7 +169,14 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   const int col_tiles = (a.cols + kCols - 1) / kCols;
   const int r0 = static_cast<int>(blockIdx.x / col_tiles) * kRunTileRows;
   const int c0 = static_cast<int>(blockIdx.x % col_tiles) * kCols;
-  if (a.vector_loads) {
+  if (a.src_codes) {
+    constexpr int kChunksPerRow = kCols / 8;
+    for (int t = threadIdx.x; t < kRunTileRows * kChunksPerRow; t += kThreads) {
+      const int lr = t / kChunksPerRow, lc = (t % kChunksPerRow) * 8;
+      const int r = r0 + lr, c = c0 + lc;
+      store128(tile + lr * kLd + lc, r < a.rows && c < a.cols ? load_mxfp4_chunk(a, r, c) : x128::filled(0.0f));
+    }
+  } else if (a.vector_loads) {
     constexpr int kVectorsPerRow = kCols / 8;
     for (int t = threadIdx.x; t < kRunTileRows * kVectorsPerRow; t += kThreads) {
       const int lr = t / kVectorsPerRow, lc = (t % kVectorsPerRow) * 8;
@@ -414,10 +447,9 @@ float* scratch_floats(int n, cudaStream_t stream) {
   return p;
 }
 
-}  // namespace
-
-void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cudaStream_t stream) {
-  const char* who = "fp4_quantize";
+// fp4_quantize from x, or (src non-null) fp4_requantize from src's codes: the same passes; only the tile loads differ.
+void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTensor* src, const QuantizeArgs& args,
+                   cudaStream_t stream) {
   const Encoding& e = q.encoding;
   if (!fp4_encoding(e))
     throw_error("%s: q.encoding is %s; the FP4 quantisers take %s", who, encoding_name(e).c_str(), kFp4Doc);
@@ -431,7 +463,7 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
     throw_error("%s: NVFP4 q.data needs q.tensor_scale_inv (its FP32 tensor scale)", who);
   if (nvfp4 && q.data_t && !q.tensor_scale_inv_t) throw_error("%s: NVFP4 q.data_t needs q.tensor_scale_inv_t", who);
   const size_t n = static_cast<size_t>(q.rows) * q.cols;
-  if (n > 0 && !x) throw_error("%s: x is null (%d x %d)", who, q.rows, q.cols);
+  if (n > 0 && !x && !src) throw_error("%s: x is null (%d x %d)", who, q.rows, q.cols);
   const uint8_t one = nvfp4 ? kE4M3One : kE8M0One;
   uint8_t* scales = reinterpret_cast<uint8_t*>(q.scale_inv);
   uint8_t* scales_t = reinterpret_cast<uint8_t*>(q.scale_inv_t);
@@ -484,6 +516,12 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
       a.rows = q.rows, a.cols = q.cols;
       a.column = copy == 1;
       a.vector_loads = q.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+      if (src) {
+        a.src_codes = src->data;
+        a.src_scales = reinterpret_cast<const uint8_t*>(src->scale_inv);
+        a.src_ld = scale_inv_ld(src->encoding, src->rows, src->cols);
+        a.vector_loads = q.cols % 8 == 0 && reinterpret_cast<uintptr_t>(src->data) % 4 == 0;
+      }
       a.out_rows = a.column ? q.cols : q.rows, a.out_cols = a.column ? q.rows : q.cols;
       a.ld = scale_inv_ld(e, a.out_rows, a.out_cols);
       a.blocks_per_row = static_cast<int>(ceil_div(a.out_cols, e.block.cols));
@@ -522,13 +560,31 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
   if (scratch) CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
+}  // namespace
+
+void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cudaStream_t stream) {
+  quantize_runs("fp4_quantize", q, x, nullptr, args, stream);
+}
+
+void fp4_requantize(const QTensor& q, const QTensor& src, const QuantizeArgs& args, cudaStream_t stream) {
+  const char* who = "fp4_requantize";
+  if (!mxfp4_encoding(src.encoding) || !mxfp4_encoding(q.encoding))
+    throw_error("%s: src is %s and q is %s; it re-quantises MXFP4 codes into MXFP4 (%s)", who,
+                encoding_name(src.encoding).c_str(), encoding_name(q.encoding).c_str(),
+                encoding_name(kMxfp4Encoding).c_str());
+  if (src.rows != q.rows || src.cols != q.cols)
+    throw_error("%s: src is %d x %d and q is %d x %d; they must have one shape", who, src.rows, src.cols, q.rows,
+                q.cols);
+  if (q.amax) throw_error("%s: q.amax is set; the amax of an FP4 source is not measured here", who);
+  if (static_cast<size_t>(q.rows) * q.cols > 0 && (!src.data || !src.scale_inv))
+    throw_error("%s: src.data and src.scale_inv (its row-wise codes and scales) must be device pointers", who);
+  quantize_runs(who, q, nullptr, &src, args, stream);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Dequantisation: one thread per 8 consecutive elements of a row (8 divides every block length, so one scale code).
 // `vector`: cols % 8 == 0 and the pointers aligned, so the 8 codes are one 32-bit load and the values one (bf16) or
 // two (float) 128-bit stores.
-__device__ inline float dequantized_value(uint8_t code, uint8_t s, float tsi, bool nvfp4) {
-  return nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tsi) : mul_rn(e2m1_value(code), e8m0_value(s));
-}
 __device__ inline void store_values(float* out, const float (&v)[8]) {
   store128(out, f128{{v[0], v[1], v[2], v[3]}});
   store128(out + 4, f128{{v[4], v[5], v[6], v[7]}});

@@ -49,9 +49,14 @@ void fp4_quantize(const QTensor& q, const bf16* x, const QuantizeArgs& args, cud
 
 // out (rows, cols) FP32 = the values of q.data (transposed = true: q.data_t, (cols, rows)), fp4_codec.cuh's formula.
 void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream);
-// The same values as BF16 (MXFP4 only: e2m1 * 2^X is exact in BF16, subnormals included), the source of a
-// re-quantisation (Quartet's backward re-quantises the forward's saved codes along another direction).
+// The same values as BF16 (MXFP4 only: e2m1 * 2^X is exact in BF16, subnormals included).
 void fp4_dequantize(bf16* out, const QTensor& q, bool transposed, cudaStream_t stream);
+
+// q from the values of src's row-wise MXFP4 codes (src.data, src.scale_inv; src and q of one shape), with
+// fp4_quantize's arguments: the bytes fp4_quantize(q, x) gives for x = fp4_dequantize (bf16) of src, without writing
+// x (the tiles decode the codes as they load). Quartet's backward re-quantises the forward's saved codes along
+// another direction this way. MXFP4 into MXFP4 only (no tensor amax to measure), and q.amax must be null.
+void fp4_requantize(const QTensor& q, const QTensor& src, const QuantizeArgs& args, cudaStream_t stream);
 
 // Quartet's backward epilogue (arXiv 2505.14669 Alg. 1), g (rows, cols) FP32 the product of two range-matched MXFP4
 // operands (cols a multiple of 32 when hadamard is 32), one thread per 32 elements of a row:

@@ -28,9 +28,9 @@
 //             out (M, N) = Xq · Wqᵀ                       (the rotations cancel: H32 is orthogonal)
 //   backward  S = fresh random signs (seed, step, micro-step, linear); every re-quantisation range-matched, RTN/SR
 //             dy (M, N) --H32·S along N--> dYq [scratch 0];  --H32·S along M--> dYᵀq (N, M) [scratch 1]
-//             Wq decoded to BF16 [scratch 4] --H32·S along N--> Wᵀq (K, N) [scratch 3]
-//             dx (M, K) = H32 along K of (16/9 · dYq · (Wᵀq)ᵀ ⊙ Mx)      (product in FP32 [scratch 5])
-//             Xq decoded to BF16 [scratch 4] --H32·S along M--> Xᵀq (K, M) [scratch 2]
+//             Wq --decoded as loaded, H32·S along N--> Wᵀq (K, N) [scratch 3]      (fp4_requantize)
+//             dx (M, K) = H32 along K of (16/9 · dYq · (Wᵀq)ᵀ ⊙ Mx)      (product in FP32 [scratch 4])
+//             Xq --decoded as loaded, H32·S along M--> Xᵀq (K, M) [scratch 2]
 //             dw (N, K) += H32 along K of (16/9 · dYᵀq · (Xᵀq)ᵀ ⊙ Mw)
 #include "llmc/precision/linear.h"
 
@@ -187,10 +187,9 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
                  std::max(!xe.per_tensor() ? scale_inv_count(xe, M, K_) : 0,
                           !dye.per_tensor() ? scale_inv_count(dye, M, N_) : 0));
   state_.reserve(kScratchRowsT, code_bytes(dyte, N_, M), !dyte.per_tensor() ? scale_inv_count(dyte, N_, M) : 0);
-  if (quartet) {  // the re-quantised weight and input (scales included), their BF16 decodes, the FP32 products
+  if (quartet) {  // the re-quantised weight and input (scales included), the FP32 products
     state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), scale_inv_count(we, K_, N_));
     state_.reserve(kScratchInputT, code_bytes(xe, K_, M), scale_inv_count(xe, K_, M));
-    state_.reserve(kScratchDequant, sizeof(bf16) * std::max((size_t)N_ * K_, (size_t)M * K_), 0);
     state_.reserve(kScratchProduct, sizeof(float) * std::max((size_t)N_ * K_, (size_t)M * K_), 0);
   } else {
     if (!cache_t) state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), 0);
@@ -506,19 +505,17 @@ void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cu
   if (state_.numerics_requested() && dyq.data != nullptr)
     state_.record_numerics(name_ + ".dy", dyq, dy, s, dy_args.hadamard);
 
-  bf16* decoded = reinterpret_cast<bf16*>(state_.scratch(kScratchDequant));
   float* product = reinterpret_cast<float*>(state_.scratch(kScratchProduct));
   const float factor = kRangeMatchProductFactor;
   // dgrad: dx (M, K) = H32 along K of (16/9 · dYq (M, N) · Wᵀq (K, N)ᵀ ⊙ Mx)
   if (dx != nullptr) {
-    fp4_dequantize(decoded, wq_, /*transposed=*/false, s);  // (N, K)
     QTensor wt;
     wt.rows = N_;
     wt.cols = K_;
     wt.encoding = plan_.w;
     wt.data_t = state_.scratch(kScratchWeightT);
     wt.scale_inv_t = state_.scratch_scales(kScratchWeightT);
-    quantize(wt, decoded, args_for(LinearRole::W, false, true), s);
+    fp4_requantize(wt, wq_, args_for(LinearRole::W, false, true), s);  // the saved Wq (N, K) along N
     matmul_quant(product, quant_operand(dyq, false), quant_operand(wt, true), M, K_, N_, gemm_options(), s);
     mxfp4_gradient_epilogue(dx, nullptr, product, plan_.trust_mask ? x_mask_ : nullptr, M, K_, factor,
                             plan_.forward_hadamard, s);
@@ -528,14 +525,13 @@ void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cu
       amax_bf16(opt.dx_amax, dx, (size_t)M * K_, s);
   }
   // wgrad: dw (N, K) += H32 along K of (16/9 · dYᵀq (N, M) · Xᵀq (K, M)ᵀ ⊙ Mw)
-  fp4_dequantize(decoded, x_saved_, /*transposed=*/false, s);  // (M, K)
   QTensor xt;
   xt.rows = M;
   xt.cols = K_;
   xt.encoding = plan_.x;
   xt.data_t = state_.scratch(kScratchInputT);
   xt.scale_inv_t = state_.scratch_scales(kScratchInputT);
-  quantize(xt, decoded, args_for(LinearRole::X, false, true), s);
+  fp4_requantize(xt, x_saved_, args_for(LinearRole::X, false, true), s);  // the saved Xq (M, K) along M
   matmul_quant(product, quant_operand(dyq, true), quant_operand(xt, true), N_, K_, M, gemm_options(), s);
   mxfp4_gradient_epilogue(nullptr, dw, product, plan_.trust_mask ? w_mask_ : nullptr, N_, K_, factor,
                           plan_.forward_hadamard, s);

@@ -46,9 +46,8 @@ enum ScratchId : int {
   kScratchInputT = 2,    // Xᵀq (K, M) quantised in backward when the input was not saved quantised
   kScratchWeightT = 3,   // Wᵀq (K, N) when the plan does not cache it (made by the weight cast, then in backward);
                          // Quartet's backward: the re-quantised weight codes (K, N) and their scales
-  kScratchDequant = 4,   // Quartet's backward: the saved Wq (N, K) or Xq (M, K) decoded to BF16 (exact), re-quantised
-  kScratchProduct = 5,   // Quartet's backward: the FP32 product (M, K) or (N, K) before its mask and inverse rotation
-  kScratchCount = 6,
+  kScratchProduct = 4,   // Quartet's backward: the FP32 product (M, K) or (N, K) before its mask and inverse rotation
+  kScratchCount = 5,
 };
 
 // Telemetry of one quantised tensor at one step.

@@ -2,8 +2,8 @@
 // llmc/precision/quantize.h, against the host references (test/reference/precision_ref.h) byte for byte: codes,
 // scale codes, tensor scales and amax, for NVFP4 (1x16, 16x16 tiles) and MXFP4 (1x32), round to nearest and
 // stochastic rounding, with and without fused Hadamard transforms (16 and 32, random signs), row-wise and transposed
-// copies; and the device E2M1 conversion (fp4_codec.cuh's threshold form) and the device Hadamard transform against
-// the host. Each run draws a fresh seed (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
+// copies; the re-quantisation of MXFP4 codes (fp4_requantize) against dequantise-then-quantise; and the device E2M1
+// conversion (fp4_codec.cuh's) and the device Hadamard transform against the host. Each run draws a fresh seed (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
 // odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte), magnitudes 2^-20 .. 2^12 per row,
 // exact zeros, an all-zero block, huge (3e38) and tiny (1e-38) values, a whole tensor of tiny values (amax ~2^-118:
 // the clamped NVFP4 scales); QuEST's Gaussian and Quartet's range-matched MXFP4 scales with their trust masks
@@ -290,6 +290,98 @@ TEST(Fp4Quantize, StochasticRoundingIsReproducibleAndKeyed) {
   EXPECT_EQ(run(11, 1), run(11, 1));
   EXPECT_NE(run(11, 1), run(12, 1));
   EXPECT_NE(run(11, 1), run(11, 2));
+}
+
+// fp4_requantize (Quartet's backward re-quantisation of saved MXFP4 codes) against what it stands for: the codes
+// dequantised to BF16 (fp4_dequantize) and quantised again, on the GPU and on the host, byte for byte; with both
+// copies or the transposed one, H32 or none, range-matched or amax scales, RTN or SR; model-shaped and odd shapes (the
+// element-wise loads: cols not a multiple of 8, partial blocks); and its argument checks.
+TEST(Fp4Quantize, RequantiseFromCodesEqualsDequantiseThenQuantise) {
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  const Encoding e = llmc::kMxfp4Encoding;
+  struct Shape {
+    int rows, cols, hadamard;
+  };
+  for (const Shape sh : {Shape{768, 3072, 32}, Shape{64, 96, 32}, Shape{37, 100, 0}, Shape{33, 70, 0}}) {
+    for (const Rounding rounding : {Rounding::Nearest, Rounding::Stochastic}) {
+      for (const bool both : {false, true}) {
+        const int rows = sh.rows, cols = sh.cols;
+        SCOPED_TRACE(llmc::strformat("%d x %d hadamard %d %s%s", rows, cols, sh.hadamard,
+                                     rounding == Rounding::Stochastic ? "SR" : "RTN", both ? " both copies" : ""));
+        // the source: x's forward codes (QuEST scales when whole blocks, as Quartet's forward)
+        const std::vector<float> x = model_like(rows, cols, rng, false);
+        const auto xb = gpu_test::to_bf16(x);
+        Buf<bf16> dx(xb.size());
+        CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+        Buf<uint8_t> src_codes(llmc::code_bytes(e, rows, cols)), src_scales(llmc::scale_inv_bytes(e, rows, cols));
+        QTensor src;
+        src.rows = rows, src.cols = cols, src.encoding = e;
+        src.data = src_codes.p, src.scale_inv = reinterpret_cast<float*>(src_scales.p);
+        QuantizeArgs fwd;
+        if (cols % 32 == 0) fwd.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;
+        llmc::quantize(src, dx.p, fwd, 0);
+
+        QuantizeArgs args;
+        args.mxfp4_scale = both ? llmc::Mxfp4Scale::Amax : llmc::Mxfp4Scale::RangeMatched;
+        args.rounding = rounding;
+        args.sr_key = {0x5eed, 4, 9};
+        args.hadamard.size = sh.hadamard;
+        args.hadamard.signs = llmc::random_signs({0x5eed, 1, 2}, sh.hadamard ? sh.hadamard : 16);
+        args.hadamard.data = both && sh.hadamard != 0;
+        args.hadamard.data_t = sh.hadamard != 0;
+        auto make = [&](Buf<uint8_t>& d, Buf<uint8_t>& s, Buf<uint8_t>& dt, Buf<uint8_t>& st) {
+          QTensor q;
+          q.rows = rows, q.cols = cols, q.encoding = e;
+          if (both) q.data = d.p, q.scale_inv = reinterpret_cast<float*>(s.p);
+          q.data_t = dt.p, q.scale_inv_t = reinterpret_cast<float*>(st.p);
+          return q;
+        };
+        Buf<uint8_t> ad(llmc::code_bytes(e, rows, cols)), as(llmc::scale_inv_bytes(e, rows, cols));
+        Buf<uint8_t> adt(llmc::code_bytes(e, cols, rows)), ast(llmc::scale_inv_bytes(e, cols, rows));
+        Buf<uint8_t> bd(ad.n), bs(as.n), bdt(adt.n), bst(ast.n);
+        Buf<bf16> decoded(xb.size());
+        llmc::fp4_dequantize(decoded.p, src, false, 0);
+        llmc::quantize(make(ad, as, adt, ast), decoded.p, args, 0);
+        llmc::fp4_requantize(make(bd, bs, bdt, bst), src, args, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        expect_bytes_equal(bdt.get(), adt.get(), "data_t");
+        expect_bytes_equal(bst.get(), ast.get(), "scale_inv_t");
+        if (both) {
+          expect_bytes_equal(bd.get(), ad.get(), "data");
+          expect_bytes_equal(bs.get(), as.get(), "scale_inv");
+        }
+        // and the host: the dequantised values quantised by fp4_quantize_cpu
+        std::vector<float> values(x.size());
+        llmc::fp4_dequantize_cpu(values.data(), src_codes.get().data(), src_scales.get().data(), 1.0f, rows, cols, e);
+        std::vector<uint8_t> rd(ad.n), rs(as.n), rdt(adt.n), rst(ast.n);
+        llmc::Fp4CpuOut ref;
+        if (both) ref.data = rd.data(), ref.scale_inv = rs.data();
+        ref.data_t = rdt.data(), ref.scale_inv_t = rst.data();
+        llmc::fp4_quantize_cpu(&ref, values.data(), rows, cols, e, args, nullptr);
+        expect_bytes_equal(bdt.get(), rdt, "data_t (host)");
+        if (both) expect_bytes_equal(bd.get(), rd, "data (host)");
+      }
+    }
+  }
+  // argument checks
+  Buf<uint8_t> codes(64 * 64), scales(64 * 64);
+  Buf<float> amax(1);
+  QTensor src, q;
+  src.rows = q.rows = 64, src.cols = q.cols = 64, src.encoding = q.encoding = e;
+  src.data = codes.p, src.scale_inv = reinterpret_cast<float*>(scales.p);
+  q.data_t = codes.p, q.scale_inv_t = reinterpret_cast<float*>(scales.p);
+  QTensor bad = src;
+  bad.encoding = llmc::kNvfp4Encoding;
+  EXPECT_THROW(llmc::fp4_requantize(q, bad, QuantizeArgs{}, 0), llmc::Error);  // an NVFP4 source
+  bad = q;
+  bad.cols = 32;
+  EXPECT_THROW(llmc::fp4_requantize(bad, src, QuantizeArgs{}, 0), llmc::Error);  // another shape
+  bad = q;
+  bad.amax = amax.p;
+  EXPECT_THROW(llmc::fp4_requantize(bad, src, QuantizeArgs{}, 0), llmc::Error);  // no amax of an FP4 source
+  bad = src;
+  bad.data = nullptr;
+  EXPECT_THROW(llmc::fp4_requantize(q, bad, QuantizeArgs{}, 0), llmc::Error);  // no codes
 }
 
 // Quartet's backward epilogue: factor * g, masked, H32 along the rows (signs 0), stored as BF16 or added to FP32, bit
