@@ -1,14 +1,16 @@
 // test/precision/test_fp4_ref: the FP4 pieces on the CPU: Philox4x32-10 against the Random123 known-answer vectors;
-// fp4_codec.cuh's E2M1 threshold rounding (the kernels') against llmc/core/dtypes' bit-level e2m1_encode on a sweep
+// fp4_codec.cuh's E2M1 round-to-nearest (the kernels') against llmc/core/dtypes' bit-level e2m1_encode on a sweep
 // of FP32; the E8M0 / E4M3 scale values; the NVFP4 and MXFP4 formulas on hand-computed blocks; the Hadamard
-// transforms against dense matrices (FP64) and their orthogonality; stochastic rounding: the same key gives the same
-// bits, and over many draws the mean is the input within a bound derived below; the reference quantiser
+// transforms against dense matrices (FP64) and their orthogonality; stochastic rounding: its threshold against the
+// definition (FP64) on a sweep of FP32, the same key gives the same bits, and over many draws the mean is the input
+// within a bound derived below; the reference quantiser
 // (fp4_quantize_cpu) against those formulas; the FP4 rows of the quantiser table (quantizer_error, sizes); and the
 // keying of Quartet's per-micro-step rotation signs.
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -105,6 +107,36 @@ TEST(E2M1Codec, StochasticRoundingIsUnbiasedWithinTheDerivedBound) {
     const double mean = sum / K, bound = 5.0 * g / (2.0 * std::sqrt(static_cast<double>(K)));
     EXPECT_NEAR(mean, x, bound) << x;
   }
+}
+
+// e2m1_sr against its definition on a sweep of FP32, at both sides of each value's threshold: lo = the E2M1 grid value
+// at or below |x| and g the grid step there (found on the grid in FP64), f * 2^24 = (|x| - lo) / g * 2^24 (exact in
+// FP64), and u = r >> 8 rounds up exactly when u < f * 2^24: u = ceil(f * 2^24) - 1 must give lo + g, u = ceil(f * 2^24)
+// lo. |x| >= 6 and +-inf give +-6, NaN kE2M1NanCode, for any word.
+TEST(E2M1Codec, StochasticRoundingThresholdIsTheDefinition) {
+  static const double grid[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  size_t bad = 0;
+  for (uint64_t b = 0; b < (1ull << 32); b += 331) {
+    const float x = bits_to_float(static_cast<uint32_t>(b));
+    const double a = std::fabs(static_cast<double>(x));
+    const uint8_t sign = std::signbit(x) ? 0x8 : 0x0;
+    std::vector<std::pair<uint32_t, uint8_t>> want;  // (random word, code)
+    if (std::isnan(x)) {
+      want = {{0u, llmc::kE2M1NanCode}, {0xFFFFFFFFu, llmc::kE2M1NanCode}};
+    } else if (a >= 6.0) {
+      want = {{0u, static_cast<uint8_t>(sign | 7)}, {0xFFFFFFFFu, static_cast<uint8_t>(sign | 7)}};
+    } else {
+      int k = 0;
+      while (grid[k + 1] <= a) k++;
+      const double c = std::ceil((a - grid[k]) / (grid[k + 1] - grid[k]) * 16777216.0);
+      if (c >= 1) want.push_back({(static_cast<uint32_t>(c - 1) << 8) | 0xFFu, static_cast<uint8_t>(sign | (k + 1))});
+      if (c < 16777216.0) want.push_back({static_cast<uint32_t>(c) << 8, static_cast<uint8_t>(sign | k)});
+    }
+    for (const auto& [r, code] : want)
+      if (llmc::e2m1_sr(x, r) != code && bad++ < 8)
+        ADD_FAILURE() << std::hexfloat << x << " r " << r << ": " << +llmc::e2m1_sr(x, r) << " want " << +code;
+  }
+  EXPECT_EQ(bad, 0u);
 }
 
 TEST(Hadamard, MatchesDenseMatricesAndIsOrthogonal) {
