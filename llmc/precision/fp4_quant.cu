@@ -5,7 +5,8 @@
 //
 // Kernels:
 //   fp4_run_kernel<N>: one thread per 1xN block of one output copy, a CTA per tile of 64 source rows x 4N source
-//     columns: the tile is loaded into shared memory in whole rows (8 bf16 at a time where rows are 16-byte aligned),
+//     columns: the tile is loaded into shared memory in whole rows (8 bf16 at a time where rows are 16-byte aligned;
+//     fp4_requantize: 8 MXFP4 codes at a time, decoded to their exact BF16 values),
 //     then each thread reads its block along a tile row (data) or a tile column (data_t), applies the Hadamard
 //     transform if asked, takes the block amax (max over the bits of |v|: order independent, a NaN wins), computes the
 //     scale code and the element multiplier, rounds, packs two codes per byte and stores them (one 8- or 16-byte
