@@ -398,14 +398,15 @@ TEST(Fp4GemmMapping, PairsSizesAndErrors) {
 }
 
 // matmul_quant's FP4 argument errors come before any device work: each names what is wrong (fake, never
-// dereferenced, 256-byte aligned pointers).
+// dereferenced, 256-byte aligned pointers). matmul_quant_supported refuses the same combinations, except a missing
+// pointer (it checks only the alignment of the pointers given): `missing_pointer` says the error is one.
 std::string quant_error(const QuantOperand& A, const QuantOperand& B, int M, int N, int K, const QuantGemmOptions& opt,
-                        bool d_fp32) {
+                        bool d_fp32, bool missing_pointer = false) {
   try {
     if (d_fp32) matmul_quant(reinterpret_cast<float*>(0x10000), A, B, M, N, K, opt, nullptr);
     else matmul_quant(reinterpret_cast<bf16*>(0x10000), A, B, M, N, K, opt, nullptr);
   } catch (const Error& e) {
-    EXPECT_FALSE(matmul_quant_supported(d_fp32, A, B, M, N, K, opt));
+    if (!missing_pointer) EXPECT_FALSE(matmul_quant_supported(d_fp32, A, B, M, N, K, opt));
     return e.what();
   }
   return "no error";
@@ -439,11 +440,11 @@ TEST(Fp4GemmMapping, ArgumentErrorsNameTheProblem) {
   acc.accumulate = true;
   EXPECT_TRUE(contains(quant_error(mx, mx, 64, 64, 64, acc, false), "accumulate (D += A*B^T) is for an FP32 D"));
   QuantGemmOptions no_counter;
-  e = quant_error(mx, mx, 64, 64, 64, no_counter, true);
+  e = quant_error(mx, mx, 64, 64, 64, no_counter, true, true);
   EXPECT_TRUE(contains(e, "opt.inexact_blocks is null")) << e;
   QuantOperand nv_no_scale = nv;
   nv_no_scale.tensor_scale_inv = nullptr;
-  e = quant_error(nv_no_scale, nvw, 64, 64, 64, opt, true);
+  e = quant_error(nv_no_scale, nvw, 64, 64, 64, opt, true, true);
   EXPECT_TRUE(contains(e, "A.tensor_scale_inv is null")) << e;
 }
 
