@@ -52,30 +52,47 @@ cudaDeviceProp open_device(const RunConfig& cfg, const Comm& comm) {
   return prop;
 }
 
-// Numerics telemetry: one JSONL record per quantised tensor and a console line with the worst SNR.
+// Numerics telemetry: one JSONL record per quantised tensor (and per product, with log.numerics_products: type
+// "product_numerics", its SNR against the BF16 product of the unquantised operands) and a console line with the
+// worst SNRs.
 void log_numerics(MetricsLogger& logger, int step, const std::vector<TensorNumerics>& numerics) {
   auto finite_or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
-  double worst_snr = INFINITY;
-  std::string worst;
+  struct Worst {
+    double snr = INFINITY;
+    std::string name;
+    size_t count = 0;
+  } tensors, products;
   long long inexact = 0;
   for (const TensorNumerics& t : numerics) {
-    nlohmann::json record = {{"type", "numerics"}, {"step", step}, {"tensor", t.name},
-                             {"amax", finite_or_null(t.stats.amax)}, {"scale", finite_or_null(t.stats.scale)},
-                             {"saturated_frac", t.stats.saturated_frac}, {"underflow_frac", t.stats.underflow_frac},
-                             {"snr_db", finite_or_null(t.stats.snr_db)}};
+    nlohmann::json record;
+    if (t.product) {
+      record = {{"type", "product_numerics"}, {"step", step}, {"product", t.name},
+                {"amax", finite_or_null(t.stats.amax)}, {"zeroed_frac", t.stats.underflow_frac},
+                {"snr_db", finite_or_null(t.stats.snr_db)}};
+    } else {
+      record = {{"type", "numerics"}, {"step", step}, {"tensor", t.name},
+                {"amax", finite_or_null(t.stats.amax)}, {"scale", finite_or_null(t.stats.scale)},
+                {"saturated_frac", t.stats.saturated_frac}, {"underflow_frac", t.stats.underflow_frac},
+                {"snr_db", finite_or_null(t.stats.snr_db)}};
+    }
     if (t.inexact_blocks >= 0) {
       record["inexact_blocks"] = t.inexact_blocks;
       inexact += t.inexact_blocks;
     }
     logger.log_record(record);
-    if (t.stats.snr_db < worst_snr) {
-      worst_snr = t.stats.snr_db;
-      worst = t.name;
+    Worst& w = t.product ? products : tensors;
+    w.count++;
+    if (t.stats.snr_db < w.snr) {
+      w.snr = t.stats.snr_db;
+      w.name = t.name;
     }
   }
-  if (!numerics.empty())
-    std::printf("step %d | numerics: %zu quantised tensors, lowest SNR %.1f dB (%s)%s\n", step, numerics.size(),
-                worst_snr, worst.c_str(),
+  if (tensors.count > 0)
+    std::printf("step %d | numerics: %zu quantised tensors, lowest SNR %.1f dB (%s)%s%s\n", step, tensors.count,
+                tensors.snr, tensors.name.c_str(),
+                products.count > 0 ? strformat("; %zu products, lowest SNR %.1f dB (%s)", products.count,
+                                               products.snr, products.name.c_str()).c_str()
+                                   : "",
                 inexact > 0 ? strformat("; %lld MXFP4 blocks not exact in E4M3", inexact).c_str() : "");
 }
 

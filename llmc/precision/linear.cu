@@ -358,6 +358,16 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   // The GEMM with as much of the bias / GELU as the epilogue supports for this combination (block scales support
   // neither; then the bias is added and the GELU applied by our kernels, which also report the output amax).
   const QuantOperand A = quant_operand(xq, false), B = quant_operand(wq_, false);
+  // Product telemetry: the pre-activation x·wᵀ + bias against the BF16 product of the unquantised x and w.
+  const bool measure_product = training && state_.product_numerics_requested();
+  auto measure_fprop = [&](const bf16* product) {
+    const size_t n = (size_t)M * N_;
+    bf16* ref = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&ref, n * sizeof(bf16), s));
+    matmul_forward(ref, x, w, bias, M, N_, K_, s);
+    state_.record_product_numerics(name_ + ".fprop", product, ref, n, s);
+    CUDA_CHECK(cudaFreeAsync(ref, s));
+  };
   QuantGemmOptions g = gemm_options();
   g.fast_accum = plan_.fast_accum_fprop;
   g.bias = bias;
@@ -365,6 +375,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   if (opt.pre_gelu != nullptr && matmul_quant_supported(false, A, B, M, N_, K_, g)) {
     matmul_quant(out, A, B, M, N_, K_, g, s);  // out = gelu(pre_gelu), pre_gelu = x·wᵀ + bias
     if (opt.out_amax) amax_bf16(opt.out_amax, out, (size_t)M * N_, s);
+    if (measure_product) measure_fprop(opt.pre_gelu);
     return;
   }
   g.pre_gelu = nullptr;
@@ -378,6 +389,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   } else if (gemm_out_amax != nullptr) {
     amax_bf16(gemm_out_amax, gemm_out, (size_t)M * N_, s);
   }
+  if (measure_product) measure_fprop(gemm_out);
   if (opt.pre_gelu != nullptr) gelu_forward(out, opt.pre_gelu, (size_t)M * N_, s, opt.out_amax);
 }
 
@@ -436,6 +448,14 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
       gelu_backward_inplace(dx, opt.x_pre_gelu, (size_t)M * K_, s, opt.dx_amax);
     else if (opt.dx_amax)
       amax_bf16(opt.dx_amax, dx, (size_t)M * K_, s);
+    if (state_.product_numerics_requested() && w != nullptr) {  // against the BF16 dgrad (with its DGELU)
+      const size_t n = (size_t)M * K_;
+      bf16* ref = nullptr;
+      CUDA_CHECK(cudaMallocAsync(&ref, n * sizeof(bf16), s));
+      matmul_dgrad(ref, dy, w, M, N_, K_, /*accumulate=*/false, s, opt.x_pre_gelu);
+      state_.record_product_numerics(name_ + ".dgrad", dx, ref, n, s);
+      CUDA_CHECK(cudaFreeAsync(ref, s));
+    }
   }
 
   // wgrad: dw (N, K) += dYᵀq (N, M) · Xᵀq (K, M)ᵀ
@@ -469,7 +489,27 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
   }
   QuantGemmOptions g = gemm_options();
   g.accumulate = true;
-  matmul_quant(dw, quant_operand(split_dy ? dyq_t : dyq, true), quant_operand(xt, true), N_, K_, M, g, s);
+  const QuantOperand dyt_operand = quant_operand(split_dy ? dyq_t : dyq, true), xt_operand = quant_operand(xt, true);
+  matmul_quant(dw, dyt_operand, xt_operand, N_, K_, M, g, s);
+  if (state_.product_numerics_requested() && x != nullptr) {
+    // This micro-step's quantised dyᵀ·x alone (dw holds the sum of the micro-steps) against the BF16 operands'; its
+    // own inexact-block counter, so that the telemetry counts each product once.
+    const size_t n = (size_t)N_ * K_;
+    float *product = nullptr, *ref = nullptr;
+    unsigned long long* inexact = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&product, n * sizeof(float), s));
+    CUDA_CHECK(cudaMallocAsync(&ref, n * sizeof(float), s));
+    CUDA_CHECK(cudaMallocAsync(&inexact, sizeof(unsigned long long), s));
+    CUDA_CHECK(cudaMemsetAsync(inexact, 0, sizeof(unsigned long long), s));
+    QuantGemmOptions alone = gemm_options();
+    alone.inexact_blocks = inexact;
+    matmul_quant(product, dyt_operand, xt_operand, N_, K_, M, alone, s);
+    matmul_wgrad(ref, dy, x, M, N_, K_, /*accumulate=*/false, s);
+    state_.record_product_numerics(name_ + ".wgrad", product, ref, n, s);
+    CUDA_CHECK(cudaFreeAsync(product, s));
+    CUDA_CHECK(cudaFreeAsync(ref, s));
+    CUDA_CHECK(cudaFreeAsync(inexact, s));
+  }
 }
 
 void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cudaStream_t s,

@@ -196,15 +196,36 @@ void PrecisionState::weights_changed() {
 void PrecisionState::record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s,
                                      const HadamardOption& rotation) {
   if (q.data == nullptr) return;
-  if (std::find(numerics_names_.begin(), numerics_names_.end(), name) != numerics_names_.end()) return;
-  if (numerics_ == nullptr) {
-    numerics_capacity_ = static_cast<int>(3 * linears_.size() + 8);
+  double* slot = numerics_slot(name);
+  if (slot == nullptr) return;
+  quant_stats(slot, q, x, s, rotation);
+  numerics_names_.push_back(name);
+  numerics_products_.push_back(false);
+}
+
+double* PrecisionState::numerics_slot(const std::string& name) {
+  if (std::find(numerics_names_.begin(), numerics_names_.end(), name) != numerics_names_.end()) return nullptr;
+  if (numerics_ == nullptr) {  // x, w, dy and the three products of every linear
+    numerics_capacity_ = static_cast<int>(6 * linears_.size() + 8);
     CUDA_CHECK(cudaMalloc(&numerics_, (size_t)numerics_capacity_ * kQuantStatsSlots * sizeof(double)));
   }
-  if ((int)numerics_names_.size() >= numerics_capacity_) return;
-  quant_stats(numerics_ + numerics_names_.size() * kQuantStatsSlots, q, x, s, rotation);
-  numerics_names_.push_back(name);
+  if ((int)numerics_names_.size() >= numerics_capacity_) return nullptr;
+  return numerics_ + numerics_names_.size() * kQuantStatsSlots;
 }
+
+template <class T>
+void PrecisionState::record_product_numerics(const std::string& name, const T* got, const T* ref, size_t n,
+                                             cudaStream_t s) {
+  double* slot = numerics_slot(name);
+  if (slot == nullptr) return;
+  product_error_stats(slot, got, ref, n, s);
+  numerics_names_.push_back(name);
+  numerics_products_.push_back(true);
+}
+template void PrecisionState::record_product_numerics<bf16>(const std::string&, const bf16*, const bf16*, size_t,
+                                                            cudaStream_t);
+template void PrecisionState::record_product_numerics<float>(const std::string&, const float*, const float*, size_t,
+                                                             cudaStream_t);
 
 std::vector<TensorNumerics> PrecisionState::collect_numerics(cudaStream_t s) {
   numerics_requested_ = false;
@@ -213,9 +234,13 @@ std::vector<TensorNumerics> PrecisionState::collect_numerics(cudaStream_t s) {
   std::vector<double> host(numerics_names_.size() * kQuantStatsSlots);
   CUDA_CHECK(cudaMemcpyAsync(host.data(), numerics_, host.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
-  for (size_t i = 0; i < numerics_names_.size(); i++)
-    out.push_back({numerics_names_[i], finish_quant_stats(host.data() + i * kQuantStatsSlots)});
+  for (size_t i = 0; i < numerics_names_.size(); i++) {
+    TensorNumerics t{numerics_names_[i], finish_quant_stats(host.data() + i * kQuantStatsSlots)};
+    t.product = numerics_products_[i];
+    out.push_back(t);
+  }
   numerics_names_.clear();
+  numerics_products_.clear();
   // The MXFP4 products' inexact blocks since the last report, on each linear's x entry (then counted afresh).
   for (const Linear* l : linears_) {
     if (l->inexact_blocks_ == nullptr || l->plan_.x.scale != ScaleFormat::E8M0) continue;

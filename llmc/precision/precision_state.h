@@ -52,8 +52,10 @@ enum ScratchId : int {
 
 // Telemetry of one quantised tensor at one step.
 struct TensorNumerics {
-  std::string name;   // "transformer.h.3.attn.c_attn.x" (x / w / dy)
+  std::string name;   // "transformer.h.3.attn.c_attn.x" (x / w / dy), or a product's: "...c_attn.fprop" (fprop /
+                      // dgrad / wgrad; product telemetry, set_product_numerics)
   QuantStats stats;
+  bool product = false;  // a quantised product against the BF16 product of the unquantised operands
   // On the "x" entry of a linear whose products are MXFP4: how many 32-element blocks of its operands the exact E4M3
   // remap could not keep exactly (llmc/precision/fp4_gemm.h) since the previous report, over all its products; -1
   // elsewhere.
@@ -107,6 +109,12 @@ class PrecisionState {
   // numerics (once per tensor); collect_numerics() returns them (synchronises) and ends the request.
   void request_numerics() { numerics_requested_ = true; }
   bool numerics_requested() const { return numerics_requested_; }
+  // Product telemetry (log.numerics_products): on the requested steps every quantised linear also measures its
+  // fprop, dgrad and wgrad outputs against the BF16 products of the unquantised operands (one BF16 GEMM more per
+  // product, into stream-ordered scratch freed after it). wgrad needs the layer's BF16 input, so it is measured only
+  // where backward receives one (precision.fp8_activations = false, or the attention projection).
+  void set_product_numerics(bool on) { product_numerics_ = on; }
+  bool product_numerics_requested() const { return numerics_requested_ && product_numerics_; }
   std::vector<TensorNumerics> collect_numerics(cudaStream_t s);
 
   // Checkpointed state (delayed scaling: scales, amax histories, ring position). describe() names the slots;
@@ -149,6 +157,10 @@ class PrecisionState {
   // rotation: q's data copy was quantised from x rotated (quant_stats measures the rotated values).
   void record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s,
                        const HadamardOption& rotation = HadamardOption());
+  // A product's numerics: got against ref (n elements each; product_error_stats), recorded as `name`.
+  template <class T>
+  void record_product_numerics(const std::string& name, const T* got, const T* ref, size_t n, cudaStream_t s);
+  double* numerics_slot(const std::string& name);  // the stats slot of a new record, or null (recorded already / full)
 
   PrecisionRecipe recipe_;
   DeviceMemory memory_;
@@ -174,7 +186,9 @@ class PrecisionState {
   std::vector<uint8_t*> scratch_ptrs_;
   std::vector<float*> scratch_scale_ptrs_;
   bool numerics_requested_ = false;
+  bool product_numerics_ = false;
   std::vector<std::string> numerics_names_;
+  std::vector<bool> numerics_products_;  // per record: a product's
   double* numerics_ = nullptr;  // (capacity, kQuantStatsSlots)
   int numerics_capacity_ = 0;
 };

@@ -97,6 +97,11 @@ struct QuantStats {
 constexpr int kQuantStatsSlots = 8;
 void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream,
                  const HadamardOption& rotation = HadamardOption());
+// The numerics of a product against its reference (both n elements): the same slots, with amax, nonzero count and
+// sum x^2 of ref, underflow = ref nonzero where got is 0, sum err^2 of got - ref, no scale (1) and no saturation (0):
+// finish_quant_stats gives the product's SNR (llmc/precision/product_stats.cu; Linear's product telemetry).
+void product_error_stats(double* stats_out, const bf16* got, const bf16* ref, size_t n, cudaStream_t stream);
+void product_error_stats(double* stats_out, const float* got, const float* ref, size_t n, cudaStream_t stream);
 // The families' shared second stage: a family's stats kernel runs kQuantStatsBlocks blocks, each writing
 // kQuantStatsSlots partials (slot 0 the amax bits, slot 1 the largest scale_inv bits, as exact doubles; slots 2-6 its
 // sums); this combines them in a fixed order into stats_out and adds the element count (slot 7).

@@ -392,6 +392,11 @@ const std::vector<KeySchema>& schema() {
       between(row("log", "numerics_every", T::Int,
                   "FP8 numerics telemetry (amax, scale, saturated and underflow fractions, SNR of every quantised "
                   "tensor) every N steps into the JSONL log (0 = off)", LLMC_ACCESS(log.numerics_every)), 0, L::kSteps),
+      row("log", "numerics_products", T::Bool,
+          "on numerics_every's steps also measure every quantised product (fprop, dgrad, wgrad) against the BF16 "
+          "product of the unquantised operands: its SNR in \"product_numerics\" records (one BF16 GEMM more per "
+          "product and the output's size in temporary memory; wgrad only where backward has the BF16 input, e.g. "
+          "with precision.fp8_activations = false)", LLMC_ACCESS(log.numerics_products)),
   };
   return table;
 }

@@ -219,7 +219,10 @@ StepReport TrainingSession::train_step(int step, double lr, bool measure_numeric
   r.step = step + 1;
   PrecisionState* precision = model_->precision_state();
   precision->begin_step(step);  // the random streams of this step's micro-steps (a resumed run draws the same)
-  if (measure_numerics) precision->request_numerics();
+  if (measure_numerics) {
+    precision->set_product_numerics(cfg_.log.numerics_products);
+    precision->request_numerics();
+  }
   // The step's data first: a bad shard or token on one rank stops every rank here, naming it.
   comm_.check_all_ok(capture_error([&] {
                        for (int micro = 0; micro < accum; micro++)

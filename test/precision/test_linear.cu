@@ -8,7 +8,7 @@
 //   - a producer-reported amax gives the same bits as the amax the layer measures itself,
 //   - GELU forward / backward options,
 //   - delayed scaling: the first step scales from the current amax, later steps from the history,
-//   - numerics telemetry names and sanity,
+//   - numerics telemetry names and sanity; the product telemetry's SNRs against the host's FP64 products,
 //   - the BF16 plan is exactly the cuBLASLt BF16 path;
 //   - precision.tensorwise_products: each product gives the bits of the preset whose scaling it takes;
 //   - Quartet plans (mxfp4 and its ablations): fprop, dgrad and wgrad against a host reference of exactly its
@@ -456,6 +456,86 @@ TEST_P(LinearTensorwiseProducts, EachProductGivesItsRecipesBits) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTensorwiseProducts,
                          ::testing::Values(std::array<int, 3>{256, 384, 512}, std::array<int, 3>{8192, 3072, 768},
                                            std::array<int, 3>{8192, 768, 3072}));
+
+// Product telemetry (PrecisionState::set_product_numerics, log.numerics_products): each product's error against the
+// BF16 product of the unquantised operands equals the error computed here against the FP64 product of those operands,
+// up to the reference's own rounding: with e = ‖got - ref‖ / ‖ref‖ = 10^(-SNR/20), |e_gpu - e_host| <= 2^-8 (BF16's
+// unit roundoff; the triangle inequality) plus FP32 accumulation; wgrad is measured when backward receives the BF16
+// input and not otherwise; nothing is measured without the request.
+TEST_P(LinearFp8, ProductTelemetryMatchesTheHostProducts) {
+  std::mt19937_64 rng(seed() ^ 19 ^ std::hash<std::string>{}(GetParam()));
+  Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  std::fill(p.dw0.begin(), p.dw0.end(), 0.0f);  // dw is then this micro-step's product alone
+  const PrecisionRecipe r = recipe(GetParam());
+  std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), bias(upload(p.bias)), dy(upload(p.dy));
+  auto run = [&](bool products, bool bf16_input, std::vector<TensorNumerics>* numerics) {
+    PrecisionState state(r);
+    Linear lin(state, "t", LinearKind::MlpUp, 0, N, K, plan_linear(r, 0, 2, LinearKind::MlpUp), M);
+    Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
+    Dev<float> dw((size_t)N * K);
+    CUDA_CHECK(cudaMemset(dw.ptr, 0, dw.n * sizeof(float)));
+    state.set_product_numerics(products);
+    state.request_numerics();
+    state.begin_forward(0);
+    lin.forward(out.ptr, x->ptr, w->ptr, bias->ptr, M, /*training=*/true, 0);
+    state.begin_backward(0);
+    lin.backward(dx.ptr, dw.ptr, dy->ptr, bf16_input ? x->ptr : nullptr, w->ptr, M, 0);
+    *numerics = state.collect_numerics(0);
+    return MicroStep{download(out.ptr, out.n), download(dx.ptr, dx.n), download(dw.ptr, dw.n), {}};
+  };
+  auto find = [](const std::vector<TensorNumerics>& numerics, const std::string& name) -> const TensorNumerics* {
+    for (const TensorNumerics& t : numerics)
+      if (t.name == name) return &t;
+    return nullptr;
+  };
+  auto snr_db = [](const std::vector<float>& got, const std::vector<double>& ref) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    return 10.0 * std::log10(den / num);
+  };
+  std::vector<TensorNumerics> numerics;
+  const MicroStep m = run(/*products=*/true, /*bf16_input=*/true, &numerics);
+  std::vector<double> out_exact = product(p.x, p.w, M, N, K);
+  for (int i = 0; i < M; i++)
+    for (int n = 0; n < N; n++) out_exact[(size_t)i * N + n] += p.bias[n];
+  const std::vector<double> dx_exact = product(p.dy, transpose(p.w, N, K), M, K, N);
+  const std::vector<double> dw_exact = product(transpose(p.dy, M, N), transpose(p.x, M, K), N, K, M);
+  const struct {
+    const char* name;
+    const std::vector<float>& got;
+    const std::vector<double>& exact;
+  } products[] = {{".fprop", m.out, out_exact}, {".dgrad", m.dx, dx_exact}, {".wgrad", m.dw, dw_exact}};
+  for (const auto& prod : products) {
+    const TensorNumerics* t = find(numerics, std::string("t") + prod.name);
+    ASSERT_NE(t, nullptr) << prod.name << " not measured";
+    EXPECT_TRUE(t->product) << prod.name;
+    const double host = snr_db(prod.got, prod.exact);
+    std::printf("  %s %s: product SNR %.2f dB (host, against FP64: %.2f dB)\n", GetParam(), prod.name,
+                t->stats.snr_db, host);
+    EXPECT_NEAR(std::pow(10.0, -t->stats.snr_db / 20), std::pow(10.0, -host / 20), std::ldexp(1.0, -8) + 1e-4)
+        << prod.name;
+    EXPECT_GT(t->stats.snr_db, 15.0) << prod.name;
+  }
+  for (const TensorNumerics& t : numerics)  // the quantised tensors' records are unchanged by the request
+    if (!t.product) EXPECT_TRUE(t.name == "t.x" || t.name == "t.w" || t.name == "t.dy") << t.name;
+  // Without the BF16 input there is no wgrad reference; without the request, no product is measured, and the
+  // layer's outputs do not depend on either.
+  std::vector<TensorNumerics> without_input, plain;
+  const MicroStep a = run(true, false, &without_input), b = run(false, true, &plain);
+  EXPECT_NE(find(without_input, "t.dgrad"), nullptr);
+  EXPECT_EQ(find(without_input, "t.wgrad"), nullptr);
+  for (const TensorNumerics& t : plain) EXPECT_FALSE(t.product) << t.name;
+  EXPECT_EQ(plain.size(), 3u);
+  for (const MicroStep* o : {&a, &b}) {
+    EXPECT_EQ(0, std::memcmp(o->out.data(), m.out.data(), m.out.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(o->dx.data(), m.dx.data(), m.dx.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(o->dw.data(), m.dw.data(), m.dw.size() * sizeof(float)));
+  }
+}
 
 // GELU_AUX forward (epilogue or separate kernel) and the DGELU backward.
 TEST_P(LinearFp8, GeluForwardAndBackward) {
