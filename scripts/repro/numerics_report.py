@@ -20,6 +20,12 @@ Columns:
               infinite SNR is logged as null and left out; "—" where no block has a finite one)
 Then the --top K tensors (default 10) with the largest underflow over all runs.
 
+Where the logs also hold "product_numerics" records at that step (log.numerics_products = true:
+{"type":"product_numerics","step":S,"product":NAME,"amax","snr_db","zeroed_frac"}, NAME a linear and its product:
+"transformer.h.3.mlp.c_fc.wgrad"), a third table gives each product kind's SNR against the BF16 product of the
+unquantised operands: the mean and the lowest over the blocks, and the mean fraction of the reference's nonzero
+outputs that came out zero.
+
 Exit status 2 when a LOG cannot be read or holds no numerics record, or --step names a step without records.
 """
 import argparse
@@ -49,13 +55,40 @@ def kind_of(tensor):
     return tensor[: m.start()] + ".*." + tensor[m.end():], int(m.group(1))
 
 
-def numerics(records):
-    """{step: [numerics record]} of one run's records."""
+def numerics(records, kind="numerics", name="tensor"):
+    """{step: [record]} of one run's records of one type ("numerics" with a "tensor", "product_numerics" with a
+    "product")."""
     by_step = {}
     for r in records:
-        if r.get("type") == "numerics" and "tensor" in r and "step" in r:
+        if r.get("type") == kind and name in r and "step" in r:
             by_step.setdefault(int(r["step"]), []).append(r)
     return by_step
+
+
+def summarise_products(records_at_step):
+    """{product kind: row} for one run at one step; row: blocks, SNR mean / min, zeroed mean."""
+    kinds = {}
+    for r in records_at_step:
+        kinds.setdefault(kind_of(r["product"])[0], []).append(r)
+    rows = {}
+    for kind, items in kinds.items():
+        snr = [num(r, "snr_db") for r in items]
+        snr = [v for v in snr if runlog.finite(v)]
+        zeroed = [num(r, "zeroed_frac") for r in items]
+        zeroed = [v for v in zeroed if runlog.finite(v)]
+        rows[kind] = {
+            "blocks": len(items),
+            "snr_mean": sum(snr) / len(snr) if snr else float("nan"),
+            "snr_min": min(snr) if snr else float("nan"),
+            "zeroed_mean": sum(zeroed) / len(zeroed) if zeroed else float("nan"),
+        }
+    return rows
+
+
+def product_order(kind):
+    """Block products first in name order, fprop / dgrad / wgrad within a layer."""
+    base, _, product = kind.rpartition(".")
+    return (".*." not in kind, base, {"fprop": 0, "dgrad": 1, "wgrad": 2}.get(product, 3), product)
 
 
 def summarise(records_at_step):
@@ -100,8 +133,9 @@ def kind_order(kind):
     return (".*." not in kind, base, {"x": 0, "w": 1, "dy": 2}.get(operand, 3), operand)
 
 
-def report(runs, step, top):
-    """runs: [(label, {step: [records]})]. The Markdown text."""
+def report(runs, step, top, products=None):
+    """runs: [(label, {step: [records]})]; products: [(label, {step: [product records]})] or None. The Markdown
+    text."""
     summaries = [(label, summarise(by_step[step])) for label, by_step in runs]
     kinds = sorted({k for _, s in summaries for k in s}, key=kind_order)
     lines = [f"Quantisation telemetry at step {step} (per tensor kind: mean over the blocks, and the worst block).", "",
@@ -123,6 +157,19 @@ def report(runs, step, top):
               "| run | tensor | underflow | amax | SNR dB |", "|---|---|---|---|---|"]
     for under, label, tensor, r in tensors[:top]:
         lines.append(f"| {label} | {tensor} | {pct(under)} | {num(r, 'amax'):.4g} | {db(num(r, 'snr_db'))} |")
+    summaries = [(label, summarise_products(by_step[step])) for label, by_step in products or [] if step in by_step]
+    if summaries:
+        kinds = sorted({k for _, s in summaries for k in s}, key=product_order)
+        lines += ["", f"Product error at step {step}: each quantised product against the BF16 product of the "
+                  "unquantised operands (per product kind: mean over the blocks, and the lowest).", "",
+                  "| product | run | blocks | SNR dB mean | lowest | zeroed mean |", "|---|---|---|---|---|---|"]
+        for kind in kinds:
+            for label, s in summaries:
+                if kind in s:
+                    r = s[kind]
+                    zeroed = pct(r["zeroed_mean"]) if runlog.finite(r["zeroed_mean"]) else "—"
+                    lines.append(f"| {kind} | {label} | {r['blocks']} | {db(r['snr_mean'])} | {db(r['snr_min'])} | "
+                                 f"{zeroed} |")
     return "\n".join(lines) + "\n"
 
 
@@ -137,10 +184,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.label and len(args.label) != len(args.logs):
         p.error(f"--label given {len(args.label)} times for {len(args.logs)} logs: give one per log or none")
-    runs = []
+    runs, products = [], []
     for i, path in enumerate(args.logs):
         try:
-            by_step = numerics(runlog.read_records(path))
+            records = runlog.read_records(path)
+            by_step = numerics(records)
         except (OSError, ValueError) as e:
             print(f"numerics_report: cannot read {path}: {e}", file=sys.stderr)
             return 2
@@ -148,7 +196,9 @@ def main(argv=None):
             print(f"numerics_report: {path} holds no numerics record (train with log.numerics_every > 0)",
                   file=sys.stderr)
             return 2
-        runs.append((args.label[i] if args.label else runlog.run_name(path), by_step))
+        label = args.label[i] if args.label else runlog.run_name(path)
+        runs.append((label, by_step))
+        products.append((label, numerics(records, "product_numerics", "product")))
     common = set.intersection(*(set(by_step) for _, by_step in runs))
     if args.step is None:
         if not common:
@@ -162,7 +212,7 @@ def main(argv=None):
             print(f"numerics_report: no telemetry at step {step} in {', '.join(missing)} (steps with telemetry: "
                   f"{', '.join(map(str, sorted(common))) or 'none in common'})", file=sys.stderr)
             return 2
-    text = report(runs, step, args.top)
+    text = report(runs, step, args.top, products)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as f:
             f.write(text)

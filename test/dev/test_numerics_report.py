@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """test/dev/test_numerics_report.py: scripts/repro/numerics_report.py on the CPU, on hand-written logs: tensor kinds
 (the block number taken out, names without one kept), the per-kind means, worst block and lowest SNR at one step, the
-default step (the last one every log has), the underflow list across runs, labels, .jsonl.gz logs, and the exit
-status 2 for a log without telemetry, a step without records and a wrong number of labels."""
+default step (the last one every log has), the underflow list across runs, labels, .jsonl.gz logs, the product table
+from "product_numerics" records (only where some log has them at the step), and the exit status 2 for a log without telemetry, a step without records and a wrong number of labels."""
 import gzip
 import json
 import os
@@ -21,6 +21,11 @@ import numerics_report  # noqa: E402
 def record(step, tensor, under, snr=31.5, amax=1.0, sat=0.0):
     return {"type": "numerics", "step": step, "tensor": tensor, "amax": amax, "scale": 2.0, "snr_db": snr,
             "underflow_frac": under, "saturated_frac": sat}
+
+
+def product(step, name, snr, zeroed=0.0):
+    return {"type": "product_numerics", "step": step, "product": name, "amax": 1.0, "snr_db": snr,
+            "zeroed_frac": zeroed}
 
 
 def write_log(path, records):
@@ -50,6 +55,17 @@ class TestKinds(unittest.TestCase):
         self.assertNotEqual(rows["h.*.fc.dy"]["snr_mean"], rows["h.*.fc.dy"]["snr_mean"])  # no finite SNR: NaN
 
 
+    def test_summarise_products(self):
+        rows = numerics_report.summarise_products([product(8, "h.0.fc.wgrad", 20.0, 0.02),
+                                                   product(8, "h.1.fc.wgrad", 26.0, 0.0),
+                                                   product(8, "h.0.fc.fprop", None)])
+        self.assertEqual(rows["h.*.fc.wgrad"], {"blocks": 2, "snr_mean": 23.0, "snr_min": 20.0, "zeroed_mean": 0.01})
+        self.assertNotEqual(rows["h.*.fc.fprop"]["snr_mean"], rows["h.*.fc.fprop"]["snr_mean"])  # no finite SNR
+        self.assertEqual(sorted(["h.*.fc.wgrad", "h.*.fc.fprop", "lm_head.fprop", "h.*.fc.dgrad"],
+                                key=numerics_report.product_order),
+                         ["h.*.fc.fprop", "h.*.fc.dgrad", "h.*.fc.wgrad", "lm_head.fprop"])
+
+
 class TestCommandLine(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="test_numerics_report_")
@@ -58,7 +74,9 @@ class TestCommandLine(unittest.TestCase):
         self.b = os.path.join(self.dir, "fp8_blockwise.jsonl.gz")
         write_log(self.a, [record(4, "h.0.fc.x", 0.5), record(8, "h.0.fc.x", 0.10), record(8, "h.1.fc.x", 0.20),
                            record(8, "h.0.fc.w", 0.0), record(12, "h.0.fc.x", 0.9)])
-        write_log(self.b, [record(4, "h.0.fc.x", 0.4), record(8, "h.0.fc.x", 0.01), record(8, "h.1.fc.x", 0.03)])
+        write_log(self.b, [record(4, "h.0.fc.x", 0.4), record(8, "h.0.fc.x", 0.01), record(8, "h.1.fc.x", 0.03),
+                           product(4, "h.0.fc.dgrad", 19.0), product(8, "h.0.fc.wgrad", 21.0, 0.5),
+                           product(8, "h.1.fc.wgrad", 25.0), product(8, "h.0.fc.fprop", 33.0)])
 
     def report(self, *args):
         return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
@@ -70,7 +88,7 @@ class TestCommandLine(unittest.TestCase):
         self.assertTrue(proc.stdout.startswith("Quantisation telemetry at step 8 "))  # 12: only in the first log
         with open(md) as f:
             self.assertEqual(f.read(), proc.stdout)
-        rows = [line for line in proc.stdout.splitlines() if line.startswith("| h.")]
+        rows = [line for line in proc.stdout.split("Product error")[0].splitlines() if line.startswith("| h.")]
         self.assertEqual([r.split(" | ")[:3] for r in rows],
                          [["| h.*.fc.x", "fp8_tensorwise", "2"], ["| h.*.fc.x", "fp8_blockwise", "2"],
                           ["| h.*.fc.w", "fp8_tensorwise", "1"]])
@@ -81,12 +99,20 @@ class TestCommandLine(unittest.TestCase):
         top = [line for line in top if line.startswith("| fp8")]
         self.assertEqual([line.split(" | ")[1] for line in top], ["h.1.fc.x", "h.0.fc.x", "h.1.fc.x"])
         self.assertTrue(top[2].startswith("| fp8_blockwise |"))
+        products = proc.stdout.split("Product error at step 8")[1].splitlines()
+        products = [line for line in products if line.startswith("| h.")]
+        self.assertEqual(products, ["| h.*.fc.fprop | fp8_blockwise | 1 | 33.0 | 33.0 | 0 |",
+                                    "| h.*.fc.wgrad | fp8_blockwise | 2 | 23.0 | 21.0 | 25% |"])
 
     def test_step_and_labels(self):
         proc = self.report(self.a, self.b, "--step", "4", "--label", "tw", "--label", "bw")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("| h.*.fc.x | tw | 1 |", proc.stdout)
         self.assertIn("| h.*.fc.x | bw | 1 |", proc.stdout)
+        self.assertIn("| h.*.fc.dgrad | bw | 1 | 19.0 | 19.0 | 0 |", proc.stdout)
+        proc = self.report(self.a, "--step", "8")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn("Product error", proc.stdout)  # no product records: no product table
 
     def test_errors(self):
         empty = os.path.join(self.dir, "bf16.jsonl")
