@@ -3,7 +3,8 @@
 // scale codes, tensor scales and amax, for NVFP4 (1x16, 16x16 tiles) and MXFP4 (1x32), round to nearest and
 // stochastic rounding, with and without fused Hadamard transforms (16 and 32, random signs), row-wise and transposed
 // copies; the re-quantisation of MXFP4 codes (fp4_requantize) against dequantise-then-quantise; and the device E2M1
-// conversion (fp4_codec.cuh's) and the device Hadamard transform against the host. Each run draws a fresh seed (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
+// conversion (fp4_codec.cuh's) and the device Hadamard transform against the host. Each run draws a fresh seed
+// (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
 // odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte), magnitudes 2^-20 .. 2^12 per row,
 // exact zeros, an all-zero block, huge (3e38) and tiny (1e-38) values, a whole tensor of tiny values (amax ~2^-118:
 // the clamped NVFP4 scales); QuEST's Gaussian and Quartet's range-matched MXFP4 scales with their trust masks

@@ -111,8 +111,8 @@ TEST(E2M1Codec, StochasticRoundingIsUnbiasedWithinTheDerivedBound) {
 
 // e2m1_sr against its definition on a sweep of FP32, at both sides of each value's threshold: lo = the E2M1 grid value
 // at or below |x| and g the grid step there (found on the grid in FP64), f * 2^24 = (|x| - lo) / g * 2^24 (exact in
-// FP64), and u = r >> 8 rounds up exactly when u < f * 2^24: u = ceil(f * 2^24) - 1 must give lo + g, u = ceil(f * 2^24)
-// lo. |x| >= 6 and +-inf give +-6, NaN kE2M1NanCode, for any word.
+// FP64), and u = r >> 8 rounds up exactly when u < f * 2^24: u = ceil(f * 2^24) - 1 must give lo + g,
+// u = ceil(f * 2^24) lo. |x| >= 6 and +-inf give +-6, NaN kE2M1NanCode, for any word.
 TEST(E2M1Codec, StochasticRoundingThresholdIsTheDefinition) {
   static const double grid[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
   size_t bad = 0;
