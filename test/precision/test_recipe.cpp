@@ -40,9 +40,9 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 const Encoding kE4M3{ElementFormat::E4M3};
 const Encoding kE5M2{ElementFormat::E5M2};
-const Encoding kE4M3Rows{ElementFormat::E4M3, kBlock1x128, ScaleFormat::Pow2FP32};
-const Encoding kE5M2Rows{ElementFormat::E5M2, kBlock1x128, ScaleFormat::Pow2FP32};
-const Encoding kE4M3Tiles{ElementFormat::E4M3, kBlock128x128, ScaleFormat::Pow2FP32};
+const Encoding kE4M3Rows{ElementFormat::E4M3, kBlock1x128, ScaleFormat::FP32};
+const Encoding kE5M2Rows{ElementFormat::E5M2, kBlock1x128, ScaleFormat::FP32};
+const Encoding kE4M3Tiles{ElementFormat::E4M3, kBlock128x128, ScaleFormat::FP32};
 const Encoding kNvfp4Rows{ElementFormat::E2M1, kBlock1x16, ScaleFormat::E4M3, true};
 const Encoding kNvfp4Tiles{ElementFormat::E2M1, kBlock16x16, ScaleFormat::E4M3, true};
 const Encoding kMxfp4Rows{ElementFormat::E2M1, kBlock1x32, ScaleFormat::E8M0, false};
@@ -71,7 +71,7 @@ TEST(Recipe, PresetFields) {
   EXPECT_EQ(b.x, kE4M3Rows);
   EXPECT_EQ(b.w, kE4M3Tiles);
   EXPECT_EQ(b.dy, kE5M2Rows);  // E5M2 gradients (measured; see llmc/precision/recipe.cpp)
-  EXPECT_TRUE(b.pow2_scales());
+  EXPECT_FALSE(b.pow2_scales());  // FP32 block scales (measured; see llmc/precision/recipe.cpp)
   EXPECT_FALSE(b.fast_accum);
   EXPECT_EQ(b.recipe, "fp8_blockwise");
   EXPECT_FALSE(b.dy_stochastic_rounding);
@@ -205,7 +205,7 @@ TEST(Recipe, LinearPlans) {
   EXPECT_FALSE(bp.save_quantized_input);  // the models keep the attention output in BF16 for the attention backward
   EXPECT_FALSE(bp.fast_accum_fprop);
   EXPECT_EQ(bp.scaling, ScalingMode::Current);
-  EXPECT_TRUE(bp.x.pow2_scales() && bp.w.pow2_scales() && bp.dy.pow2_scales());
+  EXPECT_TRUE(!bp.x.pow2_scales() && !bp.w.pow2_scales() && !bp.dy.pow2_scales());
   // BF16 recipe: nothing is quantised, whatever the encodings say.
   PrecisionRecipe bf = preset("bf16");
   bf.x = kE4M3Rows;
@@ -272,10 +272,14 @@ TEST(Recipe, NamesHelpAndDescription) {
   PrecisionRecipe unknown;
   unknown.recipe = "fp8";
   EXPECT_TRUE(contains(validation_error(unknown), "unknown recipe 'fp8'"));
-  const std::string d = describe_recipe(preset("fp8_blockwise"));
+  PrecisionRecipe deepseek = preset("fp8_blockwise");
+  deepseek.set_pow2_scales(true);
+  const std::string d = describe_recipe(deepseek);
   EXPECT_TRUE(contains(d, "x e4m3 1x128 pow2 scales")) << d;
   EXPECT_TRUE(contains(d, "w e4m3 128x128 pow2 scales")) << d;
   EXPECT_TRUE(contains(d, "dy e5m2 1x128 pow2 scales")) << d;
+  const std::string plain = describe_recipe(preset("fp8_blockwise"));
+  EXPECT_FALSE(contains(plain, "pow2")) << plain;
   EXPECT_TRUE(contains(d, "split accumulation")) << d;
   EXPECT_TRUE(contains(d, "linear inputs saved as e4m3")) << d;
   EXPECT_TRUE(contains(describe_recipe(preset("fp8_delayed")), "delayed scaling (history 1024, max, margin 0)"));
@@ -311,7 +315,7 @@ TEST(Recipe, ImpossibleCombinations) {
   r.scaling = ScalingMode::Delayed;
   EXPECT_TRUE(contains(validation_error(r), "precision.scaling = \"delayed\"")) << validation_error(r);
   r = preset("fp8_blockwise");
-  r.w.scale = ScaleFormat::FP32;
+  r.w.scale = ScaleFormat::Pow2FP32;  // one role's scales rounded to powers of two, the others' not
   EXPECT_TRUE(contains(validation_error(r), "precision.pow2_scales")) << validation_error(r);
   r = preset("fp8_delayed");
   r.amax_history_len = 0;
@@ -407,7 +411,9 @@ TEST(Recipe, Fp4RolesAndSwitches) {
   EXPECT_EQ(role_encoding(ElementFormat::E2M1, kBlock1x16, false), kNvfp4Rows);
   EXPECT_EQ(role_encoding(ElementFormat::E2M1, kBlock16x16, true), kNvfp4Tiles);  // pow2 does not apply to FP4
   EXPECT_EQ(role_encoding(ElementFormat::E2M1, kBlock1x32, false), kMxfp4Rows);
-  EXPECT_EQ(role_encoding(ElementFormat::E4M3, kBlock1x128, true), kE4M3Rows);
+  EXPECT_EQ(role_encoding(ElementFormat::E4M3, kBlock1x128, false), kE4M3Rows);
+  EXPECT_EQ(role_encoding(ElementFormat::E4M3, kBlock1x128, true),
+            (Encoding{ElementFormat::E4M3, kBlock1x128, ScaleFormat::Pow2FP32}));
   EXPECT_EQ(role_encoding(ElementFormat::E5M2, kWholeTensor, false), kE5M2);
   // E2M1 with a block no FP4 format has: FP32 scales, which nothing quantises.
   EXPECT_EQ(role_encoding(ElementFormat::E2M1, kBlock1x128, false),

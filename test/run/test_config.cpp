@@ -455,8 +455,10 @@ TEST(Config, RecipePresetAndOverrides) {
   EXPECT_EQ(c.precision.x.block, llmc::kBlock1x128);
   EXPECT_EQ(c.precision.w.block, llmc::kBlock128x128);
   EXPECT_EQ(c.precision.dy.element, llmc::ElementFormat::E5M2);
-  EXPECT_TRUE(c.precision.pow2_scales());
+  EXPECT_FALSE(c.precision.pow2_scales());
   EXPECT_FALSE(c.precision.fast_accum);
+  EXPECT_TRUE(llmc::load_config_json(with("precision", "recipe", "fp8_blockwise"), {"precision.pow2_scales=true"})
+                  .precision.pow2_scales());  // DeepSeek-V3's power-of-two scales, one key away
 
   json j = with("precision", "recipe", "fp8_delayed");
   j["precision"]["amax_history_len"] = 16;
