@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # scripts/repro/product_probe.sh: quantised products of several recipes measured on the same operands (issue 18).
-# Trains GPT-2 124M in BF16 with scripts/fp8_loss_parity.sh's settings (3072 steps of 32 x 1024 tokens of Python
-# sources, seed 42, lr 6e-4, warm-up 100, cosine to 10%, validation every 768 steps on 40 batches) and keeps a
+# Trains a model in BF16 with scripts/fp8_loss_parity.sh's settings (3072 steps of 32,768 tokens of Python sources,
+# seed 42, the model's lr, warm-up 100, cosine to 10%, validation every --every steps on 40 batches) and keeps a
 # checkpoint every --every steps; then, from the random initialisation and from each checkpoint, runs one training
 # step of each probe recipe with log.numerics_products on and precision.fp8_activations off (wgrad needs the BF16
 # input): the same weights and the same batch for every recipe, so the products' SNRs against the BF16 products of the
 # unquantised operands differ only by the recipe. Writes OUT/<probe>_<step>.jsonl and the table of
 # scripts/repro/product_compare.py (OUT/products.md).
 #
-#   usage: bash scripts/repro/product_probe.sh [--out DIR] [--data DIR] [--build DIR] [--every N] [--steps N]
-#                                              [--probe "NAME section.key=value ..." ...] [--base NAME] [--dry]
-#   --out      default runs/product_probe (the BF16 run's checkpoints in OUT/ck, its log OUT/bf16_run.jsonl)
+#   usage: bash scripts/repro/product_probe.sh [--model M] [--out DIR] [--data DIR] [--build DIR] [--every N]
+#                                              [--steps N] [--probe "NAME section.key=value ..." ...] [--base NAME]
+#                                              [--dry]
+#   --model    gpt2-124m (default: batch 32 x 1024, lr 6e-4), llama-350m (16 x 2048, lr 3e-4) or llama-125m
+#              (16 x 2048, lr 1e-3): fp8_loss_parity.sh's models and settings
+#   --out      default runs/product_probe_<model> (the BF16 run's checkpoints in OUT/ck, its log OUT/bf16_run.jsonl)
 #   --data     default data/pysrc, tokenised on first use by dev/data/prepare.py --python-sources
 #   --every    checkpoint interval of the BF16 run (default 768: probes at 0, 768, 1536, 2304, 3072)
 #   --probe    a probe recipe: its name and overrides (repeatable; default: tw = fp8_tensorwise, bw = fp8_blockwise,
@@ -21,10 +24,11 @@
 #   Exit status: 0 done, 2 bad arguments or a missing binary, 3 a run failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=runs/product_probe; DATA=data/pysrc; BUILD=build; EVERY=768; STEPS=3072; DRY=0; BASE=tw
+MODEL=gpt2-124m; OUT=""; DATA=data/pysrc; BUILD=build; EVERY=768; STEPS=3072; DRY=0; BASE=tw
 PROBE_NAMES=(); PROBE_SETS=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --model) MODEL=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --data) DATA=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
@@ -37,6 +41,13 @@ while [ $# -gt 0 ]; do
     *) echo "product_probe: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$MODEL" in
+  gpt2-124m) CONFIG=configs/gpt2_124m_bf16.json; BATCH=32; SEQ=1024; LR=6e-4 ;;
+  llama-350m) CONFIG=configs/llama_350m_bf16.json; BATCH=16; SEQ=2048; LR=3e-4 ;;
+  llama-125m) CONFIG=configs/llama_125m_bf16.json; BATCH=16; SEQ=2048; LR=1e-3 ;;
+  *) echo "product_probe: unknown model '$MODEL' (choose from: gpt2-124m llama-350m llama-125m)" >&2; exit 2 ;;
+esac
+OUT=${OUT:-runs/product_probe_$MODEL}
 if [ ${#PROBE_NAMES[@]} -eq 0 ]; then
   PROBE_NAMES=(tw bw bwnp2)
   PROBE_SETS=("precision.recipe=fp8_tensorwise" "precision.recipe=fp8_blockwise"
@@ -54,9 +65,9 @@ if [ "$DRY" -eq 0 ]; then
   fi
   mkdir -p "$OUT"
 fi
-COMMON=(--config configs/gpt2_124m_bf16.json --set "data.train=$DATA/pysrc_train_*.bin" --set train.micro_batch=32
-        --set train.seq_len=1024 --set train.global_batch_tokens=0 --set train.seed=42 --set sample.every=0
-        --set sample.tokens=0 --set log.every=100 --set train.lr=6e-4)
+COMMON=(--config "$CONFIG" --set "data.train=$DATA/pysrc_train_*.bin" --set train.micro_batch=$BATCH
+        --set train.seq_len=$SEQ --set train.global_batch_tokens=0 --set train.seed=42 --set sample.every=0
+        --set sample.tokens=0 --set log.every=100 --set train.lr=$LR)
 run() {  # run LOG ARGS...: one train_gpt call (printed with --dry)
   local log=$1; shift
   if [ "$DRY" -eq 1 ]; then printf '%q ' "$TRAIN_GPT" "$@"; echo; return 0; fi

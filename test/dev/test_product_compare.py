@@ -134,13 +134,26 @@ class TestProbeDry(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         cmds = [l for l in out.stdout.splitlines() if "train_gpt" in l]
         self.assertEqual(len(cmds), 3)
-        self.assertIn("log.jsonl=runs/product_probe/d_10.jsonl", cmds[2])
+        self.assertIn("log.jsonl=runs/product_probe_gpt2-124m/d_10.jsonl", cmds[2])
         self.assertIn("precision.recipe=fp8_delayed", cmds[2])
+
+    def test_llama(self):
+        out = self.run_probe("--dry", "--model", "llama-350m", "--steps", "8", "--every", "8")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        cmds = [l for l in out.stdout.splitlines() if "train_gpt" in l]
+        self.assertEqual(len(cmds), 1 + 3 * 2)
+        for c in cmds:
+            for s in ("configs/llama_350m_bf16.json", "train.micro_batch=16", "train.seq_len=2048", "train.lr=3e-4"):
+                self.assertIn(s, c)
+        self.assertIn("checkpoint.dir=runs/product_probe_llama-350m/ck", cmds[0])
 
     def test_argument_errors(self):
         out = self.run_probe("--every", "0")
         self.assertEqual(out.returncode, 2)
         self.assertIn("positive integers", out.stderr)
+        out = self.run_probe("--model", "gpt5")
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("unknown model", out.stderr)
         out = self.run_probe("--bogus")
         self.assertEqual(out.returncode, 2)
         self.assertIn("unknown argument", out.stderr)
