@@ -16,9 +16,9 @@
 #   --out      default runs/product_probe_<model> (the BF16 run's checkpoints in OUT/ck, its log OUT/bf16_run.jsonl)
 #   --data     default data/pysrc, tokenised on first use by dev/data/prepare.py --python-sources
 #   --every    checkpoint interval of the BF16 run (default 768: probes at 0, 768, 1536, 2304, 3072)
-#   --probe    a probe recipe: its name and overrides (repeatable; default: tw = fp8_tensorwise, bw = fp8_blockwise,
-#              bwnp2 = fp8_blockwise with precision.pow2_scales=false); --base names the one the table compares
-#              with (default tw)
+#   --probe    a probe recipe: its name and overrides (repeatable; default: tw = fp8_tensorwise, bwfp32 =
+#              fp8_blockwise with FP32 block scales (the preset), bwpow2 = fp8_blockwise with power-of-two block
+#              scales (DeepSeek-V3's)); --base names the one the table compares with (default tw)
 #   --dry      prints the commands and runs nothing
 #   A BF16 run whose final checkpoint exists is not trained again. TRAIN_GPT in the environment names the binary.
 #   Exit status: 0 done, 2 bad arguments or a missing binary, 3 a run failed.
@@ -49,9 +49,9 @@ case "$MODEL" in
 esac
 OUT=${OUT:-runs/product_probe_$MODEL}
 if [ ${#PROBE_NAMES[@]} -eq 0 ]; then
-  PROBE_NAMES=(tw bw bwnp2)
-  PROBE_SETS=("precision.recipe=fp8_tensorwise" "precision.recipe=fp8_blockwise"
-              "precision.recipe=fp8_blockwise precision.pow2_scales=false")
+  PROBE_NAMES=(tw bwfp32 bwpow2)
+  PROBE_SETS=("precision.recipe=fp8_tensorwise" "precision.recipe=fp8_blockwise precision.pow2_scales=false"
+              "precision.recipe=fp8_blockwise precision.pow2_scales=true")
 fi
 for v in "$EVERY" "$STEPS"; do
   [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "product_probe: --every and --steps take positive integers, got '$v'" >&2; exit 2; }

@@ -123,7 +123,8 @@ class TestProbeDry(unittest.TestCase):
         self.assertIn("checkpoint.dir=/tmp/pp/ck", cmds[0])
         self.assertIn("precision.recipe=fp8_tensorwise", cmds[1])
         self.assertIn("train.init_from= ", cmds[1] + " ")  # the random initialisation
-        self.assertIn("precision.pow2_scales=false", cmds[3])
+        self.assertIn("precision.pow2_scales=false", cmds[2])
+        self.assertIn("precision.pow2_scales=true", cmds[3])
         self.assertIn("train.init_from=/tmp/pp/ck/step_00003072", cmds[9])
         for c in cmds[1:]:
             for s in ("log.numerics_products=true", "precision.fp8_activations=false", "train.steps=1"):
