@@ -163,8 +163,8 @@ int quantized_dim_multiple(const PrecisionRecipe& r);
 // The compute capability the recipe's GEMMs need: 80 for BF16 and NVFP4 (its products run in BF16), 89 for
 // per-tensor FP8, 90 for block-wise FP8 and MXFP4.
 int recipe_min_compute_capability(const PrecisionRecipe& r);
-// One line for logs: "fp8_blockwise (x e4m3 1x128 pow2 scales, w e4m3 128x128 pow2 scales, dy e5m2 1x128 pow2
-// scales; split accumulation; ...)".
+// One line for logs: "fp8_blockwise (x e4m3 1x128, w e4m3 128x128, dy e5m2 1x128; split accumulation; ...)"; a scale
+// format other than FP32 is named ("x e4m3 1x128 pow2 scales").
 std::string describe_recipe(const PrecisionRecipe& r);
 
 }  // namespace llmc
