@@ -56,7 +56,8 @@ def layer_and_product(kind):
 
 
 def compare(logs, base):
-    """(layers, rows): rows = [(point, product, {layer: (base SNR, {name: difference})}, {name: mean difference})]."""
+    """(layers, others, rows): the linear kinds, the recipes other than base, and rows = [(point, product,
+    {layer: (base SNR, {name: difference})}, {name: mean difference})]."""
     snr = {name: {point: product_snr(path) for point, path in points.items()} for name, points in logs.items()}
     others = [n for n in sorted(snr) if n != base]
     layers = sorted({layer_and_product(k)[0] for pts in snr[base].values() for k in pts})

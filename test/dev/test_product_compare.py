@@ -4,8 +4,6 @@ logs found by name (NAME_POINT.jsonl[.gz], others ignored), the per-kind mean ov
 difference to the base in dB and its mean over the kinds, the table and --md, and the exit status 2 for an empty
 directory, a log without product records, an unknown --base and a recipe missing a point; then
 scripts/repro/product_probe.sh --dry (the BF16 run, one probe per recipe and point, its argument errors)."""
-import gzip
-import json
 import os
 import shutil
 import subprocess
@@ -19,27 +17,16 @@ SCRIPT = os.path.join(REPO, "scripts", "repro", "product_compare.py")
 PROBE = os.path.join(REPO, "scripts", "repro", "product_probe.sh")
 sys.path.insert(0, os.path.dirname(SCRIPT))
 import product_compare  # noqa: E402
-
-
-def product(name, snr):
-    return {"type": "product_numerics", "step": 1, "product": name, "amax": 1.0, "snr_db": snr, "zeroed_frac": 0.0}
-
-
-def write_log(path, records):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "wt") as f:
-        f.write(json.dumps({"type": "train", "step": 1, "loss": 3.0, "tokens": 10}) + "\n")
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+from test_numerics_report import product, write_log  # noqa: E402  (the same log records and writer)
 
 
 def probe_records(fc_fprop, fc_wgrad):
     """Two blocks; block 1's SNR is block 0's + 2 dB, so the kind's mean is block 0's + 1."""
     out = []
     for block, extra in ((0, 0.0), (1, 2.0)):
-        out.append(product(f"transformer.h.{block}.mlp.c_fc.fprop", fc_fprop + extra))
-        out.append(product(f"transformer.h.{block}.mlp.c_fc.wgrad", fc_wgrad + extra))
-        out.append(product(f"transformer.h.{block}.attn.c_attn.fprop", 30.0 + extra))
+        out.append(product(1, f"transformer.h.{block}.mlp.c_fc.fprop", fc_fprop + extra))
+        out.append(product(1, f"transformer.h.{block}.mlp.c_fc.wgrad", fc_wgrad + extra))
+        out.append(product(1, f"transformer.h.{block}.attn.c_attn.fprop", 30.0 + extra))
     return out
 
 
