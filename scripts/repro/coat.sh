@@ -9,13 +9,15 @@
 #      c. llama-7b at B=max with bf16 and coat, on a GPU of more than 120 GiB (an H200; skipped otherwise);
 #   2. the loss comparison: bf16, fp8_tensorwise and coat trained from the same seed on the same data (llama-350m or
 #      GPT-2 124M, 100.7M tokens of Python sources by default) through scripts/fp8_loss_parity.sh (--tolerance 0.5);
+#      --seeds "42 43 44" trains each recipe once per seed and the report pairs them by seed (one seed's run differs
+#      from another's by more than 0.5%: dev/bench/results/loss_gpt2_124m_100m/README.md);
 #   3. scripts/repro/coat_report.py: OUT/coat.md, the measured tables beside the paper's numbers and the issue's
 #      goals, each met or not.
 #
-#   usage: bash scripts/repro/coat.sh [--model llama-350m|gpt2-124m] [--steps N] [--seed S] [--batch-1b B]
-#                                     [--batch-3b B] [--accum K] [--bench-steps N] [--out DIR] [--data DIR]
-#                                     [--corpus DIR] [--build DIR] [--gpus LIST] [--skip-bench] [--skip-loss] [--dry]
-#                                     [--report]
+#   usage: bash scripts/repro/coat.sh [--model llama-350m|gpt2-124m] [--steps N] [--seed S | --seeds "S ..."]
+#                                     [--batch-1b B] [--batch-3b B] [--accum K] [--bench-steps N] [--out DIR]
+#                                     [--data DIR] [--corpus DIR] [--build DIR] [--gpus LIST] [--skip-bench]
+#                                     [--skip-loss] [--dry] [--report]
 #   --dry prints every command and runs nothing; --report writes OUT/coat.md from the logs already in OUT; --gpus 0,1,2
 #   trains the three loss runs at once, one per GPU (scripts/fp8_loss_parity.sh --gpus).
 #   COAT's Table 1 (the error of the FP8 moments on a real run's FP32 moments) is dev/tools/state_error on a
@@ -25,7 +27,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=llama-350m; OUT=runs/coat; BUILD=build; B1=8; B3=4; ACCUM=4; BENCH_STEPS=6
-LOSS=(); DRY=0; REPORT=0; SKIP_BENCH=0; SKIP_LOSS=0
+LOSS=(); BASE_SEED=42; DRY=0; REPORT=0; SKIP_BENCH=0; SKIP_LOSS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -35,7 +37,9 @@ while [ $# -gt 0 ]; do
     --batch-3b) B3=$2; shift 2 ;;
     --accum) ACCUM=$2; shift 2 ;;
     --bench-steps) BENCH_STEPS=$2; shift 2 ;;
-    --steps|--seed|--data|--corpus|--gpus) LOSS+=("$1" "$2"); shift 2 ;;
+    --seed) LOSS+=("$1" "$2"); BASE_SEED=$2; shift 2 ;;
+    --seeds) LOSS+=("$1" "$2"); read -r BASE_SEED _ <<< "$2"; shift 2 ;;
+    --steps|--data|--corpus|--gpus) LOSS+=("$1" "$2"); shift 2 ;;
     --skip-bench) SKIP_BENCH=1; shift ;;
     --skip-loss) SKIP_LOSS=1; shift ;;
     --dry) DRY=1; shift ;;
@@ -83,4 +87,4 @@ if [ $REPORT -eq 0 ]; then
   fi
 fi
 [ $DRY -eq 1 ] && exit 0
-python3 scripts/repro/coat_report.py "$OUT"
+python3 scripts/repro/coat_report.py "$OUT" --base-seed "$BASE_SEED"

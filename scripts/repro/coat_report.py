@@ -3,15 +3,19 @@
 
 Reads the benchmark's raw records (<out>/bench/raw/*.jsonl, one JSON object per run from dev/bench/bench.py: the row
 with model, recipe, micro_batch, tokens_per_s, mem_gib, and max_batch for a B=max run) and the loss logs
-(<out>/loss/<recipe>.jsonl from scripts/fp8_loss_parity.sh), and writes <out>/coat.md:
+(<out>/loss/<recipe>.jsonl and, trained with --seeds, <recipe>_seed<N>.jsonl from scripts/fp8_loss_parity.sh), and
+writes <out>/coat.md:
   - peak memory and tokens/s at one micro-batch for every recipe, each against bf16's (the median of a recipe's
     rounds where a run was repeated);
   - tokens/s and the micro-batch at each recipe's largest micro-batch, against bf16's;
-  - the final validation losses against bf16 and fp8_tensorwise;
+  - the final validation losses and the held-out losses (the mean train loss of the last 300 steps, unseen batches)
+    per seed, against bf16 and fp8_tensorwise paired by seed (scripts/repro/seed_report.py's pairing: the mean of the
+    per-seed relative differences ± its standard error); the loss goals are judged on the paired mean of the final
+    validation loss;
   - the issue's goals, each met, not met or not measured, and COAT's own numbers (shared/reference/fp8_recipes.md §1).
 Exit code: 0 when every measured goal is met, 1 when one is not, 2 when there is nothing to report.
 
-  usage: coat_report.py OUT
+  usage: coat_report.py OUT [--base-seed S]   (S: the seed of the logs without _seed<N>, the first one trained)
 """
 import argparse
 import glob
@@ -22,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import runlog  # noqa: E402
+import seed_report  # noqa: E402
 
 RECIPES = ("bf16", "fp8_tensorwise", "coat")
 PAPER = [
@@ -68,16 +73,36 @@ def goal(results, text, value, ok):
     results.append((text, value, state))
 
 
+def loss_table(by_recipe, measure):
+    """The lines of one loss table: per recipe the loss of every seed, and the difference to bf16 and to
+    fp8_tensorwise paired by seed (seed_report.paired: mean ± standard error over the common seeds)."""
+    if not by_recipe:
+        return []
+    seeds = sorted({s for per_seed in by_recipe.values() for s in per_seed})
+    lines = [f"## {measure} (same data; seeds {', '.join(map(str, seeds))})", "",
+             "| recipe | per seed | vs bf16 | vs fp8_tensorwise |", "| --- | --- | --- | --- |"]
+    for recipe in RECIPES:
+        if recipe not in by_recipe:
+            continue
+        per_seed = " / ".join(f"{by_recipe[recipe][s]:.4f}" if s in by_recipe[recipe] else "—" for s in seeds)
+        cells = [seed_report.fmt_paired(seed_report.paired(by_recipe[recipe], by_recipe[base]))
+                 if base in by_recipe and base != recipe else "—" for base in ("bf16", "fp8_tensorwise")]
+        lines.append(f"| {recipe} | {per_seed} | {cells[0]} | {cells[1]} |")
+    return lines + [""]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the output directory of scripts/repro/coat.sh")
+    ap.add_argument("--base-seed", type=int, default=42,
+                    help="the seed of the loss logs without _seed<N> (the first seed trained; default 42)")
     args = ap.parse_args(argv)
     runs = bench_rows(args.out)
-    losses = {}
-    for recipe in RECIPES:
-        path = os.path.join(args.out, "loss", recipe + ".jsonl")
-        if os.path.exists(path):
-            losses[recipe] = runlog.final_val_loss(runlog.read_records(path))
+    losses, held_out = {}, {}  # {recipe: {seed: loss}}
+    if os.path.isdir(os.path.join(args.out, "loss")):
+        val_runs, tail_runs = seed_report.collect(os.path.join(args.out, "loss"), args.base_seed)
+        losses = {r: val_runs[r] for r in RECIPES if r in val_runs}
+        held_out = {r: tail_runs[r] for r in RECIPES if r in tail_runs}
     if not runs and not losses:
         print(f"coat_report.py: no benchmark records under {args.out}/bench/raw and no loss logs under "
               f"{args.out}/loss", file=sys.stderr)
@@ -117,18 +142,12 @@ def main(argv=None):
                          ratio(m["micro_batch"], base["micro_batch"]), lambda v: v >= 3)
         lines.append("")
     if losses:
-        lines += ["## Final validation loss (same seed and data)", "",
-                  "| recipe | val loss | vs bf16 | vs fp8_tensorwise |", "| --- | --- | --- | --- |"]
-        for recipe in RECIPES:
-            if recipe not in losses:
-                continue
-            v = losses[recipe]
-            lines.append(f"| {recipe} | {fmt(v, '.4f')} | {fmt(runlog.relative_pct(v, losses.get('bf16')), '+.2f')}% | "
-                         f"{fmt(runlog.relative_pct(v, losses.get('fp8_tensorwise')), '+.2f')}% |")
-        lines.append("")
+        lines += loss_table(losses, "Final validation loss") + loss_table(held_out, "Held-out loss, the last 300 steps")
         for base in ("bf16", "fp8_tensorwise"):
-            rel = runlog.relative_pct(losses.get("coat"), losses.get(base))
-            goal(goals, f"coat's final validation loss within 0.5% of {base}'s", rel, lambda v: abs(v) <= 0.5)
+            p = seed_report.paired(losses["coat"], losses[base]) if "coat" in losses and base in losses else None
+            goal(goals, f"coat's final validation loss within 0.5% of {base}'s"
+                 + (f" (mean of {p[4]} seeds, paired)" if p and p[4] > 1 else ""),
+                 p[0] if p else None, lambda v: abs(v) <= 0.5)
     lines += ["## Goals (issue 14)", "", "| goal | measured | |", "| --- | --- | --- |"]
     lines += [f"| {text} | {fmt(value, '.3f')} | {state} |" for text, value, state in goals]
     lines += ["", "## COAT's numbers (arXiv 2410.19313)", ""] + [f"- {p}" for p in PAPER] + [""]

@@ -5,8 +5,8 @@ CPU, run from the repository root.
 --dry: the benchmark at one micro-batch and at B=max (llama-1b, llama-3b; bf16, fp8_tensorwise, coat), llama-7b at
 B=max, and the loss comparison (bf16, fp8_tensorwise, coat through scripts/fp8_loss_parity.sh, llama-350m by default,
 100M+ tokens, tolerance 0.5%); bad arguments exit 2. The report on synthetic records: memory and tokens/s ratios to
-bf16 at one micro-batch and at B=max (medians of repeated rounds), the loss table, each goal met or not with the exit
-code, and nothing to report.
+bf16 at one micro-batch and at B=max (medians of repeated rounds), the loss tables (one seed, and several paired by
+seed: --seeds), each goal met or not with the exit code, and nothing to report.
 """
 import json
 import os
@@ -65,6 +65,10 @@ class TestDry(unittest.TestCase):
         self.assertEqual(arg(bench[0], "--accum"), "8")
         self.assertEqual(commands(proc.stdout), [])
         self.assertEqual(bench_commands(run("--dry", "--skip-bench").stdout), [])
+        cmds = commands(run("--dry", "--skip-bench", "--seeds", "43 44").stdout)  # one run per recipe and seed
+        self.assertEqual([(overrides(c)["precision.recipe"], overrides(c)["train.seed"], overrides(c)["log.jsonl"])
+                          for c in cmds if overrides(c)["precision.recipe"] == "coat"],
+                         [("coat", "43", "runs/coat/loss/coat.jsonl"), ("coat", "44", "runs/coat/loss/coat_seed44.jsonl")])
         for bad in (["--model", "llama-1b"], ["--batch-1b", "0"], ["--accum", "x"], ["--bogus"]):
             with self.subTest(bad=bad):
                 self.assertEqual(run("--dry", *bad).returncode, 2)
@@ -76,19 +80,22 @@ def bench_record(model, recipe, b, tok, mem, max_batch=False):
 
 
 class TestReport(unittest.TestCase):
-    def write(self, out, records, losses):
-        os.makedirs(os.path.join(out, "bench", "raw"))
+    def write(self, out, records, losses, train_loss=5.0):
+        """losses: {log name: final val loss}; each log has one train record with train_loss (a number, or a dict
+        by log name)."""
+        os.makedirs(os.path.join(out, "bench", "raw"), exist_ok=True)
         with open(os.path.join(out, "bench", "raw", "2026-11-27_gpu.jsonl"), "w") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
-        os.makedirs(os.path.join(out, "loss"))
-        for recipe, val in losses.items():
-            with open(os.path.join(out, "loss", recipe + ".jsonl"), "w") as f:
-                f.write(json.dumps({"type": "train", "step": 1, "loss": 5.0, "tokens": 10}) + "\n")
+        os.makedirs(os.path.join(out, "loss"), exist_ok=True)
+        for name, val in losses.items():
+            tail = train_loss[name] if isinstance(train_loss, dict) else train_loss
+            with open(os.path.join(out, "loss", name + ".jsonl"), "w") as f:
+                f.write(json.dumps({"type": "train", "step": 1, "loss": tail, "tokens": 10}) + "\n")
                 f.write(json.dumps({"type": "eval", "step": 1, "val_loss": val}) + "\n")
 
-    def report(self, out):
-        proc = subprocess.run([sys.executable, REPORT, out], capture_output=True, text=True, cwd=REPO_ROOT)
+    def report(self, out, *args):
+        proc = subprocess.run([sys.executable, REPORT, out, *args], capture_output=True, text=True, cwd=REPO_ROOT)
         path = os.path.join(out, "coat.md")
         if not os.path.exists(path):
             return proc, ""
@@ -124,6 +131,26 @@ class TestReport(unittest.TestCase):
             self.assertEqual(proc.returncode, 1)
             self.assertIn("| coat's final validation loss within 0.5% of bf16's | 1.000 | **not met** |", text)
             self.assertNotIn("## At one micro-batch", text)
+
+    def test_seeds_paired(self):
+        # seeds 43 (the logs without a suffix: --base-seed 43) and 44; coat is +0.1% and +0.7% above bf16 (mean +0.4%,
+        # met) and +0.6% / +0.8% above fp8_tensorwise (mean +0.7%, not met); held-out from the train losses
+        losses = {"bf16": 2.0, "bf16_seed44": 1.0, "fp8_tensorwise": 1.99, "fp8_tensorwise_seed44": 0.999,
+                  "coat": 2.002, "coat_seed44": 1.007}
+        tails = {name: 4.0 if name.endswith("seed44") else 2.0 for name in losses}
+        tails["coat_seed44"] = 4.04
+        with tempfile.TemporaryDirectory() as out:
+            self.write(out, [], losses, tails)
+            proc, text = self.report(out, "--base-seed", "43")
+            self.assertEqual(proc.returncode, 1, proc.stderr)
+            self.assertIn("## Final validation loss (same data; seeds 43, 44)", text)
+            self.assertIn("| coat | 2.0020 / 1.0070 | +0.40% ± 0.30 (+0.10..+0.70, 2 seeds) |", text)
+            self.assertIn("| bf16 | 2.0000 / 1.0000 | — | ", text)
+            self.assertIn("| coat | 2.0000 / 4.0400 | +0.50% ± 0.50 (+0.00..+1.00, 2 seeds) |", text)
+            self.assertIn("| coat's final validation loss within 0.5% of bf16's (mean of 2 seeds, paired) | 0.400 | "
+                          "**met** |", text)
+            self.assertRegex(text, r"\| coat's final validation loss within 0.5% of fp8_tensorwise's \(mean of 2 "
+                                   r"seeds, paired\) \| 0\.7\d\d \| \*\*not met\*\* \|")
 
     def test_nothing_to_report(self):
         with tempfile.TemporaryDirectory() as out:
