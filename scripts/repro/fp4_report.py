@@ -8,12 +8,18 @@ fp8_tensorwise, nvfp4 and the ablation variants <recipe>_<tag>) and writes <out>
     ((run - base) / base), for an ablation (a run named <recipe>_<tag>) its difference to the plain <recipe> run and
     whether it raised the loss, the skipped steps, the tokens, what the paper found for that run, and the mean train
     loss of the last 300 steps against bf16's (runlog.TAIL_STEPS);
-  - the goals given by --goal RUN=PCT (e.g. nvfp4=2: nvfp4 within 2% of BF16), each met or not.
+  - with logs of more seeds beside them (<run>_seed<N>.jsonl, scripts/fp8_loss_parity.sh --seeds): per run the final
+    validation loss of every seed, and paired by seed (scripts/repro/seed_report.py's pairing: the mean of the per-seed
+    relative differences ± its standard error) its difference to bf16, an ablation's to its recipe, and the held-out
+    loss's to bf16's;
+  - the goals given by --goal RUN=PCT (e.g. nvfp4=2: nvfp4 within 2% of BF16), each met or not: on the paired mean
+    over the seeds where RUN and bf16 share more than one, else on --base-seed's runs.
 and <out>/<paper>.png, the loss curves of every run (scripts/plot_runs.py), when matplotlib is there.
 Exit code: 0 when every goal is met, 1 when one is not, 2 when a log is missing or has no validation loss.
 
   usage: fp4_report.py OUT --paper nvfp4|quartet --runs bf16 fp8_tensorwise nvfp4 nvfp4_no_sr ... [--goal nvfp4=2 ...]
-                       [--gpu NAME] [--no-plot]
+                       [--base-seed S] [--gpu NAME] [--no-plot]
+  (S: the seed of the logs without _seed<N>, the first one trained; default 42)
 """
 import argparse
 import datetime
@@ -23,6 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import runlog  # noqa: E402
+import seed_report  # noqa: E402
 from fp8_parity_report import gpu_name  # noqa: E402
 
 # What each paper reports for the runs of its reproduction (shared/reference/fp4_recipes.md), in its own terms.
@@ -60,6 +67,25 @@ def base_recipe(run, runs):
     return max(bases, key=len) if bases else None
 
 
+def seeds_table(runs, vals, tails):
+    """The Markdown table of every seed's run: {run: {seed: loss}} of the final validation and held-out losses."""
+    seeds = sorted({s for per_seed in vals.values() for s in per_seed})
+    lines = [f"Every seed ({', '.join(map(str, seeds))}; differences paired by seed: mean ± standard error, range):", "",
+             "| run | final val loss per seed | vs bf16 | ablation vs its recipe | held-out vs bf16 |",
+             "|---|---|---|---|---|"]
+    for run in runs:
+        if run not in vals:
+            continue
+        per_seed = " / ".join(f"{vals[run][s]:.4f}" if s in vals[run] else "—" for s in seeds)
+        base = base_recipe(run, runs)
+
+        def vs(table, ref):
+            return seed_report.fmt_paired(seed_report.paired(table[run], table[ref])) \
+                if ref is not None and ref != run and run in table and ref in table else "—"
+        lines.append(f"| {run} | {per_seed} | {vs(vals, 'bf16')} | {vs(vals, base)} | {vs(tails, 'bf16')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="the directory of the runs' JSONL logs")
@@ -69,6 +95,8 @@ def main(argv=None):
                     help="RUN's final validation loss within PCT percent of bf16's (repeatable)")
     ap.add_argument("--gpu", help="the GPU the runs ran on, for a table written on another machine (default: this "
                     "machine's, from nvidia-smi)")
+    ap.add_argument("--base-seed", type=int, default=42,
+                    help="the seed of the logs without _seed<N> (the first seed trained; default 42)")
     ap.add_argument("--no-plot", action="store_true", help="write the table only")
     args = ap.parse_args(argv)
     paper = PAPERS[args.paper]
@@ -112,23 +140,36 @@ def main(argv=None):
                     f"{runlog.skipped_steps(records[run])} | {runlog.trained_tokens(records[run]):,} | "
                     f"{paper['runs'].get(run, '—')} | {tail if tail is not None else float('nan'):.4f} "
                     f"({'—' if tail_rel is None else format(tail_rel, '+.2f') + '%'}) |")
+    seed_vals, seed_tails = seed_report.collect(args.out, args.base_seed)
+    seed_vals = {r: seed_vals[r] for r in args.runs if r in seed_vals}
+    seed_tails = {r: seed_tails[r] for r in args.runs if r in seed_tails}
+    several = any(len(per_seed) > 1 for per_seed in seed_vals.values())
     ok = True
     goal_lines = []
     for run, pct in goals.items():
         if "bf16" not in final:
             print("fp4_report.py: a goal needs the bf16 run among --runs", file=sys.stderr)
             return 2
-        d = runlog.relative_pct(final[run], final["bf16"])
+        p = seed_report.paired(seed_vals.get(run, {}), seed_vals.get("bf16", {}))
+        if p is not None and p[4] > 1:
+            d = p[0]
+            measured = f"{d:+.2f}% ± {p[1]:.2f} over {p[4]} seeds, paired"
+        else:
+            d = runlog.relative_pct(final[run], final["bf16"])
+            measured = f"{d:+.2f}%"
         met = abs(d) <= pct
         ok &= met
-        goal_lines.append(f"- {run} within {pct:g}% of BF16: {d:+.2f}%, {'met' if met else 'NOT met'}")
+        goal_lines.append(f"- {run} within {pct:g}% of BF16: {measured}, {'met' if met else 'NOT met'}")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    table = [f"{paper['title']} in our numbers; {args.gpu or gpu_name()}; {date}. Same seed and data for every run; the FP4 "
+    first = f" (the first table: seed {args.base_seed})" if several else ""
+    table = [f"{paper['title']} in our numbers; {args.gpu or gpu_name()}; {date}. Same seed{first} and data for every run; the FP4 "
              f"products run exactly on {paper['products']} (Hopper has no FP4 ones): FP4 numerics, not FP4 speed.",
              "",
              "| run | final val loss | vs bf16 | vs fp8_tensorwise | ablation vs its recipe | skipped steps | tokens | "
              f"paper | train loss, last {runlog.TAIL_STEPS} steps (vs bf16) |",
              "|---|---|---|---|---|---|---|---|---|"] + rows
+    if several:
+        table += ["", seeds_table(args.runs, seed_vals, seed_tails)]
     if goal_lines:
         table += [""] + goal_lines
     with open(os.path.join(args.out, f"{args.paper}.md"), "w") as f:

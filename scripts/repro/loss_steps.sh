@@ -2,22 +2,26 @@
 # calls (a loss comparison, then one call per ablation): their options, and their runs one after the other or, with
 # --gpus, all of them at once over the GPUs through one queue (scripts/repro/gpu_queue.py).
 #   repro_parse NAME "$@"  sets MODEL, OUT (default runs/NAME, runs/NAME_<model> for llama-350m), MODE (--dry,
-#                          --report), GPUS and PARITY (the fp8_loss_parity.sh command with the options it takes:
-#                          --steps --batch --seed --data --corpus --build); -h prints the caller's header
+#                          --report), GPUS, BASE_SEED (--seed, or the first of --seeds: the runs logged without
+#                          _seed<N>; default 42) and PARITY (the fp8_loss_parity.sh command with the options it
+#                          takes: --steps --batch --seed --seeds --data --corpus --build); -h prints the caller's
+#                          header
 #   repro_step ARGS...     one fp8_loss_parity.sh call; with --gpus its runs are appended to OUT/jobs.txt; a call
 #                          whose report finds a recipe outside its tolerance (exit 1) is a result, not a failure
 #   repro_run_queue        with --gpus: trains every queued run, one per GPU of GPUS at a time
 # The caller's header (its comment lines after the first) is its --help.
 repro_parse() {
   REPRO=$1; shift
-  MODEL=${MODEL:-gpt2-124m}; OUT=""; MODE=(); GPUS=""
+  MODEL=${MODEL:-gpt2-124m}; OUT=""; MODE=(); GPUS=""; BASE_SEED=42
   local pass=()
   while [ $# -gt 0 ]; do
     case "$1" in
       --model) MODEL=$2; shift 2 ;;
       --out) OUT=$2; shift 2 ;;
       --gpus) GPUS=$2; shift 2 ;;
-      --steps|--batch|--seed|--data|--corpus|--build) pass+=("$1" "$2"); shift 2 ;;
+      --seed) pass+=("$1" "$2"); BASE_SEED=$2; shift 2 ;;
+      --seeds) pass+=("$1" "$2"); read -r BASE_SEED _ <<< "$2"; shift 2 ;;
+      --steps|--batch|--data|--corpus|--build) pass+=("$1" "$2"); shift 2 ;;
       --dry|--report) MODE+=("$1"); shift ;;
       -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
       *) echo "$REPRO.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;

@@ -13,9 +13,12 @@
 # On Hopper the MXFP4 products run on FP8 tensor cores from operands remapped exactly from the FP4 codes: the losses
 # are those of FP4 training, the speed is not FP4's (see README, "FP4 on Hopper").
 #
-#   usage: bash scripts/repro/quartet.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B] [--seed S] [--out DIR]
-#                                        [--data DIR] [--corpus DIR] [--build DIR] [--gpus LIST] [--dry] [--report]
+#   usage: bash scripts/repro/quartet.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B]
+#                                        [--seed S | --seeds "S ..."] [--out DIR] [--data DIR] [--corpus DIR]
+#                                        [--build DIR] [--gpus LIST] [--dry] [--report]
 #   --dry prints every command and runs nothing; --report writes the tables and plots from the logs already in OUT.
+#   --seeds "42 43 44" trains every run once per seed; the report adds each seed's losses and judges the goal on the
+#   difference to BF16 paired by seed (on GPT-2 124M one seed's gap to BF16 can be 0.7% off the mean of three).
 #   --gpus 0,1,2,3 trains all the runs at once, one per GPU (scripts/repro/gpu_queue.py), then reports.
 #   The other options are scripts/fp8_loss_parity.sh's; OUT defaults to runs/quartet[_<model>].
 set -uo pipefail
@@ -29,5 +32,5 @@ repro_step --recipes mxfp4 --tolerance 3 --set precision.forward_hadamard=0 --se
   --tag no_rotation
 repro_run_queue
 repro_mode --dry && exit 0
-python3 scripts/repro/fp4_report.py "$OUT" --paper quartet --goal mxfp4=3 \
+python3 scripts/repro/fp4_report.py "$OUT" --paper quartet --base-seed "$BASE_SEED" --goal mxfp4=3 \
   --runs bf16 fp8_tensorwise mxfp4 mxfp4_sr mxfp4_no_mask mxfp4_no_rotation

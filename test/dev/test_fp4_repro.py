@@ -6,7 +6,8 @@ CPU, run from the repository root.
 plain nvfp4 run but for its one override (placed last, so it wins) and its log name; GPT-2 124M by default into
 runs/nvfp4, Llama 350M with --model into runs/nvfp4_llama-350m; an unknown model or argument exits 2. The report on
 synthetic logs: final losses against bf16 and fp8_tensorwise, each ablation against nvfp4 and whether it raised the
-loss, the paper's column, the goal line and its exit code, a missing log.
+loss, the paper's column, the goal line and its exit code, the seeds' table and the goal on seeds paired with bf16's,
+a missing log.
 """
 import json
 import os
@@ -60,6 +61,10 @@ class TestDry(unittest.TestCase):
         self.assertIn("configs/llama_350m_bf16.json", cmds[0])
         self.assertEqual(overrides(cmds[0])["log.jsonl"], "runs/nvfp4_llama-350m/bf16.jsonl")
         self.assertEqual(overrides(cmds[-1])["train.seed"], "5")
+        cmds = commands(run("--dry", "--seeds", "43 44").stdout)  # every run once per seed
+        self.assertEqual(len(cmds), 2 * (3 + len(ABLATIONS)))
+        self.assertEqual([(overrides(c)["train.seed"], overrides(c)["log.jsonl"]) for c in cmds[4:6]],
+                         [("43", "runs/nvfp4/nvfp4.jsonl"), ("44", "runs/nvfp4/nvfp4_seed44.jsonl")])
         for args, word in ((["--model", "gpt2-xl"], "unknown model 'gpt2-xl'"), (["--bogus"], "unknown argument")):
             proc = run("--dry", *args)
             self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
@@ -125,6 +130,23 @@ class TestReport(unittest.TestCase):
         proc = self.report("--runs", *self.RUNS, "--goal", "nvfp4=1")
         self.assertEqual(proc.returncode, 1)
         self.assertIn("NOT met", proc.stdout)
+
+    def test_seeds_paired_and_goal(self):
+        # seeds 43 (no suffix: --base-seed 43) and 44: nvfp4 +1.5% and +2.9% above bf16 (mean +2.2%: the 2% goal is
+        # not met, though seed 43 alone would meet it); the ablation has seed 43 only
+        for name, val in (("bf16", 2.0), ("bf16_seed44", 1.0), ("nvfp4", 2.03), ("nvfp4_seed44", 1.029),
+                          ("nvfp4_no_sr", 2.05)):
+            write_log(os.path.join(self.out, name + ".jsonl"), val)
+        proc = self.report("--runs", "bf16", "nvfp4", "nvfp4_no_sr", "--goal", "nvfp4=2", "--base-seed", "43")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        with open(os.path.join(self.out, "nvfp4.md")) as f:
+            text = f.read()
+        self.assertIn("Same seed (the first table: seed 43)", text)
+        self.assertIn("| nvfp4 | 2.0300 | +1.50% |", text)
+        self.assertIn("Every seed (43, 44;", text)
+        self.assertIn("| nvfp4 | 2.0300 / 1.0290 | +2.20% ± 0.70 (+1.50..+2.90, 2 seeds) | — |", text)
+        self.assertIn("| nvfp4_no_sr | 2.0500 / — | +2.50% | +0.99% |", text)
+        self.assertIn("- nvfp4 within 2% of BF16: +2.20% ± 0.70 over 2 seeds, paired, NOT met", text)
 
     def test_missing_and_bad_arguments(self):
         write_log(os.path.join(self.out, "bf16.jsonl"), 2.0)
