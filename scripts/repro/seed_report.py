@@ -4,7 +4,7 @@ validation loss of every seed, their mean and spread, and the difference to BF16
 paired by seed, so that a gap between recipes is read against the spread between seeds of one recipe.
 
     usage: python3 scripts/repro/seed_report.py OUT [--base-seed 42] [--title TEXT] [--gpu NAME] [--md FILE]
-                                                [--against RUN ...]
+                                                [--against RUN ...] [--goal PCT]
 
 Reads OUT/<name>.jsonl (or .jsonl.gz) as scripts/fp8_loss_parity.sh names them: <recipe>[_<variant>][_seed<N>], where
 a log without _seed<N> is the run of --base-seed (the script's default seed, 42). Runs of the same name and different
@@ -15,7 +15,11 @@ both have, with its standard error (the differences' sample standard deviation /
 standard errors of a goal cannot tell whether the goal is met) and their range. A second table gives the same for the
 held-out loss: the mean train loss of the last runlog.TAIL_STEPS steps (on one pass over the data those batches are
 unseen when their loss is taken: ten times the validation split at 32,768 tokens per step). --against RUN adds a
-column pairing every run with RUN the same way (e.g. block-wise against per-tensor). The GPU model of each run comes
+column pairing every run with RUN the same way (e.g. block-wise against per-tensor). --goal PCT adds a verdict column
+for a goal of the form "at most PCT% above BF16" (issue 18's 0.25%), from the paired difference to bf16: "met" when
+its mean plus two standard errors is at most PCT, "not met" when its mean minus two standard errors is above PCT,
+"undecided" in between (the seeds cannot tell; with the number of seeds that would decide it if the mean and the
+spread between seeds stayed as they are), and "one seed" when only one pair exists. The GPU model of each run comes
 from the train_gpt output beside its log (<run>.log, "device: ..."); a paired difference says how many of its pairs
 ran on two different GPU models, and the GPU of every run follows the tables when the runs used more than one: the
 same run on two GPU models can differ by as much as two seeds do. Writes OUT/seeds.md (or --md) and prints it. Exit
@@ -105,22 +109,46 @@ def fmt_paired(p):
     return text
 
 
+def goal_verdict(p, goal):
+    """The verdict on "at most goal % above the reference" of a paired difference (paired()'s tuple, or None): met,
+    not met, undecided (mean - 2 SE <= goal < mean + 2 SE), one seed, or — when there is no pair."""
+    if p is None:
+        return "—"
+    mean, se, _, _, n, _ = p
+    if n < 2:
+        return "one seed"
+    lo, hi = mean - 2 * se, mean + 2 * se
+    if hi <= goal:
+        return "met"
+    if lo > goal:
+        return "not met"
+    if mean == goal:
+        return f"undecided ({lo:+.2f}..{hi:+.2f})"
+    # the seeds that would decide it if the mean and the spread between seeds stayed: 2 sd / sqrt(n) < |goal - mean|
+    needed = math.floor((2 * se * math.sqrt(n) / abs(goal - mean)) ** 2) + 1
+    return f"undecided ({lo:+.2f}..{hi:+.2f}; ~{needed} seeds)"
+
+
 def order_key(name):
     recipe = recipe_of(name)
     return (RECIPES.index(recipe) if recipe else len(RECIPES), name != recipe, name)
 
 
-def table(runs, measure="final val loss", against=(), devices=None):
+def table(runs, measure="final val loss", against=(), devices=None, goal=None):
     """The Markdown table of {run: {seed: loss}}; `against`: more runs to pair every run with (one column each);
-    `devices`: {run: {seed: GPU model}} (pairs across GPU models are counted in the paired cells)."""
+    `devices`: {run: {seed: GPU model}} (pairs across GPU models are counted in the paired cells); `goal`: a percentage
+    above BF16, judged per run in a last column (goal_verdict)."""
     devices = devices or {}
 
     def pair(name, reference):
         return fmt_paired(paired(runs[name], runs[reference], devices.get(name), devices.get(reference)))
 
     extra = "".join(f" vs {a}, paired by seed |" for a in against)
+    if goal is not None:
+        extra += f" at most {goal:g}% above bf16 (mean ± 2 SE) |"
     lines = [f"| run | seeds | {measure} per seed | mean | sd (% of mean) | vs bf16, paired by seed | "
-             f"vs its recipe, paired by seed |{extra}", "|---|---|---|---|---|---|---|" + "---|" * len(against)]
+             f"vs its recipe, paired by seed |{extra}",
+             "|---|---|---|---|---|---|---|" + "---|" * (len(against) + (goal is not None))]
     bf16 = runs.get("bf16", {})
     for name in sorted(runs, key=order_key):
         vals = runs[name]
@@ -131,6 +159,9 @@ def table(runs, measure="final val loss", against=(), devices=None):
         vs_recipe = pair(name, recipe) if recipe and recipe != name and recipe in runs else "—"
         sd_text = f"{sd:.4f} ({100 * sd / m:.2f}%)" if sd is not None else "—"
         vs_more = "".join(f" {pair(name, a) if a != name and a in runs else '—'} |" for a in against)
+        if goal is not None:
+            verdict = goal_verdict(paired(vals, bf16), goal) if name != "bf16" and bf16 else "—"
+            vs_more += f" {verdict} |"
         lines.append(f"| {name} | {' '.join(map(str, seeds))} | {' '.join(f'{vals[s]:.4f}' for s in seeds)} | "
                      f"{m:.4f} | {sd_text} | {vs_bf16} | {vs_recipe} |{vs_more}")
     return "\n".join(lines)
@@ -158,7 +189,11 @@ def main(argv=None):
     p.add_argument("--md", help="where to write the table (default OUT/seeds.md)")
     p.add_argument("--against", action="append", default=[], metavar="RUN",
                    help="also pair every run with this one (a column per --against), e.g. --against fp8_tensorwise")
+    p.add_argument("--goal", type=float, metavar="PCT",
+                   help="judge every run against 'at most PCT%% above bf16' (a verdict column), e.g. --goal 0.25")
     args = p.parse_args(argv)
+    if args.goal is not None and not args.goal >= 0:
+        p.error(f"--goal must be a non-negative percentage (got {args.goal})")
     try:
         devices = {}
         runs, held_out = collect(args.out, args.base_seed, devices)
@@ -178,9 +213,9 @@ def main(argv=None):
     text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
             f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
             f"reference ± its standard error, with their range.\n\n"
-            f"{table(runs, against=args.against, devices=devices)}\n\nHeld-out loss per seed: the mean train loss "
-            f"of the last {runlog.TAIL_STEPS} steps (unseen batches on one pass over the data).\n\n"
-            f"{table(held_out, 'held-out loss', args.against, devices)}\n")
+            f"{table(runs, against=args.against, devices=devices, goal=args.goal)}\n\nHeld-out loss per seed: the "
+            f"mean train loss of the last {runlog.TAIL_STEPS} steps (unseen batches on one pass over the data).\n\n"
+            f"{table(held_out, 'held-out loss', args.against, devices, args.goal)}\n")
     gpus = gpu_list(runs, devices)
     if gpus:
         text += "\n" + gpus

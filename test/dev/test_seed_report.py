@@ -5,7 +5,8 @@ sample standard deviation of a row, differences paired by seed over the common s
 train loss of the last 300 steps), .jsonl.gz logs, logs without a validation loss left out, runs that stopped before
 their end (an eval, then more train steps) left out, the exit status 2 for a directory without any, and the GPU model
 of each run (from the train_gpt output beside its log): pairs across GPU models counted in the paired cells and the
-GPU of every run listed when the runs used more than one model."""
+GPU of every run listed when the runs used more than one model; --goal's verdicts (met, not met, undecided with the
+seeds that would decide it, one seed) in both tables."""
 import gzip
 import json
 import os
@@ -135,6 +136,37 @@ class TestCommandLine(unittest.TestCase):
         proc = self.report("--against", "fp8_nothing")
         self.assertEqual(proc.returncode, 2)
         self.assertIn("--against fp8_nothing: no such run", proc.stderr)
+
+    def test_goal(self):
+        # paired differences to bf16: met (+0.10, +0.10), not met (+1, +1.2), undecided (-1, +2.5), one seed (+5)
+        for name, val in (("bf16", 2.0), ("bf16_seed43", 2.0), ("fp8_tensorwise", 2.002),
+                          ("fp8_tensorwise_seed43", 2.002), ("fp8_delayed", 2.02), ("fp8_delayed_seed43", 2.024),
+                          ("fp8_blockwise", 1.98), ("fp8_blockwise_seed43", 2.05), ("nvfp4", 2.1)):
+            write_log(os.path.join(self.dir, name + ".jsonl"), val)
+        proc = self.report("--goal", "0.25")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        val_text, held_text = proc.stdout.split("Held-out loss per seed")
+        self.assertIn("| at most 0.25% above bf16 (mean ± 2 SE) |", val_text)
+        self.assertIn("|---|---|---|---|---|---|---|---|", val_text)
+        rows = {line.split(" | ")[0][2:]: line for line in val_text.splitlines() if line.startswith("| ")}
+        self.assertTrue(rows["bf16"].endswith("| — |"), rows["bf16"])
+        self.assertTrue(rows["fp8_tensorwise"].endswith("| met |"), rows["fp8_tensorwise"])
+        self.assertTrue(rows["fp8_delayed"].endswith("| not met |"), rows["fp8_delayed"])
+        # -1% and +2.5%: mean +0.75, SE 1.75 -> -2.75..+4.25; sd 2.47: 2 sd / sqrt(n) < 0.5 for n > 98
+        self.assertTrue(rows["fp8_blockwise"].endswith("| undecided (-2.75..+4.25; ~99 seeds) |"),
+                        rows["fp8_blockwise"])
+        self.assertTrue(rows["nvfp4"].endswith("| one seed |"), rows["nvfp4"])
+        self.assertIn("| at most 0.25% above bf16 (mean ± 2 SE) |", held_text)  # the held-out table is judged too
+        self.assertEqual(seed_report.goal_verdict(None, 0.25), "—")
+        self.assertEqual(seed_report.goal_verdict((0.5, 0.1, 0.4, 0.6, 2, 0), 0.25), "not met")
+        self.assertEqual(seed_report.goal_verdict((0.05, 0.1, 0.0, 0.1, 2, 0), 0.25), "met")
+        # sd = 0.11 sqrt(2) = 0.156: 2 sd / sqrt(n) < 0.2 from n = 3
+        self.assertEqual(seed_report.goal_verdict((0.05, 0.11, 0.0, 0.1, 2, 0), 0.25),
+                         "undecided (-0.17..+0.27; ~3 seeds)")
+        self.assertEqual(seed_report.goal_verdict((0.25, 0.1, 0.1, 0.4, 2, 0), 0.25), "undecided (+0.05..+0.45)")
+        proc = self.report("--goal", "-1")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("--goal must be a non-negative percentage", proc.stderr)
 
     def test_gpu_models(self):
         for name, val, device in (("bf16", 2.0, "NVIDIA H200"), ("bf16_seed43", 2.1, "NVIDIA H200"),
