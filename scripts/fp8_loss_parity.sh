@@ -21,7 +21,8 @@
 #   --seeds trains every recipe once per seed (the first replaces --seed): the first seed's logs are <recipe>.jsonl as
 #   without it, the others' <recipe>_seed<N>.jsonl; the table of the first seed is written as usual, and
 #   scripts/repro/seed_report.py adds OUT/seeds.md (per recipe the seeds' final losses, their spread, and the
-#   difference to BF16 paired by seed): a gap under about 1% needs it (see dev/bench/results/fp8_blockwise_llama).
+#   difference to BF16 paired by seed, judged against --tolerance at two standard errors: met, not met, or undecided
+#   with the seeds that would decide it): a gap under about 1% needs it (see dev/bench/results/fp8_blockwise_llama).
 #   --set adds overrides to every run (e.g. --set precision.pow2_scales=false) and --tag names that variant: its logs
 #   are <recipe>_<tag>.jsonl, so variants can share an output directory with the plain runs.
 #   --variant "NAME key=value ..." (repeatable) adds, beside the plain runs, one run of every recipe and seed with those
@@ -224,7 +225,7 @@ relative=(); [ ${#files[@]} -lt 2 ] || relative=(--relative)
 python3 scripts/plot_runs.py "${files[@]}" "${labels[@]}" --out "$OUT/fp8_loss_parity$TAG.png" --x tokens \
   "${relative[@]}" --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens: BF16 vs low-precision recipes" --ymax 6 || true
 if [ "$SEEDS" != "$SEED" ] || [ ${#VARIANT_NAMES[@]} -gt 1 ]; then
-  python3 scripts/repro/seed_report.py "$OUT" --base-seed "$SEED" \
+  python3 scripts/repro/seed_report.py "$OUT" --base-seed "$SEED" --goal "$TOLERANCE" \
     --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ), seeds $SEEDS" || exit 2
 fi
 for vname in "${VARIANT_NAMES[@]:1}"; do
