@@ -4,8 +4,13 @@
 #include "llmc/model/model_spec.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <numeric>
 #include <random>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include "llmc/core/common.h"
 #include "llmc/model/family.h"
@@ -62,23 +67,69 @@ struct NormalGenerator {
   }
 };
 
-void init_parameters(const ParamTable& table, uint64_t seed, float* out) {
-  std::fill(out, out + table.total_elements, 0.0f);  // alignment gaps and padded vocabulary rows stay 0
-  for (size_t index = 0; index < table.params.size(); index++) {
-    const ParamInfo& p = table.params[index];
-    float* dst = out + p.offset;
-    if (p.init_std == 0.0f) {
-      std::fill(dst, dst + p.numel, p.init_value);
-      continue;
-    }
-    // Only the real vocabulary rows of the token embedding and lm_head are drawn (the padded rows stay 0), so their
-    // values do not depend on the padding multiple.
-    size_t drawn = p.numel;
-    if ((p.role == ParamRole::TokenEmbedding || p.role == ParamRole::LmHead) && table.vocab_size > 0)
-      drawn = std::min(p.numel, static_cast<size_t>(table.vocab_size) * static_cast<size_t>(p.shape[1]));
-    NormalGenerator gen(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(index))));
-    for (size_t i = 0; i < drawn; i++) dst[i] = static_cast<float>(gen.next() * p.init_std);
+// The elements of p that init_parameters draws (the rest of the tensor stays 0): all of it, except the padded
+// vocabulary rows of the token embedding and lm_head, so that their values do not depend on the padding multiple.
+static size_t drawn_elements(const ParamTable& table, const ParamInfo& p) {
+  if ((p.role == ParamRole::TokenEmbedding || p.role == ParamRole::LmHead) && table.vocab_size > 0)
+    return std::min(p.numel, static_cast<size_t>(table.vocab_size) * static_cast<size_t>(p.shape[1]));
+  return p.numel;
+}
+
+// Tensor `index` of the table: its own generator, so the values do not depend on which thread draws them.
+static void init_tensor(const ParamTable& table, size_t index, uint64_t seed, float* out) {
+  const ParamInfo& p = table.params[index];
+  float* dst = out + p.offset;
+  if (p.init_std == 0.0f) {
+    std::fill(dst, dst + p.numel, p.init_value);
+    return;
   }
+  const size_t drawn = drawn_elements(table, p);
+  NormalGenerator gen(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(index))));
+  for (size_t i = 0; i < drawn; i++) dst[i] = static_cast<float>(gen.next() * p.init_std);
+  std::fill(dst + drawn, dst + p.numel, 0.0f);
+}
+
+void init_parameters(const ParamTable& table, uint64_t seed, float* out, int threads) {
+  const size_t n_tensors = table.params.size();
+  // Alignment gaps and the space past the last tensor stay 0 (the tensors' own elements are all written below, each
+  // by one thread: they must not overlap).
+  std::vector<size_t> by_offset(n_tensors);
+  std::iota(by_offset.begin(), by_offset.end(), size_t{0});
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](size_t a, size_t b) { return table.params[a].offset < table.params[b].offset; });
+  size_t end = 0;
+  for (size_t index : by_offset) {
+    const ParamInfo& p = table.params[index];
+    if (p.offset < end) throw_error("init_parameters: tensor %s overlaps the one before it", p.name.c_str());
+    std::fill(out + end, out + p.offset, 0.0f);
+    end = p.offset + p.numel;
+  }
+  if (end > table.total_elements) throw_error("init_parameters: the tensors end past the table's total_elements");
+  std::fill(out + end, out + table.total_elements, 0.0f);
+
+  // Largest tensors first, each taken whole by the next free thread: the slowest thread finishes at most one tensor
+  // after the others.
+  std::vector<size_t> order(n_tensors);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return drawn_elements(table, table.params[a]) > drawn_elements(table, table.params[b]);
+  });
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(n_tensors, 1)));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < n_tensors; k = next++) init_tensor(table, order[k], seed, out);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; t++) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {  // no more threads to be had: fewer threads draw the same values
+      break;
+    }
+  }
+  work();
+  for (std::thread& t : pool) t.join();
 }
 
 size_t count_parameters(const ModelSpec& spec, bool padded_vocab) {

@@ -40,8 +40,8 @@ ParamTable build_param_table(const ModelSpec& spec);
 // as the family's table says (GPT-2's scheme for every family: linear weights and embeddings normal(0, 0.02), the
 // projections into the residual stream normal(0, 0.02 / sqrt(2 * n_layer)), biases 0, norm weights 1).
 // Deterministic for a seed and independent of thread count: each tensor draws from its own generator seeded by
-// (seed, tensor index).
-void init_parameters(const ParamTable& table, uint64_t seed, float* out);
+// (seed, tensor index), and `threads` threads (0: one per hardware thread) draw whole tensors, largest first.
+void init_parameters(const ParamTable& table, uint64_t seed, float* out, int threads = 0);
 
 // Parameter count with the padded vocabulary (GPT-2 124M: 124,475,904) or the real one (124,439,808).
 size_t count_parameters(const ModelSpec& spec, bool padded_vocab);

@@ -131,7 +131,10 @@ void TrainingSession::initialise_weights() {
   if (!cfg_.train.init_from.empty()) {  // an llm8 checkpoint (verified), a Hugging Face directory or an llm.c file
     std::printf("init: weights from %s\n", load_init_from(cfg_, master.data()).c_str());
   } else {
+    const auto t0 = std::chrono::steady_clock::now();
     init_parameters(table, static_cast<uint64_t>(cfg_.train.seed), master.data());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("init: random weights (train.seed = %d) in %.1f s\n", cfg_.train.seed, seconds);
   }
   optimizer_->set_master(master.data(), stream_);
   model_->weights_changed();
