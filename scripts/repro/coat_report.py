@@ -11,7 +11,8 @@ writes <out>/coat.md:
   - the final validation losses and the held-out losses (the mean train loss of the last 300 steps, unseen batches)
     per seed, against bf16 and fp8_tensorwise paired by seed (scripts/repro/seed_report.py's pairing: the mean of the
     per-seed relative differences ± its standard error); the loss goals are judged on the paired mean of the final
-    validation loss;
+    validation loss, and with several seeds the line adds seed_report's two-standard-error verdict (what the seeds
+    can decide);
   - the issue's goals, each met, not met or not measured, and COAT's own numbers (shared/reference/fp8_recipes.md §1).
 Exit code: 0 when every measured goal is met, 1 when one is not, 2 when there is nothing to report.
 
@@ -67,9 +68,9 @@ def fmt(value, spec, none="n/a"):
     return none if value is None else format(value, spec)
 
 
-def goal(results, text, value, ok):
-    """Appends a goal line: met / not met with the measured value, or not measured."""
-    state = "not measured" if value is None else ("**met**" if ok(value) else "**not met**")
+def goal(results, text, value, ok, note=""):
+    """Appends a goal line: met / not met with the measured value (and a note after the verdict), or not measured."""
+    state = "not measured" if value is None else ("**met**" if ok(value) else "**not met**") + note
     results.append((text, value, state))
 
 
@@ -145,9 +146,11 @@ def main(argv=None):
         lines += loss_table(losses, "Final validation loss") + loss_table(held_out, "Held-out loss, the last 300 steps")
         for base in ("bf16", "fp8_tensorwise"):
             p = seed_report.paired(losses["coat"], losses[base]) if "coat" in losses and base in losses else None
+            several = p is not None and p[4] > 1
             goal(goals, f"coat's final validation loss within 0.5% of {base}'s"
-                 + (f" (mean of {p[4]} seeds, paired)" if p and p[4] > 1 else ""),
-                 p[0] if p else None, lambda v: abs(v) <= 0.5)
+                 + (f" (mean of {p[4]} seeds, paired)" if several else ""),
+                 p[0] if p else None, lambda v: abs(v) <= 0.5,
+                 f" on the mean; at two standard errors {seed_report.goal_verdict(p, 0.5)}" if several else "")
     lines += ["## Goals (issue 14)", "", "| goal | measured | |", "| --- | --- | --- |"]
     lines += [f"| {text} | {fmt(value, '.3f')} | {state} |" for text, value, state in goals]
     lines += ["", "## COAT's numbers (arXiv 2410.19313)", ""] + [f"- {p}" for p in PAPER] + [""]
@@ -155,7 +158,7 @@ def main(argv=None):
     with open(path, "w") as f:
         f.write("\n".join(lines))
     print(f"coat_report.py: wrote {path}")
-    return 1 if any(state == "**not met**" for _, _, state in goals) else 0
+    return 1 if any(state.startswith("**not met**") for _, _, state in goals) else 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ fp8_tensorwise, nvfp4 and the ablation variants <recipe>_<tag>) and writes <out>
     relative differences ± its standard error) its difference to bf16, an ablation's to its recipe, and the held-out
     loss's to bf16's;
   - the goals given by --goal RUN=PCT (e.g. nvfp4=2: nvfp4 within 2% of BF16), each met or not: on the paired mean
-    over the seeds where RUN and bf16 share more than one, else on --base-seed's runs.
+    over the seeds where RUN and bf16 share more than one (with seed_report's two-standard-error verdict beside it:
+    what the seeds can decide), else on --base-seed's runs.
 and <out>/<paper>.png, the loss curves of every run (scripts/plot_runs.py), when matplotlib is there.
 Exit code: 0 when every goal is met, 1 when one is not, 2 when a log is missing or has no validation loss.
 
@@ -159,7 +160,10 @@ def main(argv=None):
             measured = f"{d:+.2f}%"
         met = abs(d) <= pct
         ok &= met
-        goal_lines.append(f"- {run} within {pct:g}% of BF16: {measured}, {'met' if met else 'NOT met'}")
+        line = f"- {run} within {pct:g}% of BF16: {measured}, {'met' if met else 'NOT met'}"
+        if p is not None and p[4] > 1:  # what the seeds can decide: seed_report's two-standard-error verdict
+            line += f" on the mean; at two standard errors {seed_report.goal_verdict(p, pct)}"
+        goal_lines.append(line)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     first = f" (the first table: seed {args.base_seed})" if several else ""
     table = [f"{paper['title']} in our numbers; {args.gpu or gpu_name()}; {date}. Same seed{first} and data for every run; the FP4 "

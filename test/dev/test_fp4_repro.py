@@ -146,7 +146,8 @@ class TestReport(unittest.TestCase):
         self.assertIn("Every seed (43, 44;", text)
         self.assertIn("| nvfp4 | 2.0300 / 1.0290 | +2.20% ± 0.70 (+1.50..+2.90, 2 seeds) | — |", text)
         self.assertIn("| nvfp4_no_sr | 2.0500 / — | +2.50% | +0.99% |", text)
-        self.assertIn("- nvfp4 within 2% of BF16: +2.20% ± 0.70 over 2 seeds, paired, NOT met", text)
+        self.assertIn("- nvfp4 within 2% of BF16: +2.20% ± 0.70 over 2 seeds, paired, NOT met on the mean; at two "
+                      "standard errors undecided (+0.80..+3.60; ~", text)
 
     def test_missing_and_bad_arguments(self):
         write_log(os.path.join(self.out, "bf16.jsonl"), 2.0)
