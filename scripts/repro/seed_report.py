@@ -109,23 +109,27 @@ def fmt_paired(p):
     return text
 
 
-def goal_verdict(p, goal):
-    """The verdict on "at most goal % above the reference" of a paired difference (paired()'s tuple, or None): met,
-    not met, undecided (mean - 2 SE <= goal < mean + 2 SE), one seed, or — when there is no pair."""
+def goal_verdict(p, goal, two_sided=False):
+    """The verdict on "at most goal % above the reference" (two_sided: "within goal % of it, either way") of a paired
+    difference (paired()'s tuple, or None): met when mean ± 2 SE lies wholly inside, not met when wholly outside,
+    otherwise undecided with the seeds that would decide it at the measured spread; one seed; or — when there is no
+    pair."""
     if p is None:
         return "—"
     mean, se, _, _, n, _ = p
     if n < 2:
         return "one seed"
     lo, hi = mean - 2 * se, mean + 2 * se
-    if hi <= goal:
+    floor = -goal if two_sided else -math.inf
+    if floor <= lo and hi <= goal:
         return "met"
-    if lo > goal:
+    if lo > goal or hi < floor:
         return "not met"
-    if mean == goal:
+    distance = min(abs(goal - mean), abs(mean - floor))  # to the nearer edge of the goal
+    if distance == 0:
         return f"undecided ({lo:+.2f}..{hi:+.2f})"
-    # the seeds that would decide it if the mean and the spread between seeds stayed: 2 sd / sqrt(n) < |goal - mean|
-    needed = math.floor((2 * se * math.sqrt(n) / abs(goal - mean)) ** 2) + 1
+    # the seeds that would decide it if the mean and the spread between seeds stayed: 2 sd / sqrt(n) < distance
+    needed = math.floor((2 * se * math.sqrt(n) / distance) ** 2) + 1
     return f"undecided ({lo:+.2f}..{hi:+.2f}; ~{needed} seeds)"
 
 

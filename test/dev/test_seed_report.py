@@ -164,6 +164,13 @@ class TestCommandLine(unittest.TestCase):
         self.assertEqual(seed_report.goal_verdict((0.05, 0.11, 0.0, 0.1, 2, 0), 0.25),
                          "undecided (-0.17..+0.27; ~3 seeds)")
         self.assertEqual(seed_report.goal_verdict((0.25, 0.1, 0.1, 0.4, 2, 0), 0.25), "undecided (+0.05..+0.45)")
+        # two-sided ("within 0.25% either way"): well below the reference is outside it, not inside
+        self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25), "met")
+        self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25, two_sided=True), "not met")
+        self.assertEqual(seed_report.goal_verdict((0.0, 0.1, -0.1, 0.1, 2, 0), 0.25, two_sided=True), "met")
+        # -0.2 with SE 0.1: -0.40..0.00 straddles -0.25; the nearer edge is 0.05 away: 2 sd / sqrt(n) < 0.05 for n > 32
+        self.assertEqual(seed_report.goal_verdict((-0.2, 0.1, -0.3, -0.1, 2, 0), 0.25, two_sided=True),
+                         "undecided (-0.40..+0.00; ~33 seeds)")
         proc = self.report("--goal", "-1")
         self.assertEqual(proc.returncode, 2)
         self.assertIn("--goal must be a non-negative percentage", proc.stderr)
