@@ -25,6 +25,7 @@ the three largest stall reasons (cycles per issued instruction):
 """
 import argparse
 import csv
+import gzip
 import io
 import os
 import re
@@ -180,8 +181,10 @@ def detail_table(launches):
 
 
 def read_step_csv(path):
-    """A step written by --csv -> [(kernel name, ns)] in launch order."""
-    with open(path, newline="") as f:
+    """A step written by --csv (or that file gzipped, as the recorded ones are) -> [(kernel name, ns)] in launch
+    order."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows or not {"launch", "kernel", "ns"} <= set(rows[0]):
         raise SystemExit(f"kernel_profile: {path} is not a --csv step (columns launch, kernel, ns)")

@@ -18,6 +18,7 @@ parsed, n/a values left out, the table with its three largest stall reasons).
 import contextlib
 import importlib.util
 import io
+import gzip
 import json
 import os
 import struct
@@ -524,6 +525,9 @@ class KernelProfile(unittest.TestCase):
                 for i, (name, ns) in enumerate(step):
                     f.write(f'{i},"{name}",{ns:.0f}\n')
             self.assertEqual(kprof.tables(kprof.read_step_csv(path), 1), text)
+            with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:  # the recorded profiles are gzipped
+                g.write(f.read())
+            self.assertEqual(kprof.tables(kprof.read_step_csv(path + ".gz"), 1), text)
             with open(path, "w") as f:
                 f.write("a,b\n1,2\n")
             with self.assertRaises(SystemExit):
