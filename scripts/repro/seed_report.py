@@ -109,6 +109,9 @@ def fmt_paired(p):
     return text
 
 
+MAX_SEEDS = 1000  # beyond this a seed count is no plan
+
+
 def goal_verdict(p, goal, two_sided=False):
     """The verdict on "at most goal % above the reference" (two_sided: "within goal % of it, either way") of a paired
     difference (paired()'s tuple, or None): met when mean ± 2 SE lies wholly inside, not met when wholly outside,
@@ -126,9 +129,10 @@ def goal_verdict(p, goal, two_sided=False):
     if lo > goal or hi < floor:
         return "not met"
     distance = min(abs(goal - mean), abs(mean - floor))  # to the nearer edge of the goal
-    if distance == 0:
-        return f"undecided ({lo:+.2f}..{hi:+.2f})"
-    # the seeds that would decide it if the mean and the spread between seeds stayed: 2 sd / sqrt(n) < distance
+    # the seeds that would decide it if the mean and the spread between seeds stayed: 2 sd / sqrt(n) < distance; a
+    # mean at the goal (within the table's 0.01 points, or needing more than MAX_SEEDS) is not decided by seeds
+    if distance < 0.005 or (2 * se * math.sqrt(n) / distance) ** 2 >= MAX_SEEDS:
+        return f"undecided ({lo:+.2f}..{hi:+.2f}; the mean is at the goal: more seeds alone do not decide it)"
     needed = math.floor((2 * se * math.sqrt(n) / distance) ** 2) + 1
     return f"undecided ({lo:+.2f}..{hi:+.2f}; ~{needed} seeds)"
 

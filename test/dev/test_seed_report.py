@@ -163,7 +163,14 @@ class TestCommandLine(unittest.TestCase):
         # sd = 0.11 sqrt(2) = 0.156: 2 sd / sqrt(n) < 0.2 from n = 3
         self.assertEqual(seed_report.goal_verdict((0.05, 0.11, 0.0, 0.1, 2, 0), 0.25),
                          "undecided (-0.17..+0.27; ~3 seeds)")
-        self.assertEqual(seed_report.goal_verdict((0.25, 0.1, 0.1, 0.4, 2, 0), 0.25), "undecided (+0.05..+0.45)")
+        at_goal = "; the mean is at the goal: more seeds alone do not decide it)"
+        self.assertEqual(seed_report.goal_verdict((0.25, 0.1, 0.1, 0.4, 2, 0), 0.25), "undecided (+0.05..+0.45" + at_goal)
+        # 0.0001 points from the goal (prints as +0.25): millions of seeds by the formula, so no count is given
+        self.assertEqual(seed_report.goal_verdict((0.2499, 0.16, 0.0, 0.6, 4, 0), 0.25),
+                         "undecided (-0.07..+0.57" + at_goal)
+        # 0.02 points away with SE 0.02 at 4 seeds: sd 0.04, 2 sd / sqrt(n) < 0.02 from n = 17 (still a count)
+        self.assertEqual(seed_report.goal_verdict((0.23, 0.02, 0.2, 0.26, 4, 0), 0.25),
+                         "undecided (+0.19..+0.27; ~17 seeds)")
         # two-sided ("within 0.25% either way"): well below the reference is outside it, not inside
         self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25), "met")
         self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25, two_sided=True), "not met")
