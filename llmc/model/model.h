@@ -186,10 +186,24 @@ class Model {
   // Whether backward reads the BF16 input of `linear` (false when the linear saved an FP8 copy for its weight
   // gradient).
   static bool needs_bf16_input(const Linear& linear) { return !linear.saves_quantized_input(); }
-  // Where the forward writes the BF16 input of `consumer` (count elements): a buffer of the block's own when backward
-  // reads it and does not recompute it, else `shared`, one buffer every block overwrites.
+  // Whether the block keeps the BF16 input of `consumer` in a buffer of its own: backward reads it and does not
+  // recompute it.
+  bool keeps_own_input(const Linear& consumer) const { return recompute_ == 0 && needs_bf16_input(consumer); }
+  // The buffer (count elements) every block overwrites with the BF16 input of the consumer `pick(block)` returns, when
+  // at least one block keeps no such input of its own; null (nothing carved) when every block keeps its own, as under
+  // BF16 without recompute.
+  template <typename Blocks, typename Pick>
+  bf16* shared_input_buffer(Carver& cv, const Blocks& blocks, Pick pick, size_t count) const {
+    for (const auto& block : blocks)
+      if (!keeps_own_input(pick(block))) return cv.take<bf16>(count);
+    return nullptr;
+  }
+  // Where the forward writes the BF16 input of `consumer` (count elements): a buffer of the block's own when it keeps
+  // one (keeps_own_input), else `shared` (shared_input_buffer's).
   bf16* input_buffer(Carver& cv, const Linear& consumer, bf16* shared, size_t count) const {
-    return recompute_ == 0 && needs_bf16_input(consumer) ? cv.take<bf16>(count) : shared;
+    if (keeps_own_input(consumer)) return cv.take<bf16>(count);
+    if (cv.base != nullptr && shared == nullptr) throw_error("internal error: a linear's input has no shared buffer");
+    return shared;
   }
   // A (rows, cols) tensor a non-linear layer reads in backward (carve it while cv.use is Saved). Under nonlinear_fp8
   // its values are `shared` (a buffer the caller carved as working memory, which other tensors overwrite in the

@@ -167,6 +167,30 @@ TEST(MemoryPlan, QuartetSavesForwardCodesAndTrustMasks) {
             plan_model_memory(fp4.model, B, T, 0, fp4.precision).precision.weight_caches);
 }
 
+// The norm and activation outputs that blocks do not keep for backward share one working buffer per tensor, and that
+// buffer exists only when some block uses it: BF16 without recompute keeps every one in the block's own buffer and
+// carves none (recompute 1 carves all three); an FP8 recipe saves the linears' inputs quantised and shares them either
+// way.
+TEST(MemoryPlan, SharedInputBuffersOnlyWhenABlockUsesThem) {
+  const int B = 4, T = 1024;
+  const size_t N = static_cast<size_t>(B) * T;
+  for (const char* preset : {"gpt2-124m", "llama-1b"}) {
+    SCOPED_TRACE(preset);
+    const RunConfig bf16 = config(preset, "bf16", B, T);
+    const RunConfig fp8 = config(preset, "fp8_tensorwise", B, T);
+    const size_t C = bf16.model.n_embd, F = bf16.model.ffn_hidden;
+    const size_t shared_bytes = (2 * N * C + N * F) * 2;  // ln1, ln2 and the GELU / SwiGLU output, BF16
+    auto working = [&](const RunConfig& cfg, int recompute) {
+      return plan_model_memory(cfg.model, B, T, recompute, cfg.precision).activation(ActivationUse::Working);
+    };
+    EXPECT_EQ(working(bf16, 1) - working(bf16, 0), shared_bytes);
+    EXPECT_EQ(working(fp8, 1), working(fp8, 0));
+    // One BF16 block under an FP8 recipe keeps its own inputs; the others still share, so the buffers stay.
+    const RunConfig mixed = config(preset, "fp8_tensorwise", B, T, {"precision.bf16_layers=[0]"});
+    EXPECT_EQ(working(mixed, 0), working(fp8, 0));
+  }
+}
+
 // COAT's FP8 activations: under coat the tensors the non-linear layers read in backward are saved as E4M3 codes with
 // one FP32 scale per 16 channels (1.25 bytes per element at these sizes) instead of BF16, and their BF16 values move
 // to working buffers shared by the blocks; the linears' FP8 state is fp8_tensorwise's, and the moments are fp8_expand.

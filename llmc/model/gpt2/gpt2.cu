@@ -84,11 +84,13 @@ void GPT2::carve_activations(Carver& cv) {
   const size_t C = spec_.n_embd, H = spec_.ffn_hidden, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const size_t NH = spec_.n_head;
   acts_.assign(L, LayerActs{});
-  // A layer keeps its own LayerNorm / GELU outputs only when backward reads them in BF16 (Model::input_buffer).
+  // A layer keeps its own LayerNorm / GELU outputs only when backward reads them in BF16; the others share one buffer
+  // per tensor, carved only when some layer uses it (Model::input_buffer, shared_input_buffer).
   cv.use = ActivationUse::Working;
-  bf16* shared_ln1 = cv.take<bf16>(N * C);
-  bf16* shared_ln2 = cv.take<bf16>(N * C);
-  bf16* shared_gelu = cv.take<bf16>(N * H);
+  using Lin = LayerLinears;
+  bf16* shared_ln1 = shared_input_buffer(cv, linears_, [](const Lin& l) -> const Linear& { return *l.qkv; }, N * C);
+  bf16* shared_ln2 = shared_input_buffer(cv, linears_, [](const Lin& l) -> const Linear& { return *l.fc; }, N * C);
+  bf16* shared_gelu = shared_input_buffer(cv, linears_, [](const Lin& l) -> const Linear& { return *l.fcproj; }, N * H);
   // Under nonlinear_fp8 (SavedActivation): the BF16 residual stream in two buffers (the block input and residual3
   // in one, residual2 in the other: a block's output overwrites its input, which residual2 no longer needs), fch in
   // one.

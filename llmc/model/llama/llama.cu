@@ -6,7 +6,7 @@
 // SwiGLU backward, RoPE backward) also writes its amax into that linear's slot when the linear asks for one (current
 // per-tensor scaling), so the linear does not read the tensor again to measure it. A linear that saves its input as
 // FP8 for wgrad needs no BF16 copy in backward: such inputs (and every RMSNorm / SwiGLU output under recompute 1)
-// live in one buffer shared by all blocks.
+// live in one buffer shared by all blocks, which is not carved when no block needs it.
 //
 // COAT's FP8 activations (the recipe's nonlinear_fp8): the tensors the RMSNorm and SwiGLU backwards read (every
 // residual-stream tensor a norm takes, and gate_up) are saved as FP8 1x16 group copies written by their producers
@@ -88,12 +88,14 @@ void Llama::carve_activations(Carver& cv) {
   const size_t N = static_cast<size_t>(B_max_) * T_max_;
   const size_t C = spec_.n_embd, F = spec_.ffn_hidden, Q = spec_.qkv_channels(), Vp = spec_.padded_vocab_size;
   const size_t L = spec_.n_layer, NH = spec_.n_head;
-  // A block's RMSNorm / SwiGLU outputs get their own buffer only when backward reads them in BF16
-  // (Model::input_buffer).
+  // A block's RMSNorm / SwiGLU outputs get their own buffer only when backward reads them in BF16; the others share
+  // one buffer per tensor, carved only when some block uses it (Model::input_buffer, shared_input_buffer).
   cv.use = ActivationUse::Working;
-  bf16* shared_ln1 = cv.take<bf16>(N * C);
-  bf16* shared_ln2 = cv.take<bf16>(N * C);
-  bf16* shared_h = cv.take<bf16>(N * F);
+  using Block = BlockLinears;
+  bf16* shared_ln1 = shared_input_buffer(cv, linears_, [](const Block& b) -> const Linear& { return *b.qkv; }, N * C);
+  bf16* shared_ln2 =
+      shared_input_buffer(cv, linears_, [](const Block& b) -> const Linear& { return *b.gate_up; }, N * C);
+  bf16* shared_h = shared_input_buffer(cv, linears_, [](const Block& b) -> const Linear& { return *b.down; }, N * F);
   // Under nonlinear_fp8 (SavedActivation): the BF16 residual stream in two buffers (the block input and residual3
   // in one, residual2 in the other: a block's output overwrites its input, which residual2 no longer needs), gate_up
   // in one.
