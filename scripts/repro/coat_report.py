@@ -150,7 +150,8 @@ def main(argv=None):
             goal(goals, f"coat's final validation loss within 0.5% of {base}'s"
                  + (f" (mean of {p[4]} seeds, paired)" if several else ""),
                  p[0] if p else None, lambda v: abs(v) <= 0.5,
-                 f" on the mean; at two standard errors {seed_report.goal_verdict(p, 0.5, two_sided=True)}" if several else "")
+                 f" on the mean; at two standard errors {seed_report.goal_verdict(p, 0.5, two_sided=True)}"
+                 if several else "")
     lines += ["## Goals (issue 14)", "", "| goal | measured | |", "| --- | --- | --- |"]
     lines += [f"| {text} | {fmt(value, '.3f')} | {state} |" for text, value, state in goals]
     lines += ["", "## COAT's numbers (arXiv 2410.19313)", ""] + [f"- {p}" for p in PAPER] + [""]

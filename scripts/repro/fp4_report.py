@@ -162,7 +162,8 @@ def main(argv=None):
         ok &= met
         line = f"- {run} within {pct:g}% of BF16: {measured}, {'met' if met else 'NOT met'}"
         if p is not None and p[4] > 1:  # what the seeds can decide: seed_report's two-standard-error verdict
-            line += f" on the mean; at two standard errors {seed_report.goal_verdict(p, pct, two_sided=True)}"
+            verdict = seed_report.goal_verdict(p, pct, two_sided=True)
+            line += f" on the mean; at two standard errors {verdict}"
         goal_lines.append(line)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     first = f" (the first table: seed {args.base_seed})" if several else ""

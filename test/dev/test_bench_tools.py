@@ -16,9 +16,9 @@ parsed, n/a values left out, the table with its three largest stall reasons).
 """
 
 import contextlib
+import gzip
 import importlib.util
 import io
-import gzip
 import json
 import os
 import struct

@@ -164,7 +164,8 @@ class TestCommandLine(unittest.TestCase):
         self.assertEqual(seed_report.goal_verdict((0.05, 0.11, 0.0, 0.1, 2, 0), 0.25),
                          "undecided (-0.17..+0.27; ~3 seeds)")
         at_goal = "; the mean is at the goal: more seeds alone do not decide it)"
-        self.assertEqual(seed_report.goal_verdict((0.25, 0.1, 0.1, 0.4, 2, 0), 0.25), "undecided (+0.05..+0.45" + at_goal)
+        self.assertEqual(seed_report.goal_verdict((0.25, 0.1, 0.1, 0.4, 2, 0), 0.25),
+                         "undecided (+0.05..+0.45" + at_goal)
         # 0.0001 points from the goal (prints as +0.25): millions of seeds by the formula, so no count is given
         self.assertEqual(seed_report.goal_verdict((0.2499, 0.16, 0.0, 0.6, 4, 0), 0.25),
                          "undecided (-0.07..+0.57" + at_goal)
