@@ -19,7 +19,8 @@ column pairing every run with RUN the same way (e.g. block-wise against per-tens
 for a goal of the form "at most PCT% above BF16" (issue 18's 0.25%), from the paired difference to bf16: "met" when
 its mean plus two standard errors is at most PCT, "not met" when its mean minus two standard errors is above PCT,
 "undecided" in between (the seeds cannot tell; with the number of seeds that would decide it if the mean and the
-spread between seeds stayed as they are), and "one seed" when only one pair exists. The GPU model of each run comes
+spread between seeds stayed as they are), each with its interval mean ± 2 SE, and "one seed" when only one pair
+exists. The GPU model of each run comes
 from the train_gpt output beside its log (<run>.log, "device: ..."); a paired difference says how many of its pairs
 ran on two different GPU models, and the GPU of every run follows the tables when the runs used more than one: the
 same run on two GPU models can differ by as much as two seeds do. Writes OUT/seeds.md (or --md) and prints it. Exit
@@ -123,18 +124,22 @@ def goal_verdict(p, goal, two_sided=False):
     if n < 2:
         return "one seed"
     lo, hi = mean - 2 * se, mean + 2 * se
+    def edge(x):  # two decimals, three where two would print the goal itself (a verdict decided by less than 0.005)
+        text = f"{x:+.2f}"
+        return f"{x:+.3f}" if abs(abs(float(text)) - goal) < 1e-9 else text
+    interval = f"{edge(lo)}..{edge(hi)}"  # every verdict shows it: a "not met" by 0.01 reads unlike one by 1
     floor = -goal if two_sided else -math.inf
     if floor <= lo and hi <= goal:
-        return "met"
+        return f"met ({interval})"
     if lo > goal or hi < floor:
-        return "not met"
+        return f"not met ({interval})"
     distance = min(abs(goal - mean), abs(mean - floor))  # to the nearer edge of the goal
     # the seeds that would decide it if the mean and the spread between seeds stayed: 2 sd / sqrt(n) < distance; a
     # mean at the goal (within the table's 0.01 points, or needing more than MAX_SEEDS) is not decided by seeds
     if distance < 0.005 or (2 * se * math.sqrt(n) / distance) ** 2 >= MAX_SEEDS:
-        return f"undecided ({lo:+.2f}..{hi:+.2f}; the mean is at the goal: more seeds alone do not decide it)"
+        return f"undecided ({interval}; the mean is at the goal: more seeds alone do not decide it)"
     needed = math.floor((2 * se * math.sqrt(n) / distance) ** 2) + 1
-    return f"undecided ({lo:+.2f}..{hi:+.2f}; ~{needed} seeds)"
+    return f"undecided ({interval}; ~{needed} seeds)"
 
 
 def order_key(name):

@@ -150,16 +150,16 @@ class TestCommandLine(unittest.TestCase):
         self.assertIn("|---|---|---|---|---|---|---|---|", val_text)
         rows = {line.split(" | ")[0][2:]: line for line in val_text.splitlines() if line.startswith("| ")}
         self.assertTrue(rows["bf16"].endswith("| — |"), rows["bf16"])
-        self.assertTrue(rows["fp8_tensorwise"].endswith("| met |"), rows["fp8_tensorwise"])
-        self.assertTrue(rows["fp8_delayed"].endswith("| not met |"), rows["fp8_delayed"])
+        self.assertTrue(rows["fp8_tensorwise"].endswith("| met (+0.10..+0.10) |"), rows["fp8_tensorwise"])
+        self.assertTrue(rows["fp8_delayed"].endswith("| not met (+0.90..+1.30) |"), rows["fp8_delayed"])
         # -1% and +2.5%: mean +0.75, SE 1.75 -> -2.75..+4.25; sd 2.47: 2 sd / sqrt(n) < 0.5 for n > 98
         self.assertTrue(rows["fp8_blockwise"].endswith("| undecided (-2.75..+4.25; ~99 seeds) |"),
                         rows["fp8_blockwise"])
         self.assertTrue(rows["nvfp4"].endswith("| one seed |"), rows["nvfp4"])
         self.assertIn("| at most 0.25% above bf16 (mean ± 2 SE) |", held_text)  # the held-out table is judged too
         self.assertEqual(seed_report.goal_verdict(None, 0.25), "—")
-        self.assertEqual(seed_report.goal_verdict((0.5, 0.1, 0.4, 0.6, 2, 0), 0.25), "not met")
-        self.assertEqual(seed_report.goal_verdict((0.05, 0.1, 0.0, 0.1, 2, 0), 0.25), "met")
+        self.assertEqual(seed_report.goal_verdict((0.5, 0.1, 0.4, 0.6, 2, 0), 0.25), "not met (+0.30..+0.70)")
+        self.assertEqual(seed_report.goal_verdict((0.05, 0.1, 0.0, 0.1, 2, 0), 0.25), "met (-0.15..+0.250)")
         # sd = 0.11 sqrt(2) = 0.156: 2 sd / sqrt(n) < 0.2 from n = 3
         self.assertEqual(seed_report.goal_verdict((0.05, 0.11, 0.0, 0.1, 2, 0), 0.25),
                          "undecided (-0.17..+0.27; ~3 seeds)")
@@ -172,10 +172,13 @@ class TestCommandLine(unittest.TestCase):
         # 0.02 points away with SE 0.02 at 4 seeds: sd 0.04, 2 sd / sqrt(n) < 0.02 from n = 17 (still a count)
         self.assertEqual(seed_report.goal_verdict((0.23, 0.02, 0.2, 0.26, 4, 0), 0.25),
                          "undecided (+0.19..+0.27; ~17 seeds)")
+        # an edge that would print as the goal gets a third decimal, so the verdict can be read off the interval
+        self.assertEqual(seed_report.goal_verdict((0.61, 0.1776, 0.2, 1.2, 5, 0), 0.25), "not met (+0.255..+0.97)")
+        self.assertEqual(seed_report.goal_verdict((0.0, 0.1238, -0.2, 0.2, 5, 0), 0.25), "met (-0.248..+0.248)")
         # two-sided ("within 0.25% either way"): well below the reference is outside it, not inside
-        self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25), "met")
-        self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25, two_sided=True), "not met")
-        self.assertEqual(seed_report.goal_verdict((0.0, 0.1, -0.1, 0.1, 2, 0), 0.25, two_sided=True), "met")
+        self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25), "met (-1.20..-0.80)")
+        self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25, two_sided=True), "not met (-1.20..-0.80)")
+        self.assertEqual(seed_report.goal_verdict((0.0, 0.1, -0.1, 0.1, 2, 0), 0.25, two_sided=True), "met (-0.20..+0.20)")
         # -0.2 with SE 0.1: -0.40..0.00 straddles -0.25; the nearer edge is 0.05 away: 2 sd / sqrt(n) < 0.05 for n > 32
         self.assertEqual(seed_report.goal_verdict((-0.2, 0.1, -0.3, -0.1, 2, 0), 0.25, two_sided=True),
                          "undecided (-0.40..+0.00; ~33 seeds)")
