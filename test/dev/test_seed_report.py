@@ -177,8 +177,10 @@ class TestCommandLine(unittest.TestCase):
         self.assertEqual(seed_report.goal_verdict((0.0, 0.1238, -0.2, 0.2, 5, 0), 0.25), "met (-0.248..+0.248)")
         # two-sided ("within 0.25% either way"): well below the reference is outside it, not inside
         self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25), "met (-1.20..-0.80)")
-        self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25, two_sided=True), "not met (-1.20..-0.80)")
-        self.assertEqual(seed_report.goal_verdict((0.0, 0.1, -0.1, 0.1, 2, 0), 0.25, two_sided=True), "met (-0.20..+0.20)")
+        self.assertEqual(seed_report.goal_verdict((-1.0, 0.1, -1.1, -0.9, 2, 0), 0.25, two_sided=True),
+                         "not met (-1.20..-0.80)")
+        self.assertEqual(seed_report.goal_verdict((0.0, 0.1, -0.1, 0.1, 2, 0), 0.25, two_sided=True),
+                         "met (-0.20..+0.20)")
         # -0.2 with SE 0.1: -0.40..0.00 straddles -0.25; the nearer edge is 0.05 away: 2 sd / sqrt(n) < 0.05 for n > 32
         self.assertEqual(seed_report.goal_verdict((-0.2, 0.1, -0.3, -0.1, 2, 0), 0.25, two_sided=True),
                          "undecided (-0.40..+0.00; ~33 seeds)")
