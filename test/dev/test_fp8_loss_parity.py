@@ -189,7 +189,7 @@ class TestGpus(unittest.TestCase):
                                 r"\+0\.20% ± 0\.00 \(\+0\.20\.\.\+0\.20, 3 seeds\) \| — \|")
         # --tolerance is seeds.md's goal: +0.20% with no spread is within 1%
         self.assertIn("| at most 1% above bf16 (mean ± 2 SE) |", seeds)
-        self.assertRegex(seeds, r"\| fp8_blockwise \| 42 43 44 \| .* \| met \|\n")
+        self.assertRegex(seeds, r"\| fp8_blockwise \| 42 43 44 \| .* \| met \(\+0\.20\.\.\+0\.20\) \|\n")
 
     def test_variants_and_finished_runs(self):
         """--variant with --seeds: every recipe x (plain, variant) x seed, the variant's own table and its row in
