@@ -20,11 +20,10 @@ for a goal of the form "at most PCT% above BF16" (issue 18's 0.25%), from the pa
 its mean plus two standard errors is at most PCT, "not met" when its mean minus two standard errors is above PCT,
 "undecided" in between (the seeds cannot tell; with the number of seeds that would decide it if the mean and the
 spread between seeds stayed as they are), each with its interval mean ± 2 SE, and "one seed" when only one pair
-exists. The GPU model of each run comes
-from the train_gpt output beside its log (<run>.log, "device: ..."); a paired difference says how many of its pairs
-ran on two different GPU models, and the GPU of every run follows the tables when the runs used more than one: the
-same run on two GPU models can differ by as much as two seeds do. Writes OUT/seeds.md (or --md) and prints it. Exit
-status 2 when OUT holds no log with a validation loss.
+exists. The GPU model of each run comes from the train_gpt output beside its log (<run>.log, "device: ..."); a paired
+difference says how many of its pairs ran on two different GPU models, and the GPU of every run follows the tables
+when the runs used more than one: the same run on two GPU models can differ by as much as two seeds do. Writes
+OUT/seeds.md (or --md) and prints it. Exit status 2 when OUT holds no log with a validation loss.
 """
 import argparse
 import datetime
