@@ -13,6 +13,10 @@
 //     store for a full block when the row's bytes allow, else bytes); the threads of a tile write whole runs of code
 //     bytes and scale bytes. In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes
 //     into a slot, and the source's own amax into another when asked (one read for both), one atomic per CTA each.
+//     The NVFP4 data pass can also take the amax of data_t rotated by Hadamard-16: each thread rotates one of the
+//     tile's 16-row column blocks too (the pass then needs the source amax beforehand, and data_t no pass of its own).
+//   rotated_column_amax_kernel: the amax pass of an NVFP4 data_t copy rotated by Hadamard-16 (even cols) when there
+//     is no data pass to take it: a thread per 16 rows x 2 columns, read straight from x in 128-byte warp rows.
 //   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one warp per 32-element run (a lane per element): scale,
 //     mask, inverse Hadamard by shuffles, store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
@@ -68,6 +72,9 @@ struct RunArgs {
   uint32_t signs;
   float* amax_out;            // amax mode: the block amaxes are maxed into it (nothing else is written)
   float* source_amax_out;     // amax mode: also max |x| of the unrotated source into it, or null
+  float* column_amax_out;     // data pass (N = 16): also the amax of the data_t blocks rotated by Hadamard-16 with
+                              // column_signs (the tile's column blocks), or null
+  uint32_t column_signs;
   Mxfp4Scale mxfp4_scale;     // MXFP4: the amax rule, QuEST's Gaussian scales or Quartet's range-matched ones
   uint32_t* trust_mask;       // MXFP4 data copy: the block's trust bits [o * blocks_per_row + kb], or null
 };
@@ -161,6 +168,23 @@ __device__ inline void e2m1_rn_block(const float (&v)[N], float multiplier, uint
     packed[i / 8] |= static_cast<uint32_t>(e2m1_scaled<false>(v[i], multiplier, 0)) << (4 * (i % 8));
 }
 
+// Max two amaxes (bits) over the CTA and issue one atomic per slot (slot1 may be null). Every thread of the CTA must
+// call it, at most once per kernel (it synchronises the CTA and owns its shared words).
+__device__ inline void cta_atomic_max_amax2(float* slot0, unsigned bits0, float* slot1, unsigned bits1) {
+  __shared__ unsigned warp_amax[2][kThreads / kWarpSize];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  bits0 = warp_max_bits(bits0);
+  bits1 = warp_max_bits(bits1);
+  if (lane == 0) warp_amax[0][warp] = bits0, warp_amax[1][warp] = bits1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kThreads / kWarpSize; w++)
+      bits0 = max(bits0, warp_amax[0][w]), bits1 = max(bits1, warp_amax[1][w]);
+    atomic_max_amax(slot0, bits0);
+    if (slot1) atomic_max_amax(slot1, bits1);
+  }
+}
+
 template <int N>
 __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   constexpr int kCols = run_tile_cols<N>(), kLd = kCols + kRunTilePad;
@@ -196,6 +220,20 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   }
   __syncthreads();
 
+  if constexpr (N == 16) {
+    if (a.column_amax_out) {  // the tile's 4 x 64 column blocks of 16 rows, one per thread, as data_t's pass sees them
+      const int lo = threadIdx.x % kCols, lkb = threadIdx.x / kCols;
+      float w[N];
+#pragma unroll
+      for (int i = 0; i < N; i++) w[i] = __bfloat162float(tile[(lkb * N + i) * kLd + lo]);
+      hadamard_transform<N>(w, a.column_signs);  // a block past the edges is all zeros: amax 0 either way
+      unsigned column_amax = 0;
+#pragma unroll
+      for (int i = 0; i < N; i++) column_amax = max(column_amax, __float_as_uint(fabsf(w[i])));
+      cta_atomic_max_amax2(a.column_amax_out, column_amax, nullptr, 0u);
+    }
+  }
+
   int o = 0, kb = 0;  // output row, block within it
   float v[N];         // the block's values; zeros past the source's edges
   if (a.column) {
@@ -230,18 +268,7 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
 #pragma unroll
   for (int i = 0; i < N; i++) amax = max(amax, __float_as_uint(fabsf(v[i])));  // padding zeros add nothing
   if (a.amax_out) {  // one atomic per CTA and slot (a same-address atomic per warp bounded these passes)
-    __shared__ unsigned warp_amax[2][kThreads / kWarpSize];
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    amax = warp_max_bits(amax);
-    source_amax = warp_max_bits(source_amax);
-    if (lane == 0) warp_amax[0][warp] = amax, warp_amax[1][warp] = source_amax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 0; w < kThreads / kWarpSize; w++)
-        amax = max(amax, warp_amax[0][w]), source_amax = max(source_amax, warp_amax[1][w]);
-      atomic_max_amax(a.amax_out, amax);
-      if (a.source_amax_out) atomic_max_amax(a.source_amax_out, source_amax);
-    }
+    cta_atomic_max_amax2(a.amax_out, amax, a.source_amax_out, source_amax);
     return;
   }
   if (!active) return;
@@ -295,6 +322,45 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   } else {
     for (int b = 0; b < (n + 1) / 2; b++) dst[b] = static_cast<uint8_t>(packed[b / 4] >> (8 * (b % 4)));
   }
+}
+
+// The amax pass of an NVFP4 copy rotated along the source's rows (data_t with a Hadamard-16 transform: the wgrad
+// inputs' RHT), without fp4_run_kernel's shared-memory tiles: one thread per 16-row group of two adjacent columns
+// (cols even, x 4-byte aligned), consecutive threads on consecutive column pairs so that a warp reads 128 contiguous
+// bytes of each row. Each column's 16 values are rotated by hadamard.cuh's transform, as fp4_run_kernel does for the
+// same block, and their |values| maxed on the bits (order independent: the same amax as the tiled pass, NaN wins);
+// source_amax_out (or null) also gets max |x|. One atomic per CTA and slot.
+constexpr int kRotatedAmaxRows = 16;
+__global__ void __launch_bounds__(kThreads) rotated_column_amax_kernel(const bf16* x, int rows, int cols,
+                                                                      uint32_t signs, float* amax_out,
+                                                                      float* source_amax_out) {
+  const int pairs = cols / 2;
+  const size_t items = static_cast<size_t>(rows / kRotatedAmaxRows) * pairs;
+  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned amax = 0, source_amax = 0;
+  if (id < items) {
+    const size_t g = id / pairs;
+    const int p = static_cast<int>(id % pairs);
+    const __nv_bfloat162* src =
+        reinterpret_cast<const __nv_bfloat162*>(x + g * kRotatedAmaxRows * static_cast<size_t>(cols)) + p;
+    float lo[kRotatedAmaxRows], hi[kRotatedAmaxRows];
+#pragma unroll
+    for (int j = 0; j < kRotatedAmaxRows; j++) {
+      const float2 v = __bfloat1622float2(src[static_cast<size_t>(j) * pairs]);
+      lo[j] = v.x, hi[j] = v.y;
+    }
+    if (source_amax_out) {
+#pragma unroll
+      for (int j = 0; j < kRotatedAmaxRows; j++)
+        source_amax = max(source_amax, max(__float_as_uint(fabsf(lo[j])), __float_as_uint(fabsf(hi[j]))));
+    }
+    hadamard_transform<kRotatedAmaxRows>(lo, signs);
+    hadamard_transform<kRotatedAmaxRows>(hi, signs);
+#pragma unroll
+    for (int j = 0; j < kRotatedAmaxRows; j++)
+      amax = max(amax, max(__float_as_uint(fabsf(lo[j])), __float_as_uint(fabsf(hi[j]))));
+  }
+  cta_atomic_max_amax2(amax_out, amax, source_amax_out, source_amax);
 }
 
 constexpr int kTileSide = 16;
@@ -478,11 +544,15 @@ void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTens
   const bool rotate_data = args.hadamard.any() && args.hadamard.data && q.data;
   const bool rotate_data_t = args.hadamard.any() && args.hadamard.data_t && q.data_t;
   const bool rotated_amax_pass = nvfp4 && e.block.rows == 1 && (rotate_data || rotate_data_t);
+  // Only data_t rotated, both copies wanted (the NVFP4 wgrad input): data_t's amax is taken by data's pass, from the
+  // tiles it loads anyway, so the source amax is measured first (or given) and no pass of its own reads x.
+  const bool column_amax_in_data_pass =
+      rotated_amax_pass && rotate_data_t && !rotate_data && q.data && x && e.block.cols == 16;
   const bool measure_source = (nvfp4 && !args.amax) || q.amax;
   if (nvfp4 || q.amax) scratch = scratch_floats(3, stream);
   const float* source_amax = args.amax;
   if (measure_source) {
-    if (n > 0 && !rotated_amax_pass) amax_bf16(scratch, x, n, stream);
+    if (n > 0 && (!rotated_amax_pass || column_amax_in_data_pass)) amax_bf16(scratch, x, n, stream);
     if (!source_amax) source_amax = scratch;
   }
   if (n == 0) {
@@ -536,14 +606,28 @@ void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTens
       a.mxfp4_scale = args.mxfp4_scale;
       a.trust_mask = copy == 0 ? args.trust_mask : nullptr;
     }
-    bool source_pending = measure_source && rotated_amax_pass;
+    bool source_pending = measure_source && rotated_amax_pass && !column_amax_in_data_pass;
+    if (column_amax_in_data_pass) {
+      runs[0].column_amax_out = scratch + 2;
+      runs[0].column_signs = args.hadamard.signs;
+      runs[1].tensor_amax = scratch + 2;
+    }
     for (int copy = 0; copy < 2; copy++) {  // the rotated copies' amax passes
       RunArgs& a = runs[copy];
-      if (!(copy == 0 ? q.data : q.data_t) || a.hadamard == 0 || !nvfp4) continue;
+      if (!(copy == 0 ? q.data : q.data_t) || a.hadamard == 0 || !nvfp4 || column_amax_in_data_pass) continue;
       a.amax_out = scratch + 1 + copy;
       a.source_amax_out = source_pending ? scratch : nullptr;
       source_pending = false;
-      launch_run(a, e.block.cols, stream);
+      const bool columns_of_pairs = a.column && a.hadamard == kRotatedAmaxRows && a.x && q.cols % 2 == 0 &&
+                                    reinterpret_cast<uintptr_t>(a.x) % 4 == 0;  // rows % 16 == 0: check_options
+      if (columns_of_pairs) {
+        const size_t threads = static_cast<size_t>(q.rows / kRotatedAmaxRows) * (q.cols / 2);
+        rotated_column_amax_kernel<<<grid_of(threads, who), kThreads, 0, stream>>>(a.x, q.rows, q.cols, a.signs,
+                                                                                   a.amax_out, a.source_amax_out);
+        CUDA_CHECK_LAUNCH();
+      } else {
+        launch_run(a, e.block.cols, stream);
+      }
       a.amax_out = nullptr;
       a.source_amax_out = nullptr;
       a.tensor_amax = scratch + 1 + copy;

@@ -213,7 +213,7 @@ TEST(Fp4Quantize, ModelShapedMatchesHostBitForBit) {
 
 TEST(Fp4Quantize, OddShapesAndGivenAmaxMatchHost) {
   auto rng = gpu_test::make_rng("test_fp4_quant");
-  const int shapes[][2] = {{33, 80}, {17, 45}, {1, 7}, {5, 33}, {64, 96}, {0, 32}};
+  const int shapes[][2] = {{33, 80}, {17, 45}, {1, 7}, {5, 33}, {64, 96}, {48, 45}, {32, 62}, {0, 32}};
   for (const auto& sh : shapes) {
     const std::vector<float> x = model_like(sh[0], sh[1], rng, false);
     for (const Case& c : kCases) {
