@@ -13,10 +13,9 @@
 //     store for a full block when the row's bytes allow, else bytes); the threads of a tile write whole runs of code
 //     bytes and scale bytes. In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes
 //     into a slot, and the source's own amax into another when asked (one read for both), one atomic per CTA each.
-//     The NVFP4 data pass can also take the amax of data_t rotated by Hadamard-16: each thread rotates one of the
-//     tile's 16-row column blocks too (the pass then needs the source amax beforehand, and data_t no pass of its own).
-//   rotated_column_amax_kernel: the amax pass of an NVFP4 data_t copy rotated by Hadamard-16 (even cols) when there
-//     is no data pass to take it: a thread per 16 rows x 2 columns, read straight from x in 128-byte warp rows.
+//   rotated_column_amax_kernel: the same amax pass for an NVFP4 data_t copy rotated by Hadamard-16 (even cols),
+//     without the tiles: a thread per 16 rows x 2 columns, read straight from x in 128-byte warp rows (the source
+//     amax in the same read).
 //   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one warp per 32-element run (a lane per element): scale,
 //     mask, inverse Hadamard by shuffles, store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
@@ -72,9 +71,6 @@ struct RunArgs {
   uint32_t signs;
   float* amax_out;            // amax mode: the block amaxes are maxed into it (nothing else is written)
   float* source_amax_out;     // amax mode: also max |x| of the unrotated source into it, or null
-  float* column_amax_out;     // data pass (N = 16): also the amax of the data_t blocks rotated by Hadamard-16 with
-                              // column_signs (the tile's column blocks), or null
-  uint32_t column_signs;
   Mxfp4Scale mxfp4_scale;     // MXFP4: the amax rule, QuEST's Gaussian scales or Quartet's range-matched ones
   uint32_t* trust_mask;       // MXFP4 data copy: the block's trust bits [o * blocks_per_row + kb], or null
 };
@@ -219,20 +215,6 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
     }
   }
   __syncthreads();
-
-  if constexpr (N == 16) {
-    if (a.column_amax_out) {  // the tile's 4 x 64 column blocks of 16 rows, one per thread, as data_t's pass sees them
-      const int lo = threadIdx.x % kCols, lkb = threadIdx.x / kCols;
-      float w[N];
-#pragma unroll
-      for (int i = 0; i < N; i++) w[i] = __bfloat162float(tile[(lkb * N + i) * kLd + lo]);
-      hadamard_transform<N>(w, a.column_signs);  // a block past the edges is all zeros: amax 0 either way
-      unsigned column_amax = 0;
-#pragma unroll
-      for (int i = 0; i < N; i++) column_amax = max(column_amax, __float_as_uint(fabsf(w[i])));
-      cta_atomic_max_amax2(a.column_amax_out, column_amax, nullptr, 0u);
-    }
-  }
 
   int o = 0, kb = 0;  // output row, block within it
   float v[N];         // the block's values; zeros past the source's edges
@@ -544,15 +526,11 @@ void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTens
   const bool rotate_data = args.hadamard.any() && args.hadamard.data && q.data;
   const bool rotate_data_t = args.hadamard.any() && args.hadamard.data_t && q.data_t;
   const bool rotated_amax_pass = nvfp4 && e.block.rows == 1 && (rotate_data || rotate_data_t);
-  // Only data_t rotated, both copies wanted (the NVFP4 wgrad input): data_t's amax is taken by data's pass, from the
-  // tiles it loads anyway, so the source amax is measured first (or given) and no pass of its own reads x.
-  const bool column_amax_in_data_pass =
-      rotated_amax_pass && rotate_data_t && !rotate_data && q.data && x && e.block.cols == 16;
   const bool measure_source = (nvfp4 && !args.amax) || q.amax;
   if (nvfp4 || q.amax) scratch = scratch_floats(3, stream);
   const float* source_amax = args.amax;
   if (measure_source) {
-    if (n > 0 && (!rotated_amax_pass || column_amax_in_data_pass)) amax_bf16(scratch, x, n, stream);
+    if (n > 0 && !rotated_amax_pass) amax_bf16(scratch, x, n, stream);
     if (!source_amax) source_amax = scratch;
   }
   if (n == 0) {
@@ -606,15 +584,10 @@ void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTens
       a.mxfp4_scale = args.mxfp4_scale;
       a.trust_mask = copy == 0 ? args.trust_mask : nullptr;
     }
-    bool source_pending = measure_source && rotated_amax_pass && !column_amax_in_data_pass;
-    if (column_amax_in_data_pass) {
-      runs[0].column_amax_out = scratch + 2;
-      runs[0].column_signs = args.hadamard.signs;
-      runs[1].tensor_amax = scratch + 2;
-    }
+    bool source_pending = measure_source && rotated_amax_pass;
     for (int copy = 0; copy < 2; copy++) {  // the rotated copies' amax passes
       RunArgs& a = runs[copy];
-      if (!(copy == 0 ? q.data : q.data_t) || a.hadamard == 0 || !nvfp4 || column_amax_in_data_pass) continue;
+      if (!(copy == 0 ? q.data : q.data_t) || a.hadamard == 0 || !nvfp4) continue;
       a.amax_out = scratch + 1 + copy;
       a.source_amax_out = source_pending ? scratch : nullptr;
       source_pending = false;

@@ -30,9 +30,8 @@ inline bool fp4_encoding(const Encoding& e) { return nvfp4_encoding(e) || mxfp4_
 //   q.data_t (if non-null): (cols, rows) codes quantised from x along rows (never from data's codes) for 1xN blocks,
 //     with their own scales in q.scale_inv_t; for 16x16 tiles the same codes as data, transposed, same tile scales;
 //   NVFP4: the tensor amax is *args.amax when given (device, e.g. from the producer), else measured here (one extra
-//     read of x); a copy rotated by args.hadamard takes the amax of its rotated values (measured: one extra read, or
-//     none when only data_t is rotated and data is wanted: data's pass measures it); the copies' FP32 decode scales
-//     go to q.tensor_scale_inv / q.tensor_scale_inv_t (required for the wanted copies);
+//     read of x); a copy rotated by args.hadamard takes the amax of its rotated values (measured: one extra read); the
+//     copies' FP32 decode scales go to q.tensor_scale_inv / q.tensor_scale_inv_t (required for the wanted copies);
 //   q.amax (if non-null): overwritten with max |x|;
 //   args.rounding, args.sr_key: RTN or stochastic rounding (the random word of element i of a copy is
 //     random_word(sr_key, i, copy), i the element's index in that copy's row-major layout, copy 0 = data,
