@@ -154,9 +154,9 @@ void Model::plan_activations(const std::function<void(Carver&)>& carve) {
     inputs_ = cv.take<int>(N);
     targets_ = cv.take<int>(N);
     carve(cv);
-    activation_bytes_ = round_up(cv.used, 256);
+    activation_bytes_ = round_up(cv.high, 256);
     std::copy(cv.bytes, cv.bytes + kActivationUses, activation_bytes_by_use_);
-    activation_bytes_by_use_[static_cast<int>(ActivationUse::Working)] += activation_bytes_ - cv.used;  // the end
+    activation_bytes_by_use_[static_cast<int>(ActivationUse::Working)] += activation_bytes_ - cv.high;  // the end
   }
   if (allocates()) CUDA_CHECK(cudaMemset(act_memory_, 0, activation_bytes_));
 }

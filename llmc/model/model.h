@@ -140,21 +140,30 @@ class Model {
 
  protected:
   // Hands out 256-byte aligned pieces of one allocation (first pass: base = null, only counts the bytes), and
-  // counts them by what they hold: every take() adds its bytes (alignment included) to bytes[use].
+  // counts them by what they hold. Buffers that are never live at the same time may share memory: rewind(mark())
+  // carves what follows over what was carved since the mark, and end_overlay() continues after the furthest buffer.
+  // The allocation is `high` bytes; each byte is counted once, in bytes[use] of the take() that first reached it
+  // (alignment included).
   struct Carver {
     char* base = nullptr;
-    size_t used = 0;
+    size_t used = 0;  // where the next buffer starts (before alignment)
+    size_t high = 0;  // the end of the furthest buffer carved
     ActivationUse use = ActivationUse::Working;
     size_t bytes[kActivationUses] = {};
     template <typename Scalar>
     Scalar* take(size_t count) {
-      const size_t start = used;
       used = (used + 255) / 256 * 256;
       Scalar* p = base ? reinterpret_cast<Scalar*>(base + used) : nullptr;
       used += count * sizeof(Scalar);
-      bytes[static_cast<int>(use)] += used - start;
+      if (used > high) {
+        bytes[static_cast<int>(use)] += used - high;
+        high = used;
+      }
       return p;
     }
+    size_t mark() const { return used; }
+    void rewind(size_t mark) { used = mark; }
+    void end_overlay() { used = high; }
   };
 
   // memory = DeviceMemory::Count: nothing is allocated, no CUDA call is made (the memory plan).
@@ -181,11 +190,15 @@ class Model {
   // The activation memory, planned once for (B_max, T_max): carve lays out every buffer of the family through the
   // Carver it is given (after inputs_ and targets_), setting Carver::use before each group of buffers. It runs twice,
   // counting the bytes and then carving the one allocation (once, counting, for a DeviceMemory::Count model); the
-  // memory starts zeroed.
+  // memory starts zeroed (a buffer that shares memory with another holds whatever that one last held).
   void plan_activations(const std::function<void(Carver&)>& carve);
   // Whether backward reads the BF16 input of `linear` (false when the linear saved an FP8 copy for its weight
   // gradient).
   static bool needs_bf16_input(const Linear& linear) { return !linear.saves_quantized_input(); }
+  // Whether the working buffers that only the forward uses (outputs it consumes at once, shared by the blocks) and
+  // those that only the backward uses (the gradients flowing through the blocks) may share memory: with recompute
+  // off, backward writes no forward buffer and reads none in BF16 that it did not keep in a buffer of its own.
+  bool forward_and_backward_overlay() const { return recompute_ == 0; }
   // Whether the block keeps the BF16 input of `consumer` in a buffer of its own: backward reads it and does not
   // recompute it.
   bool keeps_own_input(const Linear& consumer) const { return recompute_ == 0 && needs_bf16_input(consumer); }

@@ -5,6 +5,7 @@
 // ZeRO-1, micro-batch, recompute); a counting model never touches the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +32,24 @@ RunConfig config(const std::string& preset, const std::string& recipe, int micro
                         {"seq_len", seq_len},
                         {"global_batch_tokens", micro_batch * seq_len * world_size}}}};
   return load_config_json(j, overrides, world_size);
+}
+
+// Elements per token of the working buffers that only the backward uses (the gradients flowing through the blocks)
+// and of those that only the forward uses (llama.cu / gpt2.cu carve_activations): the norm and activation outputs
+// shared by the blocks, the FP8 copies' BF16 values (the residual stream's two buffers and the activation function's
+// input) and the projections' output. Without recompute the two sets share memory: the plan holds the larger.
+size_t backward_only_elements(const ModelSpec& m) {
+  const size_t C = m.n_embd, F = m.ffn_hidden;
+  if (m.arch == "llama") {
+    const size_t Q = C + 2 * (C / m.n_head) * m.n_kv_head;
+    return 2 * C + F + std::max(Q, 2 * F);  // dresidual, dsmall, dh, dbig
+  }
+  return 2 * C + std::max(3 * C, F);  // dresidual, dsmall, dbig
+}
+size_t forward_only_elements(const ModelSpec& m, bool shared_inputs, bool fp8_copies, bool projection_out) {
+  const size_t C = m.n_embd, F = m.ffn_hidden;
+  const size_t activation_in = m.arch == "llama" ? 2 * F : F;
+  return (shared_inputs ? 2 * C + F : 0) + (fp8_copies ? 2 * C + activation_in : 0) + (projection_out ? C : 0);
 }
 
 std::unique_ptr<Model> counted_model(const RunConfig& cfg) {
@@ -170,7 +189,8 @@ TEST(MemoryPlan, QuartetSavesForwardCodesAndTrustMasks) {
 // The norm and activation outputs that blocks do not keep for backward share one working buffer per tensor, and that
 // buffer exists only when some block uses it: BF16 without recompute keeps every one in the block's own buffer and
 // carves none (recompute 1 carves all three); an FP8 recipe saves the linears' inputs quantised and shares them either
-// way.
+// way. Without recompute the forward's working buffers share memory with the backward's, so recompute 1 adds what
+// the smaller set held.
 TEST(MemoryPlan, SharedInputBuffersOnlyWhenABlockUsesThem) {
   const int B = 4, T = 1024;
   const size_t N = static_cast<size_t>(B) * T;
@@ -178,13 +198,17 @@ TEST(MemoryPlan, SharedInputBuffersOnlyWhenABlockUsesThem) {
     SCOPED_TRACE(preset);
     const RunConfig bf16 = config(preset, "bf16", B, T);
     const RunConfig fp8 = config(preset, "fp8_tensorwise", B, T);
-    const size_t C = bf16.model.n_embd, F = bf16.model.ffn_hidden;
-    const size_t shared_bytes = (2 * N * C + N * F) * 2;  // ln1, ln2 and the GELU / SwiGLU output, BF16
+    const bool llama = bf16.model.arch == "llama";  // GPT-2's BF16 projections add the residual in their GEMM
     auto working = [&](const RunConfig& cfg, int recompute) {
       return plan_model_memory(cfg.model, B, T, recompute, cfg.precision).activation(ActivationUse::Working);
     };
-    EXPECT_EQ(working(bf16, 1) - working(bf16, 0), shared_bytes);
-    EXPECT_EQ(working(fp8, 1), working(fp8, 0));
+    const size_t backward = backward_only_elements(bf16.model);
+    const size_t bf16_forward = forward_only_elements(bf16.model, false, false, llama);
+    const size_t bf16_forward_recompute = forward_only_elements(bf16.model, true, false, llama);
+    EXPECT_EQ(working(bf16, 1) - working(bf16, 0),
+              (bf16_forward_recompute + backward - std::max(bf16_forward, backward)) * N * 2);
+    const size_t fp8_forward = forward_only_elements(fp8.model, true, false, true);
+    EXPECT_EQ(working(fp8, 1) - working(fp8, 0), std::min(fp8_forward, backward) * N * 2);
     // One BF16 block under an FP8 recipe keeps its own inputs; the others still share, so the buffers stay.
     const RunConfig mixed = config(preset, "fp8_tensorwise", B, T, {"precision.bf16_layers=[0]"});
     EXPECT_EQ(working(mixed, 0), working(fp8, 0));
@@ -208,12 +232,16 @@ TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
     const bool llama = coat.model.arch == "llama";
     // The embedding output and each block's residual2 and residual3 (the norms' inputs), and each block's input of
     // the activation function (Llama's gate|up, GPT-2's pre-GELU); working: the two residual-stream buffers and one
-    // for the activation function's input.
+    // for the activation function's input, forward-only buffers that share memory with the backward's.
     const size_t act_in = llama ? 2 * F : F;
     const size_t replaced = N * C * (1 + 2 * L) + N * act_in * L;
-    const size_t working = 2 * N * C + N * act_in;
     EXPECT_EQ(q.activation(ActivationUse::Saved) - c.activation(ActivationUse::Saved), replaced * 2 - replaced * 5 / 4);
-    EXPECT_EQ(c.activation(ActivationUse::Working) - q.activation(ActivationUse::Working), working * 2);
+    const size_t backward = backward_only_elements(coat.model);
+    const size_t q_forward = forward_only_elements(fp8.model, true, false, true);
+    const size_t c_forward = forward_only_elements(coat.model, true, true, true);
+    EXPECT_EQ(c_forward - q_forward, 2 * C + act_in);
+    EXPECT_EQ(c.activation(ActivationUse::Working) - q.activation(ActivationUse::Working),
+              (std::max(c_forward, backward) - std::max(q_forward, backward)) * N * 2);
     EXPECT_EQ(c.activation(ActivationUse::Logits), q.activation(ActivationUse::Logits));
     EXPECT_EQ(c.precision.total(), q.precision.total());
     const MemoryPlan plan = plan_memory(coat, 1);

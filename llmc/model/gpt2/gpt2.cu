@@ -11,6 +11,9 @@
 // backward then runs after the c_proj dgrad instead of in its epilogue). Their BF16 values live in working buffers:
 // the residual stream alternates between two, fch has one for all blocks. The forward computes the same bits either
 // way.
+//
+// Without recompute, the forward's working buffers (the shared LayerNorm / GELU outputs, the FP8 path's BF16 values,
+// the projections' outputs) share memory with the backward's gradient buffers: neither phase reads the other's.
 #include "llmc/model/gpt2/gpt2.h"
 
 #include <algorithm>
@@ -84,20 +87,33 @@ void GPT2::carve_activations(Carver& cv) {
   const size_t C = spec_.n_embd, H = spec_.ffn_hidden, Vp = spec_.padded_vocab_size, L = spec_.n_layer;
   const size_t NH = spec_.n_head;
   acts_.assign(L, LayerActs{});
+  // Working memory of one phase. The gradients flowing through the blocks are the backward's only; the forward's
+  // working buffers are carved over them when nothing of the forward's is read after it
+  // (forward_and_backward_overlay).
+  cv.use = ActivationUse::Working;
+  const size_t phase_start = cv.mark();
+  dresidual_ = cv.take<bf16>(N * C);
+  dsmall_ = cv.take<bf16>(N * C);
+  dbig_ = cv.take<bf16>(N * std::max(3 * C, H));
+  if (forward_and_backward_overlay()) cv.rewind(phase_start);
   // A layer keeps its own LayerNorm / GELU outputs only when backward reads them in BF16; the others share one buffer
   // per tensor, carved only when some layer uses it (Model::input_buffer, shared_input_buffer).
-  cv.use = ActivationUse::Working;
   using Lin = LayerLinears;
   bf16* shared_ln1 = shared_input_buffer(cv, linears_, [](const Lin& l) -> const Linear& { return *l.qkv; }, N * C);
   bf16* shared_ln2 = shared_input_buffer(cv, linears_, [](const Lin& l) -> const Linear& { return *l.fc; }, N * C);
   bf16* shared_gelu = shared_input_buffer(cv, linears_, [](const Lin& l) -> const Linear& { return *l.fcproj; }, N * H);
   // Under nonlinear_fp8 (SavedActivation): the BF16 residual stream in two buffers (the block input and residual3
   // in one, residual2 in the other: a block's output overwrites its input, which residual2 no longer needs), fch in
-  // one.
+  // one. Backward reads the FP8 copies.
   const bool fp8_copies = recipe_.nonlinear_fp8;
   bf16* stream_block = fp8_copies ? cv.take<bf16>(N * C) : nullptr;
   bf16* stream_mid = fp8_copies ? cv.take<bf16>(N * C) : nullptr;
   bf16* shared_fch = fp8_copies ? cv.take<bf16>(N * H) : nullptr;
+  // proj_out_: only for projections whose plan cannot add the residual in its GEMM (FP8)
+  bool any_unfused = false;
+  for (const LayerLinears& lin : linears_) any_unfused |= !lin.attproj->adds_residual() || !lin.fcproj->adds_residual();
+  proj_out_ = any_unfused ? cv.take<bf16>(N * C) : nullptr;
+  cv.end_overlay();
   cv.use = ActivationUse::Saved;
   encoded_ = saved_activation(cv, N, C, stream_block);
   for (size_t l = 0; l < L; l++) {
@@ -120,18 +136,10 @@ void GPT2::carve_activations(Carver& cv) {
   lnf_ = cv.take<bf16>(N * C);
   lnf_mean_ = cv.take<float>(N);
   lnf_rstd_ = cv.take<float>(N);
-  cv.use = ActivationUse::Working;
-  // proj_out_: only for projections whose plan cannot add the residual in its GEMM (FP8)
-  bool any_unfused = false;
-  for (const LayerLinears& lin : linears_) any_unfused |= !lin.attproj->adds_residual() || !lin.fcproj->adds_residual();
-  proj_out_ = any_unfused ? cv.take<bf16>(N * C) : nullptr;
   cv.use = ActivationUse::Logits;
   logits_ = cv.take<bf16>(N * Vp);
   losses_ = cv.take<float>(N);
   cv.use = ActivationUse::Working;
-  dresidual_ = cv.take<bf16>(N * C);
-  dsmall_ = cv.take<bf16>(N * C);
-  dbig_ = cv.take<bf16>(N * std::max(3 * C, H));
   scratch_ = cv.take<float>(scratch_floats_);
 }
 

@@ -12,6 +12,9 @@
 // residual-stream tensor a norm takes, and gate_up) are saved as FP8 1x16 group copies written by their producers
 // (SavedActivation); their BF16 values then live in working buffers: the residual stream alternates between two, and
 // gate_up has one for all blocks.
+//
+// Without recompute, the forward's working buffers (the shared inputs above, the FP8 path's BF16 values, the
+// projections' outputs) share memory with the backward's gradient buffers: neither phase reads the other's.
 #include "llmc/model/llama/llama.h"
 
 #include <algorithm>
@@ -88,9 +91,18 @@ void Llama::carve_activations(Carver& cv) {
   const size_t N = static_cast<size_t>(B_max_) * T_max_;
   const size_t C = spec_.n_embd, F = spec_.ffn_hidden, Q = spec_.qkv_channels(), Vp = spec_.padded_vocab_size;
   const size_t L = spec_.n_layer, NH = spec_.n_head;
+  // Working memory of one phase. The gradients flowing through the blocks are the backward's only; the forward's
+  // working buffers are carved over them when nothing of the forward's is read after it
+  // (forward_and_backward_overlay).
+  cv.use = ActivationUse::Working;
+  const size_t phase_start = cv.mark();
+  dresidual_ = cv.take<bf16>(N * C);
+  dsmall_ = cv.take<bf16>(N * C);
+  dh_ = cv.take<bf16>(N * F);
+  dbig_ = cv.take<bf16>(N * std::max(Q, 2 * F));
+  if (forward_and_backward_overlay()) cv.rewind(phase_start);
   // A block's RMSNorm / SwiGLU outputs get their own buffer only when backward reads them in BF16; the others share
   // one buffer per tensor, carved only when some block uses it (Model::input_buffer, shared_input_buffer).
-  cv.use = ActivationUse::Working;
   using Block = BlockLinears;
   bf16* shared_ln1 = shared_input_buffer(cv, linears_, [](const Block& b) -> const Linear& { return *b.qkv; }, N * C);
   bf16* shared_ln2 =
@@ -98,11 +110,13 @@ void Llama::carve_activations(Carver& cv) {
   bf16* shared_h = shared_input_buffer(cv, linears_, [](const Block& b) -> const Linear& { return *b.down; }, N * F);
   // Under nonlinear_fp8 (SavedActivation): the BF16 residual stream in two buffers (the block input and residual3
   // in one, residual2 in the other: a block's output overwrites its input, which residual2 no longer needs), gate_up
-  // in one.
+  // in one. Backward reads the FP8 copies.
   const bool fp8_copies = recipe_.nonlinear_fp8;
   bf16* stream_block = fp8_copies ? cv.take<bf16>(N * C) : nullptr;
   bf16* stream_mid = fp8_copies ? cv.take<bf16>(N * C) : nullptr;
   bf16* shared_gate_up = fp8_copies ? cv.take<bf16>(N * 2 * F) : nullptr;
+  proj_out_ = cv.take<bf16>(N * C);  // o_proj's and down_proj's outputs, added to the residual stream at once
+  cv.end_overlay();
   cv.use = ActivationUse::Saved;
   encoded_ = saved_activation(cv, N, C, stream_block);
   acts_.assign(L, LayerActs{});
@@ -123,16 +137,10 @@ void Llama::carve_activations(Carver& cv) {
   }
   lnf_ = cv.take<bf16>(N * C);
   lnf_rstd_ = cv.take<float>(N);
-  cv.use = ActivationUse::Working;
-  proj_out_ = cv.take<bf16>(N * C);
   cv.use = ActivationUse::Logits;
   logits_ = cv.take<bf16>(N * Vp);
   losses_ = cv.take<float>(N);
   cv.use = ActivationUse::Working;
-  dresidual_ = cv.take<bf16>(N * C);
-  dsmall_ = cv.take<bf16>(N * C);
-  dh_ = cv.take<bf16>(N * F);
-  dbig_ = cv.take<bf16>(N * std::max(Q, 2 * F));
   scratch_ = cv.take<float>(scratch_floats_);
 }
 
