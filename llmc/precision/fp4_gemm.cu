@@ -1,8 +1,7 @@
 // llmc/precision/fp4_gemm.cu: the kernels behind llmc/precision/fp4_gemm.h. The MXFP4 remap gives each thread one
 // 32-element MXFP4 block and each group of four consecutive lanes one (row, 128-column) run: the group takes the
 // maximum element exponent (its outer scale), re-encodes through a per-block table and counts; the NVFP4 expansion is
-// one thread per four 16-column blocks of a row (one block, or 8 columns, where K is not a multiple of 64 or 16).
-// Element and block arithmetic: llmc/precision/fp4_remap.cuh.
+// one thread per 16-column block of a row (8 columns where K is not a multiple of 16). Element and block arithmetic: llmc/precision/fp4_remap.cuh.
 #include "llmc/precision/fp4_gemm.h"
 
 #include <climits>
@@ -89,59 +88,48 @@ __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes,
   if (count != 0 && threadIdx.x % 32 == 0) atomicAdd(inexact_blocks, static_cast<unsigned long long>(count));
 }
 
-// One thread per C output columns of a row (C = 8, 16 or 64; Kp is a multiple of C, and a 16-column NVFP4 block is
-// wholly inside one thread's columns or, C = 8, holds them). `vector`: the row's code bytes are C / 2-byte aligned
-// (K % C == 0, src aligned) and out is 16-byte aligned, so the codes are one 32- or 64-bit load or two 128-bit loads
-// and the values C / 8 128-bit stores; otherwise element by element (C = 8 only). C = 64 keeps four blocks' loads in
-// flight per thread (one block per thread leaves too few bytes in flight to fill the memory bus). The values are
-// nvfp4_element_value's either way, exact in BF16 (fp4_remap.cuh).
+// One thread per C output columns of a row (C = 8 or 16; Kp is a multiple of C, and C columns never straddle a
+// 16-column NVFP4 block: one scale code). `vector`: the row's code bytes are C / 2-byte aligned (K % C == 0, src
+// aligned) and out is 16-byte aligned, so the C codes are one 32- or 64-bit load and the values one or two 128-bit
+// stores; otherwise element by element (C = 8 only). The values are nvfp4_element_value's either way, exact in BF16
+// (fp4_remap.cuh).
 template <int C>
 __global__ void __launch_bounds__(kThreads) nvfp4_to_bf16_kernel(bf16* out, const uint8_t* src,
                                                                  const uint8_t* src_scales, int rows, int K, int Kp,
                                                                  BlockShape block, int src_ld, bool vector) {
-  static_assert(C == 8 || C == 16 || C == 64, "8, 16 or 64 columns per thread");
-  constexpr int kWords = C / 8;                   // 32-bit words of codes
-  constexpr int kScales = C < 16 ? 1 : C / 16;    // NVFP4 blocks (scale codes)
+  static_assert(C == 8 || C == 16, "8 or 16 columns per thread");
   const int chunks = Kp / C;
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<size_t>(rows) * chunks) return;
   const int r = static_cast<int>(i / chunks), c0 = static_cast<int>(i % chunks) * C;
   const size_t row_bytes = (static_cast<size_t>(K) + 1) / 2;
   const uint8_t* codes = src + r * row_bytes;
-  x128 v[kWords];
+  x128 v[C / 8];
 #pragma unroll
-  for (int h = 0; h < kWords; h++) v[h] = x128::filled(0.0f);
+  for (int h = 0; h < C / 8; h++) v[h] = x128::filled(0.0f);
   if (c0 < K) {
-    uint8_t scale[kScales];
-#pragma unroll
-    for (int b = 0; b < kScales; b++) scale[b] = src_scales[scale_index(block, r, c0 + 16 * b, src_ld)];
+    const uint8_t scale = src_scales[scale_index(block, r, c0, src_ld)];
     if (vector) {
-      uint32_t words[kWords];
-      if constexpr (C == 64) {
-        const uint4 lo = *reinterpret_cast<const uint4*>(codes + c0 / 2);
-        const uint4 hi = *reinterpret_cast<const uint4*>(codes + c0 / 2 + 16);
-        words[0] = lo.x, words[1] = lo.y, words[2] = lo.z, words[3] = lo.w;
-        words[4] = hi.x, words[5] = hi.y, words[6] = hi.z, words[7] = hi.w;
-      } else if constexpr (C == 16) {
+      uint32_t words[C / 8];
+      if constexpr (C == 16) {
         const uint2 pair = *reinterpret_cast<const uint2*>(codes + c0 / 2);
-        words[0] = pair.x, words[kWords - 1] = pair.y;
+        words[0] = pair.x, words[C / 8 - 1] = pair.y;
       } else {
         words[0] = *reinterpret_cast<const uint32_t*>(codes + c0 / 2);
       }
 #pragma unroll
       for (int k = 0; k < C; k++)
-        v[k / 8][k % 8] = __float2bfloat16_rn(nvfp4_element_value(
-            static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xFu), scale[kScales == 1 ? 0 : k / 16]));
+        v[k / 8][k % 8] = __float2bfloat16_rn(
+            nvfp4_element_value(static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xFu), scale));
     } else {
       for (int k = 0; k < C && c0 + k < K; k++)
-        v[k / 8][k % 8] =
-            __float2bfloat16_rn(nvfp4_element_value(e2m1_nibble(codes[(c0 + k) / 2], c0 + k), scale[0]));
+        v[k / 8][k % 8] = __float2bfloat16_rn(nvfp4_element_value(e2m1_nibble(codes[(c0 + k) / 2], c0 + k), scale));
     }
   }
   bf16* dst = out + static_cast<size_t>(r) * Kp + c0;
   if (vector) {
 #pragma unroll
-    for (int h = 0; h < kWords; h++) store128(dst + 8 * h, v[h]);
+    for (int h = 0; h < C / 8; h++) store128(dst + 8 * h, v[h]);
   } else {
     for (int k = 0; k < C; k++) dst[k] = v[k / 8][k % 8];
   }
@@ -193,11 +181,7 @@ void nvfp4_to_bf16(bf16* out, const QuantOperand& src, int rows, int K, cudaStre
   const bool out_aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const uint8_t* scales = reinterpret_cast<const uint8_t*>(src.scale_inv);
   const int src_ld = scale_inv_ld(src.encoding, rows, K);
-  if (K % 64 == 0 && src_at % 16 == 0 && out_aligned) {  // four whole 16-column blocks per thread
-    const size_t threads = static_cast<size_t>(rows) * (Kp / 64);
-    nvfp4_to_bf16_kernel<64><<<grid_for(threads, who), kThreads, 0, stream>>>(out, src.data, scales, rows, K, Kp,
-                                                                              src.encoding.block, src_ld, true);
-  } else if (K % 16 == 0 && src_at % 8 == 0 && out_aligned) {  // whole 16-column blocks: one scale load per thread
+  if (K % 16 == 0 && src_at % 8 == 0 && out_aligned) {  // whole 16-column blocks: one scale load per thread
     const size_t threads = static_cast<size_t>(rows) * (Kp / 16);
     nvfp4_to_bf16_kernel<16><<<grid_for(threads, who), kThreads, 0, stream>>>(out, src.data, scales, rows, K, Kp,
                                                                               src.encoding.block, src_ld, true);

@@ -14,8 +14,8 @@
 //     bytes and scale bytes. In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes
 //     into a slot, and the source's own amax into another when asked (one read for both), one atomic per CTA each.
 //   rotated_column_amax_kernel: the same amax pass for an NVFP4 data_t copy rotated by Hadamard-16 (even cols),
-//     without the tiles: a thread per 16 rows x 4 (or 2) columns, read straight from x in contiguous warp rows (the
-//     source amax in the same read).
+//     without the tiles: a thread per 16 rows x 2 columns, read straight from x in 128-byte warp rows (the source
+//     amax in the same read).
 //   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one warp per 32-element run (a lane per element): scale,
 //     mask, inverse Hadamard by shuffles, store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
@@ -23,7 +23,6 @@
 //     the tile (the same values, the same scale: the same codes) into row j of the tile in data_t.
 // The scale arrays are first filled with the code of 1.0 (cudaMemsetAsync), so padding entries need no thread.
 #include <algorithm>
-#include <type_traits>
 
 #include "llmc/core/cuda_utils.cuh"
 #include "llmc/core/float_rn.cuh"
@@ -308,43 +307,40 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
 }
 
 // The amax pass of an NVFP4 copy rotated along the source's rows (data_t with a Hadamard-16 transform: the wgrad
-// inputs' RHT), without fp4_run_kernel's shared-memory tiles: one thread per 16-row group of C adjacent columns
-// (C = 4: cols % 4 == 0 and x 8-byte aligned, one 8-byte load per row; C = 2: cols even, x 4-byte aligned),
-// consecutive threads on consecutive column groups so that a warp reads 32 C * 2 contiguous bytes of each row, all 16
-// rows' loads issued before any arithmetic. Each column's 16 values are rotated by hadamard.cuh's transform, as
-// fp4_run_kernel does for the same block, and their |values| maxed on the bits (order independent: the same amax as
-// the tiled pass, NaN wins); source_amax_out (or null) also gets max |x|. One atomic per CTA and slot.
+// inputs' RHT), without fp4_run_kernel's shared-memory tiles: one thread per 16-row group of two adjacent columns
+// (cols even, x 4-byte aligned), consecutive threads on consecutive column pairs so that a warp reads 128 contiguous
+// bytes of each row. Each column's 16 values are rotated by hadamard.cuh's transform, as fp4_run_kernel does for the
+// same block, and their |values| maxed on the bits (order independent: the same amax as the tiled pass, NaN wins);
+// source_amax_out (or null) also gets max |x|. One atomic per CTA and slot.
 constexpr int kRotatedAmaxRows = 16;
-template <int C>
 __global__ void __launch_bounds__(kThreads) rotated_column_amax_kernel(const bf16* x, int rows, int cols,
                                                                       uint32_t signs, float* amax_out,
                                                                       float* source_amax_out) {
-  static_assert(C == 2 || C == 4, "2 or 4 columns per thread");
-  using Word = std::conditional_t<C == 4, uint2, uint32_t>;  // C bf16
-  const int groups = cols / C;
-  const size_t items = static_cast<size_t>(rows / kRotatedAmaxRows) * groups;
+  const int pairs = cols / 2;
+  const size_t items = static_cast<size_t>(rows / kRotatedAmaxRows) * pairs;
   const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   unsigned amax = 0, source_amax = 0;
   if (id < items) {
-    const size_t g = id / groups;
-    const int p = static_cast<int>(id % groups);
-    const Word* src = reinterpret_cast<const Word*>(x + g * kRotatedAmaxRows * static_cast<size_t>(cols)) + p;
-    Word raw[kRotatedAmaxRows];
+    const size_t g = id / pairs;
+    const int p = static_cast<int>(id % pairs);
+    const __nv_bfloat162* src =
+        reinterpret_cast<const __nv_bfloat162*>(x + g * kRotatedAmaxRows * static_cast<size_t>(cols)) + p;
+    float lo[kRotatedAmaxRows], hi[kRotatedAmaxRows];
 #pragma unroll
-    for (int j = 0; j < kRotatedAmaxRows; j++) raw[j] = src[static_cast<size_t>(j) * groups];
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      float v[kRotatedAmaxRows];
-#pragma unroll
-      for (int j = 0; j < kRotatedAmaxRows; j++) {
-        const bf16* e = reinterpret_cast<const bf16*>(&raw[j]);
-        v[j] = __bfloat162float(e[c]);
-        source_amax = max(source_amax, __float_as_uint(fabsf(v[j])));
-      }
-      hadamard_transform<kRotatedAmaxRows>(v, signs);
-#pragma unroll
-      for (int j = 0; j < kRotatedAmaxRows; j++) amax = max(amax, __float_as_uint(fabsf(v[j])));
+    for (int j = 0; j < kRotatedAmaxRows; j++) {
+      const float2 v = __bfloat1622float2(src[static_cast<size_t>(j) * pairs]);
+      lo[j] = v.x, hi[j] = v.y;
     }
+    if (source_amax_out) {
+#pragma unroll
+      for (int j = 0; j < kRotatedAmaxRows; j++)
+        source_amax = max(source_amax, max(__float_as_uint(fabsf(lo[j])), __float_as_uint(fabsf(hi[j]))));
+    }
+    hadamard_transform<kRotatedAmaxRows>(lo, signs);
+    hadamard_transform<kRotatedAmaxRows>(hi, signs);
+#pragma unroll
+    for (int j = 0; j < kRotatedAmaxRows; j++)
+      amax = max(amax, max(__float_as_uint(fabsf(lo[j])), __float_as_uint(fabsf(hi[j]))));
   }
   cta_atomic_max_amax2(amax_out, amax, source_amax_out, source_amax);
 }
@@ -595,17 +591,12 @@ void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTens
       a.amax_out = scratch + 1 + copy;
       a.source_amax_out = source_pending ? scratch : nullptr;
       source_pending = false;
-      // rows % 16 == 0 (check_options)
-      const uintptr_t x_at = reinterpret_cast<uintptr_t>(a.x);
-      const bool tile_free = a.column && a.hadamard == kRotatedAmaxRows && a.x && q.cols % 2 == 0 && x_at % 4 == 0;
-      if (tile_free) {
-        const size_t row_groups = static_cast<size_t>(q.rows / kRotatedAmaxRows);
-        if (q.cols % 4 == 0 && x_at % 8 == 0)
-          rotated_column_amax_kernel<4><<<grid_of(row_groups * (q.cols / 4), who), kThreads, 0, stream>>>(
-              a.x, q.rows, q.cols, a.signs, a.amax_out, a.source_amax_out);
-        else
-          rotated_column_amax_kernel<2><<<grid_of(row_groups * (q.cols / 2), who), kThreads, 0, stream>>>(
-              a.x, q.rows, q.cols, a.signs, a.amax_out, a.source_amax_out);
+      const bool columns_of_pairs = a.column && a.hadamard == kRotatedAmaxRows && a.x && q.cols % 2 == 0 &&
+                                    reinterpret_cast<uintptr_t>(a.x) % 4 == 0;  // rows % 16 == 0: check_options
+      if (columns_of_pairs) {
+        const size_t threads = static_cast<size_t>(q.rows / kRotatedAmaxRows) * (q.cols / 2);
+        rotated_column_amax_kernel<<<grid_of(threads, who), kThreads, 0, stream>>>(a.x, q.rows, q.cols, a.signs,
+                                                                                   a.amax_out, a.source_amax_out);
         CUDA_CHECK_LAUNCH();
       } else {
         launch_run(a, e.block.cols, stream);

@@ -5,8 +5,7 @@
 // copies; the re-quantisation of MXFP4 codes (fp4_requantize) against dequantise-then-quantise; and the device E2M1
 // conversion (fp4_codec.cuh's) and the device Hadamard transform against the host. Each run draws a fresh seed
 // (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
-// odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte; for the rotated data_t's amax
-// pass, cols a multiple of 4, even only and odd: its three kernels), magnitudes 2^-20 .. 2^12 per row,
+// odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte), magnitudes 2^-20 .. 2^12 per row,
 // exact zeros, an all-zero block, huge (3e38) and tiny (1e-38) values, a whole tensor of tiny values (amax ~2^-118:
 // the clamped NVFP4 scales); QuEST's Gaussian and Quartet's range-matched MXFP4 scales with their trust masks
 // (range matching must clip nothing). Non-finite inputs: a NaN or inf in a block
