@@ -43,7 +43,7 @@ CATEGORIES = [
     ("attention", r"attention_"),
     ("optimizer and gradient norm", r"adamw|global_norm|clip_scale"),
     ("quantisation (casts, scales, amax, FP4 expansion)",
-     r"^(fp8_|fp4_|mxfp4_|nvfp4_|quantize_|amax_|combine_quant_stats)"),
+     r"^(fp8_|fp4_|mxfp4_|nvfp4_|quantize_|amax_|combine_quant_stats)|_amax_kernel$"),
     ("LayerNorm / RMSNorm", r"(layernorm|rmsnorm)_"),
     ("GELU / SwiGLU / RoPE / bias", r"^(gelu_|swiglu_|rope_|add_bias|bias_partials|sum_column_partials)"),
     ("classifier and loss", r"classifier|_loss_"),

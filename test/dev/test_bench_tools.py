@@ -500,6 +500,7 @@ class KernelProfile(unittest.TestCase):
                              ("cublasLt::splitKreduce_kernel<32, 16, int>", "GEMMs"),
                              ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n", "GEMMs"),
                              ("<unnamed>::nvfp4_gemm_alpha_kernel", "GEMMs"),
+                             ("<unnamed>::rotated_column_amax_kernel", "quantisation"),
                              ("adamw_kernel<llmc::Fp32Moments, 4>", "optimizer"),
                              ("fp8_adamw_expand_cuda_kernel", "optimizer"), ("fused_residual_rmsnorm_kernel", "Norm"),
                              ("gelu_backward_inplace_kernel<llmc::Bf16Loader>", "GELU"), ("rope_kernel", "RoPE"),
