@@ -1,7 +1,8 @@
 // llmc/precision/fp4_gemm.cu: the kernels behind llmc/precision/fp4_gemm.h. The MXFP4 remap gives each thread one
 // 32-element MXFP4 block and each group of four consecutive lanes one (row, 128-column) run: the group takes the
 // maximum element exponent (its outer scale), re-encodes through a per-block table and counts; the NVFP4 expansion is
-// one thread per 16-column block of a row (8 columns where K is not a multiple of 16). Element and block arithmetic: llmc/precision/fp4_remap.cuh.
+// one thread per 16-column block of a row (8 columns where K is not a multiple of 16). Element and block arithmetic:
+// llmc/precision/fp4_remap.cuh.
 #include "llmc/precision/fp4_gemm.h"
 
 #include <climits>
