@@ -6,7 +6,9 @@
 // test/reference/fp4_gemm_ref.h.
 //
 // An operand is src (rows, K): packed E2M1 codes and one-byte block scale codes in the layouts of
-// llmc/precision/tensor.h (quant_operand of an FP4 QTensor gives them), K along the rows.
+// llmc/precision/tensor.h (quant_operand of an FP4 QTensor gives them), K along the rows. An NVFP4 operand may
+// instead bring the BF16 values nvfp4_to_bf16 would give (QuantOperand::values, written by the quantiser for the
+// copies a product consumes at once): the product reads them and converts nothing.
 //
 // Why these mappings:
 //   MXFP4. The outer scales are cuBLASLt's VEC128_32F block scales on both operands (1x128 * 1x128, a pair Hopper

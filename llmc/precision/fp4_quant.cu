@@ -11,7 +11,8 @@
 //     transform if asked, takes the block amax (max over the bits of |v|: order independent, a NaN wins), computes the
 //     scale code and the element multiplier, rounds, packs two codes per byte and stores them (one 8- or 16-byte
 //     store for a full block when the row's bytes allow, else bytes); the threads of a tile write whole runs of code
-//     bytes and scale bytes. In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes
+//     bytes and scale bytes (and, for an NVFP4 copy asked for as values, its 16 decoded BF16 values: two 16-byte
+//     stores). In amax mode (the NVFP4 tensor amax of a rotated copy) it only maxes the block amaxes
 //     into a slot, and the source's own amax into another when asked (one read for both), one atomic per CTA each.
 //   rotated_column_amax_kernel: the same amax pass for an NVFP4 data_t copy rotated by Hadamard-16 (even cols),
 //     without the tiles: a thread per 16 rows x 2 columns, read straight from x in 128-byte warp rows (the source
@@ -28,6 +29,7 @@
 #include "llmc/core/float_rn.cuh"
 #include "llmc/precision/fp4_codec.cuh"
 #include "llmc/precision/fp4_quant.h"
+#include "llmc/precision/fp4_remap.cuh"
 #include "llmc/precision/fp4_rng.cuh"
 #include "llmc/precision/fp8_quant.h"
 #include "llmc/precision/hadamard.cuh"
@@ -58,7 +60,8 @@ struct RunArgs {
   bool column;              // false: data (blocks along cols); true: data_t (blocks along rows)
   bool vector_loads;        // x's rows are 16-byte aligned (cols % 8 == 0, x aligned): tiles load 8 bf16 at a time;
                             // with src_codes: cols % 8 == 0 and the codes 4-byte aligned (8 codes in one load)
-  uint8_t* codes;           // (out_rows, out_cols) packed, or null in amax mode
+  uint8_t* codes;           // (out_rows, out_cols) packed, or null (amax mode, or values only)
+  bf16* values;             // NVFP4 1x16: (out_rows, out_cols) decoded values without the tensor scale, or null
   uint8_t* scales;          // [kb * ld + o]
   int out_rows, out_cols, ld, blocks_per_row;
   bool nvfp4;
@@ -294,6 +297,19 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
       packed[w] = word;
     }
   }
+  if constexpr (N == 16) {
+    if (a.values) {  // n == N: the quantised direction is a multiple of 16 (quantize_runs checks)
+      x128 v[2];
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        v[k / 8][k % 8] = __float2bfloat16_rn(
+            nvfp4_element_value(static_cast<uint8_t>((packed[k / 8] >> (4 * (k % 8))) & 0xFu), scale_code));
+      bf16* out = a.values + static_cast<size_t>(o) * a.out_cols + p0;
+      store128(out, v[0]);
+      store128(out + 8, v[1]);
+    }
+  }
+  if (!a.codes) return;
   const size_t row_bytes = (static_cast<size_t>(a.out_cols) + 1) / 2;
   uint8_t* dst = a.codes + static_cast<size_t>(o) * row_bytes + p0 / 2;
   if (n == N && row_bytes % (N / 2) == 0) {
@@ -450,6 +466,10 @@ void launch_run(const RunArgs& a, int block_len, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
+// Whether q asks for its data (data_t) copy: as codes, as NVFP4 values, or both.
+bool wants_data(const QTensor& q) { return q.data != nullptr || q.values != nullptr; }
+bool wants_data_t(const QTensor& q) { return q.data_t != nullptr || q.values_t != nullptr; }
+
 void check_options(const char* who, const QTensor& q, const QuantizeArgs& args) {
   if (args.rounding != Rounding::Nearest && args.rounding != Rounding::Stochastic)
     throw_error("%s: unknown rounding %d", who, static_cast<int>(args.rounding));
@@ -482,9 +502,9 @@ void check_options(const char* who, const QTensor& q, const QuantizeArgs& args) 
   if (b.cols % h.size != 0)
     throw_error("%s: hadamard.size = %d does not divide the %s blocks of %s", who, h.size, block_shape_name(b).c_str(),
                 encoding_name(q.encoding).c_str());
-  if (h.data && q.data && q.cols % h.size != 0)
+  if (h.data && wants_data(q) && q.cols % h.size != 0)
     throw_error("%s: cols = %d must be a multiple of hadamard.size = %d to rotate data", who, q.cols, h.size);
-  if (h.data_t && q.data_t && q.rows % h.size != 0)
+  if (h.data_t && wants_data_t(q) && q.rows % h.size != 0)
     throw_error("%s: rows = %d must be a multiple of hadamard.size = %d to rotate data_t", who, q.rows, h.size);
 }
 
@@ -505,26 +525,38 @@ void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTens
   if (q.rows < 0 || q.cols < 0) throw_error("%s: q.rows = %d, q.cols = %d must be >= 0", who, q.rows, q.cols);
   check_options(who, q, args);
   const bool nvfp4 = nvfp4_encoding(e);
-  if (q.data && !q.scale_inv)
-    throw_error("%s: q.data is set but q.scale_inv (its %s scales) is null", who, scale_format_name(e.scale));
-  if (q.data_t && !q.scale_inv_t) throw_error("%s: q.data_t is set but q.scale_inv_t is null", who);
-  if (nvfp4 && q.data && !q.tensor_scale_inv)
-    throw_error("%s: NVFP4 q.data needs q.tensor_scale_inv (its FP32 tensor scale)", who);
-  if (nvfp4 && q.data_t && !q.tensor_scale_inv_t) throw_error("%s: NVFP4 q.data_t needs q.tensor_scale_inv_t", who);
+  const bool want_data = wants_data(q), want_data_t = wants_data_t(q);
+  if (want_data && !q.scale_inv)
+    throw_error("%s: q.data or q.values is set but q.scale_inv (its %s scales) is null", who,
+                scale_format_name(e.scale));
+  if (want_data_t && !q.scale_inv_t) throw_error("%s: q.data_t or q.values_t is set but q.scale_inv_t is null", who);
+  if (nvfp4 && want_data && !q.tensor_scale_inv)
+    throw_error("%s: NVFP4 q.data / q.values need q.tensor_scale_inv (their FP32 tensor scale)", who);
+  if (nvfp4 && want_data_t && !q.tensor_scale_inv_t)
+    throw_error("%s: NVFP4 q.data_t / q.values_t need q.tensor_scale_inv_t", who);
+  if (q.values || q.values_t) {  // whole 16-element blocks along the quantised direction, 16-byte aligned rows
+    if (e != kNvfp4Encoding)
+      throw_error("%s: q.values / q.values_t are for %s (1x16 NVFP4 copies); q is %s", who,
+                  encoding_name(kNvfp4Encoding).c_str(), encoding_name(e).c_str());
+    if (q.values && (q.cols % 16 != 0 || reinterpret_cast<uintptr_t>(q.values) % 16 != 0))
+      throw_error("%s: q.values needs cols (%d) a multiple of 16 and a 16-byte aligned buffer", who, q.cols);
+    if (q.values_t && (q.rows % 16 != 0 || reinterpret_cast<uintptr_t>(q.values_t) % 16 != 0))
+      throw_error("%s: q.values_t needs rows (%d) a multiple of 16 and a 16-byte aligned buffer", who, q.rows);
+  }
   const size_t n = static_cast<size_t>(q.rows) * q.cols;
   if (n > 0 && !x && !src) throw_error("%s: x is null (%d x %d)", who, q.rows, q.cols);
   const uint8_t one = nvfp4 ? kE4M3One : kE8M0One;
   uint8_t* scales = reinterpret_cast<uint8_t*>(q.scale_inv);
   uint8_t* scales_t = reinterpret_cast<uint8_t*>(q.scale_inv_t);
-  if (q.data) CUDA_CHECK(cudaMemsetAsync(scales, one, scale_inv_bytes(e, q.rows, q.cols), stream));
-  if (q.data_t) CUDA_CHECK(cudaMemsetAsync(scales_t, one, scale_inv_bytes(e, q.cols, q.rows), stream));
+  if (want_data) CUDA_CHECK(cudaMemsetAsync(scales, one, scale_inv_bytes(e, q.rows, q.cols), stream));
+  if (want_data_t) CUDA_CHECK(cudaMemsetAsync(scales_t, one, scale_inv_bytes(e, q.cols, q.rows), stream));
 
   // The source amax: q.amax (overwritten) and, for NVFP4 without a given amax, the tensor amax. NVFP4 copies rotated
   // by a Hadamard transform are scaled from the amax of their rotated values, measured by a pass of their own before
   // any codes are written; the first such pass measures the source amax in the same read (else amax_bf16 does).
   float* scratch = nullptr;  // [0] source amax, [1] rotated data amax, [2] rotated data_t amax
-  const bool rotate_data = args.hadamard.any() && args.hadamard.data && q.data;
-  const bool rotate_data_t = args.hadamard.any() && args.hadamard.data_t && q.data_t;
+  const bool rotate_data = args.hadamard.any() && args.hadamard.data && want_data;
+  const bool rotate_data_t = args.hadamard.any() && args.hadamard.data_t && want_data_t;
   const bool rotated_amax_pass = nvfp4 && e.block.rows == 1 && (rotate_data || rotate_data_t);
   const bool measure_source = (nvfp4 && !args.amax) || q.amax;
   if (nvfp4 || q.amax) scratch = scratch_floats(3, stream);
@@ -587,7 +619,7 @@ void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTens
     bool source_pending = measure_source && rotated_amax_pass;
     for (int copy = 0; copy < 2; copy++) {  // the rotated copies' amax passes
       RunArgs& a = runs[copy];
-      if (!(copy == 0 ? q.data : q.data_t) || a.hadamard == 0 || !nvfp4) continue;
+      if (!(copy == 0 ? want_data : want_data_t) || a.hadamard == 0 || !nvfp4) continue;
       a.amax_out = scratch + 1 + copy;
       a.source_amax_out = source_pending ? scratch : nullptr;
       source_pending = false;
@@ -608,7 +640,8 @@ void quantize_runs(const char* who, const QTensor& q, const bf16* x, const QTens
     for (int copy = 0; copy < 2; copy++) {
       RunArgs& a = runs[copy];
       a.codes = copy == 0 ? q.data : q.data_t;
-      if (!a.codes) continue;
+      a.values = copy == 0 ? q.values : q.values_t;
+      if (!a.codes && !a.values) continue;
       a.scales = copy == 0 ? scales : scales_t;
       a.tensor_scale_inv = nvfp4 ? (copy == 0 ? q.tensor_scale_inv : q.tensor_scale_inv_t) : nullptr;
       launch_run(a, e.block.cols, stream);

@@ -32,6 +32,9 @@ inline bool fp4_encoding(const Encoding& e) { return nvfp4_encoding(e) || mxfp4_
 //   NVFP4: the tensor amax is *args.amax when given (device, e.g. from the producer), else measured here (one extra
 //     read of x); a copy rotated by args.hadamard takes the amax of its rotated values (measured: one extra read); the
 //     copies' FP32 decode scales go to q.tensor_scale_inv / q.tensor_scale_inv_t (required for the wanted copies);
+//   q.values / q.values_t (NVFP4 1x16 only, if non-null): the copy's decoded values without the tensor scale, BF16,
+//     the values nvfp4_to_bf16 (llmc/precision/fp4_gemm.h) would expand its codes into, written by the same pass,
+//     beside the codes or (data / data_t null) instead of them; the quantised direction a multiple of 16;
 //   q.amax (if non-null): overwritten with max |x|;
 //   args.rounding, args.sr_key: RTN or stochastic rounding (the random word of element i of a copy is
 //     random_word(sr_key, i, copy), i the element's index in that copy's row-major layout, copy 0 = data,

@@ -471,6 +471,7 @@ std::string describe_quant(bool d_fp32, const QuantOperand& A, const QuantOperan
 std::string quant_argument_error(const void* D, bool d_fp32, const QuantOperand& A, const QuantOperand& B, int M,
                                  int N, int K, const QuantGemmOptions& opt, bool require_pointers) {
   if (M <= 0 || N <= 0 || K <= 0) return strformat("invalid GEMM shape M=%d N=%d K=%d (all must be > 0)", M, N, K);
+  if (A.values != nullptr || B.values != nullptr) return "values: only NVFP4 operands bring their decoded values";
   if (K % kQuantGemmAlign != 0) {
     return strformat("K=%d must be a multiple of %d (the FP8 rows are 16-byte aligned leading dimensions)", K,
                      kQuantGemmAlign);
@@ -666,7 +667,9 @@ struct Fp4ScratchLayout {
   size_t scalars = 0;                          // NVFP4: alpha, beta
   size_t total = 0;
 };
-Fp4ScratchLayout fp4_scratch_layout(QuantRoute route, int M, int N, int K) {
+// a_values / b_values: that NVFP4 operand brings its BF16 values (QuantOperand::values), so it gets no part.
+Fp4ScratchLayout fp4_scratch_layout(QuantRoute route, int M, int N, int K, bool a_values = false,
+                                    bool b_values = false) {
   auto part = [](size_t bytes) { return round_up(bytes, 256); };
   Fp4ScratchLayout l;
   if (route == QuantRoute::Mxfp4AsE4m3) {
@@ -677,8 +680,8 @@ Fp4ScratchLayout fp4_scratch_layout(QuantRoute route, int M, int N, int K) {
     l.total = l.b_scale + part(scale_inv_bytes(kRemappedMxfp4Encoding, N, l.Kp));
   } else {
     l.Kp = nvfp4_expand_cols(K);
-    l.b = l.a + part(static_cast<size_t>(M) * l.Kp * sizeof(bf16));
-    l.scalars = l.b + part(static_cast<size_t>(N) * l.Kp * sizeof(bf16));
+    l.b = l.a + (a_values ? 0 : part(static_cast<size_t>(M) * l.Kp * sizeof(bf16)));
+    l.scalars = l.b + (b_values ? 0 : part(static_cast<size_t>(N) * l.Kp * sizeof(bf16)));
     l.total = l.scalars + part(2 * sizeof(float));
   }
   return l;
@@ -732,10 +735,19 @@ std::string fp4_argument_error(QuantRoute route, const void* D, bool d_fp32, con
     return "bias / pre_gelu (the BIAS and GELU_AUX epilogues) are for a bf16 D (the forward product), not FP32 D";
   }
   if (!d_fp32 && opt.accumulate) return "accumulate (D += A*B^T) is for an FP32 D (weight gradients), not bf16 D";
+  for (auto [op, name] : {std::pair<const QuantOperand&, const char*>{A, "A"}, {B, "B"}}) {
+    if (op.values == nullptr) continue;
+    if (mx) return strformat("%s.values: only NVFP4 operands bring their decoded values", name);
+    if (K % kBf16ExpandColumns != 0)
+      return strformat("%s.values with K=%d: an operand's values are rows of K, a multiple of %d", name, K,
+                       kBf16ExpandColumns);
+    if (pointer_alignment(op.values) < 16) return strformat("%s.values (%p) is not 16-byte aligned", name, op.values);
+  }
   if (require_pointers) {
     if (D == nullptr) return "D is null";
     for (auto [op, name] : {std::pair<const QuantOperand&, const char*>{A, "A"}, {B, "B"}}) {
-      if (op.data == nullptr || op.scale_inv == nullptr) return strformat("%s.data or %s.scale_inv is null", name, name);
+      if (op.values == nullptr && (op.data == nullptr || op.scale_inv == nullptr))
+        return strformat("%s.data or %s.scale_inv is null (and %s.values too)", name, name, name);
       if (!mx && op.tensor_scale_inv == nullptr) {
         return strformat("%s.tensor_scale_inv is null: NVFP4 operands carry their FP32 tensor scale (quant_operand "
                          "of the QTensor sets it)", name);
@@ -776,7 +788,7 @@ void matmul_fp4_impl(QuantRoute route, void* D, bool d_fp32, const QuantOperand&
   if (!arg_error.empty()) {
     throw_error("matmul_quant: %s [%s]", arg_error.c_str(), describe_quant(d_fp32, A, B, M, N, K, opt).c_str());
   }
-  const Fp4ScratchLayout l = fp4_scratch_layout(route, M, N, K);
+  const Fp4ScratchLayout l = fp4_scratch_layout(route, M, N, K, A.values != nullptr, B.values != nullptr);
   uint8_t* scratch = fp4_scratch(l.total);
   if (route == QuantRoute::Mxfp4AsE4m3) {
     QuantOperand a8, b8;
@@ -793,11 +805,19 @@ void matmul_fp4_impl(QuantRoute route, void* D, bool d_fp32, const QuantOperand&
                 describe_quant(d_fp32, A, B, M, N, K, opt).c_str());
   }
   if (g_gemm.handle == nullptr) gemm_init();
-  bf16* a16 = reinterpret_cast<bf16*>(scratch + l.a);
-  bf16* b16 = reinterpret_cast<bf16*>(scratch + l.b);
+  const bf16* a16 = A.values;
+  const bf16* b16 = B.values;
+  if (a16 == nullptr) {
+    bf16* expanded = reinterpret_cast<bf16*>(scratch + l.a);
+    nvfp4_to_bf16(expanded, A, M, K, stream);
+    a16 = expanded;
+  }
+  if (b16 == nullptr) {
+    bf16* expanded = reinterpret_cast<bf16*>(scratch + l.b);
+    nvfp4_to_bf16(expanded, B, N, K, stream);
+    b16 = expanded;
+  }
   float* alpha_beta = reinterpret_cast<float*>(scratch + l.scalars);
-  nvfp4_to_bf16(a16, A, M, K, stream);
-  nvfp4_to_bf16(b16, B, N, K, stream);
   nvfp4_gemm_alpha(alpha_beta, A.tensor_scale_inv, B.tensor_scale_inv, opt.accumulate ? 1.0f : 0.0f, stream);
   GemmKey key{};
   PlanSpec spec;
@@ -984,12 +1004,15 @@ int quant_gemm_dim_multiple(const Encoding& e) {
   return std::max(kQuantGemmAlign, e.block.cols);
 }
 
-size_t quant_gemm_scratch_bytes(const Encoding& a, const Encoding& b, int M, int N, int K) {
+size_t quant_gemm_scratch_bytes(const Encoding& a, const Encoding& b, int M, int N, int K, bool a_values,
+                                bool b_values) {
   const QuantRoute route = quant_route(a, b);
   if (route == QuantRoute::None) throw_error("gemm: %s", quant_gemm_operands_error(a, "a", b, "b").c_str());
   if (route == QuantRoute::Fp8) return 0;
   if (M <= 0 || N <= 0 || K <= 0) throw_error("quant_gemm_scratch_bytes: M=%d N=%d K=%d must be > 0", M, N, K);
-  return fp4_scratch_layout(route, M, N, K).total;
+  if ((a_values && !nvfp4_encoding(a)) || (b_values && !nvfp4_encoding(b)))
+    throw_error("quant_gemm_scratch_bytes: only NVFP4 operands bring their decoded values");
+  return fp4_scratch_layout(route, M, N, K, a_values, b_values).total;
 }
 
 QuantOperand quant_operand(const QTensor& q, bool transposed) {
@@ -1000,10 +1023,11 @@ QuantOperand quant_operand(const QTensor& q, bool transposed) {
   op.data = transposed ? q.data_t : q.data;
   op.scale_inv = own_scales_t ? q.scale_inv_t : q.scale_inv;
   if (q.encoding.tensor_scale) op.tensor_scale_inv = transposed ? q.tensor_scale_inv_t : q.tensor_scale_inv;
-  if (op.data == nullptr) {
+  op.values = transposed ? q.values_t : q.values;
+  if (op.data == nullptr && op.values == nullptr) {
     throw_error("quant_operand: the QTensor (%d x %d, %s) has no %s copy (its %s is null); quantise it with that "
                 "copy kept", q.rows, q.cols, encoding_name(q.encoding).c_str(),
-                transposed ? "transposed" : "row-major", transposed ? "data_t" : "data");
+                transposed ? "transposed" : "row-major", transposed ? "data_t and values_t" : "data and values");
   }
   if (op.scale_inv == nullptr) {
     throw_error("quant_operand: the QTensor (%d x %d, %s) has no %s", q.rows, q.cols,

@@ -83,7 +83,8 @@ void matmul_wgrad(float* dweight, const bf16* dout, const bf16* inp, int M, int 
 //   nvfp4 * nvfp4  (1x16 or 16x16 blocks on either side) both operands expanded into BF16 (e2m1 * block scale,
 //                  exact), then a BF16 product D = alpha · A·Bᵀ with alpha = the two FP32 tensor scales' product
 //                  (a device scalar, as Blackwell's NVFP4 GEMMs apply it). Compute capability 8.0; N a multiple of 8;
-//                  any M and K.
+//                  any M and K. An operand that carries its values (QuantOperand::values, written by the quantiser)
+//                  is read as it is, not expanded.
 // The same options otherwise (bias / GELU_AUX for a bf16 D, accumulate for FP32 D; no fast_accum). Any other pair
 // with an FP4 operand is an llmc::Error naming both encodings.
 struct QuantOperand {
@@ -92,9 +93,12 @@ struct QuantOperand {
   const float* scale_inv = nullptr;  // device: 1 float, or the GEMM-ready block scales of (rows, K) (FP4: one-byte
                                      // scale codes, read as uint8_t)
   const float* tensor_scale_inv = nullptr;  // device (1): the second-level FP32 decode scale (NVFP4), else unused
+  const bf16* values = nullptr;  // NVFP4: the decoded values (rows, K) BF16 without the tensor scale (QTensor::values;
+                                 // K a multiple of 8, 16-byte aligned): the product reads them instead of expanding
+                                 // data, which (with scale_inv) may then be null
 };
 // The operands of a QTensor: its data with scale_inv (and tensor_scale_inv), or (transposed) its data_t with
-// scale_inv_t (and tensor_scale_inv_t) (whole-tensor scale: scale_inv).
+// scale_inv_t (and tensor_scale_inv_t) (whole-tensor scale: scale_inv); values / values_t where the QTensor has them.
 QuantOperand quant_operand(const QTensor& q, bool transposed);
 
 struct QuantGemmOptions {
@@ -132,9 +136,11 @@ int quant_gemm_min_compute_capability(const Encoding& a, const Encoding& b);
 constexpr int kQuantGemmAlign = 16;
 int quant_gemm_dim_multiple(const Encoding& e);
 // Bytes of the scratch buffer the product of A (M, K) encoded a and B (N, K) encoded b converts its operands into
-// (0 for FP8 products), for the memory plan. The GEMM layer allocates it on first use and keeps the largest (freed by
-// gemm_shutdown); FP4 products share it as all GEMMs share the workspace, so they run on one stream at a time.
-size_t quant_gemm_scratch_bytes(const Encoding& a, const Encoding& b, int M, int N, int K);
+// (0 for FP8 products), for the memory plan; a_values / b_values: that NVFP4 operand will carry its values (nothing
+// to expand). The GEMM layer allocates it on first use and keeps the largest (freed by gemm_shutdown); FP4 products
+// share it as all GEMMs share the workspace, so they run on one stream at a time.
+size_t quant_gemm_scratch_bytes(const Encoding& a, const Encoding& b, int M, int N, int K, bool a_values = false,
+                                bool b_values = false);
 // The compute capability of the BF16 products (BF16 tensor cores).
 constexpr int kBf16GemmMinComputeCapability = 80;
 

@@ -21,7 +21,9 @@
 // scales in this layer's small scalar piece (tensor_scales_); dy may be rounded stochastically (both copies, from
 // the precision state's keyed random stream), and the transposed copies of x and dy, the operands of wgrad, may be
 // rotated by the run's random Hadamard transform along the tokens: (dYᵀH)(XᵀH)ᵀ = dYᵀX, so the product needs no
-// inverse. The weight is never rotated (fprop and dgrad read it).
+// inverse. The weight is never rotated (fprop and dgrad read it). The NVFP4 copies a product consumes at once (x for
+// fprop, dy for dgrad, dy's transposed copy for wgrad) are written by the quantiser as their BF16 values, which the
+// product reads as they are; the stored ones (the weights, x's saved transposed copy) stay codes and are expanded.
 // Quartet plans (requantize_backward) keep the forward's own codes instead and re-quantise them in backward:
 //   forward   w (N, K) --H32 along K, Gaussian / amax scales, trust mask Mw--> Wq (N, K)           [cached]
 //             x (M, K) --the same--> Xq (M, K) + Mx                                              [saved]
@@ -49,6 +51,15 @@
 #include "llmc/precision/quantize.h"
 
 namespace llmc {
+
+namespace {
+
+// Whether an operand encoded e, quantised along a direction of `length` elements, is handed to its product as the
+// quantiser's BF16 values (QTensor::values) instead of codes the product would expand: NVFP4 1x16 copies that a
+// product consumes at once (x for fprop, dy for dgrad, dy's transposed copy for wgrad), whole blocks.
+bool values_operand(const Encoding& e, int length) { return e == kNvfp4Encoding && length % 16 == 0; }
+
+}  // namespace
 
 namespace {
 
@@ -175,18 +186,23 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   }
   // The FP4 products convert their operands into the GEMM layer's scratch (0 for FP8): fprop x·wᵀ, dgrad dy·w,
   // wgrad dyᵀ·x at the largest M.
+  // An NVFP4 operand consumed at once brings its values (values_operand): no part of its own there.
   if (fp4) {
     const int M = max_rows_;
-    gemm_scratch_bytes_ = std::max({quant_gemm_scratch_bytes(xe, we, M, N_, K_),
-                                    quant_gemm_scratch_bytes(dye, wte, M, K_, N_),
-                                    quant_gemm_scratch_bytes(dyte, xte, N_, K_, M)});
+    gemm_scratch_bytes_ = std::max({quant_gemm_scratch_bytes(xe, we, M, N_, K_, values_operand(xe, K_)),
+                                    quant_gemm_scratch_bytes(dye, wte, M, K_, N_, values_operand(dye, N_)),
+                                    quant_gemm_scratch_bytes(dyte, xte, N_, K_, M, values_operand(dyte, M))});
   }
-  // Shared scratch this layer needs at its largest M (codes in bytes, scales in entries).
+  // Shared scratch this layer needs at its largest M (codes, or an NVFP4 operand's BF16 values, in bytes; scales in
+  // entries).
   const int M = max_rows_;
-  state_.reserve(kScratchRows, std::max(code_bytes(xe, M, K_), code_bytes(dye, M, N_)),
+  auto operand_bytes = [](const Encoding& e, int rows, int cols) {
+    return e == kNvfp4Encoding ? static_cast<size_t>(rows) * cols * sizeof(bf16) : code_bytes(e, rows, cols);
+  };
+  state_.reserve(kScratchRows, std::max(operand_bytes(xe, M, K_), operand_bytes(dye, M, N_)),
                  std::max(!xe.per_tensor() ? scale_inv_count(xe, M, K_) : 0,
                           !dye.per_tensor() ? scale_inv_count(dye, M, N_) : 0));
-  state_.reserve(kScratchRowsT, code_bytes(dyte, N_, M), !dyte.per_tensor() ? scale_inv_count(dyte, N_, M) : 0);
+  state_.reserve(kScratchRowsT, operand_bytes(dyte, N_, M), !dyte.per_tensor() ? scale_inv_count(dyte, N_, M) : 0);
   if (quartet) {  // the re-quantised weight and input (scales included), the FP32 products
     state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), scale_inv_count(we, K_, N_));
     state_.reserve(kScratchInputT, code_bytes(xe, K_, M), scale_inv_count(xe, K_, M));
@@ -226,7 +242,7 @@ QuantizeArgs Linear::block_args(LinearRole role, const QTensor& q, uint32_t* tru
     args.rounding = Rounding::Stochastic;
     args.sr_key = state_.stochastic_key(index_, role);
   }
-  if (role != LinearRole::W && plan_.wgrad_hadamard != 0 && q.data_t != nullptr) {
+  if (role != LinearRole::W && plan_.wgrad_hadamard != 0 && (q.data_t != nullptr || q.values_t != nullptr)) {
     args.hadamard.size = plan_.wgrad_hadamard;
     args.hadamard.signs = state_.hadamard_signs(plan_.wgrad_hadamard);
     args.hadamard.data_t = true;
@@ -341,6 +357,17 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
     t.scale_inv_t = x_saved_.scale_inv_t;
     t.tensor_scale_inv_t = x_saved_.tensor_scale_inv_t;
   }
+  // An NVFP4 x reaches its product as the quantiser's BF16 values; its codes are written only for the telemetry.
+  const bool x_numerics = training && state_.numerics_requested();
+  uint8_t* telemetry_codes = nullptr;
+  if (xq.data != nullptr && !(save && plan_.requantize_backward) && values_operand(xq.encoding, K_)) {
+    xq.values = reinterpret_cast<bf16*>(state_.scratch(kScratchRows));
+    xq.data = nullptr;
+    if (x_numerics) {
+      CUDA_CHECK(cudaMallocAsync(&telemetry_codes, code_bytes(xq.encoding, M, K_), s));
+      xq.data = telemetry_codes;
+    }
+  }
   quantize_operand(xq, x_slot_, x, opt.x_amax_ready, training, LinearRole::X, s,
                    save && plan_.requantize_backward ? x_mask_ : nullptr);
   if (split_saved) quantize_operand(xs, x_slot_, x, opt.x_amax_ready, training, LinearRole::X, s);
@@ -353,7 +380,8 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   } else {
     have_saved_input_ = false;
   }
-  if (training && state_.numerics_requested()) state_.record_numerics(name_ + ".x", xq, x, s, forward_rotation);
+  if (x_numerics) state_.record_numerics(name_ + ".x", xq, x, s, forward_rotation);
+  if (telemetry_codes != nullptr) CUDA_CHECK(cudaFreeAsync(telemetry_codes, s));
 
   // The GEMM with as much of the bias / GELU as the epilogue supports for this combination (block scales support
   // neither; then the bias is added and the GELU applied by our kernels, which also report the output amax).
@@ -430,10 +458,26 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
   if (!t.encoding.per_tensor()) t.scale_inv_t = state_.scratch_scales(kScratchRowsT);
   if (dyq.encoding.tensor_scale) dyq.tensor_scale_inv = tensor_scales_ + kTsDy;
   if (t.encoding.tensor_scale) t.tensor_scale_inv_t = tensor_scales_ + kTsDyT;
-  if (!split_dy || dyq.data != nullptr)
+  // NVFP4 copies reach their products as the quantiser's BF16 values; dy's codes are written only for the telemetry.
+  const bool dy_numerics = state_.numerics_requested() && dyq.data != nullptr;
+  uint8_t* telemetry_codes = nullptr;
+  if (dyq.data != nullptr && values_operand(dyq.encoding, N_)) {
+    dyq.values = reinterpret_cast<bf16*>(state_.scratch(kScratchRows));
+    dyq.data = nullptr;
+    if (dy_numerics) {
+      CUDA_CHECK(cudaMallocAsync(&telemetry_codes, code_bytes(dyq.encoding, M, N_), s));
+      dyq.data = telemetry_codes;
+    }
+  }
+  if (values_operand(t.encoding, M)) {
+    t.values_t = reinterpret_cast<bf16*>(state_.scratch(kScratchRowsT));
+    t.data_t = nullptr;
+  }
+  if (!split_dy || dyq.data != nullptr || dyq.values != nullptr)
     quantize_operand(dyq, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, LinearRole::Dy, s);
   if (split_dy) quantize_operand(dyq_t, dy_slot_, dy, opt.dy_amax_ready, /*training=*/true, LinearRole::Dy, s);
-  if (state_.numerics_requested() && dyq.data != nullptr) state_.record_numerics(name_ + ".dy", dyq, dy, s);
+  if (dy_numerics) state_.record_numerics(name_ + ".dy", dyq, dy, s);
+  if (telemetry_codes != nullptr) CUDA_CHECK(cudaFreeAsync(telemetry_codes, s));
 
   // dgrad: dx (M, K) = dYq (M, N) · Wᵀq (K, N)ᵀ
   if (dx != nullptr) {

@@ -32,6 +32,8 @@
 
 #include <cstdint>
 
+#include <cuda_bf16.h>
+
 #include "llmc/precision/encoding.h"
 
 namespace llmc {
@@ -47,6 +49,12 @@ struct QTensor {
   float* amax = nullptr;                   // (1) max |x| of the source at the last quantisation (may be null)
   float* tensor_scale_inv = nullptr;       // second-level scale (encoding.tensor_scale): (1) data's FP32 decode scale
   float* tensor_scale_inv_t = nullptr;     //   and (1) data_t's
+  // NVFP4 1x16 only, optional: a copy's decoded values without the tensor scale (e2m1 * block scale, exact in BF16),
+  // (rows, cols) / (cols, rows) row-major, written by the quantiser beside or instead of its codes (the copy is kept
+  // when either is set; its block and tensor scales are written either way). A product that consumes the copy at once
+  // reads them and expands nothing (llmc/precision/fp4_gemm.h).
+  __nv_bfloat16* values = nullptr;
+  __nv_bfloat16* values_t = nullptr;
 };
 
 }  // namespace llmc

@@ -26,6 +26,7 @@
 //      GELU_AUX: pre_gelu as above (+ bias), out = gelu_tanh of the pre-activation within 2^-8 |out| + 1.13 * 2^-8
 //      |pre| + 1e-6 (the epilogue may read the rounded pre-activation; gelu' <= 1.13). Accumulate: D = D0 + product,
 //      with 2^-23 |D0| more. Outputs are NaN-poisoned before each product; one product runs twice, bitwise equal.
+//      NVFP4 (K a multiple of 8): the same D, bit for bit, when A, B or both bring their BF16 values instead of codes.
 //  (c) a hand-built MXFP4 operand with two blocks below their run's exact range: the remap counts 2 (GPU = CPU, codes
 //      equal), the product adds 2 to opt.inexact_blocks and equals the GEMM of the remapped (rounded) values.
 // The argument errors (mixed families, missing counter, shapes) are CPU tests (test_fp4_gemm_ref).
@@ -272,6 +273,32 @@ void run_variant(const QuantOperand& A, const QuantOperand& B, int M, int N, int
     D.poison();
     matmul_quant(D.ptr, A, B, M, N, K, opt, 0);
     got = gpu_test::download_bf16(D);
+  }
+  // NVFP4 operands that bring their values (QuantOperand::values, as the quantiser writes them for the products that
+  // consume a copy at once): the same D, bit for bit, whichever side carries them.
+  if (nvfp4_encoding(A.encoding) && K % kBf16ExpandColumns == 0) {
+    DeviceBuffer<bf16> a_values(static_cast<size_t>(M) * K), b_values(static_cast<size_t>(N) * K);
+    nvfp4_to_bf16(a_values.ptr, A, M, K, 0);
+    nvfp4_to_bf16(b_values.ptr, B, N, K, 0);
+    for (int sides = 1; sides <= 3; sides++) {
+      QuantOperand a = A, b = B;
+      if (sides & 1) a.values = a_values.ptr, a.data = nullptr, a.scale_inv = nullptr;
+      if (sides & 2) b.values = b_values.ptr, b.data = nullptr, b.scale_inv = nullptr;
+      const std::string which = what + (sides == 1 ? ", A as values" : sides == 2 ? ", B as values" : ", both as values");
+      std::vector<float> again;
+      if (v.d_fp32) {
+        DeviceBuffer<float> D(n_out);
+        if (v.accumulate) D.upload(init); else D.poison();
+        matmul_quant(D.ptr, a, b, M, N, K, opt, 0);
+        again = D.download();
+      } else {
+        DeviceBuffer<bf16> D(n_out);
+        D.poison();
+        matmul_quant(D.ptr, a, b, M, N, K, opt, 0);
+        again = gpu_test::download_bf16(D);
+      }
+      EXPECT_EQ(0, std::memcmp(again.data(), got.data(), n_out * sizeof(float))) << which << ": D differs";
+    }
   }
   const double out = v.d_fp32 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -8);
   for (size_t i = 0; i < n_out; i++) {

@@ -2,7 +2,8 @@
 // llmc/precision/quantize.h, against the host references (test/reference/precision_ref.h) byte for byte: codes,
 // scale codes, tensor scales and amax, for NVFP4 (1x16, 16x16 tiles) and MXFP4 (1x32), round to nearest and
 // stochastic rounding, with and without fused Hadamard transforms (16 and 32, random signs), row-wise and transposed
-// copies; the re-quantisation of MXFP4 codes (fp4_requantize) against dequantise-then-quantise; and the device E2M1
+// copies, NVFP4 1x16 copies also as BF16 values (beside or instead of the codes: the host expansion of the reference
+// codes); the re-quantisation of MXFP4 codes (fp4_requantize) against dequantise-then-quantise; and the device E2M1
 // conversion (fp4_codec.cuh's) and the device Hadamard transform against the host. Each run draws a fresh seed
 // (printed; replay with LLM8_TEST_SEED). Inputs: model-shaped (768 x 3072) and
 // odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte), magnitudes 2^-20 .. 2^12 per row,
@@ -29,6 +30,7 @@
 #include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/hadamard.cuh"
 #include "llmc/precision/quantize.h"
+#include "test/reference/fp4_gemm_ref.h"
 #include "test/reference/precision_ref.h"
 #include "test/support/gpu_test_util.cuh"
 
@@ -172,6 +174,55 @@ void run_case(const Case& c, int rows, int cols, const std::vector<float>& x, ui
   if (e.tensor_scale && rows > 0 && cols > 0) {  // an empty tensor encodes nothing and writes no tensor scale
     EXPECT_EQ(tsi.get()[0], ref.tensor_scale_inv);
     EXPECT_EQ(tsi_t.get()[0], ref.tensor_scale_inv_t);
+  }
+  // NVFP4 1x16 copies asked for as values: the same pass writes e2m1 * block scale in BF16 (the host expansion of
+  // the reference codes), beside the codes or instead of them, and the same scales.
+  if (e == llmc::kNvfp4Encoding && !given_amax && rows > 0 && cols > 0 && (cols % 16 == 0 || rows % 16 == 0)) {
+    const bool v_rows = cols % 16 == 0, v_cols = rows % 16 == 0;
+    const size_t n_values = static_cast<size_t>(rows) * cols;
+    Buf<bf16> values(v_rows ? n_values : 0), values_t(v_cols ? n_values : 0);
+    Buf<uint8_t> s2(llmc::scale_inv_bytes(e, rows, cols)), s2_t(llmc::scale_inv_bytes(e, cols, rows));
+    Buf<float> tsi2(1), tsi2_t(1);
+    for (const bool keep_codes : {false, true}) {
+      SCOPED_TRACE(keep_codes ? "values and codes" : "values only");
+      QTensor qv = q;
+      qv.amax = nullptr;
+      qv.data = keep_codes ? data.p : nullptr, qv.data_t = keep_codes ? data_t.p : nullptr;
+      qv.values = v_rows ? values.p : nullptr, qv.values_t = v_cols ? values_t.p : nullptr;
+      if (!keep_codes && !v_rows) qv.data = data.p;  // a copy without values keeps its codes
+      if (!keep_codes && !v_cols) qv.data_t = data_t.p;
+      qv.scale_inv = reinterpret_cast<float*>(s2.p), qv.scale_inv_t = reinterpret_cast<float*>(s2_t.p);
+      qv.tensor_scale_inv = tsi2.p, qv.tensor_scale_inv_t = tsi2_t.p;
+      for (const auto& [ptr, bytes] : {std::pair<void*, size_t>{data.p, data.n}, {data_t.p, data_t.n},
+                                       {values.p, values.n * sizeof(bf16)}, {values_t.p, values_t.n * sizeof(bf16)},
+                                       {s2.p, s2.n}, {s2_t.p, s2_t.n}})
+        CUDA_CHECK(cudaMemset(ptr, kPoison, bytes));
+      llmc::quantize(qv, dx.p, args, 0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      expect_bytes_equal(s2.get(), rs, "scale_inv (values run)");
+      expect_bytes_equal(s2_t.get(), rst, "scale_inv_t (values run)");
+      EXPECT_EQ(tsi2.get()[0], ref.tensor_scale_inv);
+      EXPECT_EQ(tsi2_t.get()[0], ref.tensor_scale_inv_t);
+      if (keep_codes) {
+        expect_bytes_equal(data.get(), rd, "data (values run)");
+        expect_bytes_equal(data_t.get(), rdt, "data_t (values run)");
+      }
+      for (const bool transposed : {false, true}) {
+        if (!(transposed ? v_cols : v_rows)) continue;
+        llmc::Fp4CpuOperand op;
+        op.codes = transposed ? rdt.data() : rd.data();
+        op.scales = transposed ? rst.data() : rs.data();
+        op.encoding = e;
+        op.rows = transposed ? cols : rows;
+        op.K = transposed ? rows : cols;
+        std::vector<uint16_t> want_bits(static_cast<size_t>(rows) * cols);
+        llmc::nvfp4_to_bf16_cpu(want_bits.data(), op);  // K % 16 == 0: no padding columns
+        const std::vector<bf16> got = (transposed ? values_t : values).get();
+        std::vector<uint16_t> got_bits(got.size());
+        std::memcpy(got_bits.data(), got.data(), got.size() * sizeof(uint16_t));
+        expect_bytes_equal(got_bits, want_bits, transposed ? "values_t" : "values");
+      }
+    }
   }
   // dequantisation matches the host's
   std::vector<float> want(x.size());
