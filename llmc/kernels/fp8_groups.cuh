@@ -22,19 +22,26 @@ __device__ inline float e4m3_value(uint8_t code) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
 }
 
-// Quantises this thread's 8 values x (row `row`, columns c .. c + 7 of a (rows, cols) tensor, c % 8 == 0) into `out`.
-// A group's 16 values are held by the two lanes 2k (c % 16 == 0) and 2k + 1 (c + 8) of one warp, which call this
-// together: their amaxes meet in a shuffle between those two lanes only, and the even lane writes the group's scale
-// (and, for the last row, the padding entries of its column of scales).
-__device__ inline void fp8_groups_store8(const Fp8GroupsOut& out, const x128& x, int row, int c, int rows, int cols) {
+// One lane's half of a 16-value group cast: its 8 codes (w.x: the lower address in the low byte) and the group's
+// amax and dequant scale d.
+struct Fp8GroupCast8 {
+  uint2 codes;
+  float amax, d;
+};
+
+// Casts this thread's 8 values x (columns c .. c + 7 of a row, c % 8 == 0). A group's 16 values are held by the two
+// lanes 2k (c % 16 == 0) and 2k + 1 (c + 8) of one warp, which call this together: their amaxes meet in a shuffle
+// between those two lanes only.
+__device__ inline Fp8GroupCast8 fp8_groups_cast8(const x128& x) {
   unsigned m = 0;
 #pragma unroll
   for (int k = 0; k < 8; k++) m = max(m, amax_bits(fabsf(__bfloat162float(x[k]))));
   const unsigned lane = threadIdx.x % kWarpSize;
   m = max(m, __shfl_xor_sync(3u << (lane & ~1u), m, 1));
-  const float amax = __uint_as_float(m);
-  float d, q;
-  fp8_group_scales(amax, &d, &q);
+  Fp8GroupCast8 g;
+  g.amax = __uint_as_float(m);
+  float q;
+  fp8_group_scales(g.amax, &g.d, &q);
   uint32_t words[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -46,18 +53,32 @@ __device__ inline void fp8_groups_store8(const Fp8GroupsOut& out, const x128& x,
         __NV_SATFINITE, __NV_E4M3);
     words[h] = lo | (hi << 16);
   }
-  *reinterpret_cast<uint2*>(out.codes + static_cast<size_t>(row) * cols + c) = make_uint2(words[0], words[1]);
+  g.codes = make_uint2(words[0], words[1]);
+  return g;
+}
+
+// Stores a cast (row `row`, columns c .. c + 7 of a (rows, cols) tensor) into `out`: the even lane of the pair writes
+// the group's scale (and, for the last row, the padding entries of its column of scales).
+__device__ inline void fp8_groups_store8(const Fp8GroupsOut& out, const Fp8GroupCast8& g, int row, int c, int rows,
+                                         int cols) {
+  *reinterpret_cast<uint2*>(out.codes + static_cast<size_t>(row) * cols + c) = g.codes;
   if (c % kFp8GroupSize == 0) {
     const int ld = fp8_groups_ld(rows);
     const size_t column = static_cast<size_t>(c / kFp8GroupSize) * ld;
-    out.scale_inv[column + row] = d;
-    if (out.group_amax) out.group_amax[column + row] = amax;
+    out.scale_inv[column + row] = g.d;
+    if (out.group_amax) out.group_amax[column + row] = g.amax;
     if (row == rows - 1)
       for (int r = rows; r < ld; r++) {
         out.scale_inv[column + r] = 1.0f;
         if (out.group_amax) out.group_amax[column + r] = 0.0f;
       }
   }
+}
+
+// Quantises this thread's 8 values x into `out` (fp8_groups_cast8, then fp8_groups_store8; the pair of lanes calls it
+// together).
+__device__ inline void fp8_groups_store8(const Fp8GroupsOut& out, const x128& x, int row, int c, int rows, int cols) {
+  fp8_groups_store8(out, fp8_groups_cast8(x), row, c, rows, cols);
 }
 
 // The 8 values of 8 codes (w: the lower address in the low byte) times the group's dequant scale d.

@@ -1,8 +1,9 @@
 // llmc/kernels/gelu.cu: GELU with the tanh approximation (GPT-2, PyTorch approximate="tanh"), forward and in-place backward;
 // kernels and CPU references. Any length n: full 8-element packs use 128-bit accesses, the last partial pack is scalar.
-// The forward optionally writes the FP8 1x16 copy of its input (template kSave; the input seen as (rows, cols)), the
-// backward reads the input through a loader (BF16 or that copy; llmc/kernels/fp8_groups.cuh): one copy of each
-// algorithm, the BF16 instantiations are the kernels as they were.
+// The forward optionally writes the FP8 1x16 copy of its input (template kSave; the input seen as (rows, cols)) and
+// optionally computes from that copy's values (kQuantised: COAT's FP8 flow, which the recomputation from the stored
+// copy repeats bit for bit); forward and backward read the input through a loader (BF16 or the stored copy;
+// llmc/kernels/fp8_groups.cuh): one copy of each algorithm.
 #include <cmath>
 
 #include "llmc/core/cuda_utils.cuh"
@@ -29,29 +30,47 @@ __device__ inline float gelu_grad_device(float x) {
 
 // out (n) = gelu(inp). One thread per pack of 8 elements; the pack at n/8 (if n % 8 != 0) is done element by element.
 // amax (may be null): max |out| (one atomic per warp). Every thread reaches the end (no early return).
-// kSave: the FP8 copy of inp, seen as (rows, cols) with cols a multiple of 16 (so n % 8 == 0 and threads t, t ^ 1 hold
-// the two halves of a group), into save.
-template <bool kSave>
-__global__ void gelu_forward_kernel(bf16* out, float* amax, const bf16* inp, size_t n, const Fp8GroupsOut save,
+// inp: the loader of the input, seen as (rows, cols) (BF16, or a stored FP8 copy: the recomputation of kQuantised's
+// output). kSave: the FP8 copy of the BF16 inp into save; kQuantised: out from the values of that copy (cast in
+// registers, stored or not). A copy needs cols a multiple of 16 (so n % 8 == 0 and threads t, t ^ 1 hold the two
+// halves of a group).
+template <class Loader, bool kSave, bool kQuantised>
+__global__ void gelu_forward_kernel(bf16* out, float* amax, const Loader inp, size_t n, const Fp8GroupsOut save,
                                     int rows, int cols) {
+  constexpr bool kCopy = Loader::kGroups || kSave || kQuantised;
   const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   unsigned bits = 0;
   if (i + 8 <= n) {
-    const x128 x = load128cs(inp + i);
-    if constexpr (kSave) {
-      const int row = static_cast<int>(i / cols);
-      fp8_groups_store8(save, x, row, static_cast<int>(i - static_cast<size_t>(row) * cols), rows, cols);
+    int row = 0, c = 0;
+    if constexpr (kCopy) {
+      row = static_cast<int>(i / cols);
+      c = static_cast<int>(i - static_cast<size_t>(row) * cols);
+    }
+    float x[8];
+    if constexpr (kSave || kQuantised) {
+      static_assert(!Loader::kGroups, "the copy is cast from BF16 values");
+      const x128 xb = load128cs(inp.x + i);
+      const Fp8GroupCast8 q = fp8_groups_cast8(xb);
+      if constexpr (kSave) fp8_groups_store8(save, q, row, c, rows, cols);
+      if constexpr (kQuantised) {
+        fp8_groups_decode8(x, q.codes, q.d);  // Fp8GroupsLoader's values of the stored copy
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = __bfloat162float(xb[k]);
+      }
+    } else {
+      inp.load8cs(x, i, row, c);
     }
     x128 y;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-      y[k] = __float2bfloat16_rn(gelu_device(__bfloat162float(x[k])));
+      y[k] = __float2bfloat16_rn(gelu_device(x[k]));
       bits = max(bits, amax_bits(fabsf(__bfloat162float(y[k]))));
     }
     store128(out + i, y);
-  } else {
+  } else if constexpr (!kCopy) {
     for (size_t j = i; j < n; j++) {
-      out[j] = __float2bfloat16_rn(gelu_device(__bfloat162float(inp[j])));
+      out[j] = __float2bfloat16_rn(gelu_device(inp.load1(j)));
       bits = max(bits, amax_bits(fabsf(__bfloat162float(out[j]))));
     }
   }
@@ -118,20 +137,39 @@ size_t gelu_fp8_elements(const char* kernel, int N, int C) {
 
 void gelu_forward(bf16* out, const bf16* inp, size_t n, cudaStream_t stream, float* out_amax) {
   require_aligned16("gelu_forward", "inp", inp);
-  launch_gelu(gelu_forward_kernel<false>, "gelu_forward", "out", out, out_amax, inp, n, stream, Fp8GroupsOut{}, 0, 0);
+  launch_gelu(gelu_forward_kernel<Bf16Loader, false, false>, "gelu_forward", "out", out, out_amax, Bf16Loader{inp}, n,
+              stream, Fp8GroupsOut{}, 0, 0);
 }
 
 void gelu_forward(bf16* out, const bf16* inp, int N, int C, cudaStream_t stream, float* out_amax,
-                  const Fp8GroupsOut& save_inp) {
+                  const Fp8GroupsOut& save_inp, bool from_copy) {
   const char* kernel = "gelu_forward";
   require_aligned16(kernel, "inp", inp);
   const size_t n = gelu_fp8_elements(kernel, N, C);
-  if (!save_inp.wanted()) {
-    launch_gelu(gelu_forward_kernel<false>, kernel, "out", out, out_amax, inp, n, stream, save_inp, N, C);
-    return;
-  }
-  require_fp8_groups(kernel, "save_inp (C)", save_inp.codes, save_inp.scale_inv, C);
-  launch_gelu(gelu_forward_kernel<true>, kernel, "out", out, out_amax, inp, n, stream, save_inp, N, C);
+  if (save_inp.wanted())
+    require_fp8_groups(kernel, "save_inp (C)", save_inp.codes, save_inp.scale_inv, C);
+  else if (from_copy && C % kFp8GroupSize != 0)
+    throw_error("%s: from_copy: C = %d is not a multiple of %d, the FP8 copy's group size", kernel, C, kFp8GroupSize);
+  const Bf16Loader x{inp};
+  if (save_inp.wanted() && from_copy)
+    launch_gelu(gelu_forward_kernel<Bf16Loader, true, true>, kernel, "out", out, out_amax, x, n, stream, save_inp, N, C);
+  else if (save_inp.wanted())
+    launch_gelu(gelu_forward_kernel<Bf16Loader, true, false>, kernel, "out", out, out_amax, x, n, stream, save_inp, N,
+                C);
+  else if (from_copy)
+    launch_gelu(gelu_forward_kernel<Bf16Loader, false, true>, kernel, "out", out, out_amax, x, n, stream, save_inp, N,
+                C);
+  else
+    launch_gelu(gelu_forward_kernel<Bf16Loader, false, false>, kernel, "out", out, out_amax, x, n, stream, save_inp, N,
+                C);
+}
+
+void gelu_forward(bf16* out, const Fp8Groups& inp, int N, int C, cudaStream_t stream, float* out_amax) {
+  const char* kernel = "gelu_forward (fp8 input)";
+  const size_t n = gelu_fp8_elements(kernel, N, C);
+  require_fp8_groups(kernel, "inp (C)", inp.codes, inp.scale_inv, C);
+  launch_gelu(gelu_forward_kernel<Fp8GroupsLoader, false, false>, kernel, "out", out, out_amax,
+              fp8_groups_loader(inp, N), n, stream, Fp8GroupsOut{}, N, C);
 }
 
 void gelu_backward_inplace(bf16* dinout, const bf16* inp, size_t n, cudaStream_t stream, float* dinp_amax) {

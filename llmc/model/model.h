@@ -201,7 +201,9 @@ class Model {
   bool forward_and_backward_overlay() const { return recompute_ == 0; }
   // Whether the block keeps the BF16 input of `consumer` in a buffer of its own: backward reads it and does not
   // recompute it.
-  bool keeps_own_input(const Linear& consumer) const { return recompute_ == 0 && needs_bf16_input(consumer); }
+  bool keeps_own_input(const Linear& consumer) const {
+    return needs_bf16_input(consumer) && !recomputes_input(consumer);
+  }
   // The buffer (count elements) every block overwrites with the BF16 input of the consumer `pick(block)` returns, when
   // at least one block keeps no such input of its own; null (nothing carved) when every block keeps its own, as under
   // BF16 without recompute.
@@ -222,8 +224,17 @@ class Model {
   // its values are `shared` (a buffer the caller carved as working memory, which other tensors overwrite in the
   // forward) and the FP8 copy is carved here; otherwise the values get a buffer of their own.
   SavedActivation saved_activation(Carver& cv, size_t rows, size_t cols, bf16* shared) const;
-  // Whether backward recomputes the BF16 input of `consumer` (recompute on, and backward reads that input).
-  bool recomputes_input(const Linear& consumer) const { return recompute_ != 0 && needs_bf16_input(consumer); }
+  // Whether backward recomputes the BF16 input of `consumer` (backward reads that input, and recompute is on, or the
+  // input is the MLP activation that recompute_mlp_act recomputes from its input's FP8 copy).
+  bool recomputes_input(const Linear& consumer) const {
+    return needs_bf16_input(consumer) && (recompute_ != 0 || recomputes_mlp_act(consumer));
+  }
+  // Whether `consumer` is the MLP's down projection and its input, the GELU / SwiGLU output, is computed from the FP8
+  // copy of the activation's input (precision.recompute_mlp_act), so that backward recomputes it from that copy
+  // into the backward's own buffer (recomputed_act_: the forward's working buffers overlay the backward's).
+  bool recomputes_mlp_act(const Linear& consumer) const {
+    return recipe_.recompute_mlp_act && consumer.kind() == LinearKind::MlpDown;
+  }
   // The BF16 input to hand the backward of `linear`: null when it saved an FP8 copy (the buffer may be shared).
   static const bf16* bf16_input(const Linear& linear, const bf16* x) { return needs_bf16_input(linear) ? x : nullptr; }
   // The options of a linear whose input x (forward) or output gradient dy (backward) comes from a kernel that also

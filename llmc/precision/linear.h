@@ -53,6 +53,7 @@ class Linear {
 
   const std::string& name() const { return name_; }
   const LinearPlan& plan() const { return plan_; }
+  LinearKind kind() const { return kind_; }
   bool quantized() const { return plan_.quantized; }
   // True when backward needs no BF16 copy of the input (it was saved quantised in forward).
   bool saves_quantized_input() const { return plan_.quantized && plan_.save_quantized_input; }

@@ -401,6 +401,14 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
     throw_error("precision.tensorwise_products = \"%s\" changes the scales of quantised products, but recipe %s "
                 "quantises no linear: set it to \"\"", format_linear_products(r.tensorwise_products).c_str(),
                 r.recipe.c_str());
+  if (r.recompute_mlp_act && !r.nonlinear_fp8)
+    throw_error("precision.recompute_mlp_act computes GELU / SwiGLU from the FP8 copy of their input, which "
+                "precision.nonlinear_fp8 makes: set precision.nonlinear_fp8 to true (precision.recipe = \"coat\" "
+                "has it) or precision.recompute_mlp_act to false");
+  if (r.recompute_mlp_act && r.backward_range_matched)
+    throw_error("precision.recompute_mlp_act hands the down projection a recomputed BF16 input, but "
+                "precision.backward_scale = \"range_matched\" (Quartet) re-quantises the forward's saved codes of "
+                "every input: set precision.recompute_mlp_act to false");
   if (!r.quantize_linears) return;
   struct Role {
     const char* name;
@@ -488,7 +496,9 @@ LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearK
   // The attention output is kept in BF16 by every model anyway (the attention backward reads it), so its
   // projection saves no quantised copy: its wgrad quantises the BF16 tensor again, and the copy's memory is saved.
   // Quartet's backward needs the forward's own codes of every input.
-  p.save_quantized_input = r.save_quantized_inputs && (kind != LinearKind::AttnOut || r.backward_range_matched);
+  // Under recompute_mlp_act the model hands the MLP's down projection its input recomputed in backward.
+  p.save_quantized_input = r.save_quantized_inputs && (kind != LinearKind::AttnOut || r.backward_range_matched) &&
+                           !(kind == LinearKind::MlpDown && r.recompute_mlp_act);
   p.cache_weight_transpose = r.cache_weight_transpose;
   p.dy_stochastic_rounding = r.dy_stochastic_rounding;
   p.wgrad_hadamard = r.wgrad_hadamard;
@@ -522,7 +532,9 @@ int recipe_min_compute_capability(const PrecisionRecipe& r) {
 }
 
 std::string describe_recipe(const PrecisionRecipe& r) {
-  const char* nonlinear = r.nonlinear_fp8 ? "; norm / GELU / SwiGLU inputs saved as e4m3 1x16 groups" : "";
+  std::string nonlinear = r.nonlinear_fp8 ? "; norm / GELU / SwiGLU inputs saved as e4m3 1x16 groups" : "";
+  if (r.nonlinear_fp8 && r.recompute_mlp_act)
+    nonlinear += ", GELU / SwiGLU computed from them and recomputed in backward";
   if (!r.quantize_linears) return r.recipe + " (all GEMMs in BF16" + nonlinear + ")";
   std::string s = r.recipe + " (x " + encoding_name(r.x) + ", w " + encoding_name(r.w) + ", dy " + encoding_name(r.dy);
   if (r.x.per_tensor()) {

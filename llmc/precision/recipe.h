@@ -74,6 +74,10 @@ struct PrecisionRecipe {
                                // SwiGLU save for backward are kept as E4M3 with one FP32 scale per 1x16 channel
                                // group (llmc/kernels/fp8_groups.h) instead of BF16; the forward and the residual
                                // stream stay BF16. Independent of quantize_linears.
+  bool recompute_mlp_act = false;  // COAT's FP8 flow for the MLP activation (needs nonlinear_fp8): GELU / SwiGLU
+                                   // compute their output from the FP8 copy of their input, so backward recomputes
+                                   // that output (the c_proj / down_proj input) from the copy, the forward's bits
+                                   // exactly, instead of keeping it (its quantised or BF16 copy) for wgrad.
 
   // precision.pow2_scales: the roles' scales are FP32 rounded down to powers of two (Pow2FP32) rather than FP32.
   // Setting it changes only roles whose scales are FP32 or Pow2FP32.

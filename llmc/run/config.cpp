@@ -317,6 +317,11 @@ const std::vector<KeySchema>& schema() {
           "backward as E4M3 with one FP32 scale per 16 channels instead of BF16 (the forward, the residual stream, "
           "attention and the linear inputs are unchanged; needs train.recompute 0 and model widths that are "
           "multiples of 16)", LLMC_ACCESS(precision.nonlinear_fp8)),
+      row("precision", "recompute_mlp_act", T::Bool,
+          "COAT's FP8 flow for the MLP activation (needs nonlinear_fp8): GELU / SwiGLU compute their output from "
+          "the FP8 copy of their input, and backward recomputes that output (the c_proj / down_proj input, "
+          "bit for bit) instead of keeping a copy for wgrad: ffn_hidden bytes (FP8) less per token and block; the "
+          "forward's values change by the copy's rounding", LLMC_ACCESS(precision.recompute_mlp_act)),
       between(row("precision", "wgrad_hadamard", T::Int,
                   "size of the random Hadamard transform applied along the tokens to both weight-gradient operands "
                   "(dy and x; FP4 1xN blocks only; one sign vector per run, from train.seed): 0 (none), 16 or 32",

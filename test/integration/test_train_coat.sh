@@ -7,7 +7,10 @@
 #      fp8_tensorwise's bit for bit, and a later one differs from coat's own run with precision.nonlinear_fp8 = false
 #      (so backward read the copies);
 #   3. two identical runs give bit-identical losses, and a run stopped after step 6 and resumed from its checkpoint
-#      (FP8 moments with their scales, exponents and centres) continues bit-identically.
+#      (FP8 moments with their scales, exponents and centres) continues bit-identically;
+#   4. with precision.recompute_mlp_act (GELU / SwiGLU computed from their input's FP8 copy and recomputed in
+#      backward): it trains, its first loss moves from coat's by the copy's rounding only, it plans less memory, and
+#      it repeats and resumes bit for bit.
 # Skipped (exit 77) without a GPU, or when the GPU has no FP8 tensor cores.
 set -euo pipefail
 TRAIN_GPT=${1:?usage: test_train_coat.sh path/to/train_gpt}
@@ -74,7 +77,41 @@ sys.exit(0 if a < b else 1)" || { echo "FAIL: $name: coat plans no smaller activ
   losses "$TMP/$name.resume/metrics.jsonl" > "$TMP/c.losses"
   diff "$TMP/a.losses" "$TMP/b.losses" || { echo "FAIL: $name: two identical coat runs differ"; fail=1; }
   diff "$TMP/a.losses" "$TMP/c.losses" || { echo "FAIL: $name: the resumed coat run differs from the uninterrupted one"; fail=1; }
+
+  echo "== $name coat with precision.recompute_mlp_act: trains, plans less, repeats and resumes bit for bit"
+  FLOW=(--set precision.recipe=coat --set precision.recompute_mlp_act=true)
+  run flow "${FLOW[@]}" || { fail=1; continue; }
+  run flow_again "${FLOW[@]}" || { fail=1; continue; }
+  "$TRAIN_GPT" "${COMMON[@]}" "${FLOW[@]}" --set "checkpoint.dir=$TMP/$name.flow_resume" --stop-at-step 6 \
+    > "$TMP/$name.f1.log" 2>&1 || { cat "$TMP/$name.f1.log"; fail=1; continue; }
+  "$TRAIN_GPT" "${COMMON[@]}" "${FLOW[@]}" --set "checkpoint.dir=$TMP/$name.flow_resume" \
+    > "$TMP/$name.f2.log" 2>&1 || { cat "$TMP/$name.f2.log"; fail=1; continue; }
+  grep -q "computed from them and recomputed in backward" "$TMP/$name.flow.log" ||
+    { echo "FAIL: $name: the recipe line does not name the recomputed activation"; fail=1; }
+  python3 - "$TMP/$name.flow/metrics.jsonl" "$TMP/$name.coat/metrics.jsonl" "$name" <<'PY' || fail=1
+import json, math, sys
+def load(p):
+    return [json.loads(l) for l in open(p)]
+flow, coat, name = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
+train = [r["loss"] for r in flow if r["type"] == "train"]
+assert len(train) == 12 and all(math.isfinite(x) for x in train), "12 finite train losses expected"
+assert train[-1] < train[0] - 1.0, f"{name} recompute_mlp_act: training loss did not fall by 1 nat: {train}"
+coat_train = [r["loss"] for r in coat if r["type"] == "train"]
+# The forward computes the activation from its FP8 copy: even the first loss moves, by the copy's rounding only.
+assert train[0] != coat_train[0], f"{name}: the first loss is coat's: the forward did not read the copy"
+assert abs(train[0] - coat_train[0]) < 0.01 * abs(coat_train[0]), (train[0], coat_train[0])
+est = lambda recs: [r["estimate_bytes"] for r in recs if r["type"] == "memory"][0]
+assert est(flow) < est(coat), f"{name}: planned {est(flow)} B, not less than coat's {est(coat)} B"
+print(f"{name} recompute_mlp_act: train {train[0]:.4f} -> {train[-1]:.4f} (coat {coat_train[0]:.4f} -> "
+      f"{coat_train[-1]:.4f}); plan {est(flow)} B vs coat {est(coat)} B")
+PY
+  losses "$TMP/$name.flow/metrics.jsonl" > "$TMP/a.losses"
+  losses "$TMP/$name.flow_again/metrics.jsonl" > "$TMP/b.losses"
+  losses "$TMP/$name.flow_resume/metrics.jsonl" > "$TMP/c.losses"
+  diff "$TMP/a.losses" "$TMP/b.losses" || { echo "FAIL: $name: two identical recompute_mlp_act runs differ"; fail=1; }
+  diff "$TMP/a.losses" "$TMP/c.losses" ||
+    { echo "FAIL: $name: the resumed recompute_mlp_act run differs from the uninterrupted one"; fail=1; }
 done
 
-[ $fail -eq 0 ] && echo "PASS: coat trains GPT-2 and Llama with FP8 moments and smaller activation buffers, leaves the forward bit-identical, and repeats and resumes bit for bit"
+[ $fail -eq 0 ] && echo "PASS: coat trains GPT-2 and Llama with FP8 moments and smaller activation buffers, leaves the forward bit-identical, and repeats and resumes bit for bit (also with recompute_mlp_act)"
 exit $fail

@@ -497,6 +497,45 @@ TEST_P(SwigluFp8Test, ForwardWritesTheCopyAndTheSameOutput) {
                        true));
 }
 
+// COAT's flow (from_copy): the output is computed from the copy's values, stored or not, and the recomputation from
+// the stored copy gives the same bits; against the host SwiGLU of the host quantiser's values.
+TEST_P(SwigluFp8Test, ForwardFromCopyIsRecomputedBitForBit) {
+  const Shape s = GetParam();
+  auto rng = rng_for_test();
+  const int N = s.rows, F = s.cols;
+  const std::vector<float> gate_up = wide_range_bf16(static_cast<size_t>(N) * 2 * F, rng, 4);
+  auto d_gate_up = upload_bf16(gate_up);
+  DeviceBuffer<bf16> d_out(static_cast<size_t>(N) * F);
+  DeviceGroups g(N, 2 * F);
+  std::vector<bf16> out[3];
+  std::vector<float> amax[3];
+  for (int run = 0; run < 3; run++) {  // from_copy without storing it, storing it, recomputed from the stored copy
+    AmaxSlot slot;
+    d_out.poison();
+    if (run < 2)
+      llmc::swiglu_forward(d_out.ptr, d_gate_up.ptr, N, F, 0, slot.ptr, run == 1 ? g.out() : llmc::Fp8GroupsOut{},
+                           /*from_copy=*/true);
+    else
+      llmc::swiglu_forward(d_out.ptr, g.in(), N, F, 0, slot.ptr);
+    out[run] = d_out.download(), amax[run] = {slot.value()};
+  }
+  const llmc::Fp8GroupsCpu copy = llmc::fp8_groups_quantize_cpu(gate_up.data(), N, 2 * F);
+  EXPECT_TRUE(g.equals("swiglu copy of gate_up (from_copy)", copy, true));
+  EXPECT_TRUE(bitwise_equal("swiglu from_copy with / without storing it", out[1], out[0]));
+  EXPECT_TRUE(bitwise_equal("swiglu recomputed from the stored copy", out[2], out[1]));
+  EXPECT_TRUE(bitwise_equal("swiglu out_amax recomputed", amax[2], amax[1]));
+  const std::vector<float> y = to_float(out[1]);
+  EXPECT_TRUE(amax_equals("swiglu out_amax (from_copy)", amax[1][0], max_abs(y)));
+  const std::vector<float> xq = dequant(copy, N, 2 * F);
+  std::vector<float> ref(y.size());
+  llmc::swiglu_forward_cpu(ref.data(), xq.data(), N, F);
+  EXPECT_TRUE(within("swiglu from_copy vs reference on the copy's values", y, ref, bf16_tolerance(ref, 4e-6, 1e-6)));
+  // and not the BF16 forward's output (the copy's rounding shows)
+  d_out.poison();
+  llmc::swiglu_forward(d_out.ptr, d_gate_up.ptr, N, F, 0);
+  EXPECT_FALSE(bitwise_equal("swiglu from_copy vs from gate_up (expected to differ)", out[1], d_out.download()));
+}
+
 template <class Inp>
 std::vector<float> run_swiglu_backward(const Shape& s, const Inp& gate_up, const std::vector<float>& dout) {
   auto d_dout = upload_bf16(dout);
@@ -576,6 +615,41 @@ TEST_P(GeluFp8Test, ForwardWritesTheCopyAndTheSameOutput) {
   EXPECT_TRUE(g.equals("gelu copy of inp", llmc::fp8_groups_quantize_cpu(inp.data(), s.rows, s.cols), true));
 }
 
+TEST_P(GeluFp8Test, ForwardFromCopyIsRecomputedBitForBit) {
+  const Shape s = GetParam();
+  auto rng = rng_for_test();
+  const std::vector<float> inp = wide_range_bf16(static_cast<size_t>(s.rows) * s.cols, rng, 4);
+  auto d_inp = upload_bf16(inp);
+  DeviceBuffer<bf16> d_out(inp.size());
+  DeviceGroups g(s.rows, s.cols);
+  std::vector<bf16> out[3];
+  std::vector<float> amax[3];
+  for (int run = 0; run < 3; run++) {  // from_copy without storing it, storing it, recomputed from the stored copy
+    AmaxSlot slot;
+    d_out.poison();
+    if (run < 2)
+      llmc::gelu_forward(d_out.ptr, d_inp.ptr, s.rows, s.cols, 0, slot.ptr, run == 1 ? g.out() : llmc::Fp8GroupsOut{},
+                         /*from_copy=*/true);
+    else
+      llmc::gelu_forward(d_out.ptr, g.in(), s.rows, s.cols, 0, slot.ptr);
+    out[run] = d_out.download(), amax[run] = {slot.value()};
+  }
+  const llmc::Fp8GroupsCpu copy = llmc::fp8_groups_quantize_cpu(inp.data(), s.rows, s.cols);
+  EXPECT_TRUE(g.equals("gelu copy of inp (from_copy)", copy, true));
+  EXPECT_TRUE(bitwise_equal("gelu from_copy with / without storing it", out[1], out[0]));
+  EXPECT_TRUE(bitwise_equal("gelu recomputed from the stored copy", out[2], out[1]));
+  EXPECT_TRUE(bitwise_equal("gelu out_amax recomputed", amax[2], amax[1]));
+  const std::vector<float> y = to_float(out[1]);
+  EXPECT_TRUE(amax_equals("gelu out_amax (from_copy)", amax[1][0], max_abs(y)));
+  const std::vector<float> xq = dequant(copy, s.rows, s.cols);
+  std::vector<float> ref(y.size());
+  llmc::gelu_forward_cpu(ref.data(), xq.data(), xq.size());
+  EXPECT_TRUE(within("gelu from_copy vs reference on the copy's values", y, ref, bf16_tolerance(ref, 1e-5)));
+  d_out.poison();
+  llmc::gelu_forward(d_out.ptr, d_inp.ptr, inp.size(), 0);
+  EXPECT_FALSE(bitwise_equal("gelu from_copy vs from inp (expected to differ)", out[1], d_out.download()));
+}
+
 TEST_P(GeluFp8Test, BackwardOnExactCopyAndWithinQuantisationBound) {
   const Shape s = GetParam();
   auto rng = rng_for_test();
@@ -630,6 +704,11 @@ TEST(Fp8ActivationChecks, RejectsBadArguments) {
   no_scales.scale_inv = nullptr;
   EXPECT_THROW(llmc::gelu_forward(out.ptr, inp.ptr, 1, 48, 0, nullptr, no_scales), llmc::Error);
   EXPECT_THROW(llmc::swiglu_backward(out.ptr, inp.ptr, llmc::Fp8Groups{g.codes.ptr, nullptr}, 1, 16, 0), llmc::Error);
+  // from_copy without a copy stored still needs whole groups; the recomputations need a whole copy
+  EXPECT_THROW(llmc::swiglu_forward(out.ptr, inp.ptr, 1, 24, 0, nullptr, llmc::Fp8GroupsOut{}, true), llmc::Error);
+  EXPECT_THROW(llmc::gelu_forward(out.ptr, inp.ptr, 1, 40, 0, nullptr, llmc::Fp8GroupsOut{}, true), llmc::Error);
+  EXPECT_THROW(llmc::swiglu_forward(out.ptr, llmc::Fp8Groups{g.codes.ptr, nullptr}, 1, 16, 0), llmc::Error);
+  EXPECT_THROW(llmc::gelu_forward(out.ptr, llmc::Fp8Groups{g.codes.ptr, g.scale_inv.ptr}, 1, 40, 0), llmc::Error);
 }
 
 TEST(Fp8ActivationChecks, LayerNormRejectsBadArguments) {

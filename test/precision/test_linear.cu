@@ -28,6 +28,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -1025,6 +1026,59 @@ TEST_P(LinearQuartet, ProductsFollowTheAlgorithm) {
 INSTANTIATE_TEST_SUITE_P(Recipes, LinearQuartet,
                          ::testing::Values("quartet", "quartet_sr", "quartet_no_mask", "quartet_no_rotation",
                                            "quartet_absmax"));
+
+// precision.recompute_mlp_act: the down projection's plan keeps no quantised input (the other linears' do), and its
+// backward, handed the BF16 input again (the model recomputes it), gives the saving plan's three products bit for
+// bit: the transposed copy quantised in backward with the forward's per-tensor scale, or from its own blocks.
+class LinearRecomputedInput : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LinearRecomputedInput, BackwardFromTheBf16InputEqualsTheSavedCopy) {
+  std::mt19937_64 rng(seed() ^ 23 ^ std::hash<std::string>{}(GetParam()));
+  const Problem p(rng);
+  const int M = p.M, N = p.N, K = p.K;
+  const PrecisionRecipe saving = recipe(GetParam());
+  PrecisionRecipe flow = saving;
+  flow.nonlinear_fp8 = true;
+  flow.recompute_mlp_act = true;
+  validate_precision_recipe(flow, 4);
+  EXPECT_TRUE(plan_linear(flow, 1, 4, LinearKind::MlpUp).save_quantized_input);
+  EXPECT_TRUE(plan_linear(flow, 1, 4, LinearKind::Qkv).save_quantized_input);
+  auto run = [&](const PrecisionRecipe& r) {
+    const LinearPlan plan = plan_linear(r, 1, 4, LinearKind::MlpDown);
+    EXPECT_TRUE(plan.quantized);
+    PrecisionState state(r);
+    state.set_random_stream(seed(), 0, 1);
+    state.begin_step(41);
+    Linear lin(state, "test.down", LinearKind::MlpDown, 1, N, K, plan, M);
+    std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), dy(upload(p.dy));
+    Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
+    Dev<float> dw((size_t)N * K);
+    CUDA_CHECK(cudaMemcpy(dw.ptr, p.dw0.data(), p.dw0.size() * sizeof(float), cudaMemcpyHostToDevice));
+    out.poison();
+    dx.poison();
+    state.begin_forward(0);
+    lin.forward(out.ptr, x->ptr, w->ptr, nullptr, M, /*training=*/true, 0);
+    state.begin_backward(0);
+    // The recomputing plan gets the input again, from a buffer of its own (the forward's may be overwritten).
+    std::unique_ptr<Dev<bf16>> x_again(upload(p.x));
+    lin.backward(dx.ptr, dw.ptr, dy->ptr, lin.saves_quantized_input() ? nullptr : x_again->ptr, w->ptr, M, 0);
+    return std::make_tuple(lin.saves_quantized_input(), download(out.ptr, out.n), download(dx.ptr, dx.n),
+                           download(dw.ptr, dw.n));
+  };
+  const auto [saved_a, out_a, dx_a, dw_a] = run(saving);
+  const auto [saved_b, out_b, dx_b, dw_b] = run(flow);
+  EXPECT_TRUE(saved_a);
+  EXPECT_FALSE(saved_b);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same(out_a, out_b)) << "fprop";
+  EXPECT_TRUE(same(dx_a, dx_b)) << "dgrad";
+  EXPECT_TRUE(same(dw_a, dw_b)) << "wgrad";
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, LinearRecomputedInput,
+                         ::testing::Values("fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4"));
 
 // The BF16 plan is the cuBLASLt BF16 path, bit for bit.
 TEST(LinearBf16, IsTheBf16Gemm) {

@@ -251,6 +251,35 @@ TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
   }
 }
 
+// precision.recompute_mlp_act: the MLP's down projection keeps no quantised copy of its input (ffn_hidden FP8 bytes
+// per token and block), and the backward gets one buffer of its own for the recomputed activation (ffn_hidden BF16
+// elements per token, in the working memory the forward's buffers overlay). Every other allocation stays.
+TEST(MemoryPlan, CoatRecomputesTheMlpActivationInsteadOfKeepingIt) {
+  const int B = 4, T = 1024;
+  const size_t N = static_cast<size_t>(B) * T;
+  for (const char* preset : {"gpt2-124m", "llama-1b"}) {
+    SCOPED_TRACE(preset);
+    const RunConfig coat = config(preset, "coat", B, T);
+    const RunConfig flow = config(preset, "coat", B, T, {"precision.recompute_mlp_act=true"});
+    const ModelMemory c = plan_model_memory(coat.model, B, T, 0, coat.precision);
+    const ModelMemory r = plan_model_memory(flow.model, B, T, 0, flow.precision);
+    const size_t F = coat.model.ffn_hidden, L = coat.model.n_layer;
+    EXPECT_EQ(c.precision.saved_inputs - r.precision.saved_inputs, N * F * L);
+    EXPECT_EQ(r.activation(ActivationUse::Saved), c.activation(ActivationUse::Saved));
+    const size_t backward = backward_only_elements(coat.model);
+    const size_t forward = forward_only_elements(coat.model, true, true, true);
+    EXPECT_EQ(r.activation(ActivationUse::Working) - c.activation(ActivationUse::Working),
+              (std::max(forward, backward + F) - std::max(forward, backward)) * N * 2);
+    EXPECT_EQ(r.precision.weight_caches, c.precision.weight_caches);
+    EXPECT_GE(r.precision.scratch, c.precision.scratch);  // the wgrad input quantised in backward
+    EXPECT_LE(r.precision.scratch - c.precision.scratch, N * F);
+    EXPECT_LT(r.total(), c.total());
+  }
+  // It needs the FP8 copies.
+  EXPECT_THROW(config("llama-1b", "fp8_tensorwise", B, T, {"precision.recompute_mlp_act=true"}), Error);
+  EXPECT_THROW(config("llama-1b", "bf16", B, T, {"precision.recompute_mlp_act=true"}), Error);
+}
+
 // The optimizer-state row is the state format's m.bytes(n) + v.bytes(n): bf16 halves fp32.
 TEST(MemoryPlan, OptimizerStatesFollowTheStateFormat) {
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {

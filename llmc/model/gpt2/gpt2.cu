@@ -10,7 +10,9 @@
 // that reads it) and the pre-GELU tensor fch (copied after the c_fc GEMM, which writes it in its epilogue; the GELU
 // backward then runs after the c_proj dgrad instead of in its epilogue). Their BF16 values live in working buffers:
 // the residual stream alternates between two, fch has one for all blocks. The forward computes the same bits either
-// way.
+// way, except under recompute_mlp_act: the GELU then computes from fch's FP8 copy (and the c_fc GEMM leaves it out of
+// its epilogue), and backward recomputes its output (the c_proj input) from that copy into a buffer of its own
+// instead of keeping a copy of it.
 //
 // Without recompute, the forward's working buffers (the shared LayerNorm / GELU outputs, the FP8 path's BF16 values,
 // the projections' outputs) share memory with the backward's gradient buffers: neither phase reads the other's.
@@ -95,6 +97,7 @@ void GPT2::carve_activations(Carver& cv) {
   dresidual_ = cv.take<bf16>(N * C);
   dsmall_ = cv.take<bf16>(N * C);
   dbig_ = cv.take<bf16>(N * std::max(3 * C, H));
+  recomputed_gelu_ = recipe_.recompute_mlp_act ? cv.take<bf16>(N * H) : nullptr;
   if (forward_and_backward_overlay()) cv.rewind(phase_start);
   // A layer keeps its own LayerNorm / GELU outputs only when backward reads them in BF16; the others share one buffer
   // per tensor, carved only when some layer uses it (Model::input_buffer, shared_input_buffer).
@@ -186,12 +189,18 @@ void GPT2::forward(const int* h_inputs, const int* h_targets, int B, int T, floa
     project_residual_norm(*lin.attproj, a.residual2.values, a.residual2.copy_out(train), a.atty, W.attproj_w,
                           W.attproj_b, residual, a.ln2, a.ln2_mean, a.ln2_rstd, W.ln2_w, W.ln2_b,
                           lin.fc->x_amax_slot(), N, train, s);
-    Linear::ForwardOptions fc_opt = x_from_producer(*lin.fc);  // GELU output in fch_gelu, pre-GELU kept in fch
-    fc_opt.pre_gelu = a.fch.values;
-    fc_opt.out_amax = lin.fcproj->x_amax_slot();
-    lin.fc->forward(a.fch_gelu, a.ln2, W.fc_w, W.fc_b, N, train, s, fc_opt);                  // (N, H)
-    const Fp8GroupsOut fch_copy = a.fch.copy_out(train);
-    if (fch_copy.wanted()) fp8_groups_quantize(fch_copy, a.fch.values, N, H, s);
+    if (recipe_.recompute_mlp_act) {  // fch, then the GELU of its FP8 copy (written in the same pass)
+      lin.fc->forward(a.fch.values, a.ln2, W.fc_w, W.fc_b, N, train, s, x_from_producer(*lin.fc));  // (N, H)
+      gelu_forward(a.fch_gelu, a.fch.values, N, H, s, lin.fcproj->x_amax_slot(), a.fch.copy_out(train),
+                   /*from_copy=*/true);                                                        // (N, H)
+    } else {
+      Linear::ForwardOptions fc_opt = x_from_producer(*lin.fc);  // GELU output in fch_gelu, pre-GELU kept in fch
+      fc_opt.pre_gelu = a.fch.values;
+      fc_opt.out_amax = lin.fcproj->x_amax_slot();
+      lin.fc->forward(a.fch_gelu, a.ln2, W.fc_w, W.fc_b, N, train, s, fc_opt);                // (N, H)
+      const Fp8GroupsOut fch_copy = a.fch.copy_out(train);
+      if (fch_copy.wanted()) fp8_groups_quantize(fch_copy, a.fch.values, N, H, s);
+    }
     // residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj, then the next block's ln1 (or ln_f)   // (N, C) each
     if (l + 1 < L) {
       const auto& Wn = w_.layers[l + 1];
@@ -246,14 +255,20 @@ void GPT2::backward(cudaStream_t s) {
     const SavedActivation& residual = layer_input(l);  // (N, C)
     // dresidual (N, C) = d residual3 = d residual2 (through the skip) = d fcproj output.
     // --- MLP: residual3 = residual2 + fch_gelu · Wfcprojᵀ + bfcproj
-    if (recomputes_input(*lin.fcproj)) gelu_forward(a.fch_gelu, a.fch.values, (size_t)N * H, s);  // recompute
+    bf16* fch_gelu = a.fch_gelu;
+    if (recomputes_mlp_act(*lin.fcproj)) {  // from fch's FP8 copy: the forward's bits
+      fch_gelu = recomputed_gelu_;
+      gelu_forward(fch_gelu, a.fch.copy_view(), N, H, s);                                     // (N, H)
+    } else if (recomputes_input(*lin.fcproj)) {
+      gelu_forward(fch_gelu, a.fch.values, (size_t)N * H, s);                                 // recompute
+    }
     Linear::BackwardOptions fcproj_opt = dy_from_producer(*lin.fcproj);  // dfch (N, H) = dh * gelu'(fch)
     const bool gelu_in_epilogue = !a.fch.copy.wanted();  // else from the FP8 copy after the dgrad
     if (gelu_in_epilogue) {
       fcproj_opt.x_pre_gelu = a.fch.values;
       fcproj_opt.dx_amax = lin.fc->dy_amax_slot();
     }
-    lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, bf16_input(*lin.fcproj, a.fch_gelu), W.fcproj_w, N, s,
+    lin.fcproj->backward(dbig_, G.fcproj_w, dresidual_, bf16_input(*lin.fcproj, fch_gelu), W.fcproj_w, N, s,
                          fcproj_opt);
     if (!gelu_in_epilogue)
       gelu_backward_inplace(dbig_, a.fch.copy_view(), N, H, s, lin.fc->dy_amax_slot());

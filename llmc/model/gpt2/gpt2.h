@@ -101,6 +101,7 @@ class GPT2 : public Model {
   bf16* dresidual_ = nullptr;   // (N, C)  gradient of the residual stream, accumulated through the blocks
   bf16* dsmall_ = nullptr;      // (N, C)  gradient of an (N, C) intermediate: dlnf, dln2, datty, dln1
   bf16* dbig_ = nullptr;        // (N, 4C) gradient of the pre-GELU (N, 4C) or of qkv (N, 3C)
+  bf16* recomputed_gelu_ = nullptr;  // (N, H) the GELU output recomputed from fch's FP8 copy (recompute_mlp_act)
   float* scratch_ = nullptr;    // shared FP32 scratch of the deterministic reductions
   size_t scratch_floats_ = 0;
 };

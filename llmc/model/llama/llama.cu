@@ -13,6 +13,9 @@
 // (SavedActivation); their BF16 values then live in working buffers: the residual stream alternates between two, and
 // gate_up has one for all blocks.
 //
+// Under recompute_mlp_act the SwiGLU computes from gate_up's FP8 copy, and backward recomputes its output (the
+// down_proj input) from that copy into a buffer of its own instead of keeping a copy of it.
+//
 // Without recompute, the forward's working buffers (the shared inputs above, the FP8 path's BF16 values, the
 // projections' outputs) share memory with the backward's gradient buffers: neither phase reads the other's.
 #include "llmc/model/llama/llama.h"
@@ -100,6 +103,7 @@ void Llama::carve_activations(Carver& cv) {
   dsmall_ = cv.take<bf16>(N * C);
   dh_ = cv.take<bf16>(N * F);
   dbig_ = cv.take<bf16>(N * std::max(Q, 2 * F));
+  recomputed_h_ = recipe_.recompute_mlp_act ? cv.take<bf16>(N * F) : nullptr;
   if (forward_and_backward_overlay()) cv.rewind(phase_start);
   // A block's RMSNorm / SwiGLU outputs get their own buffer only when backward reads them in BF16; the others share
   // one buffer per tensor, carved only when some block uses it (Model::input_buffer, shared_input_buffer).
@@ -171,7 +175,8 @@ void Llama::forward(const int* h_inputs, const int* h_targets, int B, int T, flo
                                    lin.gate_up->x_amax_slot(), a.residual2.copy_out(train));  // (N, C)
     lin.gate_up->forward(a.gate_up.values, a.ln2, W.gate_up_w, nullptr, N, train, s,
                          x_from_producer(*lin.gate_up));                                      // (N, 2F)
-    swiglu_forward(a.h, a.gate_up.values, N, F, s, lin.down->x_amax_slot(), a.gate_up.copy_out(train));  // (N, F)
+    swiglu_forward(a.h, a.gate_up.values, N, F, s, lin.down->x_amax_slot(), a.gate_up.copy_out(train),
+                   recipe_.recompute_mlp_act);                                                // (N, F)
     lin.down->forward(proj_out_, a.h, W.down_w, nullptr, N, train, s, x_from_producer(*lin.down));  // (N, C)
     if (l + 1 < L) {
       LayerActs& an = acts_[l + 1];
@@ -218,8 +223,14 @@ void Llama::backward(cudaStream_t s) {
     const SavedActivation& residual = layer_input(l);  // (N, C)
     // dresidual (N, C) = d residual3 = d residual2 (through the skip) = d down_proj output.
     // --- MLP: residual3 = residual2 + h · Wdownᵀ, h = silu(gate) * up, gate_up = ln2 · [Wgate|Wup]ᵀ
-    if (recomputes_input(*lin.down)) swiglu_forward(a.h, a.gate_up.values, N, F, s);         // recompute (N, F)
-    lin.down->backward(dh_, G.down_w, dresidual_, bf16_input(*lin.down, a.h), W.down_w, N, s,
+    bf16* h = a.h;
+    if (recomputes_mlp_act(*lin.down)) {  // from gate_up's FP8 copy: the forward's bits
+      h = recomputed_h_;
+      swiglu_forward(h, a.gate_up.copy_view(), N, F, s);                                     // (N, F)
+    } else if (recomputes_input(*lin.down)) {
+      swiglu_forward(h, a.gate_up.values, N, F, s);                                          // recompute (N, F)
+    }
+    lin.down->backward(dh_, G.down_w, dresidual_, bf16_input(*lin.down, h), W.down_w, N, s,
                        dy_from_producer(*lin.down));                                          // dh (N, F)
     a.gate_up.read([&](const auto& gate_up) {                                               // dgate_up (N, 2F)
       swiglu_backward(dbig_, dh_, gate_up, N, F, s, lin.gate_up->dy_amax_slot());

@@ -87,6 +87,7 @@ class Llama : public Model {
   bf16* dsmall_ = nullptr;     // (N, C)  gradient of an (N, C) intermediate: dlnf, dln2, datty, dln1
   bf16* dh_ = nullptr;         // (N, F)  gradient of the SwiGLU output
   bf16* dbig_ = nullptr;       // (N, max(Q, 2F)) gradient of gate_up or of qkv
+  bf16* recomputed_h_ = nullptr;  // (N, F) the SwiGLU output recomputed from gate_up's FP8 copy (recompute_mlp_act)
   float* scratch_ = nullptr;   // shared FP32 scratch of the deterministic reductions
   size_t scratch_floats_ = 0;
 };
