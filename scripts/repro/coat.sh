@@ -6,6 +6,8 @@
 #      a. llama-1b and llama-3b at one micro-batch for every recipe (--batch-1b, --batch-3b: default 8 and 4, what
 #         BF16 fits on an 80 GB H100), for the peak-memory ratio;
 #      b. the same models at each recipe's largest micro-batch (B=max, found from the memory plan), for tokens/s;
+#         then coat again at BF16's largest micro-batch (read from b's records; BF16MAX in --dry), for the
+#         peak-memory ratio at the equal micro-batch where activations weigh most;
 #      c. llama-7b at B=max with bf16 and coat, on a GPU of more than 120 GiB (an H200; skipped otherwise);
 #   2. the loss comparison: bf16, fp8_tensorwise and coat trained from the same seed on the same data (llama-350m or
 #      GPT-2 124M, 100.7M tokens of Python sources by default) through scripts/fp8_loss_parity.sh (--tolerance 0.5);
@@ -69,6 +71,13 @@ if [ $REPORT -eq 0 ]; then
   if [ $SKIP_BENCH -eq 0 ]; then
     run "${BENCH[@]}" --runs "llama-1b:$B1:2048,llama-3b:$B3:2048" --recipe "$RECIPES"
     run "${BENCH[@]}" --runs llama-1b:max:2048,llama-3b:max:2048 --recipe "$RECIPES"
+    if [ $DRY -eq 1 ]; then
+      run "${BENCH[@]}" --runs "llama-1b:BF16MAX:2048,llama-3b:BF16MAX:2048" --recipe coat
+    else
+      at_bf16_max=$(python3 scripts/repro/coat_report.py "$OUT" --bf16-max-runs llama-1b,llama-3b) ||
+        { echo "coat.sh: no BF16 B=max record to take the micro-batch from" >&2; exit 1; }
+      run "${BENCH[@]}" --runs "$at_bf16_max" --recipe coat
+    fi
     gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
     if [ $DRY -eq 1 ] || [ "${gib:-0}" -gt $((120 * 1024)) ]; then
       run "${BENCH[@]}" --runs llama-7b:max:2048 --recipe bf16,coat

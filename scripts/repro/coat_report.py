@@ -5,8 +5,9 @@ Reads the benchmark's raw records (<out>/bench/raw/*.jsonl, one JSON object per 
 with model, recipe, micro_batch, tokens_per_s, mem_gib, and max_batch for a B=max run) and the loss logs
 (<out>/loss/<recipe>.jsonl and, trained with --seeds, <recipe>_seed<N>.jsonl from scripts/fp8_loss_parity.sh), and
 writes <out>/coat.md:
-  - peak memory and tokens/s at one micro-batch for every recipe, each against bf16's (the median of a recipe's
-    rounds where a run was repeated);
+  - peak memory and tokens/s at equal micro-batches, each against bf16's (the median of a recipe's rounds where a
+    run was repeated), one group per model and micro-batch: coat.sh's fixed one for every recipe, and coat at
+    BF16's largest, against BF16's B=max run (which is a run at that micro-batch);
   - tokens/s and the micro-batch at each recipe's largest micro-batch, against bf16's;
   - the final validation losses and the held-out losses (the mean train loss of the last 300 steps, unseen batches)
     per seed, against bf16 and fp8_tensorwise paired by seed (scripts/repro/seed_report.py's pairing: the mean of the
@@ -17,6 +18,8 @@ writes <out>/coat.md:
 Exit code: 0 when every measured goal is met, 1 when one is not, 2 when there is nothing to report.
 
   usage: coat_report.py OUT [--base-seed S]   (S: the seed of the logs without _seed<N>, the first one trained)
+         coat_report.py OUT --bf16-max-runs MODEL,...   prints bench.py's --runs at BF16's largest micro-batch of
+                                                        each model (from OUT's B=max records; exit 1 if one lacks it)
 """
 import argparse
 import glob
@@ -41,15 +44,37 @@ PAPER = [
 
 
 def bench_rows(out):
-    """{(model, max_batch): {recipe: [row, ...]}} of the successful benchmark runs."""
+    """{(model, micro_batch): {recipe: [row, ...]}} of the successful fixed micro-batch runs, and {(model, None):
+    ...} of the B=max runs. BF16's B=max rows also join the fixed group of their micro-batch when another recipe ran
+    at it (coat.sh's pass at BF16's largest micro-batch)."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(out, "bench", "raw", "*.jsonl"))):
         for rec in runlog.read_records(path):
             row = rec.get("row")
             if not rec.get("ok") or not row or rec.get("impl", "llm8") != "llm8":
                 continue
-            runs.setdefault((row["model"], bool(rec.get("max_batch"))), {}).setdefault(row["recipe"], []).append(row)
+            key = (row["model"], None if rec.get("max_batch") else row["micro_batch"])
+            runs.setdefault(key, {}).setdefault(row["recipe"], []).append(row)
+    for (model, b), recipes in list(runs.items()):
+        if b is not None:
+            continue
+        for row in recipes.get("bf16", []):
+            group = runs.get((model, row["micro_batch"]))
+            if group is not None and "bf16" not in group:
+                group["bf16"] = [row]
     return runs
+
+
+def bf16_max_runs(out, models):
+    """bench.py's --runs for each model at BF16's largest micro-batch (its last B=max record), or None."""
+    runs = bench_rows(out)
+    specs = []
+    for model in models:
+        rows = runs.get((model, None), {}).get("bf16")
+        if not rows:
+            return None
+        specs.append(f"{model}:{rows[-1]['micro_batch']}:2048")
+    return ",".join(specs)
 
 
 def median_row(rows):
@@ -97,7 +122,18 @@ def main(argv=None):
     ap.add_argument("out", help="the output directory of scripts/repro/coat.sh")
     ap.add_argument("--base-seed", type=int, default=42,
                     help="the seed of the loss logs without _seed<N> (the first seed trained; default 42)")
+    ap.add_argument("--bf16-max-runs", metavar="MODELS",
+                    help="print bench.py's --runs for these comma-separated models at BF16's largest micro-batch "
+                         "(from the B=max records) and exit")
     args = ap.parse_args(argv)
+    if args.bf16_max_runs:
+        spec = bf16_max_runs(args.out, args.bf16_max_runs.split(","))
+        if spec is None:
+            print(f"coat_report.py: no successful bf16 B=max record for every one of {args.bf16_max_runs} under "
+                  f"{args.out}/bench/raw", file=sys.stderr)
+            return 1
+        print(spec)
+        return 0
     runs = bench_rows(args.out)
     losses, held_out = {}, {}  # {recipe: {seed: loss}}
     if os.path.isdir(os.path.join(args.out, "loss")):
@@ -114,15 +150,15 @@ def main(argv=None):
              "norm and GELU / SwiGLU inputs saved as E4M3 1x16 groups, AdamW moments fp8_expand; peak memory is the "
              "trainer's measured peak (cudaMemGetInfo); tokens/s the median step after the warm-up.", ""]
     goals = []
-    for max_batch, title in ((False, "At one micro-batch for every recipe"),
+    for max_batch, title in ((False, "At equal micro-batch"),
                              (True, "At each recipe's largest micro-batch (B=max, from the memory plan)")):
-        models = sorted(m for (m, mb) in runs if mb == max_batch)
-        if not models:
+        groups = sorted((k for k in runs if (k[1] is None) == max_batch), key=lambda k: (k[0], k[1] or 0))
+        if not groups:
             continue
         lines += [f"## {title}", "", "| model | recipe | micro-batch | peak GiB | vs bf16 | tokens/s | vs bf16 |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
-        for model in models:
-            by_recipe = {r: median_row(rows) for r, rows in runs[(model, max_batch)].items()}
+        for model, b in groups:
+            by_recipe = {r: median_row(rows) for r, rows in runs[(model, b)].items()}
             base = by_recipe.get("bf16")
             for recipe in sorted(by_recipe, key=lambda r: (RECIPES.index(r) if r in RECIPES else len(RECIPES), r)):
                 m = by_recipe[recipe]
@@ -133,7 +169,7 @@ def main(argv=None):
                 if recipe != "coat" or base is None:
                     continue
                 if not max_batch and model in ("llama-1b", "llama-3b"):
-                    goal(goals, f"{model}, equal micro-batch: coat peak memory <= 0.65x bf16's", mem_ratio,
+                    goal(goals, f"{model}, equal micro-batch ({b}): coat peak memory <= 0.65x bf16's", mem_ratio,
                          lambda v: v <= 0.65)
                 if max_batch and model in ("llama-1b", "llama-3b", "llama-7b"):
                     goal(goals, f"{model}, largest micro-batches: coat tokens/s >= 1.4x bf16's", tok_ratio,

@@ -2,11 +2,12 @@
 """test/dev/test_coat_repro.py: scripts/repro/coat.sh's --dry output and its report (scripts/repro/coat_report.py), on
 CPU, run from the repository root.
 
---dry: the benchmark at one micro-batch and at B=max (llama-1b, llama-3b; bf16, fp8_tensorwise, coat), llama-7b at
-B=max, and the loss comparison (bf16, fp8_tensorwise, coat through scripts/fp8_loss_parity.sh, llama-350m by default,
+--dry: the benchmark at one micro-batch and at B=max (llama-1b, llama-3b; bf16, fp8_tensorwise, coat), coat at
+BF16's largest micro-batch, llama-7b at B=max, and the loss comparison (bf16, fp8_tensorwise, coat through scripts/fp8_loss_parity.sh, llama-350m by default,
 100M+ tokens, tolerance 0.5%); bad arguments exit 2. The report on synthetic records: memory and tokens/s ratios to
 bf16 at one micro-batch and at B=max (medians of repeated rounds), the loss tables (one seed, and several paired by
-seed: --seeds), each goal met or not with the exit code, and nothing to report.
+seed: --seeds), each goal met or not with the exit code, and nothing to report; coat at BF16's largest micro-batch
+paired with BF16's B=max run, and the --runs that pass takes from the B=max records.
 """
 import json
 import os
@@ -41,9 +42,9 @@ class TestDry(unittest.TestCase):
         bench = bench_commands(proc.stdout)
         self.assertEqual([arg(c, "--runs") for c in bench],
                          ["llama-1b:8:2048,llama-3b:4:2048", "llama-1b:max:2048,llama-3b:max:2048",
-                          "llama-7b:max:2048"])
+                          "llama-1b:BF16MAX:2048,llama-3b:BF16MAX:2048", "llama-7b:max:2048"])
         self.assertEqual([arg(c, "--recipe") for c in bench],
-                         ["bf16,fp8_tensorwise,coat", "bf16,fp8_tensorwise,coat", "bf16,coat"])
+                         ["bf16,fp8_tensorwise,coat", "bf16,fp8_tensorwise,coat", "coat", "bf16,coat"])
         for c in bench:
             self.assertEqual((arg(c, "--peer"), arg(c, "--accum"), arg(c, "--results")),
                              ("none", "4", "runs/coat/bench"))
@@ -115,7 +116,8 @@ class TestReport(unittest.TestCase):
             self.assertEqual(proc.returncode, 1, proc.stderr)  # the memory goal is not met
             self.assertIn("| llama-1b | coat | 8 | 28.0 | 0.700 | 91,000 | 1.137 |", text)
             self.assertIn("| llama-1b | coat | 70 | 131.0 | 1.008 | 120,000 | 1.463 |", text)
-            self.assertIn("| llama-1b, equal micro-batch: coat peak memory <= 0.65x bf16's | 0.700 | **not met** |", text)
+            self.assertIn("| llama-1b, equal micro-batch (8): coat peak memory <= 0.65x bf16's | 0.700 | **not met** |",
+                          text)
             self.assertIn("| llama-1b, largest micro-batches: coat tokens/s >= 1.4x bf16's | 1.463 | **met** |", text)
             self.assertIn("| coat | 2.0040 | +0.20% | +0.10% |", text)
             self.assertIn("| coat's final validation loss within 0.5% of bf16's | 0.200 | **met** |", text)
@@ -131,6 +133,30 @@ class TestReport(unittest.TestCase):
             self.assertEqual(proc.returncode, 1)
             self.assertIn("| coat's final validation loss within 0.5% of bf16's | 1.000 | **not met** |", text)
             self.assertNotIn("## At one micro-batch", text)
+
+    def test_coat_at_bf16s_largest_micro_batch(self):
+        # coat.sh's third pass: coat at BF16's B=max micro-batch (40), against BF16's B=max run; --bf16-max-runs
+        # gives that pass its --runs.
+        records = [bench_record("llama-1b", "bf16", 8, 80000, 40.0), bench_record("llama-1b", "coat", 8, 90000, 28.0),
+                   bench_record("llama-1b", "bf16", 40, 82000, 130.0, True),
+                   bench_record("llama-1b", "coat", 70, 120000, 131.0, True),
+                   bench_record("llama-3b", "bf16", 16, 30000, 135.0, True)]
+        with tempfile.TemporaryDirectory() as out:
+            self.write(out, records, {})
+            got = subprocess.run([sys.executable, REPORT, out, "--bf16-max-runs", "llama-1b,llama-3b"],
+                                 capture_output=True, text=True, cwd=REPO_ROOT)
+            self.assertEqual((got.returncode, got.stdout.strip()), (0, "llama-1b:40:2048,llama-3b:16:2048"))
+            missing = subprocess.run([sys.executable, REPORT, out, "--bf16-max-runs", "llama-1b,llama-7b"],
+                                     capture_output=True, text=True, cwd=REPO_ROOT)
+            self.assertEqual(missing.returncode, 1)
+            self.write(out, records + [bench_record("llama-1b", "coat", 40, 98000, 83.2)], {})
+            proc, text = self.report(out)
+            self.assertIn("| llama-1b | bf16 | 40 | 130.0 | 1.000 | 82,000 | 1.000 |", text)
+            self.assertIn("| llama-1b | coat | 40 | 83.2 | 0.640 | 98,000 | 1.195 |", text)
+            self.assertIn("| llama-1b, equal micro-batch (40): coat peak memory <= 0.65x bf16's | 0.640 | **met** |",
+                          text)
+            self.assertIn("| llama-1b, equal micro-batch (8): coat peak memory <= 0.65x bf16's | 0.700 | **not met** |",
+                          text)
 
     def test_seeds_paired(self):
         # seeds 43 (the logs without a suffix: --base-seed 43) and 44; coat is +0.1% and +0.7% above bf16 (mean +0.4%,
