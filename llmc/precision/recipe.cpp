@@ -39,9 +39,12 @@
 //                   backward_scale). On Hopper the products run on FP8 tensor cores from operands remapped exactly
 //                   (llmc/precision/fp4_gemm.h): FP4 numerics and storage, not FP4 speed.
 //   coat            COAT (arXiv 2410.19313, shared/reference/fp8_recipes.md §1): fp8_tensorwise's GEMMs, the inputs
-//                   the norms and GELU / SwiGLU save for backward as E4M3 1x16 groups (nonlinear_fp8), and AdamW
-//                   moments in FP8 with dynamic range expansion (optimizer.state_format fp8_expand, unless the config
-//                   names another). Attention, RoPE, the embeddings, the lm_head and the residual stream stay BF16.
+//                   the norms and GELU / SwiGLU save for backward as E4M3 1x16 groups (nonlinear_fp8), GELU / SwiGLU
+//                   computed from their input's copy and recomputed in backward (recompute_mlp_act: COAT's FP8 flow),
+//                   the weights' transposed codes made in every backward rather than kept (cache_weight_transpose
+//                   false: exact, the memory COAT's FSDP shards), and AdamW moments in FP8 with dynamic range
+//                   expansion (optimizer.state_format fp8_expand, unless the config names another). Attention, RoPE,
+//                   the embeddings, the lm_head and the residual stream stay BF16.
 // All quantising presets keep the lm_head and the embeddings in BF16 and save the linear inputs for backward
 // quantised. A preset starts from PrecisionRecipe's defaults (x, w E4M3 and dy E5M2 per tensor, FP32 scales).
 #include "llmc/precision/recipe.h"
@@ -115,11 +118,14 @@ const RecipePreset kPresets[] = {
        r.backward_hadamard = 32;
        r.backward_range_matched = true;
      }},
-    {"coat", "fp8_tensorwise GEMMs, norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups, FP8 AdamW moments "
+    {"coat", "fp8_tensorwise GEMMs, norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups, GELU / SwiGLU "
+             "computed from them and recomputed in backward, weight transposes made in backward, FP8 AdamW moments "
              "(fp8_expand)",
      [](PrecisionRecipe& r) {
        fill_fp8_tensorwise(r);
        r.nonlinear_fp8 = true;
+       r.recompute_mlp_act = true;
+       r.cache_weight_transpose = false;
      },
      "fp8_expand"},
 };
@@ -403,8 +409,8 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
                 r.recipe.c_str());
   if (r.recompute_mlp_act && !r.nonlinear_fp8)
     throw_error("precision.recompute_mlp_act computes GELU / SwiGLU from the FP8 copy of their input, which "
-                "precision.nonlinear_fp8 makes: set precision.nonlinear_fp8 to true (precision.recipe = \"coat\" "
-                "has it) or precision.recompute_mlp_act to false");
+                "precision.nonlinear_fp8 makes: set precision.nonlinear_fp8 to true or precision.recompute_mlp_act "
+                "to false (the coat preset sets both: without its FP8 copies, turn recompute_mlp_act off too)");
   if (r.recompute_mlp_act && r.backward_range_matched)
     throw_error("precision.recompute_mlp_act hands the down projection a recomputed BF16 input, but "
                 "precision.backward_scale = \"range_matched\" (Quartet) re-quantises the forward's saved codes of "

@@ -303,7 +303,8 @@ const std::vector<KeySchema>& schema() {
           LLMC_ACCESS(precision.save_quantized_inputs)),
       row("precision", "cache_weight_transpose", T::Bool,
           "keep each FP8 weight's transposed codes for the optimizer step (false: transpose them in every backward, "
-          "1 byte less per FP8 parameter, one more pass over the weights per micro-step)",
+          "1 byte less per FP8 parameter, one more pass over the weights per micro-step; the coat preset sets "
+          "false)",
           LLMC_ACCESS(precision.cache_weight_transpose)),
       one_of(row("precision", "dy_rounding", T::String,
                  "rounding of the output gradients' codes: nearest (ties to even) or stochastic (FP4 only; random "
@@ -314,14 +315,15 @@ const std::vector<KeySchema>& schema() {
                  }), {"nearest", "stochastic"}),
       row("precision", "nonlinear_fp8", T::Bool,
           "COAT's FP8 activations: keep the inputs that the norms (LayerNorm / RMSNorm) and GELU / SwiGLU save for "
-          "backward as E4M3 with one FP32 scale per 16 channels instead of BF16 (the forward, the residual stream, "
-          "attention and the linear inputs are unchanged; needs train.recompute 0 and model widths that are "
-          "multiples of 16)", LLMC_ACCESS(precision.nonlinear_fp8)),
+          "backward as E4M3 with one E8M0 (power-of-two) scale per 16 channels instead of BF16 (the forward, the "
+          "residual stream, attention and the linear inputs are unchanged; needs train.recompute 0 and model widths "
+          "that are multiples of 16)", LLMC_ACCESS(precision.nonlinear_fp8)),
       row("precision", "recompute_mlp_act", T::Bool,
           "COAT's FP8 flow for the MLP activation (needs nonlinear_fp8): GELU / SwiGLU compute their output from "
           "the FP8 copy of their input, and backward recomputes that output (the c_proj / down_proj input, "
           "bit for bit) instead of keeping a copy for wgrad: ffn_hidden bytes (FP8) less per token and block; the "
-          "forward's values change by the copy's rounding", LLMC_ACCESS(precision.recompute_mlp_act)),
+          "forward's values change by the copy's rounding (the coat preset sets it)",
+          LLMC_ACCESS(precision.recompute_mlp_act)),
       between(row("precision", "wgrad_hadamard", T::Int,
                   "size of the random Hadamard transform applied along the tokens to both weight-gradient operands "
                   "(dy and x; FP4 1xN blocks only; one sign vector per run, from train.seed): 0 (none), 16 or 32",
@@ -797,7 +799,7 @@ void validate_config(RunConfig& cfg, int world_size) {
                     "train.recompute to 0 or precision.nonlinear_fp8 to false", cfg.precision.recipe.c_str());
       if (m.n_embd % kNonlinearFp8Groups.cols != 0 || m.ffn_hidden % kNonlinearFp8Groups.cols != 0)
         throw_error("precision.nonlinear_fp8 (precision.recipe = \"%s\") needs model.n_embd (%d) and "
-                    "model.ffn_hidden (%d) to be multiples of %d (one FP32 scale per %d channels)",
+                    "model.ffn_hidden (%d) to be multiples of %d (one scale per %d channels)",
                     cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden, kNonlinearFp8Groups.cols,
                     kNonlinearFp8Groups.cols);
     }

@@ -108,15 +108,23 @@ TEST(Recipe, PresetFields) {
   EXPECT_TRUE(q.bf16_layers.empty());
   EXPECT_FALSE(q.quantize_lm_head);
   EXPECT_TRUE(q.save_quantized_inputs);
-  // COAT: fp8_tensorwise with the non-linear layers' saved inputs as FP8 1x16 groups.
+  // COAT: fp8_tensorwise with the non-linear layers' saved inputs as FP8 1x16 groups, the MLP activation computed
+  // from its copy and recomputed, and the weights' transposed codes made in backward.
   const PrecisionRecipe c = preset("coat");
   PrecisionRecipe expect = t;
   expect.recipe = "coat";
   expect.nonlinear_fp8 = true;
+  expect.recompute_mlp_act = true;
+  expect.cache_weight_transpose = false;
   EXPECT_EQ(describe_recipe(c), describe_recipe(expect));
   EXPECT_TRUE(c.nonlinear_fp8);
-  for (const char* other : {"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4"})
+  EXPECT_TRUE(c.recompute_mlp_act);
+  EXPECT_FALSE(c.cache_weight_transpose);
+  for (const char* other : {"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4"}) {
     EXPECT_FALSE(preset(other).nonlinear_fp8) << other;
+    EXPECT_FALSE(preset(other).recompute_mlp_act) << other;
+    EXPECT_TRUE(preset(other).cache_weight_transpose) << other;
+  }
   EXPECT_FALSE(precision_recipe_preset("fp8", nullptr));
 }
 
@@ -155,10 +163,13 @@ TEST(Recipe, QueriesOfEveryPreset) {
       EXPECT_EQ(p.x, c.x) << c.name;
       EXPECT_EQ(p.w, c.w) << c.name;
       EXPECT_EQ(p.dy, c.dy) << c.name;
-      // Saved for backward: the quantised input, except the attention output's (kept in BF16 for attention anyway);
-      // Quartet's backward re-quantises the forward's codes of every input.
-      EXPECT_EQ(p.save_quantized_input, kind != LinearKind::AttnOut || r.backward_range_matched)
+      // Saved for backward: the quantised input, except the attention output's (kept in BF16 for attention anyway)
+      // and, under recompute_mlp_act (coat), the down projection's (recomputed in backward); Quartet's backward
+      // re-quantises the forward's codes of every input.
+      const bool recomputed = kind == LinearKind::MlpDown && r.recompute_mlp_act;
+      EXPECT_EQ(p.save_quantized_input, (kind != LinearKind::AttnOut && !recomputed) || r.backward_range_matched)
           << c.name << " " << linear_kind_name(kind);
+      EXPECT_EQ(p.cache_weight_transpose, r.cache_weight_transpose) << c.name;
       EXPECT_EQ(p.requantize_backward, r.backward_range_matched) << c.name;
       EXPECT_EQ(p.forward_hadamard, r.forward_hadamard) << c.name;
       EXPECT_EQ(p.forward_gaussian_scales, r.forward_gaussian_scales) << c.name;
@@ -255,7 +266,8 @@ TEST(Recipe, NamesHelpAndDescription) {
             "16x16), E4M3 block + FP32 tensor scales, stochastic dy, RHT-16 wgrad; BF16 products on Hopper; sm_80) | mxfp4 "
             "(Quartet: E2M1 1x32 blocks, E8M0 scales; QuEST forward (Hadamard-32, Gaussian scales, trust masks), "
             "backward re-quantised with fresh Hadamard-32 signs and range-matched scales; FP8 products on Hopper; "
-            "sm_90) | coat (fp8_tensorwise GEMMs, norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups, FP8 AdamW "
+            "sm_90) | coat (fp8_tensorwise GEMMs, norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups, GELU / "
+            "SwiGLU computed from them and recomputed in backward, weight transposes made in backward, FP8 AdamW "
             "moments (fp8_expand); sm_89)");
   // Only coat brings an optimizer-state format (COAT's FP8 moments).
   for (const std::string& name : precision_recipe_names())
@@ -554,9 +566,12 @@ TEST(Recipe, EncodingsWithoutAQuantiserAreRefused) {
   const std::string e = validation_error(r);
   EXPECT_TRUE(contains(e, "precision.x_format / precision.x_granularity")) << e;
   EXPECT_TRUE(contains(e, "no quantiser for e5m2 1x16")) << e;
-  // E4M3 1x16 (the saved activations' copies) has a quantiser but is no GEMM operand.
-  r.x = {ElementFormat::E4M3, kBlock1x16, ScaleFormat::FP32, false};
+  // E4M3 1x16 with E8M0 scales (the saved activations' copies) has a quantiser but is no GEMM operand; with FP32
+  // scales it has none.
+  r.x = {ElementFormat::E4M3, kBlock1x16, ScaleFormat::E8M0, false};
   EXPECT_TRUE(contains(validation_error(r), "x is e4m3 1x16")) << validation_error(r);
+  r.x = {ElementFormat::E4M3, kBlock1x16, ScaleFormat::FP32, false};
+  EXPECT_TRUE(contains(validation_error(r), "no quantiser for e4m3 1x16")) << validation_error(r);
   r = preset("fp8_blockwise");
   r.dy.block = kBlock1x32;
   EXPECT_TRUE(contains(validation_error(r), "precision.dy_format / precision.dy_granularity")) << validation_error(r);

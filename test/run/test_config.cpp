@@ -315,8 +315,12 @@ TEST(Config, Fp4RolesAndSwitches) {
   EXPECT_EQ(c.precision.x, (llmc::Encoding{llmc::ElementFormat::E4M3}));
   EXPECT_EQ(c.precision.dy, (llmc::Encoding{llmc::ElementFormat::E5M2}));
   // One role alone cannot leave its family: the GEMM mapping names both operands.
-  expect_error(load_error(with("precision", "recipe", "nvfp4"), {"precision.x_format=e4m3"}),
+  expect_error(load_error(with("precision", "recipe", "nvfp4"),
+                          {"precision.x_format=e4m3", "precision.x_granularity=tensor"}),
                {"the fprop GEMM", "an FP4 operand multiplies only an operand of its own FP4 family"});
+  // E4M3 in nvfp4's 1x16 blocks takes FP32 scales, which no quantiser writes.
+  expect_error(load_error(with("precision", "recipe", "nvfp4"), {"precision.x_format=e4m3"}),
+               {"precision.x_format / precision.x_granularity", "no quantiser for e4m3 1x16"});
   // The resolved nvfp4 config reloads to the same recipe.
   c = llmc::load_config_json(with("precision", "recipe", "nvfp4"), {"precision.bf16_layers=[0, -1]"});
   const json dumped = llmc::config_to_json(c);
@@ -394,9 +398,10 @@ TEST(Config, QuartetSwitches) {
                {"precision.trust_mask = true is an ingredient"});
 }
 
-// COAT: the coat preset is fp8_tensorwise's GEMMs with the FP8 non-linear activations and FP8 AdamW moments with
-// dynamic range expansion; each part is a key of its own that wins over the preset, the resolved config reloads to
-// the same run, and the activation switch refuses recompute and widths that are not whole 16-channel groups.
+// COAT: the coat preset is fp8_tensorwise's GEMMs with the FP8 non-linear activations, the MLP activation computed
+// from its copy and recomputed, the weights' transposes made in backward and FP8 AdamW moments with dynamic range
+// expansion; each part is a key of its own that wins over the preset, the resolved config reloads to the same run,
+// and the activation switch refuses recompute and widths that are not whole 16-channel groups.
 TEST(Config, CoatPresetAndItsParts) {
   llmc::RunConfig c = llmc::load_config_json(with("precision", "recipe", "coat"), {});
   EXPECT_TRUE(llmc::quantizes_linears(c.precision));
@@ -404,8 +409,13 @@ TEST(Config, CoatPresetAndItsParts) {
   EXPECT_EQ(c.precision.dy, (llmc::Encoding{llmc::ElementFormat::E5M2}));
   EXPECT_EQ(c.precision.scaling, llmc::ScalingMode::Current);
   EXPECT_TRUE(c.precision.nonlinear_fp8);
+  EXPECT_TRUE(c.precision.recompute_mlp_act);
+  EXPECT_FALSE(c.precision.cache_weight_transpose);
   EXPECT_STREQ(c.optimizer.state_format.name, "fp8_expand");
   EXPECT_NE(llmc::describe_recipe(c.precision).find("norm / GELU / SwiGLU inputs saved as e4m3 1x16 groups"),
+            std::string::npos);
+  EXPECT_NE(llmc::describe_recipe(c.precision).find("recomputed in backward"), std::string::npos);
+  EXPECT_NE(llmc::describe_recipe(c.precision).find("transposed weight codes made in every backward"),
             std::string::npos);
   // Each part alone: explicit keys win over the preset, whatever their order.
   c = llmc::load_config_json(with("precision", "recipe", "coat"), {"optimizer.state_format=fp32"});
@@ -414,7 +424,16 @@ TEST(Config, CoatPresetAndItsParts) {
   json j = with("precision", "recipe", "coat");
   j["optimizer"] = {{"state_format", "fp8"}};
   EXPECT_STREQ(llmc::load_config_json(j, {}).optimizer.state_format.name, "fp8");
-  c = llmc::load_config_json(with("precision", "recipe", "coat"), {"precision.nonlinear_fp8=false"});
+  c = llmc::load_config_json(with("precision", "recipe", "coat"),
+                             {"precision.recompute_mlp_act=false", "precision.cache_weight_transpose=true"});
+  EXPECT_TRUE(c.precision.nonlinear_fp8);
+  EXPECT_FALSE(c.precision.recompute_mlp_act);
+  EXPECT_TRUE(c.precision.cache_weight_transpose);
+  // Without the copies the recomputation has nothing to start from: the error says to turn it off too.
+  expect_error(load_error(with("precision", "recipe", "coat"), {"precision.nonlinear_fp8=false"}),
+               {"precision.recompute_mlp_act", "turn recompute_mlp_act off too"});
+  c = llmc::load_config_json(with("precision", "recipe", "coat"),
+                             {"precision.nonlinear_fp8=false", "precision.recompute_mlp_act=false"});
   EXPECT_FALSE(c.precision.nonlinear_fp8);
   EXPECT_STREQ(c.optimizer.state_format.name, "fp8_expand");
   c = llmc::load_config_json(with("precision", "recipe", "bf16"), {"precision.nonlinear_fp8=true"});
@@ -429,12 +448,16 @@ TEST(Config, CoatPresetAndItsParts) {
     c = llmc::load_config_json(with("precision", "recipe", name), {});
     EXPECT_STREQ(c.optimizer.state_format.name, "fp32") << name;
     EXPECT_FALSE(c.precision.nonlinear_fp8) << name;
+    EXPECT_FALSE(c.precision.recompute_mlp_act) << name;
+    EXPECT_TRUE(c.precision.cache_weight_transpose) << name;
   }
   // The resolved config names every part and reloads to the same config.
   c = llmc::load_config_json(with("precision", "recipe", "coat"), {});
   const json dumped = llmc::config_to_json(c);
   EXPECT_EQ(dumped["precision"]["recipe"], "coat");
   EXPECT_EQ(dumped["precision"]["nonlinear_fp8"], true);
+  EXPECT_EQ(dumped["precision"]["recompute_mlp_act"], true);
+  EXPECT_EQ(dumped["precision"]["cache_weight_transpose"], false);
   EXPECT_EQ(dumped["optimizer"]["state_format"], "fp8_expand");
   EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(dumped, {})), dumped);
   // Recompute would need the BF16 tensors the copies replace; groups are 16 channels wide.

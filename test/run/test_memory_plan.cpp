@@ -215,8 +215,12 @@ TEST(MemoryPlan, SharedInputBuffersOnlyWhenABlockUsesThem) {
   }
 }
 
+// The coat preset with its FP8 copies alone (the MLP activation kept, the weights' transposed codes cached).
+const std::vector<std::string> kCoatCopiesOnly = {"precision.recompute_mlp_act=false",
+                                                  "precision.cache_weight_transpose=true"};
+
 // COAT's FP8 activations: under coat the tensors the non-linear layers read in backward are saved as E4M3 codes with
-// one FP32 scale per 16 channels (1.25 bytes per element at these sizes) instead of BF16, and their BF16 values move
+// one E8M0 scale per 16 channels (1.0625 bytes per element at these sizes) instead of BF16, and their BF16 values move
 // to working buffers shared by the blocks; the linears' FP8 state is fp8_tensorwise's, and the moments are fp8_expand.
 TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
   const int B = 4, T = 1024;
@@ -224,7 +228,7 @@ TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {
     SCOPED_TRACE(preset);
     const RunConfig fp8 = config(preset, "fp8_tensorwise", B, T);
-    const RunConfig coat = config(preset, "coat", B, T);
+    const RunConfig coat = config(preset, "coat", B, T, kCoatCopiesOnly);
     const ModelMemory q = plan_model_memory(fp8.model, B, T, 0, fp8.precision);
     const ModelMemory c = plan_model_memory(coat.model, B, T, 0, coat.precision);
     const size_t C = coat.model.n_embd, F = coat.model.ffn_hidden, L = coat.model.n_layer;
@@ -235,7 +239,7 @@ TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
     // for the activation function's input, forward-only buffers that share memory with the backward's.
     const size_t act_in = llama ? 2 * F : F;
     const size_t replaced = N * C * (1 + 2 * L) + N * act_in * L;
-    EXPECT_EQ(q.activation(ActivationUse::Saved) - c.activation(ActivationUse::Saved), replaced * 2 - replaced * 5 / 4);
+    EXPECT_EQ(q.activation(ActivationUse::Saved) - c.activation(ActivationUse::Saved), replaced * 2 - replaced * 17 / 16);
     const size_t backward = backward_only_elements(coat.model);
     const size_t q_forward = forward_only_elements(fp8.model, true, false, true);
     const size_t c_forward = forward_only_elements(coat.model, true, true, true);
@@ -253,14 +257,15 @@ TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
 
 // precision.recompute_mlp_act: the MLP's down projection keeps no quantised copy of its input (ffn_hidden FP8 bytes
 // per token and block), and the backward gets one buffer of its own for the recomputed activation (ffn_hidden BF16
-// elements per token, in the working memory the forward's buffers overlay). Every other allocation stays.
+// elements per token, in the working memory the forward's buffers overlay). Every other allocation stays. The preset
+// (which has it) also drops the weights' transposed codes: one byte per FP8 parameter.
 TEST(MemoryPlan, CoatRecomputesTheMlpActivationInsteadOfKeepingIt) {
   const int B = 4, T = 1024;
   const size_t N = static_cast<size_t>(B) * T;
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {
     SCOPED_TRACE(preset);
-    const RunConfig coat = config(preset, "coat", B, T);
-    const RunConfig flow = config(preset, "coat", B, T, {"precision.recompute_mlp_act=true"});
+    const RunConfig coat = config(preset, "coat", B, T, kCoatCopiesOnly);
+    const RunConfig flow = config(preset, "coat", B, T, {"precision.cache_weight_transpose=true"});
     const ModelMemory c = plan_model_memory(coat.model, B, T, 0, coat.precision);
     const ModelMemory r = plan_model_memory(flow.model, B, T, 0, flow.precision);
     const size_t F = coat.model.ffn_hidden, L = coat.model.n_layer;
@@ -274,6 +279,11 @@ TEST(MemoryPlan, CoatRecomputesTheMlpActivationInsteadOfKeepingIt) {
     EXPECT_GE(r.precision.scratch, c.precision.scratch);  // the wgrad input quantised in backward
     EXPECT_LE(r.precision.scratch - c.precision.scratch, N * F);
     EXPECT_LT(r.total(), c.total());
+    const RunConfig full = config(preset, "coat", B, T);
+    const ModelMemory p = plan_model_memory(full.model, B, T, 0, full.precision);
+    EXPECT_EQ(p.precision.weight_caches * 2, r.precision.weight_caches);  // row codes only (no padding at these sizes)
+    EXPECT_EQ(p.activation(ActivationUse::Saved), r.activation(ActivationUse::Saved));
+    EXPECT_LT(p.total(), r.total());
   }
   // It needs the FP8 copies.
   EXPECT_THROW(config("llama-1b", "fp8_tensorwise", B, T, {"precision.recompute_mlp_act=true"}), Error);
