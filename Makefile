@@ -24,7 +24,7 @@ SANITIZE_ENV := \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # What it builds: the CPU GoogleTest binaries (test/<layer>/test_*.cpp), the trainer the integration tests drive and
 # the FP4 reference's command-line face that test/precision/test_fp4_numpy.py drives.
-SANITIZE_TARGETS := train_gpt fp4_ref_dump $(sort $(basename $(notdir $(wildcard test/*/test_*.cpp))))
+SANITIZE_TARGETS := train_gpt fp4_ref_dump group_ref_dump $(sort $(basename $(notdir $(wildcard test/*/test_*.cpp))))
 
 .PHONY: all setup build test test-sanitize quickstart bench clean data
 
