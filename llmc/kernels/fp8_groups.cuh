@@ -2,8 +2,8 @@
 // of a 16-value group held by a pair of lanes (the producers' and the standalone quantiser's one copy of it), and the
 // input loaders over which the backward kernels are templated (BF16: the tensor itself; FP8 groups: its dequantised
 // copy), read directly or staged through shared memory with cp.async.
-// Bit-exact with the CPU reference (test/reference/group_quant_ref.cpp): the amax is a max over bits, the scale code
-// is fp8_group_scale_code's integer rule, x * 2^-k and code * 2^k are __fmul_rn (exact), and the conversion is
+// Bit-exact with the CPU reference (test/reference/group_quant_ref.cpp): the amax is a max over bits, the scales are
+// fp8_group_scales' correctly rounded divisions, x * q and code * d are __fmul_rn, and the conversion is
 // cvt.rn.satfinite, which the host fp8_encode reproduces.
 #pragma once
 
@@ -22,12 +22,11 @@ __device__ inline float e4m3_value(uint8_t code) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
 }
 
-// One lane's half of a 16-value group cast: its 8 codes (w.x: the lower address in the low byte), the group's amax and
-// the E8M0 code of its dequant scale.
+// One lane's half of a 16-value group cast: its 8 codes (w.x: the lower address in the low byte) and the group's
+// amax and dequant scale d.
 struct Fp8GroupCast8 {
   uint2 codes;
-  float amax;
-  uint8_t scale;
+  float amax, d;
 };
 
 // Casts this thread's 8 values x (columns c .. c + 7 of a row, c % 8 == 0). A group's 16 values are held by the two
@@ -41,8 +40,8 @@ __device__ inline Fp8GroupCast8 fp8_groups_cast8(const x128& x) {
   m = max(m, __shfl_xor_sync(3u << (lane & ~1u), m, 1));
   Fp8GroupCast8 g;
   g.amax = __uint_as_float(m);
-  g.scale = fp8_group_scale_code(g.amax);
-  const float q = fp8_group_multiplier(g.scale);
+  float q;
+  fp8_group_scales(g.amax, &g.d, &q);
   uint32_t words[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -66,11 +65,11 @@ __device__ inline void fp8_groups_store8(const Fp8GroupsOut& out, const Fp8Group
   if (c % kFp8GroupSize == 0) {
     const int ld = fp8_groups_ld(rows);
     const size_t column = static_cast<size_t>(c / kFp8GroupSize) * ld;
-    out.scale_inv[column + row] = g.scale;
+    out.scale_inv[column + row] = g.d;
     if (out.group_amax) out.group_amax[column + row] = g.amax;
     if (row == rows - 1)
       for (int r = rows; r < ld; r++) {
-        out.scale_inv[column + r] = kFp8GroupScaleOne;
+        out.scale_inv[column + r] = 1.0f;
         if (out.group_amax) out.group_amax[column + r] = 0.0f;
       }
   }
@@ -82,8 +81,7 @@ __device__ inline void fp8_groups_store8(const Fp8GroupsOut& out, const x128& x,
   fp8_groups_store8(out, fp8_groups_cast8(x), row, c, rows, cols);
 }
 
-// The 8 values of 8 codes (w: the lower address in the low byte) times the group's dequant scale d (a power of two:
-// exact products, NaN for a non-finite group).
+// The 8 values of 8 codes (w: the lower address in the low byte) times the group's dequant scale d.
 __device__ inline void fp8_groups_decode8(float (&v)[8], uint2 w, float d) {
 #pragma unroll
   for (int k = 0; k < 8; k++) {
@@ -92,18 +90,13 @@ __device__ inline void fp8_groups_decode8(float (&v)[8], uint2 w, float d) {
   }
 }
 
-// The 8 values of a cast, as Fp8GroupsLoader reads them back from the stored copy.
-__device__ inline void fp8_groups_decode8(float (&v)[8], const Fp8GroupCast8& g) {
-  fp8_groups_decode8(v, g.codes, fp8_group_scale_value(g.scale));
-}
-
 // The input loaders of the backward kernels: load8 / load8cs (streaming) give the 8 values of row `row`, columns
 // c .. c + 7 as FP32, `at` = row * cols + c being their element index. kGroups: whether the values come from an FP8
 // copy (which needs row and c, and cols a multiple of 16).
 // Staged reads, for kernels that pipeline rows through shared memory: stage8_async(slot, at, row, c) starts the
 // cp.async copies of what those 8 values are made of into a 16-byte shared slot (part of the caller's current commit
-// group); once that group has landed, unstage8(slot, row) reads the slot into registers (Staged) and value(s, k) is
-// value k as FP32, the same value load8 gives.
+// group); once that group has landed, unstage8(slot) reads the slot into registers (Staged) and value(s, k) is value k
+// as FP32, the same value load8 gives.
 struct Bf16Loader {
   static constexpr bool kGroups = false;
   const bf16* x;  // (rows, cols)
@@ -120,17 +113,17 @@ struct Bf16Loader {
   __device__ float load1(size_t at) const { return __bfloat162float(x[at]); }
   using Staged = x128;  // the 8 bf16 as stored, converted where used
   __device__ void stage8_async(uint32_t slot, size_t at, int, int) const { ptx::cp_async_16(slot, x + at, true); }
-  __device__ static Staged unstage8(const void* slot, int) { return *static_cast<const x128*>(slot); }
+  __device__ static Staged unstage8(const void* slot) { return *static_cast<const x128*>(slot); }
   __device__ static float value(const Staged& s, int k) { return __bfloat162float(s[k]); }
 };
 
 struct Fp8GroupsLoader {
   static constexpr bool kGroups = true;
-  const uint8_t* codes;      // (rows, cols)
-  const uint8_t* scale_inv;  // (cols / 16, ld) E8M0 codes
-  int ld;                    // fp8_groups_ld(rows)
+  const uint8_t* codes;    // (rows, cols)
+  const float* scale_inv;  // (cols / 16, ld)
+  int ld;                  // fp8_groups_ld(rows)
   __device__ float scale(int row, int c) const {
-    return fp8_group_scale_value(scale_inv[static_cast<size_t>(c / kFp8GroupSize) * ld + row]);
+    return scale_inv[static_cast<size_t>(c / kFp8GroupSize) * ld + row];
   }
   __device__ void load8(float (&v)[8], size_t at, int row, int c) const {
     fp8_groups_decode8(v, *reinterpret_cast<const uint2*>(codes + at), scale(row, c));
@@ -141,18 +134,14 @@ struct Fp8GroupsLoader {
   struct Staged {  // the 8 values, decoded once
     float v[8];
   };
-  // slot bytes 0..7: the codes; 8..11: the aligned 4-byte word of scale_inv that holds the group's scale code, byte
-  // row % 4 of it (ld is a multiple of 4, so the group's entry sits at that offset in its word)
+  // slot bytes 0..7: the codes; 8..11: the group's scale_inv
   __device__ void stage8_async(uint32_t slot, size_t at, int row, int c) const {
     ptx::cp_async_8(slot, codes + at, true);
-    const size_t entry = static_cast<size_t>(c / kFp8GroupSize) * ld + row;
-    ptx::cp_async_4(slot + 8, scale_inv + (entry & ~static_cast<size_t>(3)), true);
+    ptx::cp_async_4(slot + 8, scale_inv + static_cast<size_t>(c / kFp8GroupSize) * ld + row, true);
   }
-  __device__ static Staged unstage8(const void* slot, int row) {
+  __device__ static Staged unstage8(const void* slot) {
     Staged s;
-    const uint32_t word = static_cast<const uint32_t*>(slot)[2];
-    fp8_groups_decode8(s.v, *static_cast<const uint2*>(slot),
-                       fp8_group_scale_value(static_cast<uint8_t>(word >> (8 * (row % 4)))));
+    fp8_groups_decode8(s.v, *static_cast<const uint2*>(slot), static_cast<const float*>(slot)[2]);
     return s;
   }
   __device__ static float value(const Staged& s, int k) { return s.v[k]; }
@@ -168,7 +157,7 @@ inline void require_fp8_groups(const char* kernel, const char* name, const void*
     throw_error("%s: %s: the FP8 copy needs both codes and scale_inv (device pointers; got %p, %p)", kernel, name,
                 codes, scale_inv);
   require_aligned16(kernel, name, codes);
-  if (!is_aligned(scale_inv, sizeof(uint32_t)))  // the staged loads read it in aligned 4-byte words
+  if (!is_aligned(scale_inv, sizeof(float)))
     throw_error("%s: %s: scale_inv %p is not 4-byte aligned", kernel, name, scale_inv);
 }
 

@@ -53,7 +53,7 @@ __global__ void gelu_forward_kernel(bf16* out, float* amax, const Loader inp, si
       const Fp8GroupCast8 q = fp8_groups_cast8(xb);
       if constexpr (kSave) fp8_groups_store8(save, q, row, c, rows, cols);
       if constexpr (kQuantised) {
-        fp8_groups_decode8(x, q);  // Fp8GroupsLoader's values of the stored copy
+        fp8_groups_decode8(x, q.codes, q.d);  // Fp8GroupsLoader's values of the stored copy
       } else {
 #pragma unroll
         for (int k = 0; k < 8; k++) x[k] = __bfloat162float(xb[k]);

@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(kFusedMaxWarps * kWarpSize)
     typename Loader::Staged x;
     if (valid) {
       d = *slot(stage, 0);
-      x = Loader::unstage8(slot(stage, 1), row_begin + i);
+      x = Loader::unstage8(slot(stage, 1));
       di = *slot(stage, 2);
     }
     float sum_g = 0.0f, sum_g_xhat = 0.0f;

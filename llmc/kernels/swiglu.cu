@@ -44,8 +44,8 @@ __global__ void swiglu_forward_kernel(bf16* out, const Loader gate_up, int N, in
         fp8_groups_store8(save, uq, static_cast<int>(n), F + j, N, 2 * F);
       }
       if constexpr (kQuantised) {
-        fp8_groups_decode8(g, gq);  // Fp8GroupsLoader's values of the stored copy
-        fp8_groups_decode8(u, uq);
+        fp8_groups_decode8(g, gq.codes, gq.d);  // Fp8GroupsLoader's values of the stored copy
+        fp8_groups_decode8(u, uq.codes, uq.d);
       } else {
 #pragma unroll
         for (int k = 0; k < 8; k++) g[k] = __bfloat162float(gb[k]), u[k] = __bfloat162float(ub[k]);

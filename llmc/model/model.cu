@@ -139,7 +139,7 @@ SavedActivation Model::saved_activation(Carver& cv, size_t rows, size_t cols, bf
   const int r = static_cast<int>(rows), c = static_cast<int>(cols);
   a.values = shared;
   a.copy.codes = cv.take<uint8_t>(fp8_groups_code_bytes(r, c));
-  a.copy.scale_inv = cv.take<uint8_t>(fp8_groups_scale_bytes(r, c));
+  a.copy.scale_inv = cv.take<float>(fp8_groups_scale_bytes(r, c) / sizeof(float));
   return a;
 }
 

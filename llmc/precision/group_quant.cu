@@ -76,7 +76,7 @@ Fp8GroupsOut fp8_groups_out(const QTensor& q, float* group_amax) {
                 encoding_name(kFp8Groups1x16).c_str());
   Fp8GroupsOut out;
   out.codes = q.data;
-  out.scale_inv = reinterpret_cast<uint8_t*>(q.scale_inv);
+  out.scale_inv = q.scale_inv;
   out.group_amax = group_amax;
   return out;
 }
@@ -85,7 +85,7 @@ Fp8Groups fp8_groups_view(const QTensor& q) {
   if (!fp8_groups_encoding(q.encoding))
     throw_error("fp8_groups_view: q.encoding is %s, not %s", encoding_name(q.encoding).c_str(),
                 encoding_name(kFp8Groups1x16).c_str());
-  return Fp8Groups{q.data, reinterpret_cast<const uint8_t*>(q.scale_inv)};
+  return Fp8Groups{q.data, q.scale_inv};
 }
 
 void fp8_groups_quantize(const Fp8GroupsOut& out, const bf16* x, int rows, int cols, cudaStream_t stream,

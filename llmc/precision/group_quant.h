@@ -1,6 +1,6 @@
 // llmc/precision/group_quant.h: the precision layer's view of the FP8 1x16 group copies that the non-linear layers
 // save for backward (COAT; the format, the scale rule and the device codec are llmc/kernels/fp8_groups.h's): their
-// encoding (e4m3 1x16, E8M0 scales), the standalone quantiser that llmc/precision/quantize.h's table dispatches to (for
+// encoding (e4m3 1x16, FP32 scales), the standalone quantiser that llmc/precision/quantize.h's table dispatches to (for
 // a tensor whose producer does not write the copy itself), the dequantiser, Group Scaling's tensor amax from the group
 // maxima, and the sizes that the model's activation carving and the memory plan share. Codes and scales are bit-exact
 // with the CPU reference (test/reference/group_quant_ref.cpp).
@@ -19,19 +19,18 @@
 
 namespace llmc {
 
-// The encoding of the copies: E4M3 codes, one E8M0 scale per row and 16 consecutive channels, no second level.
-constexpr Encoding kFp8Groups1x16{ElementFormat::E4M3, kBlock1x16, ScaleFormat::E8M0, false};
+// The encoding of the copies: E4M3 codes, one FP32 scale per row and 16 consecutive channels, no second level.
+constexpr Encoding kFp8Groups1x16{ElementFormat::E4M3, kBlock1x16, ScaleFormat::FP32, false};
 bool fp8_groups_encoding(const Encoding& e);  // e == kFp8Groups1x16
 
 // Bytes of the copy of a (rows, cols) tensor: encoding.h's code_bytes and scale_inv_bytes of kFp8Groups1x16 (the
-// scale array padded to whole columns of round_up(rows, 4) one-byte entries). The optional group maxima are FP32, four
-// times the scale bytes. rows, cols >= 0, else llmc::Error.
+// scale array padded to whole columns of round_up(rows, 4) entries). The optional group maxima take the scale bytes
+// again. rows, cols >= 0, else llmc::Error.
 size_t fp8_groups_code_bytes(int rows, int cols);
 size_t fp8_groups_scale_bytes(int rows, int cols);
 size_t fp8_groups_bytes(int rows, int cols);  // codes + scale_inv
 
-// The kernels' views of a QTensor of encoding kFp8Groups1x16 (its data and scale_inv, which holds the E8M0 codes:
-// llmc/precision/tensor.h's one byte per entry).
+// The kernels' views of a QTensor of encoding kFp8Groups1x16 (its data and scale_inv).
 Fp8GroupsOut fp8_groups_out(const QTensor& q, float* group_amax = nullptr);
 Fp8Groups fp8_groups_view(const QTensor& q);
 

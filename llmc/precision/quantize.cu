@@ -54,7 +54,7 @@ const QuantizerFamily kFamilies[] = {
      quantize_fp8_blockwise, unrotated_stats<fp8_quant_stats>, false},
     {"fp4", "e2m1 codes with e4m3 scales per 1x16 or 16x16 block + fp32 tensor scale (nvfp4), or e8m0 scales per 1x32 "
      "block (mxfp4)", fp4_encoding, fp4_quantize, fp4_quant_stats, true},
-    {"fp8 1x16 groups", "e4m3 codes, e8m0 scales per 1x16 group (the saved activations' copies)",
+    {"fp8 1x16 groups", "e4m3 codes, fp32 scales per 1x16 group (the saved activations' copies)",
      fp8_groups_encoding, fp8_groups_quantize, unrotated_stats<fp8_groups_quant_stats>, false},
 };
 

@@ -71,7 +71,7 @@ struct PrecisionRecipe {
   // carries the difference between block and per-tensor scaling). Empty in every preset.
   std::vector<LinearProduct> tensorwise_products;
   bool nonlinear_fp8 = false;  // COAT's FP8 precision flow: the inputs the norms (LayerNorm / RMSNorm) and GELU /
-                               // SwiGLU save for backward are kept as E4M3 with one E8M0 scale per 1x16 channel
+                               // SwiGLU save for backward are kept as E4M3 with one FP32 scale per 1x16 channel
                                // group (llmc/kernels/fp8_groups.h) instead of BF16; the forward and the residual
                                // stream stay BF16. Independent of quantize_linears.
   bool recompute_mlp_act = false;  // COAT's FP8 flow for the MLP activation (needs nonlinear_fp8): GELU / SwiGLU

@@ -315,9 +315,9 @@ const std::vector<KeySchema>& schema() {
                  }), {"nearest", "stochastic"}),
       row("precision", "nonlinear_fp8", T::Bool,
           "COAT's FP8 activations: keep the inputs that the norms (LayerNorm / RMSNorm) and GELU / SwiGLU save for "
-          "backward as E4M3 with one E8M0 (power-of-two) scale per 16 channels instead of BF16 (the forward, the "
-          "residual stream, attention and the linear inputs are unchanged; needs train.recompute 0 and model widths "
-          "that are multiples of 16)", LLMC_ACCESS(precision.nonlinear_fp8)),
+          "backward as E4M3 with one FP32 scale per 16 channels instead of BF16 (the forward, the residual stream, "
+          "attention and the linear inputs are unchanged; needs train.recompute 0 and model widths that are "
+          "multiples of 16)", LLMC_ACCESS(precision.nonlinear_fp8)),
       row("precision", "recompute_mlp_act", T::Bool,
           "COAT's FP8 flow for the MLP activation (needs nonlinear_fp8): GELU / SwiGLU compute their output from "
           "the FP8 copy of their input, and backward recomputes that output (the c_proj / down_proj input, "
@@ -799,7 +799,7 @@ void validate_config(RunConfig& cfg, int world_size) {
                     "train.recompute to 0 or precision.nonlinear_fp8 to false", cfg.precision.recipe.c_str());
       if (m.n_embd % kNonlinearFp8Groups.cols != 0 || m.ffn_hidden % kNonlinearFp8Groups.cols != 0)
         throw_error("precision.nonlinear_fp8 (precision.recipe = \"%s\") needs model.n_embd (%d) and "
-                    "model.ffn_hidden (%d) to be multiples of %d (one scale per %d channels)",
+                    "model.ffn_hidden (%d) to be multiples of %d (one FP32 scale per %d channels)",
                     cfg.precision.recipe.c_str(), m.n_embd, m.ffn_hidden, kNonlinearFp8Groups.cols,
                     kNonlinearFp8Groups.cols);
     }

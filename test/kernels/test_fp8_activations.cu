@@ -299,7 +299,7 @@ TEST_P(LayerNormFp8Test, ForwardWritesTheCopyAndTheSameOutputs) {
       << "group_amax written although not asked for";
 }
 
-// Zero, infinite, NaN and tiny (below the 2^-126 clamp) groups in the copy, for the row-in-registers (C = 48) and the
+// Zero, infinite, NaN and tiny (below the 2^-117 clamp) groups in the copy, for the row-in-registers (C = 48) and the
 // three-read (C = 1600) forward kernels; the outputs of rows with a non-finite value are NaN either way.
 TEST(LayerNormFp8, ForwardCopyOfSpecialGroups) {
   for (int C : {48, 1600}) {

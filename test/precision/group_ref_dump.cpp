@@ -6,9 +6,9 @@
 // CASES (text), per case two lines:
 //   case ROWS COLS
 //   X0 X1 ... (ROWS * COLS FP32 bit patterns, hex; cols a multiple of 16)
-// OUT (text), per case: "codes HEX" (rows * cols E4M3 bytes), "scale_inv HEX" (the E8M0 scale codes, (cols / 16,
-// round_up(rows, 4)) with padding), "group_amax BITS..." (FP32, same layout), "dequantized BITS..." (rows * cols FP32
-// values of fp8_groups_dequantize_cpu), then "end".
+// OUT (text), per case: "codes HEX" (rows * cols E4M3 bytes), "scale_inv BITS..." (the FP32 dequant scales,
+// (cols / 16, round_up(rows, 4)) with padding), "group_amax BITS..." (FP32, same layout), "dequantized BITS..."
+// (rows * cols FP32 values of fp8_groups_dequantize_cpu), then "end".
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     const llmc::Fp8GroupsCpu g = llmc::fp8_groups_quantize_cpu(x.data(), rows, cols);
     out << "case\n";
     put_bytes(out, "codes", g.codes);
-    put_bytes(out, "scale_inv", g.scale_inv);
+    put_floats(out, "scale_inv", g.scale_inv);
     put_floats(out, "group_amax", g.group_amax);
     put_floats(out, "dequantized", llmc::fp8_groups_dequantize_cpu(g.codes.data(), g.scale_inv.data(), rows, cols));
     out << "end\n";

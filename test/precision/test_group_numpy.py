@@ -2,18 +2,18 @@
 """test/precision/test_group_numpy.py: the C++ CPU reference of the FP8 1x16 group copies (test/reference/
 group_quant_ref.cpp, which the GPU producers and the standalone quantiser match byte for byte in test_group_quant.cu
 and test_fp8_activations.cu) against an independent NumPy reference written here from the definition in
-llmc/kernels/fp8_groups.h, bit for bit: E4M3 codes, E8M0 scale codes (padding included), group maxima and dequantised
+llmc/kernels/fp8_groups.h, bit for bit: E4M3 codes, FP32 scales (padding included), group maxima and dequantised
 values, on random normal, heavy-tailed and wide-range inputs, odd row counts, and groups that are all zero, hold an
-inf or a NaN, sit near FP32's largest value, or are tiny (BF16 subnormals, below the scale's 2^-126 clamp). The C++
-side runs through the group_ref_dump tool (CTest passes its path in LLM8_GROUP_REF_DUMP; by hand it is looked for in
-build/test/).
+inf or a NaN, sit near FP32's largest value, or are tiny (BF16 subnormals, below the 2^-117 clamp of the amax). The
+C++ side runs through the group_ref_dump tool (CTest passes its path in LLM8_GROUP_REF_DUMP; by hand it is looked for
+in build/test/).
 
-The NumPy reference shares no code with the C++ one: the scale exponent is found by search over float64 comparisons
-(the smallest k >= -126 with amax * 2^-k <= 448), the E4M3 rounding and the E8M0 values are ml_dtypes' casts
-(float8_e4m3fn, float8_e8m0fnu), and E4M3's saturation (cvt.rn.satfinite: +-inf to +-448, NaN to 0x7F) is applied by
-hand where ml_dtypes' cast differs (it gives NaN for an infinity).
+The NumPy reference shares no code with the C++ one: the scales are NumPy's float32 divisions (IEEE, correctly
+rounded) of the clamped amax and 448, the E4M3 rounding is ml_dtypes' float8_e4m3fn cast, and E4M3's saturation
+(cvt.rn.satfinite: +-inf to +-448, NaN to 0x7F) is applied by hand where ml_dtypes' cast differs (it gives NaN for an
+infinity).
 
-Exit code 77 (skipped under CTest) when numpy or ml_dtypes (0.5 or later: float8_e8m0fnu) is not installed.
+Exit code 77 (skipped under CTest) when numpy or ml_dtypes is not installed.
 """
 
 import sys
@@ -24,10 +24,6 @@ try:
 except ImportError as e:
     print(f"test_group_numpy.py: skipped: {e} (pip install numpy ml_dtypes)")
     sys.exit(77)
-if not all(hasattr(ml_dtypes, t) for t in ("float8_e4m3fn", "float8_e8m0fnu")):
-    print(f"test_group_numpy.py: skipped: ml_dtypes {ml_dtypes.__version__} has no E8M0 type "
-          "(pip install -U ml_dtypes: 0.5 or later)")
-    sys.exit(77)
 
 import os
 import subprocess
@@ -37,8 +33,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 F32 = np.float32
 GROUP = 16
-E4M3_MAX = 448.0
-MIN_EXP = -126
+E4M3_MAX = F32(448.0)
+MIN_AMAX = F32(2.0 ** -117)  # the amax is clamped here: both scales stay normal FP32 numbers
 
 
 def dump_tool():
@@ -58,14 +54,14 @@ def bits(v):
 # ---------------------------------------------------------------------------------------------------------------------
 # The NumPy reference
 
-def scale_exponent(amax):
-    """k = the smallest integer >= -126 with amax * 2^-k <= 448 (amax finite, > 0), by search in float64 (exact:
-    amax * 2^-k only moves the exponent)."""
-    a = float(amax)
-    k = max(int(np.floor(np.log2(a / E4M3_MAX))) - 1, MIN_EXP)
-    while np.ldexp(a, -k) > E4M3_MAX:
-        k += 1
-    return k
+def scales(amax):
+    """(d, q) of a group: the stored dequant scale and the cast's multiplier, float32."""
+    if not np.isfinite(amax):
+        return F32(np.nan), F32(1)
+    if amax == 0:
+        return F32(1), F32(1)
+    a = max(F32(amax), MIN_AMAX)
+    return F32(a / E4M3_MAX), F32(E4M3_MAX / a)
 
 
 def e4m3_satfinite(v):
@@ -80,12 +76,12 @@ def e4m3_satfinite(v):
 
 
 def quantize(x, rows, cols):
-    """(codes (rows * cols), scale codes, group maxima (cols / 16, round_up(rows, 4)), dequantised values)."""
+    """(codes (rows * cols), scales, group maxima (cols / 16, round_up(rows, 4)), dequantised values)."""
     x = np.asarray(x, F32).reshape(rows, cols)
     ld = (rows + 3) // 4 * 4
     groups = cols // GROUP
     codes = np.zeros((rows, cols), np.uint8)
-    scale = np.full((groups, ld), 127, np.uint8)
+    scale = np.ones((groups, ld), F32)
     group_amax = np.zeros((groups, ld), F32)
     values = np.zeros((rows, cols), F32)
     for r in range(rows):
@@ -97,20 +93,13 @@ def quantize(x, rows, cols):
             else:
                 amax = a.max()
             group_amax[g, r] = amax
-            if not np.isfinite(amax):
-                s, q, d = 0xFF, F32(1), F32(np.nan)
-            elif amax == 0:
-                s, q, d = 127, F32(1), F32(1)
-            else:
-                k = scale_exponent(amax)
-                s = k + 127
-                d = np.array([s], np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(F32)[0]  # ml_dtypes' 2^k
-                q = F32(np.ldexp(1.0, -k))
-            scale[g, r] = s
-            c = e4m3_satfinite(v * q)
+            d, q = scales(amax)
+            scale[g, r] = d
+            with np.errstate(invalid="ignore", over="ignore"):  # inf * q stays inf (saturated below)
+                c = e4m3_satfinite((v * q).astype(F32))
             codes[r, g * GROUP:(g + 1) * GROUP] = c
-            with np.errstate(over="ignore"):  # a value near FP32's largest can round up to 2^128: inf, as in FP32
-                values[r, g * GROUP:(g + 1) * GROUP] = c.view(ml_dtypes.float8_e4m3fn).astype(F32) * F32(d)
+            with np.errstate(invalid="ignore"):  # a non-finite group's NaN scale
+                values[r, g * GROUP:(g + 1) * GROUP] = c.view(ml_dtypes.float8_e4m3fn).astype(F32) * d
     return codes.reshape(-1), scale.reshape(-1), group_amax.reshape(-1), values.reshape(-1)
 
 
@@ -135,7 +124,7 @@ def run_dump(tool, cases):
                 cur = {}
             elif word == "end":
                 results.append(cur)
-            elif word in ("codes", "scale_inv"):
+            elif word == "codes":
                 cur[word] = np.frombuffer(bytes.fromhex(rest), np.uint8)
             else:
                 cur[word] = np.array([int(t, 16) for t in rest.split()], np.uint32)
@@ -150,51 +139,51 @@ def special_rows(cols, rng):
     x[1, 5] = np.inf
     x[2, GROUP + 2] = -np.inf
     x[3, 7] = np.nan
-    x[4, :GROUP] = bf16(rng.normal(size=GROUP) * 2.0 ** -130)                  # BF16 subnormals: the 2^-126 clamp
-    x[5, :GROUP] = bf16(np.ldexp(1.0 + np.arange(GROUP) / 16.0, -120))         # tiny normal values, clamped scale
+    x[4, :GROUP] = bf16(rng.normal(size=GROUP) * 2.0 ** -130)                  # BF16 subnormals, below the clamp
+    x[5, :GROUP] = bf16(np.ldexp(1.0 + np.arange(GROUP) / 16.0, -120))         # tiny normal values, below it too
     x[6, :GROUP] = bf16(rng.uniform(-1, 1, GROUP) * 3.0e38)                     # near FP32's largest value
     x[6, GROUP] = bf16(3.389e38)
-    x[7, :GROUP] = np.ldexp(1.75, np.arange(GROUP) - 8)                         # maxima on the 1.75 mantissa edge
-    x[7, GROUP:2 * GROUP] = bf16(np.ldexp(1.0078125 + 0.75, np.arange(GROUP) - 8))  # just above it
+    x[7, :GROUP] = np.ldexp(1.0, np.arange(GROUP) - 8)                          # powers of two: exact copies
+    x[7, GROUP:2 * GROUP] = bf16(np.ldexp(1.0, -117) * (1 + np.arange(GROUP)))  # maxima just above the clamp
     return x.reshape(-1)
 
 
 class NumpyReferenceOnItsOwn(unittest.TestCase):
-    def test_scale_exponent_by_hand(self):
-        self.assertEqual(scale_exponent(F32(448)), 0)
-        self.assertEqual(scale_exponent(np.nextafter(F32(448), F32(1e9))), 1)
-        self.assertEqual(scale_exponent(F32(3.5)), -7)
-        self.assertEqual(scale_exponent(F32(3.75)), -6)
-        self.assertEqual(scale_exponent(F32(1)), -8)
-        self.assertEqual(scale_exponent(np.finfo(F32).max), 120)
-        self.assertEqual(scale_exponent(F32(2.0 ** -130)), MIN_EXP)
+    def test_scales_by_hand(self):
+        self.assertEqual(scales(F32(448)), (F32(1), F32(1)))
+        self.assertEqual(scales(F32(3.5)), (F32(3.5 / 448), F32(128)))  # 448 / 3.5 = 128 exactly
+        self.assertEqual(scales(F32(0)), (F32(1), F32(1)))
+        self.assertEqual(scales(F32(2.0 ** -130)), (F32(2.0 ** -117) / E4M3_MAX, E4M3_MAX / F32(2.0 ** -117)))
+        d, q = scales(F32(np.inf))
+        self.assertTrue(np.isnan(d))
+        self.assertEqual(q, F32(1))
 
     def test_hand_computed_group(self):
-        x = np.zeros(GROUP, F32)
-        x[:] = 0.25 * np.arange(GROUP)  # max 3.75: scale 2^-6, the values 16 k, all exact in E4M3
+        x = (F32(0.25) * np.arange(GROUP)).astype(F32)  # max 3.75: on 448 (0x7E), d = 3.75 / 448
         codes, scale, amax, values = quantize(x, 1, GROUP)
-        self.assertEqual(scale[0], 127 - 6)
-        self.assertEqual(codes[15], 0x77)  # 240
+        self.assertEqual(scale[0], F32(3.75) / E4M3_MAX)
+        self.assertEqual(codes[15], 0x7E)
         self.assertEqual(amax[0], F32(3.75))
-        np.testing.assert_array_equal(values, x)
-        self.assertTrue((scale[1:] == 127).all())  # padding rows 1..3
+        self.assertTrue((scale[1:] == 1).all())  # padding rows 1..3
         self.assertTrue((amax[1:] == 0).all())
 
     def test_saturation_and_nan_codes(self):
         self.assertEqual(list(e4m3_satfinite([np.inf, -np.inf, np.nan, 448.0, -448.0, 0.0, -0.0])),
                          [0x7E, 0xFE, 0x7F, 0x7E, 0xFE, 0x00, 0x80])
 
-    def test_error_within_e4m3_half_ulp(self):
+    def test_largest_on_448_and_error_within_e4m3_half_ulp(self):
         rng = np.random.default_rng(5)
         x = bf16(rng.normal(size=64 * 256) * np.ldexp(1.0, rng.integers(-12, 12, 64 * 256)))
         codes, scale, amax, values = quantize(x, 64, 256)
-        d = np.repeat(scale.reshape(16, 64).T.astype(np.int64) - 127, GROUP, axis=1).reshape(-1)
-        normal = np.abs(x) * np.ldexp(1.0, -d) >= 2.0 ** -6
+        d = np.repeat(scale.reshape(16, 64).T, GROUP, axis=1).reshape(-1).astype(np.float64)
+        scaled = np.abs(x) / d
+        normal = scaled >= 2.0 ** -6
         err = np.abs(values.astype(np.float64) - x)
-        self.assertTrue((err[normal] <= np.abs(x[normal]) * 2.0 ** -4).all())
-        self.assertTrue((err[~normal] <= np.ldexp(1.0, d[~normal] - 10)).all())
-        top = amax.reshape(16, 64) * np.ldexp(1.0, -(scale.reshape(16, 64).astype(np.int64) - 127))
-        self.assertTrue(((top > 224) & (top <= 448)).all())
+        self.assertTrue((err[normal] <= np.abs(x[normal]) * 2.0 ** -4 * (1 + 1e-6)).all())
+        self.assertTrue((err[~normal] <= d[~normal] * 2.0 ** -10 * (1 + 1e-6)).all())
+        largest = np.abs(x.reshape(64, 16, GROUP)).argmax(axis=2)
+        top = np.take_along_axis(codes.reshape(64, 16, GROUP), largest[..., None], axis=2)
+        self.assertTrue(((top & 0x7F) == 0x7E).all())
 
 
 class CppReferenceMatchesNumpy(unittest.TestCase):
@@ -211,7 +200,7 @@ class CppReferenceMatchesNumpy(unittest.TestCase):
             with self.subTest(rows=rows, cols=cols):
                 codes, scale, amax, values = quantize(x, rows, cols)
                 np.testing.assert_array_equal(g["codes"], codes)
-                np.testing.assert_array_equal(g["scale_inv"], scale)
+                np.testing.assert_array_equal(g["scale_inv"], bits(scale))
                 np.testing.assert_array_equal(g["group_amax"], bits(amax))
                 np.testing.assert_array_equal(g["dequantized"], bits(values))
 

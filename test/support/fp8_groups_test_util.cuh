@@ -15,8 +15,8 @@ namespace gpu_test {
 
 struct DeviceGroups {
   int rows, cols;
-  DeviceBuffer<uint8_t> codes, scale_inv;  // scale_inv: E8M0 codes
-  DeviceBuffer<float> group_amax;
+  DeviceBuffer<uint8_t> codes;
+  DeviceBuffer<float> scale_inv, group_amax;
   DeviceGroups(int r, int c)
       : rows(r), cols(c), codes(static_cast<size_t>(r) * c),
         scale_inv(static_cast<size_t>(c / llmc::kFp8GroupSize) * llmc::fp8_groups_ld(r)),
@@ -67,11 +67,10 @@ inline llmc::Fp8GroupsCpu exact_pow2_groups(int rows, int cols, std::mt19937_64&
     do c = static_cast<uint8_t>(code(rng));
     while ((c & 0x7f) == 0x7f);  // no NaN codes
   }
-  g.scale_inv.assign(static_cast<size_t>(groups) * ld, llmc::kFp8GroupScaleOne);
+  g.scale_inv.assign(static_cast<size_t>(groups) * ld, 1.0f);
   g.group_amax.assign(g.scale_inv.size(), 0.0f);
   for (int grp = 0; grp < groups; grp++)
-    for (int r = 0; r < rows; r++)
-      g.scale_inv[static_cast<size_t>(grp) * ld + r] = static_cast<uint8_t>(llmc::kFp8GroupScaleOne + exponent(rng));
+    for (int r = 0; r < rows; r++) g.scale_inv[static_cast<size_t>(grp) * ld + r] = std::ldexp(1.0f, exponent(rng));
   return g;
 }
 
