@@ -28,6 +28,7 @@
 #include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/quantize.h"
 #include "test/reference/precision_ref.h"
+#include "test/support/ref_dump_io.h"
 
 namespace {
 
@@ -40,26 +41,6 @@ Encoding encoding_named(const std::string& name) {
   std::fprintf(stderr, "fp4_ref_dump: unknown encoding '%s' (nvfp4, nvfp4_2d, mxfp4, mxfp4_quest, mxfp4_matched)\n",
                name.c_str());
   std::exit(2);
-}
-
-void put_bytes(std::ostream& os, const char* label, const std::vector<uint8_t>& bytes) {
-  os << label << ' ';
-  char hex[3];
-  for (uint8_t b : bytes) {
-    std::snprintf(hex, sizeof hex, "%02x", b);
-    os << hex;
-  }
-  os << '\n';
-}
-
-void put_floats(std::ostream& os, const char* label, const std::vector<float>& values) {
-  os << label;
-  char hex[10];
-  for (float v : values) {
-    std::snprintf(hex, sizeof hex, " %08x", llmc::float_to_bits(v));
-    os << hex;
-  }
-  os << '\n';
 }
 
 // The source of one copy: x (rows, cols), or transposed to (cols, rows), rotated as the quantiser rotates it.
@@ -101,12 +82,7 @@ int main(int argc, char** argv) {
     llmc::QuantizeArgs args;
     in >> enc_name >> rows >> cols >> sr >> seed >> step >> tensor >> args.hadamard.size >> signs_text >> hdata >>
         hdata_t >> amax_text >> want_data >> want_data_t;
-    std::vector<float> x(static_cast<size_t>(rows) * cols);
-    for (float& v : x) {
-      std::string word;
-      in >> word;
-      v = llmc::bits_to_float(static_cast<uint32_t>(std::stoul(word, nullptr, 16)));
-    }
+    const std::vector<float> x = ref_dump::read_floats(in, static_cast<size_t>(rows) * cols);
     if (!in) {
       std::fprintf(stderr, "fp4_ref_dump: %s: a truncated case\n", argv[1]);
       return 2;
@@ -135,23 +111,23 @@ int main(int argc, char** argv) {
     const bool nvfp4 = llmc::nvfp4_encoding(e), h = args.hadamard.any();
     out << "case\n";
     if (want_data) {
-      put_bytes(out, "data", data);
-      put_bytes(out, "scale_inv", scale);
-      if (nvfp4) put_floats(out, "tensor_scale_inv", {o.tensor_scale_inv});
+      ref_dump::put_bytes(out, "data", data);
+      ref_dump::put_bytes(out, "scale_inv", scale);
+      if (nvfp4) ref_dump::put_floats(out, "tensor_scale_inv", {o.tensor_scale_inv});
       if (quest) {
         std::vector<uint8_t> bytes(trust.size() * 4);
         std::memcpy(bytes.data(), trust.data(), bytes.size());  // little-endian words
-        put_bytes(out, "trust_mask", bytes);
+        ref_dump::put_bytes(out, "trust_mask", bytes);
       }
       if (h && args.hadamard.data)
-        put_floats(out, "rotated", rotated_copy(x, rows, cols, false, args.hadamard.size, args.hadamard.signs));
+        ref_dump::put_floats(out, "rotated", rotated_copy(x, rows, cols, false, args.hadamard.size, args.hadamard.signs));
     }
     if (want_data_t) {
-      put_bytes(out, "data_t", data_t);
-      put_bytes(out, "scale_inv_t", scale_t);
-      if (nvfp4) put_floats(out, "tensor_scale_inv_t", {o.tensor_scale_inv_t});
+      ref_dump::put_bytes(out, "data_t", data_t);
+      ref_dump::put_bytes(out, "scale_inv_t", scale_t);
+      if (nvfp4) ref_dump::put_floats(out, "tensor_scale_inv_t", {o.tensor_scale_inv_t});
       if (h && args.hadamard.data_t)
-        put_floats(out, "rotated_t", rotated_copy(x, rows, cols, true, args.hadamard.size, args.hadamard.signs));
+        ref_dump::put_floats(out, "rotated_t", rotated_copy(x, rows, cols, true, args.hadamard.size, args.hadamard.signs));
     }
     out << "end\n";
   }

@@ -14,32 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "llmc/core/float_rn.cuh"
 #include "test/reference/group_quant_ref.h"
-
-namespace {
-
-void put_bytes(std::ostream& os, const char* label, const std::vector<uint8_t>& bytes) {
-  os << label << ' ';
-  char hex[3];
-  for (uint8_t b : bytes) {
-    std::snprintf(hex, sizeof hex, "%02x", b);
-    os << hex;
-  }
-  os << '\n';
-}
-
-void put_floats(std::ostream& os, const char* label, const std::vector<float>& values) {
-  os << label;
-  char hex[10];
-  for (float v : values) {
-    std::snprintf(hex, sizeof hex, " %08x", llmc::float_to_bits(v));
-    os << hex;
-  }
-  os << '\n';
-}
-
-}  // namespace
+#include "test/support/ref_dump_io.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {
@@ -60,22 +36,18 @@ int main(int argc, char** argv) {
     }
     int rows = 0, cols = 0;
     in >> rows >> cols;
-    std::vector<float> x(static_cast<size_t>(rows) * cols);
-    for (float& v : x) {
-      std::string word;
-      in >> word;
-      v = llmc::bits_to_float(static_cast<uint32_t>(std::stoul(word, nullptr, 16)));
-    }
+    const std::vector<float> x = ref_dump::read_floats(in, static_cast<size_t>(rows) * cols);
     if (!in) {
       std::fprintf(stderr, "group_ref_dump: %s: a truncated case\n", argv[1]);
       return 2;
     }
     const llmc::Fp8GroupsCpu g = llmc::fp8_groups_quantize_cpu(x.data(), rows, cols);
     out << "case\n";
-    put_bytes(out, "codes", g.codes);
-    put_floats(out, "scale_inv", g.scale_inv);
-    put_floats(out, "group_amax", g.group_amax);
-    put_floats(out, "dequantized", llmc::fp8_groups_dequantize_cpu(g.codes.data(), g.scale_inv.data(), rows, cols));
+    ref_dump::put_bytes(out, "codes", g.codes);
+    ref_dump::put_floats(out, "scale_inv", g.scale_inv);
+    ref_dump::put_floats(out, "group_amax", g.group_amax);
+    ref_dump::put_floats(out, "dequantized",
+                         llmc::fp8_groups_dequantize_cpu(g.codes.data(), g.scale_inv.data(), rows, cols));
     out << "end\n";
   }
   return 0;

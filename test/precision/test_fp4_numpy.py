@@ -39,22 +39,11 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fp4_numpy_ref as ref  # noqa: E402
-
-F32 = np.float32
+from ref_dump_util import F32, bf16, bits, find_tool  # noqa: E402
 
 
 def dump_tool():
-    path = os.environ.get("LLM8_FP4_REF_DUMP") or os.path.join(HERE, "..", "..", "build", "test", "fp4_ref_dump")
-    return path if os.path.isfile(path) else None
-
-
-def bf16(values):
-    """float32 values exactly representable in bf16 (the quantisers' inputs)."""
-    return np.asarray(values, F32).astype(ml_dtypes.bfloat16).astype(F32)
-
-
-def bits(v):
-    return np.asarray(v, F32).view(np.uint32)
+    return find_tool("LLM8_FP4_REF_DUMP", "fp4_ref_dump")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -31,24 +31,16 @@ import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-F32 = np.float32
+sys.path.insert(0, HERE)
+from ref_dump_util import F32, bf16, bits, find_tool  # noqa: E402
+
 GROUP = 16
 E4M3_MAX = F32(448.0)
 MIN_AMAX = F32(2.0 ** -117)  # the amax is clamped here: both scales stay normal FP32 numbers
 
 
 def dump_tool():
-    path = os.environ.get("LLM8_GROUP_REF_DUMP") or os.path.join(HERE, "..", "..", "build", "test", "group_ref_dump")
-    return path if os.path.isfile(path) else None
-
-
-def bf16(values):
-    """float32 values exactly representable in bf16 (what the producers read)."""
-    return np.asarray(values, F32).astype(ml_dtypes.bfloat16).astype(F32)
-
-
-def bits(v):
-    return np.asarray(v, F32).view(np.uint32)
+    return find_tool("LLM8_GROUP_REF_DUMP", "group_ref_dump")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
