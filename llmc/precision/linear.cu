@@ -105,6 +105,8 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
     throw_error("%s: Quartet's backward re-quantises the forward's codes: its copies share their roles' encodings",
                 name_.c_str());
   split_weight_ = wte != we;
+  if (!plan_.cache_weights && (quartet || we.element == ElementFormat::E2M1 || wte.element == ElementFormat::E2M1))
+    throw_error("%s: only FP8 weights are re-quantised without a cache (validate the recipe first)", name_.c_str());
   if (split_weight_ && !plan_.cache_weight_transpose)
     throw_error("%s: the weight's two copies have different encodings (%s, %s), so the transposed one cannot be made "
                 "from the row codes: keep the transposed weight cached (validate the recipe first)", name_.c_str(),
@@ -132,34 +134,37 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
   const int saved_rows = quartet ? max_rows_ : K_, saved_cols = quartet ? K_ : max_rows_;  // Xq or Xᵀq
   const size_t x_bytes = save ? align256(code_bytes(xte, saved_rows, saved_cols)) : 0;
   const size_t x_scales = save && !xte.per_tensor() ? align256(scale_inv_bytes(xte, saved_rows, saved_cols)) : 0;
-  const bool cache_t = plan_.cache_weight_transpose && !quartet;
+  const bool cache_w = plan_.cache_weights;
+  const bool cache_t = cache_w && plan_.cache_weight_transpose && !quartet;
   const bool fp4 = xe.element == ElementFormat::E2M1 || we.element == ElementFormat::E2M1 ||
                    dye.element == ElementFormat::E2M1;
   constexpr size_t kInexactOffset = 64;  // bytes: after the tensor scales
   static_assert(kTensorScaleSlots * sizeof(float) <= kInexactOffset, "FP4 scalars overlap");
   const size_t scalars = fp4 ? align256(kInexactOffset + sizeof(unsigned long long)) : 0;
-  weight_cache_bytes_ = w_bytes + (cache_t ? wt_bytes : 0) + w_scales + w_mask_bytes + scalars;
+  weight_cache_bytes_ = cache_w ? w_bytes + (cache_t ? wt_bytes : 0) + w_scales + w_mask_bytes + scalars : 0;
   saved_input_bytes_ = x_bytes + x_scales + x_mask_bytes;
   const size_t total = weight_cache_bytes_ + saved_input_bytes_;
   memory_bytes_ = total;
   if (state_.allocates()) {
     CUDA_CHECK(cudaMalloc(&memory_, total));
     char* p = static_cast<char*>(memory_);
-    wq_.data = reinterpret_cast<uint8_t*>(p);
-    p += w_bytes;
     // The transposed copy lives in wq_ (one quantisation writes both) unless its encoding differs (then in wq_t_).
     QTensor& wt = split_weight_ ? wq_t_ : wq_;
-    if (cache_t) {
-      wt.data_t = reinterpret_cast<uint8_t*>(p);
-      p += wt_bytes;
-    }
-    if (!we.per_tensor()) {
-      wq_.scale_inv = reinterpret_cast<float*>(p);
-      p += align256(scale_inv_bytes(we, N_, K_));
-    }
-    if (!quartet && !wte.per_tensor()) {
-      wt.scale_inv_t = reinterpret_cast<float*>(p);
-      p += align256(scale_inv_bytes(wte, K_, N_));
+    if (cache_w) {  // else quantize_weight_into_scratch() points them at scratch before every cast
+      wq_.data = reinterpret_cast<uint8_t*>(p);
+      p += w_bytes;
+      if (cache_t) {
+        wt.data_t = reinterpret_cast<uint8_t*>(p);
+        p += wt_bytes;
+      }
+      if (!we.per_tensor()) {
+        wq_.scale_inv = reinterpret_cast<float*>(p);
+        p += align256(scale_inv_bytes(we, N_, K_));
+      }
+      if (!quartet && !wte.per_tensor()) {
+        wt.scale_inv_t = reinterpret_cast<float*>(p);
+        p += align256(scale_inv_bytes(wte, K_, N_));
+      }
     }
     if (masks) {
       w_mask_ = reinterpret_cast<uint32_t*>(p);
@@ -208,7 +213,12 @@ Linear::Linear(PrecisionState& state, std::string name, LinearKind kind, int lay
     state_.reserve(kScratchInputT, code_bytes(xe, K_, M), scale_inv_count(xe, K_, M));
     state_.reserve(kScratchProduct, sizeof(float) * std::max((size_t)N_ * K_, (size_t)M * K_), 0);
   } else {
-    if (!cache_t) state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), 0);
+    if (!cache_w) {  // the row codes and the transposed ones with their scales, in every forward and backward
+      state_.reserve(kScratchWeight, code_bytes(we, N_, K_), !we.per_tensor() ? scale_inv_count(we, N_, K_) : 0);
+      state_.reserve(kScratchWeightT, code_bytes(wte, K_, N_), !wte.per_tensor() ? scale_inv_count(wte, K_, N_) : 0);
+    } else if (!cache_t) {
+      state_.reserve(kScratchWeightT, code_bytes(we, K_, N_), 0);
+    }
     if (!save)
       state_.reserve(kScratchInputT, code_bytes(xte, K_, M), !xte.per_tensor() ? scale_inv_count(xte, K_, M) : 0);
   }
@@ -294,6 +304,17 @@ void Linear::quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_r
   quantize(q, src, args, s);
 }
 
+void Linear::quantize_weight_into_scratch(const bf16* w, bool training, cudaStream_t s) {
+  // The transposed copy is written by the same cast as the row codes unless its encoding differs (then by its own).
+  wq_.data = state_.scratch(kScratchWeight);
+  wq_.scale_inv = plan_.w.per_tensor() ? nullptr : state_.scratch_scales(kScratchWeight);
+  QTensor& wt = split_weight_ ? wq_t_ : wq_;
+  wt.data_t = state_.scratch(kScratchWeightT);
+  wt.scale_inv_t = plan_.w_t.per_tensor() ? nullptr : state_.scratch_scales(kScratchWeightT);
+  quantize_operand(wq_, w_slot_, w, /*amax_ready=*/false, training, LinearRole::W, s);
+  if (split_weight_) quantize_operand(wq_t_, w_slot_, w, /*amax_ready=*/false, training, LinearRole::W, s);
+}
+
 void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int M, bool training, cudaStream_t s,
                      const ForwardOptions& opt) {
   if (M > max_rows_) throw_error("%s: %d rows, planned for at most %d", name_.c_str(), M, max_rows_);
@@ -321,7 +342,13 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   HadamardOption forward_rotation;
   if (plan_.requantize_backward && plan_.forward_hadamard != 0)
     forward_rotation = HadamardOption{plan_.forward_hadamard, 0u, true, false};
-  if (!weight_cache_valid_ || unrecorded) {
+  if (!plan_.cache_weights) {
+    // No cache: the weight's codes into scratch for this product (the cache's codes: same source, scale and cast).
+    quantize_weight_into_scratch(w, training, s);
+    if (!weight_cache_valid_ && state_.numerics_requested())  // once per optimizer step, as with a cache
+      state_.record_numerics(name_ + ".w", wq_, w, s, forward_rotation);
+    weight_cache_valid_ = true;
+  } else if (!weight_cache_valid_ || unrecorded) {
     // Without a cached transpose the cast still writes one (into scratch, discarded): that also fills the 128x128
     // transposed scales, which are kept.
     if (!plan_.cache_weight_transpose) wq_.data_t = state_.scratch(kScratchWeightT);
@@ -443,6 +470,11 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
     backward_requantized(dx, dw, dy, M, s, opt);
     return;
   }
+  if (!plan_.cache_weights && dx != nullptr) {  // dgrad's weight codes again (scratch holds another linear's now)
+    if (w == nullptr)
+      throw_error("%s: precision.cache_weights = false quantises the weight again in backward: pass it", name_.c_str());
+    quantize_weight_into_scratch(w, /*training=*/false, s);
+  }
 
   // dy: row codes (dgrad) and transposed codes (wgrad) in one pass, or in two when their encodings differ (dyq_t).
   const bool split_dy = plan_.dy_t != plan_.dy;
@@ -482,7 +514,7 @@ void Linear::backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
   // dgrad: dx (M, K) = dYq (M, N) · Wᵀq (K, N)ᵀ
   if (dx != nullptr) {
     QTensor wt = split_weight_ ? wq_t_ : wq_;
-    if (!plan_.cache_weight_transpose) {
+    if (plan_.cache_weights && !plan_.cache_weight_transpose) {
       wt.data_t = state_.scratch(kScratchWeightT);
       fp8_transpose_codes(wt.data_t, wq_.data, N_, K_, s);
     }

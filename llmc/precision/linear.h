@@ -109,6 +109,9 @@ class Linear {
   // transposed copy of x and dy, its wgrad Hadamard transform), or the per-tensor slot's scale (current / delayed).
   void quantize_operand(QTensor& q, int slot, const bf16* src, bool amax_ready, bool training, LinearRole role,
                         cudaStream_t s, uint32_t* trust_mask = nullptr);
+  // cache_weights = false: w quantised into the shared scratch (kScratchWeight, kScratchWeightT), with the codes a
+  // cache would hold; wq_ / wq_t_ point there until another linear's cast overwrites them.
+  void quantize_weight_into_scratch(const bf16* w, bool training, cudaStream_t s);
   // The quantiser arguments of a block-scaled operand `role` (rounding, random key, Hadamard transform of data_t;
   // Quartet's forward: its rotation, scale rule and trust mask, written to trust_mask when non-null).
   QuantizeArgs block_args(LinearRole role, const QTensor& q, uint32_t* trust_mask = nullptr) const;
@@ -124,14 +127,14 @@ class Linear {
   unsigned long long* inexact_blocks_ = nullptr;
   // Quantised operands. Per-tensor slots index into the PrecisionState arrays (-1 = none).
   int x_slot_ = -1, w_slot_ = -1, dy_slot_ = -1;
-  QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step
+  QTensor wq_;         // (N, K) weight codes + transposed copy (K, N), cached per optimizer step (or in scratch)
   QTensor wq_t_;       // the transposed copy instead, when its encoding differs from the row codes' (split_weight_)
   bool split_weight_ = false;
   QTensor x_saved_;    // (M_max, K) input: only data_t (K, M) kept for wgrad when save_quantized_input (Quartet
                        // plans: only data (M, K), the forward's own codes)
   uint32_t* w_mask_ = nullptr;  // Quartet with trust masks: Wq's (N, K / 32 words), in the weight cache
   uint32_t* x_mask_ = nullptr;  // and the saved Xq's (M_max, K / 32 words)
-  bool weight_cache_valid_ = false;
+  bool weight_cache_valid_ = false;  // quantised since the weights last changed (without a cache: its telemetry taken)
   bool weight_cache_recorded_ = false;  // the cache was built by a training forward (its amax recorded)
   bool have_saved_input_ = false;
   int saved_rows_ = 0;

@@ -47,7 +47,9 @@ enum ScratchId : int {
   kScratchWeightT = 3,   // Wᵀq (K, N) when the plan does not cache it (made by the weight cast, then in backward);
                          // Quartet's backward: the re-quantised weight codes (K, N) and their scales
   kScratchProduct = 4,   // Quartet's backward: the FP32 product (M, K) or (N, K) before its mask and inverse rotation
-  kScratchCount = 5,
+  kScratchWeight = 5,    // Wq (N, K) and its scales when the plan caches no weight (cache_weights false; Wᵀq and
+                         // its scales then in kScratchWeightT)
+  kScratchCount = 6,
 };
 
 // Telemetry of one quantised tensor at one step.

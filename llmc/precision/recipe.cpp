@@ -415,6 +415,9 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
     throw_error("precision.recompute_mlp_act hands the down projection a recomputed BF16 input, but "
                 "precision.backward_scale = \"range_matched\" (Quartet) re-quantises the forward's saved codes of "
                 "every input: set precision.recompute_mlp_act to false");
+  if (!r.cache_weights && !r.quantize_linears)
+    throw_error("precision.cache_weights = false re-quantises the quantised weights in every micro-step, but recipe "
+                "%s quantises no linear: set it to true", r.recipe.c_str());
   if (!r.quantize_linears) return;
   struct Role {
     const char* name;
@@ -477,6 +480,10 @@ void validate_precision_recipe(const PrecisionRecipe& r, int n_layer) {
   if (!r.cache_weight_transpose && r.w.element == ElementFormat::E2M1)
     throw_error("precision.cache_weight_transpose = false transposes FP8 weight codes in every backward; FP4 weights "
                 "(%s) keep their transposed copy: set it to true", encoding_name(r.w).c_str());
+  if (!r.cache_weights && r.w.element == ElementFormat::E2M1)
+    throw_error("precision.cache_weights = false re-quantises FP8 weights in every forward and backward; FP4 weights "
+                "(%s) keep their cache (its codes are half a byte per parameter, and Quartet's backward reads the "
+                "forward's): set it to true", encoding_name(r.w).c_str());
 }
 
 LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearKind kind) {
@@ -506,6 +513,7 @@ LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearK
   p.save_quantized_input = r.save_quantized_inputs && (kind != LinearKind::AttnOut || r.backward_range_matched) &&
                            !(kind == LinearKind::MlpDown && r.recompute_mlp_act);
   p.cache_weight_transpose = r.cache_weight_transpose;
+  p.cache_weights = r.cache_weights;
   p.dy_stochastic_rounding = r.dy_stochastic_rounding;
   p.wgrad_hadamard = r.wgrad_hadamard;
   p.requantize_backward = r.backward_range_matched;
@@ -573,7 +581,10 @@ std::string describe_recipe(const PrecisionRecipe& r) {
   s += r.quantize_lm_head ? "; lm_head quantised" : "; lm_head and embeddings BF16";
   s += r.save_quantized_inputs ? std::string("; linear inputs saved as ") + element_format_name(r.x.element)
                                : std::string("; linear inputs saved as BF16");
-  if (!r.cache_weight_transpose) s += "; transposed weight codes made in every backward";
+  if (!r.cache_weights)
+    s += "; weight codes made in every forward and backward (no weight cache)";
+  else if (!r.cache_weight_transpose)
+    s += "; transposed weight codes made in every backward";
   return s + nonlinear + ")";
 }
 

@@ -48,6 +48,9 @@ struct PrecisionRecipe {
                                       // copy) instead of BF16
   bool cache_weight_transpose = true;  // keep each quantised weight's transposed codes for dgrad (false: transpose
                                        // the row codes in every backward: less memory, one pass more; FP8 only)
+  bool cache_weights = true;  // keep each quantised weight's codes for the optimizer step (false: quantise the
+                              // weight into shared scratch in every forward and again in every backward, the same
+                              // codes: no per-parameter cache, two casts more per micro-step; FP8 only)
   bool dy_stochastic_rounding = false;  // (dy_rounding) output gradients rounded stochastically (FP4 dy only; the
                                         // random bits are keyed by the run seed, step, micro-step and tensor)
   int wgrad_hadamard = 0;  // size (16 or 32) of the random Hadamard transform applied, along the tokens, to both
@@ -107,6 +110,8 @@ struct LinearPlan {
   bool fast_accum_fprop = false;
   bool save_quantized_input = false;   // the input is kept for wgrad as its transposed quantised copy (no BF16 copy)
   bool cache_weight_transpose = true;  // the transposed weight codes live for the optimizer step (else per backward)
+  bool cache_weights = true;           // the weight codes live for the optimizer step (else quantised into scratch
+                                       // by every forward and again by every backward)
   bool dy_stochastic_rounding = false; // dy's codes (both copies) rounded stochastically
   int wgrad_hadamard = 0;              // Hadamard size of the wgrad operands dyᵀ and xᵀ (along the tokens), or 0
   // Quartet's data flow (PrecisionRecipe's fields of the same names): the forward keeps Xq (M, K) and the weight

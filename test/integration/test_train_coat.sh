@@ -10,7 +10,9 @@
 #      (so backward read the copies); the preset's first loss moves from theirs by the copy's rounding only (its
 #      forward computes the activation from the copy);
 #   3. two identical runs of the preset give bit-identical losses, and a run stopped after step 6 and resumed from its
-#      checkpoint (FP8 moments with their scales, exponents and centres) continues bit-identically.
+#      checkpoint (FP8 moments with their scales, exponents and centres) continues bit-identically;
+#   4. with precision.cache_weights = false (the weights quantised into scratch in every forward and backward) the
+#      losses are the preset's bit for bit, and the plan is smaller.
 # Skipped (exit 77) without a GPU, or when the GPU has no FP8 tensor cores.
 set -euo pipefail
 TRAIN_GPT=${1:?usage: test_train_coat.sh path/to/train_gpt}
@@ -90,6 +92,20 @@ sys.exit(0 if a < b else 1)" || { echo "FAIL: $name: the FP8 copies plan no smal
   losses "$TMP/$name.resume/metrics.jsonl" > "$TMP/c.losses"
   diff "$TMP/a.losses" "$TMP/b.losses" || { echo "FAIL: $name: two identical coat runs differ"; fail=1; }
   diff "$TMP/a.losses" "$TMP/c.losses" || { echo "FAIL: $name: the resumed coat run differs from the uninterrupted one"; fail=1; }
+
+  echo "== $name coat with precision.cache_weights = false: the same losses, less memory"
+  run nocache --set precision.recipe=coat --set precision.cache_weights=false || { fail=1; continue; }
+  losses "$TMP/$name.nocache/metrics.jsonl" > "$TMP/d.losses"
+  diff "$TMP/a.losses" "$TMP/d.losses" || { echo "FAIL: $name: coat without a weight cache differs from coat"; fail=1; }
+  grep -q "weight codes made in every forward and backward" "$TMP/$name.nocache.log" ||
+    { echo "FAIL: $name: the recipe line does not say the weights are quantised in every pass"; fail=1; }
+  python3 - "$TMP/$name.nocache/metrics.jsonl" "$TMP/$name.coat/metrics.jsonl" "$name" <<'PY' || fail=1
+import json, sys
+est = lambda p: [json.loads(l)["estimate_bytes"] for l in open(p) if json.loads(l)["type"] == "memory"][0]
+nocache, coat = est(sys.argv[1]), est(sys.argv[2])
+assert nocache < coat, f"{sys.argv[3]}: without a weight cache planned {nocache} B, not less than coat's {coat} B"
+print(f"{sys.argv[3]}: plan without a weight cache {nocache} B, coat {coat} B")
+PY
 done
 
 [ $fail -eq 0 ] && echo "PASS: coat trains GPT-2 and Llama with FP8 moments, FP8 activation copies that leave the forward bit-identical alone, and less memory with the recomputed activation; it repeats and resumes bit for bit"

@@ -397,57 +397,73 @@ TEST_P(LinearFp8, WeightCacheProducerAmaxAndDeterminism) {
   EXPECT_NE(0, std::memcmp(a.data(), e.data(), a.size() * sizeof(float))) << "weights not re-quantised";
 }
 
-// precision.cache_weight_transpose = false (the transposed weight codes made in every backward) gives the same bits
-// as the cached transpose: forward, dgrad and wgrad over two optimizer steps with a weight update between them.
-TEST_P(LinearFp8, UncachedWeightTransposeIsBitIdentical) {
+// precision.cache_weight_transpose = false (the transposed weight codes made in every backward) and
+// precision.cache_weights = false (the weight quantised into shared scratch in every forward and again in every
+// backward) give the cached plan's bits: forward, dgrad and wgrad over two optimizer steps with a weight update
+// between them. Two linears share the precision state and run interleaved (forward a, forward b, backward b,
+// backward a), so without a cache b's casts overwrite the scratch a's backward needs, and a must quantise again.
+TEST_P(LinearFp8, UncachedWeightsAreBitIdentical) {
   std::mt19937_64 rng(seed() ^ 13 ^ std::hash<std::string>{}(GetParam()));
   const Problem p(rng);
   const int M = p.M, N = p.N, K = p.K;
   const PrecisionRecipe cached = recipe(GetParam());
-  PrecisionRecipe uncached = cached;
-  uncached.cache_weight_transpose = false;
+  PrecisionRecipe no_transpose = cached, no_cache = cached;
+  no_transpose.cache_weight_transpose = false;
+  no_cache.cache_weights = false;
   std::unique_ptr<Dev<bf16>> x(upload(p.x)), w(upload(p.w)), dy(upload(p.dy)),
-      w2(upload(random_values(p.w.size(), rng, 0.02f)));
+      w2(upload(random_values(p.w.size(), rng, 0.02f))), xb(upload(random_values(p.x.size(), rng, 1.0f))),
+      wb(upload(random_values(p.w.size(), rng, 0.05f)));
   struct Result {
     std::vector<float> out, dx, dw;
   };
   auto train = [&](const PrecisionRecipe& r) {
     PrecisionState state(r);
-    Linear lin(state, "t", LinearKind::MlpUp, 0, N, K, plan_linear(r, 0, 2, LinearKind::MlpUp), M);
-    EXPECT_EQ(lin.plan().cache_weight_transpose, r.cache_weight_transpose);
-    Dev<bf16> out((size_t)M * N), dx((size_t)M * K);
-    Dev<float> dw((size_t)N * K);
-    CUDA_CHECK(cudaMemset(dw.ptr, 0, dw.n * sizeof(float)));
+    const LinearPlan plan = plan_linear(r, 0, 2, LinearKind::MlpUp);
+    EXPECT_EQ(plan.cache_weight_transpose, r.cache_weight_transpose);
+    EXPECT_EQ(plan.cache_weights, r.cache_weights);
+    Linear a(state, "a", LinearKind::MlpUp, 0, N, K, plan, M), b(state, "b", LinearKind::MlpUp, 0, N, K, plan, M);
+    Dev<bf16> out_a((size_t)M * N), dx_a((size_t)M * K), out_b((size_t)M * N), dx_b((size_t)M * K);
+    Dev<float> dw_a((size_t)N * K), dw_b((size_t)N * K);
+    CUDA_CHECK(cudaMemset(dw_a.ptr, 0, dw_a.n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(dw_b.ptr, 0, dw_b.n * sizeof(float)));
     Result res;
     for (const bf16* weights : {w->ptr, w2->ptr}) {
-      out.poison();
-      dx.poison();
+      for (Dev<bf16>* d : {&out_a, &dx_a, &out_b, &dx_b}) d->poison();
       state.begin_forward(0);
-      lin.forward(out.ptr, x->ptr, weights, nullptr, M, true, 0);
+      a.forward(out_a.ptr, x->ptr, weights, nullptr, M, true, 0);
+      b.forward(out_b.ptr, xb->ptr, wb->ptr, nullptr, M, true, 0);
       state.begin_backward(0);
-      lin.backward(dx.ptr, dw.ptr, dy->ptr, x->ptr, weights, M, 0);
+      b.backward(dx_b.ptr, dw_b.ptr, dy->ptr, xb->ptr, wb->ptr, M, 0);
+      a.backward(dx_a.ptr, dw_a.ptr, dy->ptr, x->ptr, weights, M, 0);
       state.end_step(0);
-      lin.weights_changed();
-      for (float v : download(out.ptr, out.n)) res.out.push_back(v);
-      for (float v : download(dx.ptr, dx.n)) res.dx.push_back(v);
+      a.weights_changed();
+      b.weights_changed();
+      for (const Dev<bf16>* d : {&out_a, &dx_a, &out_b, &dx_b})
+        for (float v : download(d->ptr, d->n)) (d == &out_a || d == &out_b ? res.out : res.dx).push_back(v);
     }
-    res.dw = download(dw.ptr, dw.n);
+    res.dw = download(dw_a.ptr, dw_a.n);
+    for (float v : download(dw_b.ptr, dw_b.n)) res.dw.push_back(v);
     return res;
   };
-  const Result a = train(cached), b = train(uncached);
-  ASSERT_EQ(a.out.size(), b.out.size());
-  EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float))) << "fprop differs";
-  EXPECT_EQ(0, std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * sizeof(float))) << "dgrad differs";
-  EXPECT_EQ(0, std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * sizeof(float))) << "wgrad differs";
-  for (float v : a.dx) ASSERT_TRUE(std::isfinite(v)) << "dgrad not written";
+  const Result want = train(cached);
+  for (float v : want.dx) ASSERT_TRUE(std::isfinite(v)) << "dgrad not written";
+  for (const PrecisionRecipe* r : {&no_transpose, &no_cache}) {
+    SCOPED_TRACE(r == &no_cache ? "cache_weights = false" : "cache_weight_transpose = false");
+    const Result got = train(*r);
+    ASSERT_EQ(want.out.size(), got.out.size());
+    EXPECT_EQ(0, std::memcmp(want.out.data(), got.out.data(), want.out.size() * sizeof(float))) << "fprop differs";
+    EXPECT_EQ(0, std::memcmp(want.dx.data(), got.dx.data(), want.dx.size() * sizeof(float))) << "dgrad differs";
+    EXPECT_EQ(0, std::memcmp(want.dw.data(), got.dw.data(), want.dw.size() * sizeof(float))) << "wgrad differs";
+  }
 }
 
 // precision.tensorwise_products: a product with per-tensor scales gives fp8_tensorwise's bits and one with blocks
 // fp8_blockwise's (the presets share their element formats: x, w E4M3, dy E5M2), for each of the 8 subsets of the
 // three products. The weight's and the input's copies are then quantised separately (a block row copy beside a
 // whole-tensor transposed one, or the reverse), from the same amax as the recipe that quantises them together; so
-// this also checks that one quantisation writing both block copies gives the bits of two writing one each. Shapes:
-// the small problem, and GPT-2 124M's MLP up and down projections at 8192 tokens.
+// this also checks that one quantisation writing both block copies gives the bits of two writing one each; and each
+// subset without a weight cache gives the same bits as with one. Shapes: the small problem, and GPT-2 124M's MLP up
+// and down projections at 8192 tokens.
 class LinearTensorwiseProducts : public ::testing::TestWithParam<std::array<int, 3>> {};
 
 TEST_P(LinearTensorwiseProducts, EachProductGivesItsRecipesBits) {
@@ -479,6 +495,10 @@ TEST_P(LinearTensorwiseProducts, EachProductGivesItsRecipesBits) {
     EXPECT_TRUE(same(m.out, expected(LinearProduct::Fprop)->out)) << name << ": fprop";
     EXPECT_TRUE(same(m.dx, expected(LinearProduct::Dgrad)->dx)) << name << ": dgrad";
     EXPECT_TRUE(same(m.dw, expected(LinearProduct::Wgrad)->dw)) << name << ": wgrad";
+    // Without a weight cache (the weight's two copies then quantised into scratch, separately where they differ).
+    r.cache_weights = false;
+    const MicroStep u = run(r);
+    EXPECT_TRUE(same(u.out, m.out) && same(u.dx, m.dx) && same(u.dw, m.dw)) << name << ", cache_weights = false";
   }
 }
 

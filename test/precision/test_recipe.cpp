@@ -559,6 +559,27 @@ TEST(Recipe, QuartetSwitches) {
   EXPECT_TRUE(contains(validation_error(r), "set precision.fp8_activations to true")) << validation_error(r);
 }
 
+// precision.cache_weights = false: FP8 weights only, and only where linears are quantised; the plans carry it and the
+// description says it.
+TEST(Recipe, UncachedWeights) {
+  for (const char* name : {"fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "coat"}) {
+    PrecisionRecipe r = preset(name);
+    r.cache_weights = false;
+    EXPECT_EQ(validation_error(r), "") << name;
+    EXPECT_FALSE(plan_linear(r, 1, 4, LinearKind::MlpUp).cache_weights) << name;
+    EXPECT_TRUE(contains(describe_recipe(r), "weight codes made in every forward and backward")) << name;
+  }
+  for (const char* name : {"nvfp4", "mxfp4"}) {
+    PrecisionRecipe r = preset(name);
+    r.cache_weights = false;
+    EXPECT_TRUE(contains(validation_error(r), "FP4 weights")) << validation_error(r);
+  }
+  PrecisionRecipe r = preset("bf16");
+  r.cache_weights = false;
+  EXPECT_TRUE(contains(validation_error(r), "quantises no linear: set it to true")) << validation_error(r);
+  EXPECT_TRUE(plan_linear(preset("fp8_tensorwise"), 1, 4, LinearKind::MlpUp).cache_weights);
+}
+
 // An encoding this build has no quantiser for is refused by validation, naming the keys, before any kernel.
 TEST(Recipe, EncodingsWithoutAQuantiserAreRefused) {
   PrecisionRecipe r = preset("fp8_tensorwise");

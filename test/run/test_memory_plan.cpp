@@ -290,6 +290,35 @@ TEST(MemoryPlan, CoatRecomputesTheMlpActivationInsteadOfKeepingIt) {
   EXPECT_THROW(config("llama-1b", "bf16", B, T, {"precision.recompute_mlp_act=true"}), Error);
 }
 
+// precision.cache_weights = false: no linear keeps weight codes (the weight caches are empty); every cast goes to the
+// shared scratch, which grows by at most the largest linear's row and transposed codes (and block scales). The
+// saved activations do not change. FP4 weights and recipes without quantised linears refuse it.
+TEST(MemoryPlan, UncachedWeightsLiveInScratch) {
+  const int B = 4, T = 1024;
+  for (const char* preset : {"gpt2-124m", "llama-1b"}) {
+    for (const char* recipe : {"fp8_tensorwise", "fp8_blockwise", "coat"}) {
+      SCOPED_TRACE(std::string(preset) + " " + recipe);
+      const RunConfig cached = config(preset, recipe, B, T);
+      const RunConfig uncached = config(preset, recipe, B, T, {"precision.cache_weights=false"});
+      const ModelMemory c = plan_model_memory(cached.model, B, T, 0, cached.precision);
+      const ModelMemory u = plan_model_memory(uncached.model, B, T, 0, uncached.precision);
+      EXPECT_GT(c.precision.weight_caches, 0u);
+      EXPECT_EQ(u.precision.weight_caches, 0u);
+      EXPECT_EQ(u.precision.saved_inputs, c.precision.saved_inputs);
+      EXPECT_EQ(u.activation(ActivationUse::Saved), c.activation(ActivationUse::Saved));
+      const ModelSpec& m = cached.model;
+      const size_t widest = std::max({static_cast<size_t>(m.n_embd) * m.n_embd * 3,
+                                      static_cast<size_t>(m.n_embd) * m.ffn_hidden * (m.arch == "llama" ? 2 : 1)});
+      EXPECT_GE(u.precision.scratch, c.precision.scratch);
+      EXPECT_LE(u.precision.scratch - c.precision.scratch, 2 * widest + widest / 16);  // codes both ways + scales
+      EXPECT_LT(u.total(), c.total());
+    }
+  }
+  EXPECT_THROW(config("llama-1b", "nvfp4", B, T, {"precision.cache_weights=false"}), Error);
+  EXPECT_THROW(config("llama-1b", "mxfp4", B, T, {"precision.cache_weights=false"}), Error);
+  EXPECT_THROW(config("llama-1b", "bf16", B, T, {"precision.cache_weights=false"}), Error);
+}
+
 // The optimizer-state row is the state format's m.bytes(n) + v.bytes(n): bf16 halves fp32.
 TEST(MemoryPlan, OptimizerStatesFollowTheStateFormat) {
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {
