@@ -41,8 +41,8 @@
 //   coat            COAT (arXiv 2410.19313, shared/reference/fp8_recipes.md §1): fp8_tensorwise's GEMMs, the inputs
 //                   the norms and GELU / SwiGLU save for backward as E4M3 1x16 groups (nonlinear_fp8), GELU / SwiGLU
 //                   computed from their input's copy and recomputed in backward (recompute_mlp_act: COAT's FP8 flow),
-//                   the weights' transposed codes made in every backward rather than kept (cache_weight_transpose
-//                   false: exact, the memory COAT's FSDP shards), and AdamW moments in FP8 with dynamic range
+//                   the weights' FP8 codes made in every forward and backward rather than kept (cache_weights false:
+//                   the same codes, the memory COAT's FSDP shards), and AdamW moments in FP8 with dynamic range
 //                   expansion (optimizer.state_format fp8_expand, unless the config names another). Attention, RoPE,
 //                   the embeddings, the lm_head and the residual stream stay BF16.
 // All quantising presets keep the lm_head and the embeddings in BF16 and save the linear inputs for backward
@@ -119,12 +119,13 @@ const RecipePreset kPresets[] = {
        r.backward_range_matched = true;
      }},
     {"coat", "fp8_tensorwise GEMMs, norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups, GELU / SwiGLU "
-             "computed from them and recomputed in backward, weight transposes made in backward, FP8 AdamW moments "
-             "(fp8_expand)",
+             "computed from them and recomputed in backward, weight codes made in every pass (no weight cache), FP8 "
+             "AdamW moments (fp8_expand)",
      [](PrecisionRecipe& r) {
        fill_fp8_tensorwise(r);
        r.nonlinear_fp8 = true;
        r.recompute_mlp_act = true;
+       r.cache_weights = false;
        r.cache_weight_transpose = false;
      },
      "fp8_expand"},

@@ -309,7 +309,8 @@ const std::vector<KeySchema>& schema() {
       row("precision", "cache_weights", T::Bool,
           "keep each FP8 weight's codes for the optimizer step (false: quantise the weight into scratch shared by "
           "all linears in every forward and again in every backward, the same codes: no per-parameter weight cache, "
-          "two more casts of the weights per micro-step; FP8 weights only)", LLMC_ACCESS(precision.cache_weights)),
+          "two more casts of the weights per micro-step; FP8 weights only; the coat preset sets false)",
+          LLMC_ACCESS(precision.cache_weights)),
       one_of(row("precision", "dy_rounding", T::String,
                  "rounding of the output gradients' codes: nearest (ties to even) or stochastic (FP4 only; random "
                  "bits keyed by train.seed, step, micro-step and tensor, so runs repeat and resume bit for bit)",

@@ -2,7 +2,7 @@
 # scripts/repro/coat.sh: COAT (arXiv 2410.19313) in our numbers, in one command (issue 14):
 #   1. memory and speed on one GPU (dev/bench/bench.py, --accum micro-steps per optimizer step, default 4), Llama at
 #      T = 2048 with bf16, fp8_tensorwise and coat (fp8_tensorwise GEMMs + FP8 norm / SwiGLU inputs, SwiGLU computed
-#      from its copy and recomputed + fp8_expand moments):
+#      from its copy and recomputed, no weight cache + fp8_expand moments):
 #      a. llama-1b and llama-3b at one micro-batch for every recipe (--batch-1b, --batch-3b: default 8 and 4, what
 #         BF16 fits on an 80 GB H100), for the peak-memory ratio;
 #      b. the same models at each recipe's largest micro-batch (B=max, found from the memory plan), for tokens/s;

@@ -148,7 +148,8 @@ def main(argv=None):
     lines = ["# COAT in our numbers", "",
              "Written by `scripts/repro/coat.sh` (`scripts/repro/coat_report.py`). `coat` = fp8_tensorwise GEMMs, the "
              "norm and GELU / SwiGLU inputs saved as E4M3 1x16 groups (GELU / SwiGLU computed from them and recomputed in "
-             "backward), AdamW moments fp8_expand; peak memory is the "
+             "backward), the weights' FP8 codes made in every forward and backward (no weight cache), AdamW moments "
+             "fp8_expand; peak memory is the "
              "trainer's measured peak (cudaMemGetInfo); tokens/s the median step after the warm-up.", ""]
     goals = []
     for max_batch, title in ((False, "At equal micro-batch"),

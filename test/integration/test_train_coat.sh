@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Integration (GPU): the coat recipe (COAT: FP8 GEMMs, the norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups,
-# GELU / SwiGLU computed from their input's copy and recomputed in backward, the weights' transposed codes made in
-# backward, FP8 AdamW moments with dynamic range expansion) end to end on the tiny GPT-2 and the tiny Llama, KJV corpus:
+# GELU / SwiGLU computed from their input's copy and recomputed in backward, the weights' FP8 codes made in every
+# forward and backward, FP8 AdamW moments with dynamic range expansion) end to end on the tiny GPT-2 and the tiny
+# Llama, KJV corpus:
 #   1. the preset trains (the loss falls), logs the recipe and the fp8_expand moments, and plans less memory than the
-#      FP8 copies alone (precision.recompute_mlp_act = false), which plan smaller activation buffers than
-#      fp8_tensorwise;
+#      FP8 copies alone (precision.recompute_mlp_act = false, the weight cache on), which plan smaller activation
+#      buffers than fp8_tensorwise;
 #   2. the FP8 copies alone change only backward: their first step's loss (a forward from the same initial weights)
 #      equals fp8_tensorwise's bit for bit, and a later one differs from a run with precision.nonlinear_fp8 = false
 #      (so backward read the copies); the preset's first loss moves from theirs by the copy's rounding only (its
 #      forward computes the activation from the copy);
 #   3. two identical runs of the preset give bit-identical losses, and a run stopped after step 6 and resumed from its
 #      checkpoint (FP8 moments with their scales, exponents and centres) continues bit-identically;
-#   4. with precision.cache_weights = false (the weights quantised into scratch in every forward and backward) the
-#      losses are the preset's bit for bit, and the plan is smaller.
+#   4. with the weight cache on (precision.cache_weights = true: each weight's codes made once per step and kept) the
+#      losses are the preset's bit for bit, and the plan is larger.
 # Skipped (exit 77) without a GPU, or when the GPU has no FP8 tensor cores.
 set -euo pipefail
 TRAIN_GPT=${1:?usage: test_train_coat.sh path/to/train_gpt}
@@ -36,7 +37,8 @@ for config in configs/gpt2_tiny_bf16.json configs/llama_tiny_bf16.json; do
     "$TRAIN_GPT" "${COMMON[@]}" --set "checkpoint.dir=$TMP/$name.$label" "$@" > "$TMP/$name.$label.log" 2>&1 ||
       { cat "$TMP/$name.$label.log"; echo "FAIL: $name $label run"; return 1; }
   }
-  COPIES=(--set precision.recipe=coat --set precision.recompute_mlp_act=false)
+  COPIES=(--set precision.recipe=coat --set precision.recompute_mlp_act=false --set precision.cache_weights=true
+          --set precision.cache_weight_transpose=true)
   run fp8 --set precision.recipe=fp8_tensorwise || { fail=1; continue; }
   run coat --set precision.recipe=coat || { fail=1; continue; }
   run copies "${COPIES[@]}" || { fail=1; continue; }
@@ -46,8 +48,8 @@ for config in configs/gpt2_tiny_bf16.json configs/llama_tiny_bf16.json; do
     { echo "FAIL: $name: coat did not store the moments as fp8_expand"; fail=1; }
   grep -q "inputs saved as e4m3 1x16 groups, GELU / SwiGLU computed from them and recomputed in backward" \
     "$TMP/$name.coat.log" || { echo "FAIL: $name: the recipe line does not name the FP8 copies and the recomputation"; fail=1; }
-  grep -q "transposed weight codes made in every backward" "$TMP/$name.coat.log" ||
-    { echo "FAIL: $name: the recipe line does not say the weight transposes are made in backward"; fail=1; }
+  grep -q "weight codes made in every forward and backward (no weight cache)" "$TMP/$name.coat.log" ||
+    { echo "FAIL: $name: the recipe line does not say the weights are quantised in every pass"; fail=1; }
   python3 - "$TMP/$name.coat/metrics.jsonl" "$TMP/$name.copies/metrics.jsonl" "$name" <<'PY' || fail=1
 import json, math, sys
 def load(p):
@@ -93,20 +95,20 @@ sys.exit(0 if a < b else 1)" || { echo "FAIL: $name: the FP8 copies plan no smal
   diff "$TMP/a.losses" "$TMP/b.losses" || { echo "FAIL: $name: two identical coat runs differ"; fail=1; }
   diff "$TMP/a.losses" "$TMP/c.losses" || { echo "FAIL: $name: the resumed coat run differs from the uninterrupted one"; fail=1; }
 
-  echo "== $name coat with precision.cache_weights = false: the same losses, less memory"
-  run nocache --set precision.recipe=coat --set precision.cache_weights=false || { fail=1; continue; }
-  losses "$TMP/$name.nocache/metrics.jsonl" > "$TMP/d.losses"
-  diff "$TMP/a.losses" "$TMP/d.losses" || { echo "FAIL: $name: coat without a weight cache differs from coat"; fail=1; }
-  grep -q "weight codes made in every forward and backward" "$TMP/$name.nocache.log" ||
-    { echo "FAIL: $name: the recipe line does not say the weights are quantised in every pass"; fail=1; }
-  python3 - "$TMP/$name.nocache/metrics.jsonl" "$TMP/$name.coat/metrics.jsonl" "$name" <<'PY' || fail=1
+  echo "== $name coat with the weight cache (precision.cache_weights = true): the same losses, more memory"
+  run cached --set precision.recipe=coat --set precision.cache_weights=true || { fail=1; continue; }
+  losses "$TMP/$name.cached/metrics.jsonl" > "$TMP/d.losses"
+  diff "$TMP/a.losses" "$TMP/d.losses" || { echo "FAIL: $name: coat with a weight cache differs from coat without"; fail=1; }
+  grep -q "transposed weight codes made in every backward" "$TMP/$name.cached.log" ||
+    { echo "FAIL: $name: the recipe line does not say the weight transposes are made in backward"; fail=1; }
+  python3 - "$TMP/$name.cached/metrics.jsonl" "$TMP/$name.coat/metrics.jsonl" "$name" <<'PY' || fail=1
 import json, sys
 est = lambda p: [json.loads(l)["estimate_bytes"] for l in open(p) if json.loads(l)["type"] == "memory"][0]
-nocache, coat = est(sys.argv[1]), est(sys.argv[2])
-assert nocache < coat, f"{sys.argv[3]}: without a weight cache planned {nocache} B, not less than coat's {coat} B"
-print(f"{sys.argv[3]}: plan without a weight cache {nocache} B, coat {coat} B")
+cached, coat = est(sys.argv[1]), est(sys.argv[2])
+assert coat < cached, f"{sys.argv[3]}: coat planned {coat} B, not less than with a weight cache {cached} B"
+print(f"{sys.argv[3]}: plan with a weight cache {cached} B, coat {coat} B")
 PY
 done
 
-[ $fail -eq 0 ] && echo "PASS: coat trains GPT-2 and Llama with FP8 moments, FP8 activation copies that leave the forward bit-identical alone, and less memory with the recomputed activation; it repeats and resumes bit for bit"
+[ $fail -eq 0 ] && echo "PASS: coat trains GPT-2 and Llama with FP8 moments, FP8 activation copies that leave the forward bit-identical alone, and less memory with the recomputed activation and without a weight cache; it repeats and resumes bit for bit"
 exit $fail

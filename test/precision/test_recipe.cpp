@@ -109,21 +109,26 @@ TEST(Recipe, PresetFields) {
   EXPECT_FALSE(q.quantize_lm_head);
   EXPECT_TRUE(q.save_quantized_inputs);
   // COAT: fp8_tensorwise with the non-linear layers' saved inputs as FP8 1x16 groups, the MLP activation computed
-  // from its copy and recomputed, and the weights' transposed codes made in backward.
+  // from its copy and recomputed, and the weights' codes made in every forward and backward (with the cache turned
+  // back on, the transposed codes are still made in backward).
   const PrecisionRecipe c = preset("coat");
   PrecisionRecipe expect = t;
   expect.recipe = "coat";
   expect.nonlinear_fp8 = true;
   expect.recompute_mlp_act = true;
+  expect.cache_weights = false;
   expect.cache_weight_transpose = false;
   EXPECT_EQ(describe_recipe(c), describe_recipe(expect));
   EXPECT_TRUE(c.nonlinear_fp8);
   EXPECT_TRUE(c.recompute_mlp_act);
+  EXPECT_FALSE(c.cache_weights);
   EXPECT_FALSE(c.cache_weight_transpose);
+  EXPECT_TRUE(contains(describe_recipe(c), "no weight cache")) << describe_recipe(c);
   for (const char* other : {"bf16", "fp8_tensorwise", "fp8_delayed", "fp8_blockwise", "nvfp4", "mxfp4"}) {
     EXPECT_FALSE(preset(other).nonlinear_fp8) << other;
     EXPECT_FALSE(preset(other).recompute_mlp_act) << other;
     EXPECT_TRUE(preset(other).cache_weight_transpose) << other;
+    EXPECT_TRUE(preset(other).cache_weights) << other;
   }
   EXPECT_FALSE(precision_recipe_preset("fp8", nullptr));
 }
@@ -267,8 +272,8 @@ TEST(Recipe, NamesHelpAndDescription) {
             "(Quartet: E2M1 1x32 blocks, E8M0 scales; QuEST forward (Hadamard-32, Gaussian scales, trust masks), "
             "backward re-quantised with fresh Hadamard-32 signs and range-matched scales; FP8 products on Hopper; "
             "sm_90) | coat (fp8_tensorwise GEMMs, norm / GELU / SwiGLU inputs saved as E4M3 1x16 groups, GELU / "
-            "SwiGLU computed from them and recomputed in backward, weight transposes made in backward, FP8 AdamW "
-            "moments (fp8_expand); sm_89)");
+            "SwiGLU computed from them and recomputed in backward, weight codes made in every pass (no weight "
+            "cache), FP8 AdamW moments (fp8_expand); sm_89)");
   // Only coat brings an optimizer-state format (COAT's FP8 moments).
   for (const std::string& name : precision_recipe_names())
     EXPECT_STREQ(precision_recipe_state_format(name), name == "coat" ? "fp8_expand" : nullptr) << name;

@@ -395,7 +395,7 @@ TEST(Config, QuartetSwitches) {
 }
 
 // COAT: the coat preset is fp8_tensorwise's GEMMs with the FP8 non-linear activations, the MLP activation computed
-// from its copy and recomputed, the weights' transposes made in backward and FP8 AdamW moments with dynamic range
+// from its copy and recomputed, the weights' codes made in every pass and FP8 AdamW moments with dynamic range
 // expansion; each part is a key of its own that wins over the preset, the resolved config reloads to the same run,
 // and the activation switch refuses recompute and widths that are not whole 16-channel groups.
 TEST(Config, CoatPresetAndItsParts) {
@@ -406,11 +406,17 @@ TEST(Config, CoatPresetAndItsParts) {
   EXPECT_EQ(c.precision.scaling, llmc::ScalingMode::Current);
   EXPECT_TRUE(c.precision.nonlinear_fp8);
   EXPECT_TRUE(c.precision.recompute_mlp_act);
+  EXPECT_FALSE(c.precision.cache_weights);
   EXPECT_FALSE(c.precision.cache_weight_transpose);
   EXPECT_STREQ(c.optimizer.state_format.name, "fp8_expand");
   EXPECT_NE(llmc::describe_recipe(c.precision).find("norm / GELU / SwiGLU inputs saved as e4m3 1x16 groups"),
             std::string::npos);
   EXPECT_NE(llmc::describe_recipe(c.precision).find("recomputed in backward"), std::string::npos);
+  EXPECT_NE(llmc::describe_recipe(c.precision).find("weight codes made in every forward and backward"),
+            std::string::npos);
+  // With the weight cache back on, the transposed codes are still made in backward.
+  c = llmc::load_config_json(with("precision", "recipe", "coat"), {"precision.cache_weights=true"});
+  EXPECT_TRUE(c.precision.cache_weights);
   EXPECT_NE(llmc::describe_recipe(c.precision).find("transposed weight codes made in every backward"),
             std::string::npos);
   // Each part alone: explicit keys win over the preset, whatever their order.
@@ -446,6 +452,7 @@ TEST(Config, CoatPresetAndItsParts) {
     EXPECT_FALSE(c.precision.nonlinear_fp8) << name;
     EXPECT_FALSE(c.precision.recompute_mlp_act) << name;
     EXPECT_TRUE(c.precision.cache_weight_transpose) << name;
+    EXPECT_TRUE(c.precision.cache_weights) << name;
   }
   // The resolved config names every part and reloads to the same config.
   c = llmc::load_config_json(with("precision", "recipe", "coat"), {});
@@ -454,6 +461,7 @@ TEST(Config, CoatPresetAndItsParts) {
   EXPECT_EQ(dumped["precision"]["nonlinear_fp8"], true);
   EXPECT_EQ(dumped["precision"]["recompute_mlp_act"], true);
   EXPECT_EQ(dumped["precision"]["cache_weight_transpose"], false);
+  EXPECT_EQ(dumped["precision"]["cache_weights"], false);
   EXPECT_EQ(dumped["optimizer"]["state_format"], "fp8_expand");
   EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(dumped, {})), dumped);
   // Recompute would need the BF16 tensors the copies replace; groups are 16 channels wide.

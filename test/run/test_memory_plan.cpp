@@ -215,8 +215,8 @@ TEST(MemoryPlan, SharedInputBuffersOnlyWhenABlockUsesThem) {
   }
 }
 
-// The coat preset with its FP8 copies alone (the MLP activation kept, the weights' transposed codes cached).
-const std::vector<std::string> kCoatCopiesOnly = {"precision.recompute_mlp_act=false",
+// The coat preset with its FP8 copies alone (the MLP activation kept, the weights' row and transposed codes cached).
+const std::vector<std::string> kCoatCopiesOnly = {"precision.recompute_mlp_act=false", "precision.cache_weights=true",
                                                   "precision.cache_weight_transpose=true"};
 
 // COAT's FP8 activations: under coat the tensors the non-linear layers read in backward are saved as E4M3 codes with
@@ -257,15 +257,17 @@ TEST(MemoryPlan, CoatSavesNonlinearInputsAsFp8Groups) {
 
 // precision.recompute_mlp_act: the MLP's down projection keeps no quantised copy of its input (ffn_hidden FP8 bytes
 // per token and block), and the backward gets one buffer of its own for the recomputed activation (ffn_hidden BF16
-// elements per token, in the working memory the forward's buffers overlay). Every other allocation stays. The preset
-// (which has it) also drops the weights' transposed codes: one byte per FP8 parameter.
+// elements per token, in the working memory the forward's buffers overlay). Every other allocation stays. With the
+// weight cache on, cache_weight_transpose = false drops the transposed codes (one byte per FP8 parameter); the preset
+// keeps no weight codes at all (UncachedWeightsLiveInScratch).
 TEST(MemoryPlan, CoatRecomputesTheMlpActivationInsteadOfKeepingIt) {
   const int B = 4, T = 1024;
   const size_t N = static_cast<size_t>(B) * T;
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {
     SCOPED_TRACE(preset);
     const RunConfig coat = config(preset, "coat", B, T, kCoatCopiesOnly);
-    const RunConfig flow = config(preset, "coat", B, T, {"precision.cache_weight_transpose=true"});
+    const RunConfig flow = config(preset, "coat", B, T,
+                                  {"precision.cache_weights=true", "precision.cache_weight_transpose=true"});
     const ModelMemory c = plan_model_memory(coat.model, B, T, 0, coat.precision);
     const ModelMemory r = plan_model_memory(flow.model, B, T, 0, flow.precision);
     const size_t F = coat.model.ffn_hidden, L = coat.model.n_layer;
@@ -279,11 +281,16 @@ TEST(MemoryPlan, CoatRecomputesTheMlpActivationInsteadOfKeepingIt) {
     EXPECT_GE(r.precision.scratch, c.precision.scratch);  // the wgrad input quantised in backward
     EXPECT_LE(r.precision.scratch - c.precision.scratch, N * F);
     EXPECT_LT(r.total(), c.total());
-    const RunConfig full = config(preset, "coat", B, T);
-    const ModelMemory p = plan_model_memory(full.model, B, T, 0, full.precision);
+    const RunConfig rows = config(preset, "coat", B, T, {"precision.cache_weights=true"});
+    const ModelMemory p = plan_model_memory(rows.model, B, T, 0, rows.precision);
     EXPECT_EQ(p.precision.weight_caches * 2, r.precision.weight_caches);  // row codes only (no padding at these sizes)
     EXPECT_EQ(p.activation(ActivationUse::Saved), r.activation(ActivationUse::Saved));
     EXPECT_LT(p.total(), r.total());
+    const RunConfig full = config(preset, "coat", B, T);
+    const ModelMemory f = plan_model_memory(full.model, B, T, 0, full.precision);
+    EXPECT_EQ(f.precision.weight_caches, 0u);
+    EXPECT_EQ(f.activation(ActivationUse::Saved), r.activation(ActivationUse::Saved));
+    EXPECT_LT(f.total(), p.total());
   }
   // It needs the FP8 copies.
   EXPECT_THROW(config("llama-1b", "fp8_tensorwise", B, T, {"precision.recompute_mlp_act=true"}), Error);
@@ -298,7 +305,7 @@ TEST(MemoryPlan, UncachedWeightsLiveInScratch) {
   for (const char* preset : {"gpt2-124m", "llama-1b"}) {
     for (const char* recipe : {"fp8_tensorwise", "fp8_blockwise", "coat"}) {
       SCOPED_TRACE(std::string(preset) + " " + recipe);
-      const RunConfig cached = config(preset, recipe, B, T);
+      const RunConfig cached = config(preset, recipe, B, T, {"precision.cache_weights=true"});
       const RunConfig uncached = config(preset, recipe, B, T, {"precision.cache_weights=false"});
       const ModelMemory c = plan_model_memory(cached.model, B, T, 0, cached.precision);
       const ModelMemory u = plan_model_memory(uncached.model, B, T, 0, uncached.precision);
