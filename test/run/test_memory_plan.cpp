@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -324,6 +326,22 @@ TEST(MemoryPlan, UncachedWeightsLiveInScratch) {
   EXPECT_THROW(config("llama-1b", "nvfp4", B, T, {"precision.cache_weights=false"}), Error);
   EXPECT_THROW(config("llama-1b", "mxfp4", B, T, {"precision.cache_weights=false"}), Error);
   EXPECT_THROW(config("llama-1b", "bf16", B, T, {"precision.cache_weights=false"}), Error);
+}
+
+// Issue 14's memory goal in plans: at BF16's largest micro-batch on one 139 GiB GPU (44 on llama-1b, 17 on llama-3b,
+// T = 2048) the coat preset plans at most 0.65x BF16's memory. The plans were within 2% of the measured peaks
+// (dev/bench/results/coat/README.md: 0.634x and 0.638x measured); at smaller micro-batches the 10 bytes per parameter
+// of weights, master weights and gradients keep the ratio above 0.65.
+TEST(MemoryPlan, CoatPlansAtMostTwoThirdsOfBf16WhereActivationsDominate) {
+  for (const auto& [preset, B] : std::vector<std::pair<std::string, int>>{{"llama-1b", 44}, {"llama-3b", 17}}) {
+    SCOPED_TRACE(preset);
+    const double bf16 = static_cast<double>(plan_memory(config(preset, "bf16", B, 2048), 1).total());
+    const double coat = static_cast<double>(plan_memory(config(preset, "coat", B, 2048), 1).total());
+    const double cached =
+        static_cast<double>(plan_memory(config(preset, "coat", B, 2048, {"precision.cache_weights=true"}), 1).total());
+    EXPECT_LE(coat, 0.65 * bf16) << coat / bf16;
+    EXPECT_LT(coat, cached);
+  }
 }
 
 // The optimizer-state row is the state format's m.bytes(n) + v.bytes(n): bf16 halves fp32.
