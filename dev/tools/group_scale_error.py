@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""dev/tools/group_scale_error.py: the error of the FP8 1x16 group copies (llmc/kernels/fp8_groups.h) under two scale
+"""dev/tools/group_scale_error.py: the error of the FP8 1x16 group copies (llmc/kernels/fp8_groups.h) under three scale
 rules, on synthetic activations, as a Markdown table: FP32 scales (the build's: d = amax / 448, so each group's
-largest value codes exactly as 448) and one-byte power-of-two scales (E8M0, the smallest 2^k with amax / 2^k <= 448,
-so the largest value lands anywhere in (224, 448] and is rounded like the others).
+largest value codes exactly as 448), two-byte BF16 dequant scales (the cast still multiplies by the FP32 q = 448 /
+amax, so the largest value codes as 448, and the stored d is amax / 448 rounded to nearest BF16: every value of the
+group is off by the same factor, within 2^-8 of 1) and one-byte power-of-two scales (E8M0, the smallest 2^k with
+amax / 2^k <= 448, so the largest value lands anywhere in (224, 448] and is rounded like the others).
 
 Per distribution: the energy-weighted relative error ||dequant(x) - x|| / ||x|| (what a reduction over channels, such
 as the LayerNorm backward's sum of g * xhat, sees), the median per-element relative error (what a typical element
@@ -29,9 +31,11 @@ def dequantised(x, rule):
     g = x.reshape(-1, GROUP)
     amax = np.abs(g).max(axis=1, keepdims=True)
     safe = np.where(amax > 0, amax, 1.0)
-    if rule == "fp32":
+    if rule in ("fp32", "bf16"):
         d = (safe.astype(np.float32) / np.float32(E4M3_MAX)).astype(np.float64)
         q = (np.float32(E4M3_MAX) / safe.astype(np.float32)).astype(np.float64)
+        if rule == "bf16":
+            d = d.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
     else:  # e8m0
         k = np.ceil(np.log2(safe / E4M3_MAX))
         k = np.where(safe * 2.0 ** -k > E4M3_MAX, k + 1, k)
@@ -67,7 +71,8 @@ def main():
     for name, raw in distributions(args.elements, rng):
         x = raw.astype(ml_dtypes.bfloat16).astype(np.float64)
         nonzero = x != 0
-        for rule, label in (("fp32", "FP32 (amax / 448)"), ("e8m0", "E8M0 (power of two)")):
+        for rule, label in (("fp32", "FP32 (amax / 448)"), ("bf16", "BF16 (amax / 448, rounded)"),
+                            ("e8m0", "E8M0 (power of two)")):
             err = dequantised(x, rule) - x
             energy = np.sqrt((err ** 2).sum() / (x ** 2).sum())
             median = np.median(np.abs(err[nonzero]) / np.abs(x[nonzero]))
