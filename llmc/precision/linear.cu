@@ -345,8 +345,6 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   if (!plan_.cache_weights) {
     // No cache: the weight's codes into scratch for this product (the cache's codes: same source, scale and cast).
     quantize_weight_into_scratch(w, training, s);
-    if (!weight_cache_valid_ && state_.numerics_requested())  // once per optimizer step, as with a cache
-      state_.record_numerics(name_ + ".w", wq_, w, s, forward_rotation);
     weight_cache_valid_ = true;
   } else if (!weight_cache_valid_ || unrecorded) {
     // Without a cached transpose the cast still writes one (into scratch, discarded): that also fills the 128x128
@@ -357,8 +355,10 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
     if (!plan_.cache_weight_transpose) wq_.data_t = nullptr;
     weight_cache_valid_ = true;
     weight_cache_recorded_ = training;
-    if (state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s, forward_rotation);
   }
+  // The weight's telemetry on a requested step, from the codes this forward uses (once per step: record_numerics
+  // takes each name once), also when an evaluation or a sample since the optimizer step built them.
+  if (training && state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s, forward_rotation);
   // The input: row codes for fprop; the transposed copy for wgrad when it is saved quantised.
   QTensor xq;
   xq.rows = M;

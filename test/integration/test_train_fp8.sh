@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Integration (GPU): the FP8 recipes end to end on the tiny GPT-2 and the bundled KJV corpus.
-#   1. every FP8 recipe trains (the loss falls), writes numerics telemetry to the JSONL log, and plans smaller
-#      activation buffers than BF16 (no BF16 copies of the linear inputs it saves as FP8);
+#   1. every FP8 recipe trains (the loss falls), writes numerics telemetry to the JSONL log (every role of a linear,
+#      also on a step right after an evaluation, whose forward built the weight codes), and plans smaller activation
+#      buffers than BF16 (no BF16 copies of the linear inputs it saves as FP8);
 #   2. fp8_delayed: two identical runs give bit-identical losses, and a run stopped after step 6 and resumed from its
 #      checkpoint (amax histories and scales included) continues bit-identically;
 #   3. precision.tensorwise_products: fp8_blockwise with all three products per-tensor gives fp8_tensorwise's losses
@@ -28,7 +29,9 @@ bf16_act=$(activation_mib "$TMP/bf16.log")
 
 for recipe in fp8_tensorwise fp8_delayed fp8_blockwise; do
   echo "== $recipe"
-  "$TRAIN_GPT" "${COMMON[@]}" --set precision.recipe=$recipe --set "checkpoint.dir=$TMP/$recipe" > "$TMP/$recipe.log" 2>&1 ||
+  # Evaluations after steps 5 and 10: the numerics of step 6 follow one.
+  "$TRAIN_GPT" "${COMMON[@]}" --set precision.recipe=$recipe --set eval.every=5 --set "checkpoint.dir=$TMP/$recipe" \
+    > "$TMP/$recipe.log" 2>&1 ||
     { cat "$TMP/$recipe.log"; echo "FAIL: $recipe run"; fail=1; continue; }
   grep -E "precision:|activations|step +12/|val loss|numerics" "$TMP/$recipe.log" | head -12
   python3 - "$TMP/$recipe/metrics.jsonl" "$recipe" <<'PY' || fail=1
@@ -42,9 +45,11 @@ assert train[-1] < train[0] - 1.0, f"{sys.argv[2]}: training loss did not fall b
 assert val[-1] < val[0] - 1.0, f"{sys.argv[2]}: validation loss did not fall: {val}"
 steps = sorted({r["step"] for r in num})
 assert steps == [6, 12], f"numerics telemetry expected at steps 6 and 12, got {steps}"
-names = {r["tensor"] for r in num if r["step"] == 6}
-for role in ("x", "w", "dy"):
-    assert f"transformer.h.0.attn.c_attn.{role}" in names, f"no telemetry for c_attn.{role}: {sorted(names)[:6]}"
+for step in steps:
+    names = {r["tensor"] for r in num if r["step"] == step}
+    for role in ("x", "w", "dy"):
+        assert f"transformer.h.0.attn.c_attn.{role}" in names, \
+            f"no telemetry for c_attn.{role} at step {step}: {sorted(names)[:6]}"
 for r in num:
     assert r["snr_db"] is None or r["snr_db"] > 10, f"implausible SNR {r}"
     assert 0 <= r["saturated_frac"] <= 1 and 0 <= r["underflow_frac"] <= 1, r
