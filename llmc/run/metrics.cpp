@@ -256,6 +256,10 @@ double MemoryReport::estimate_error() const {
   return (static_cast<double>(estimate_bytes) - static_cast<double>(run_bytes())) / static_cast<double>(run_bytes());
 }
 
+// A plan is within a few per cent of a run alone on its GPU; a measured peak this far above it usually holds another
+// process's memory (two trainings sharing one GPU), which the console line then says.
+constexpr double kSharedGpuHint = 0.25;
+
 void MetricsLogger::log_memory(const MemoryReport& m, const std::string& at) {
   if (!options_.writer) return;
   auto gib = [](size_t bytes) { return static_cast<double>(bytes) / 1073741824.0; };
@@ -263,13 +267,17 @@ void MetricsLogger::log_memory(const MemoryReport& m, const std::string& at) {
   if (options_.console) {
     std::fprintf(options_.console,
                  "memory after step %d (%s): peak %.2f GiB in use (cudaMemGetInfo), %.2f GiB of it allocated by the "
-                 "run (%.2f GiB in use before it: CUDA context, NCCL, other processes) | estimate %.2f GiB, %s\n",
+                 "run (%.2f GiB in use before it: CUDA context, NCCL, other processes) | estimate %.2f GiB, %s%s\n",
                  m.step, at == "end" ? "end of run" : "first step", gib(m.peak_bytes), gib(m.run_bytes()),
                  gib(m.before_run_bytes), gib(m.estimate_bytes),
                  std::isfinite(error) ? strformat("within %.1f%% of measured (%s by %.2f GiB)", 100.0 * std::fabs(error),
                                                   error >= 0 ? "over" : "under",
                                                   std::fabs(gib(m.estimate_bytes) - gib(m.run_bytes()))).c_str()
-                                      : "nothing measured");
+                                      : "nothing measured",
+                 error < -kSharedGpuHint ? "; cudaMemGetInfo counts the whole GPU, so memory that another process took "
+                                           "after this run started counts as this run's (nvidia-smi lists the "
+                                           "processes)"
+                                         : "");
     std::fflush(options_.console);
   }
   write_line(nlohmann::ordered_json{{"type", "memory"},

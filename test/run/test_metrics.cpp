@@ -392,6 +392,7 @@ TEST_F(MetricsTest, MemoryLineAndRecordCompareTheEstimateWithTheMeasuredPeak) {
             std::string::npos) << said;
   EXPECT_NE(said.find("memory after step 100 (end of run)"), std::string::npos) << said;
   EXPECT_NE(said.find("within 10.0% of measured (over by 2.00 GiB)"), std::string::npos) << said;
+  EXPECT_EQ(said.find("another process"), std::string::npos) << said;  // plans this close get no hint
   std::ifstream in(path);
   std::string line;
   std::vector<nlohmann::json> records;
@@ -411,4 +412,37 @@ TEST_F(MetricsTest, MemoryLineAndRecordCompareTheEstimateWithTheMeasuredPeak) {
   // Nothing measured: no error to give.
   llmc::MemoryReport none;
   EXPECT_TRUE(std::isnan(none.estimate_error()));
+}
+
+// A measured peak far above the plan (another training on the same GPU grew after this one started): the line says
+// that cudaMemGetInfo counts the whole GPU; the record is unchanged.
+TEST_F(MetricsTest, MemoryLineSaysWhenThePeakMayHoldAnotherProcess) {
+  const std::string path = TempDirTest::path("metrics.jsonl");
+  const std::string console_path = TempDirTest::path("console.txt");
+  const size_t GiB = size_t{1} << 30;
+  llmc::MemoryReport m;
+  m.step = 1;
+  m.peak_bytes = 22 * GiB;
+  m.before_run_bytes = GiB;
+  m.estimate_bytes = 10 * GiB;  // 21 GiB measured: the plan 52% under
+  {
+    llmc::MetricsOptions opt = jsonl_options(path);
+    FILE* console = std::fopen(console_path.c_str(), "w");
+    opt.console = console;
+    llmc::MetricsLogger logger(opt);
+    logger.log_memory(m, "first_step");
+    std::fclose(console);
+  }
+  const std::string said = read_text(console_path);
+  EXPECT_NE(said.find("within 52.4% of measured (under by 11.00 GiB); cudaMemGetInfo counts the whole GPU, so memory "
+                      "that another process took after this run started counts as this run's (nvidia-smi lists the "
+                      "processes)\n"),
+            std::string::npos)
+      << said;
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const nlohmann::json record = nlohmann::json::parse(line);
+  EXPECT_EQ(record["run_bytes"].get<size_t>(), 21 * GiB);
+  EXPECT_NEAR(record["estimate_error"].get<double>(), -11.0 / 21.0, 1e-12);
 }
