@@ -179,6 +179,15 @@ def table(runs, measure="final val loss", against=(), devices=None, goal=None):
     return "\n".join(lines)
 
 
+def logged_gpus(devices):
+    """The GPU models the runs' logs name, in the words of the title ("A", "A and B"); "" when no log names one."""
+    models = sorted({gpu for per_seed in devices.values() for gpu in per_seed.values() if gpu})
+    if not models:
+        return ""
+    text = " and ".join(models)
+    return text + " (the GPU of each run is listed below the tables)" if len(models) > 1 else text
+
+
 def gpu_list(runs, devices):
     """The GPU model of every run and seed, one line per run, when the runs used more than one model; "" otherwise."""
     if not runlog.several_gpu_models(gpu for per_seed in devices.values() for gpu in per_seed.values()):
@@ -197,7 +206,8 @@ def main(argv=None):
     p.add_argument("out", help="the directory of the runs' JSONL logs")
     p.add_argument("--base-seed", type=int, default=42, help="the seed of the logs without _seed<N> (default 42)")
     p.add_argument("--title", default="", help="the line above the table (model, steps, tokens)")
-    p.add_argument("--gpu", help="the GPU the runs ran on (default: this machine's, from nvidia-smi)")
+    p.add_argument("--gpu", help="the GPU the runs ran on (default: the models the logs name, else this machine's, "
+                                 "from nvidia-smi)")
     p.add_argument("--md", help="where to write the table (default OUT/seeds.md)")
     p.add_argument("--against", action="append", default=[], metavar="RUN",
                    help="also pair every run with this one (a column per --against), e.g. --against fp8_tensorwise")
@@ -221,7 +231,7 @@ def main(argv=None):
               f"{', '.join(sorted(runs, key=order_key))})", file=sys.stderr)
         return 2
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = ", ".join(x for x in (args.title, args.gpu or gpu_name(), when) if x)
+    head = ", ".join(x for x in (args.title, args.gpu or logged_gpus(devices) or gpu_name(), when) if x)
     text = (f"{head}.\n\nFinal validation loss per seed (train.seed: the initialisation; the data order is the same "
             f"for every run). Paired differences: the mean over the seeds both runs have of (run - reference) / "
             f"reference ± its standard error, with their range.\n\n"

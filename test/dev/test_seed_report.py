@@ -4,9 +4,9 @@ from the file names (<recipe>[_<variant>][_seed<N>], no suffix = --base-seed), t
 sample standard deviation of a row, differences paired by seed over the common seeds only, the held-out table (mean
 train loss of the last 300 steps), .jsonl.gz logs, logs without a validation loss left out, runs that stopped before
 their end (an eval, then more train steps) left out, the exit status 2 for a directory without any, and the GPU model
-of each run (from the train_gpt output beside its log): pairs across GPU models counted in the paired cells and the
-GPU of every run listed when the runs used more than one model; --goal's verdicts (met, not met, undecided with the
-seeds that would decide it, one seed) in both tables."""
+of each run (from the train_gpt output beside its log): pairs across GPU models counted in the paired cells, the
+GPU of every run listed when the runs used more than one model, and the logged models in the title without --gpu;
+--goal's verdicts (met, not met, undecided with the seeds that would decide it, one seed) in both tables."""
 import gzip
 import json
 import os
@@ -207,11 +207,18 @@ class TestCommandLine(unittest.TestCase):
         self.assertIn("| +0.00% | — |", rows["fp8_blockwise"])  # its GPU is unknown: not marked
         self.assertIn("- fp8_tensorwise: 42 NVIDIA H100 80GB HBM3, 43 NVIDIA H200", proc.stdout)
         self.assertIn("- fp8_blockwise: 42 unknown", proc.stdout)
+        # without --gpu the title names the models the logs name (not this machine's)
+        unnamed = subprocess.run([sys.executable, SCRIPT, self.dir], capture_output=True, text=True, timeout=60)
+        self.assertEqual(unnamed.returncode, 0, unnamed.stderr)
+        self.assertTrue(unnamed.stdout.startswith("NVIDIA H100 80GB HBM3 and NVIDIA H200 (the GPU of each run is listed "
+                                                  "below the tables), "), unnamed.stdout[:200])
         # one model only: no list
         os.remove(os.path.join(self.dir, "fp8_tensorwise.log"))
         proc = self.report()
         self.assertNotIn("GPU model per run", proc.stdout)
         self.assertNotIn("across GPU models", proc.stdout)
+        unnamed = subprocess.run([sys.executable, SCRIPT, self.dir], capture_output=True, text=True, timeout=60)
+        self.assertTrue(unnamed.stdout.startswith("NVIDIA H200, "), unnamed.stdout[:200])
 
     def test_no_logs(self):
         write_log(os.path.join(self.dir, "bf16.jsonl"), None)
