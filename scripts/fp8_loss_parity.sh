@@ -45,6 +45,8 @@
 #   (after preparing the data), for a caller that collects the runs of several calls and runs them with gpu_queue.py
 #   (scripts/repro/nvfp4.sh --gpus does).
 #   TRAIN_GPT in the environment names the binary (default: <build>/train_gpt).
+#   Without a bf16 run in OUT (the recipes do not include bf16: e.g. another seed of one recipe) the runs are trained
+#   and no table is written: exit 0 after a line saying so (--report alone: exit 2).
 #   Exit status: 0 every recipe within the tolerance, 1 one outside it (a result: the table is written), 2 bad
 #   arguments, a missing binary or log, 3 a training run failed.
 set -euo pipefail
@@ -224,6 +226,15 @@ done
 relative=(); [ ${#files[@]} -lt 2 ] || relative=(--relative)
 python3 scripts/plot_runs.py "${files[@]}" "${labels[@]}" --out "$OUT/fp8_loss_parity$TAG.png" --x tokens \
   "${relative[@]}" --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens: BF16 vs low-precision recipes" --ymax 6 || true
+if [ ! -f "$OUT/bf16$TAG.jsonl" ] && [ ! -f "$OUT/bf16.jsonl" ]; then
+  # Runs added to a directory without BF16 (another seed of one recipe, its BF16 trained elsewhere): nothing to judge
+  # them against. A training call has done its work (exit 0); --report alone asked for the table (exit 2).
+  msg="fp8_loss_parity: no bf16 run in $OUT to compare the runs with, so no table: train one with --recipes bf16 into
+the same --out (or copy its bf16.jsonl there) and run again with --report"
+  if [ "$REPORT_ONLY" -eq 1 ]; then echo "$msg" >&2; exit 2; fi
+  echo "$msg"
+  exit 0
+fi
 if [ "$SEEDS" != "$SEED" ] || [ ${#VARIANT_NAMES[@]} -gt 1 ]; then
   python3 scripts/repro/seed_report.py "$OUT" --base-seed "$SEED" --goal "$TOLERANCE" \
     --title "$TITLE, $STEPS steps x $((BATCH * SEQ)) tokens (seq $SEQ), seeds $SEEDS" || exit 2

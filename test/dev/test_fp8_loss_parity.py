@@ -6,7 +6,8 @@
 MODEL (its config, 16 x 2048, lr 3e-4), one command per recipe, identical but for the recipe and the log (same seed,
 data and schedule), >= 100M tokens per run by default, --seed, --set / --tag placed last, --variant's runs and
 names; unknown model, recipe, corpus directory and malformed variants are rejected (exit 2). With the stand-in
-trainer: --gpus, --seeds, --variant with its tables, finished runs kept (and trained again with --force). The report on synthetic logs: final val loss, the difference to BF16 in
+trainer: --gpus, --seeds, --variant with its tables, finished runs kept (and trained again with --force), runs
+trained into a directory without BF16 (exit 0, no table; --report alone: exit 2). The report on synthetic logs: final val loss, the difference to BF16 in
 percent, the tolerance column and exit code, tokens and steps, variants against the plain BF16 run, a missing log.
 """
 import gzip
@@ -233,6 +234,28 @@ class TestGpus(unittest.TestCase):
         self.assertIn("a run failed", proc.stderr)
         self.assertIn("job 1 (exit 1)", proc.stdout)
         self.assertFalse(os.path.exists(os.path.join(self.out, "summary.md")))
+
+    def test_runs_without_bf16_are_trained_and_not_judged(self):
+        """Another seed of one recipe into a directory without a BF16 run: trained, exit 0, and a line saying how to
+        get the table, instead of the report's missing-log exit 2."""
+        proc = run("--gpus", "0", "--steps", "8", "--recipes", "coat", "--seed", "43", "--out", self.out, "--data",
+                   self.data, env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("no bf16 run in " + self.out + " to compare the runs with", proc.stdout)
+        self.assertTrue(os.path.exists(os.path.join(self.out, "coat.jsonl")))
+        self.assertFalse(os.path.exists(os.path.join(self.out, "summary.md")))
+        # --report alone asked for the table: an error
+        proc = run("--recipes", "coat", "--seed", "43", "--out", self.out, "--report", env=self.env)
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("no bf16 run in", proc.stderr)
+        # with BF16's log beside it the same call writes the table
+        proc = run("--gpus", "0", "--steps", "8", "--recipes", "bf16", "--seed", "43", "--out", self.out, "--data",
+                   self.data, env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        proc = run("--gpus", "0", "--steps", "8", "--recipes", "coat", "--seed", "43", "--out", self.out, "--data",
+                   self.data, "--report", env=self.env)
+        self.assertIn("| coat | ", proc.stdout)
+        self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
 
     def test_queue_only_appends(self):
         queue = os.path.join(os.path.dirname(self.out), "jobs.txt")
