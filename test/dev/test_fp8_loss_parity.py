@@ -7,8 +7,9 @@ MODEL (its config, 16 x 2048, lr 3e-4), one command per recipe, identical but fo
 data and schedule), >= 100M tokens per run by default, --seed, --set / --tag placed last, --variant's runs and
 names; unknown model, recipe, corpus directory and malformed variants are rejected (exit 2). With the stand-in
 trainer: --gpus, --seeds, --variant with its tables, finished runs kept (and trained again with --force), runs
-trained into a directory without BF16 (exit 0, no table; --report alone: exit 2). The report on synthetic logs: final val loss, the difference to BF16 in
-percent, the tolerance column and exit code, tokens and steps, variants against the plain BF16 run, a missing log.
+trained into a directory without BF16 (exit 0, no table; --report alone: exit 2). The report on synthetic logs:
+final val loss, the difference to BF16 in percent, the tolerance column and exit code, tokens and steps, variants
+against the plain BF16 run, a missing log.
 """
 import gzip
 import json

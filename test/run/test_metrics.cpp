@@ -13,6 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -178,6 +181,20 @@ llmc::MetricsOptions jsonl_options(const std::string& path) {
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// One logger writing jsonl_path and printing to console_path logs each (report, at) in turn; returns the console.
+std::string log_memory_reports(const std::string& jsonl_path, const std::string& console_path,
+                               const std::vector<std::pair<llmc::MemoryReport, std::string>>& reports) {
+  llmc::MetricsOptions opt = jsonl_options(jsonl_path);
+  FILE* console = std::fopen(console_path.c_str(), "w");
+  opt.console = console;
+  {
+    llmc::MetricsLogger logger(opt);
+    for (const auto& [report, at] : reports) logger.log_memory(report, at);
+  }
+  std::fclose(console);
+  return read_text(console_path);
 }
 
 }  // namespace
@@ -374,18 +391,10 @@ TEST_F(MetricsTest, MemoryLineAndRecordCompareTheEstimateWithTheMeasuredPeak) {
   m.estimate_bytes = 19 * GiB;  // 20 GiB allocated by the run: 5% under
   EXPECT_EQ(m.run_bytes(), 20 * GiB);
   EXPECT_DOUBLE_EQ(m.estimate_error(), -0.05);
-  {
-    llmc::MetricsOptions opt = jsonl_options(path);
-    FILE* console = std::fopen(console_path.c_str(), "w");
-    opt.console = console;
-    llmc::MetricsLogger logger(opt);
-    logger.log_memory(m, "first_step");
-    m.step = 100;
-    m.estimate_bytes = 22 * GiB;
-    logger.log_memory(m, "end");
-    std::fclose(console);
-  }
-  const std::string said = read_text(console_path);
+  llmc::MemoryReport end = m;
+  end.step = 100;
+  end.estimate_bytes = 22 * GiB;
+  const std::string said = log_memory_reports(path, console_path, {{m, "first_step"}, {end, "end"}});
   EXPECT_NE(said.find("memory after step 1 (first step): peak 21.00 GiB in use (cudaMemGetInfo), 20.00 GiB of it "
                       "allocated by the run (1.00 GiB in use before it: CUDA context, NCCL, other processes) | estimate 19.00 GiB, "
                       "within 5.0% of measured (under by 1.00 GiB)"),
@@ -425,15 +434,7 @@ TEST_F(MetricsTest, MemoryLineSaysWhenThePeakMayHoldAnotherProcess) {
   m.peak_bytes = 22 * GiB;
   m.before_run_bytes = GiB;
   m.estimate_bytes = 10 * GiB;  // 21 GiB measured: the plan 52% under
-  {
-    llmc::MetricsOptions opt = jsonl_options(path);
-    FILE* console = std::fopen(console_path.c_str(), "w");
-    opt.console = console;
-    llmc::MetricsLogger logger(opt);
-    logger.log_memory(m, "first_step");
-    std::fclose(console);
-  }
-  const std::string said = read_text(console_path);
+  const std::string said = log_memory_reports(path, console_path, {{m, "first_step"}});
   EXPECT_NE(said.find("within 52.4% of measured (under by 11.00 GiB); cudaMemGetInfo counts the whole GPU, so memory "
                       "that another process took after this run started counts as this run's (nvidia-smi lists the "
                       "processes)\n"),
