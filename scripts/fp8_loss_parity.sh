@@ -12,6 +12,7 @@
 #                                          [--build DIR]
 #                                          [--set section.key=value ... --tag NAME] [--gpus LIST | --queue FILE]
 #                                          [--variant "NAME section.key=value ..." ...] [--force]
+#                                          [--checkpoint-every N]
 #   --model (or MODEL in the environment): gpt2-124m (default; configs/gpt2_124m_bf16.json, batch 32 x 1024, lr 6e-4,
 #   out runs/fp8_parity) or llama-350m (configs/llama_350m_bf16.json, batch 16 x 2048, lr 3e-4, out
 #   runs/fp8_parity_llama-350m) or llama-125m (configs/llama_125m_bf16.json, batch 16 x 2048, lr 1e-3, out
@@ -35,6 +36,12 @@
 #   A run whose log already holds its final validation (an eval record at the last step) is kept and not trained
 #   again, so an interrupted comparison resumes where it stopped and a finished log is never overwritten; --force
 #   trains every run again.
+#   --checkpoint-every N (default 0: none) checkpoints each run every N steps into OUT/checkpoints/<run> (the newest
+#   one and the final one are kept: about 1.5 GB per GPT-2 124M run), so that a run cut short (a job's time limit, a
+#   lost machine) continues from its newest checkpoint when the same command runs again, with the same bits as an
+#   uninterrupted run; its console log OUT/<run>.log is then appended to, and the trainer moves the JSONL records
+#   written after that checkpoint aside (OUT/<run>.jsonl.after-step-S). With --force such a run starts over: its
+#   checkpoints are moved to OUT/checkpoints/<run>/abandoned/ by the trainer, not deleted.
 #   --dry prints the commands and runs nothing (no binary or data needed); --report only writes the plot and the table
 #   from the logs already in OUT (after runs made one recipe at a time).
 #   data = data/pysrc, tokenised on first use by dev/data/prepare.py --python-sources from --corpus (default: this
@@ -52,7 +59,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-gpt2-124m}; STEPS=3072; BATCH=""; SEED=42; OUT=""; DATA=data/pysrc; CORPUS=""; BUILD=build
-TOLERANCE=0.25; DRY=0; REPORT_ONLY=0; GPUS=""; QUEUE=""; SEEDS=""; FORCE=0
+TOLERANCE=0.25; DRY=0; REPORT_ONLY=0; GPUS=""; QUEUE=""; SEEDS=""; FORCE=0; CKPT_EVERY=0
 VARIANT_NAMES=(""); VARIANT_SETS=("")
 RECIPES="bf16 fp8_tensorwise fp8_delayed fp8_blockwise"
 EXTRA=(); TAG=""
@@ -76,6 +83,7 @@ while [ $# -gt 0 ]; do
     --variant) read -r vname vsets <<<"$2"
                VARIANT_NAMES+=("${vname:-}"); VARIANT_SETS+=("${vsets:-}"); shift 2 ;;
     --force) FORCE=1; shift ;;
+    --checkpoint-every) CKPT_EVERY=$2; shift 2 ;;
     --gpus) GPUS=$2; shift 2 ;;
     --queue) QUEUE=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
@@ -98,6 +106,8 @@ for r in $RECIPES; do
 done
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || fail "--steps must be an integer >= 4 (got '$STEPS')"
 [[ "$BATCH" =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] || fail "--batch must be a positive integer (got '$BATCH')"
+[[ "$CKPT_EVERY" =~ ^[0-9]+$ ]] ||
+  fail "--checkpoint-every must be a non-negative number of steps (got '$CKPT_EVERY'; 0 = no checkpoints)"
 [[ "$SEED" =~ ^[0-9]+$ ]] || fail "--seed must be a non-negative integer (got '$SEED')"
 for s in $SEEDS; do [[ "$s" =~ ^[0-9]+$ ]] || fail "--seeds: '$s' is not a non-negative integer"; done
 [ "$(tr ' ' '\n' <<<"$SEEDS" | grep -v '^$' | sort | uniq -d)" = "" ] || fail "--seeds '$SEEDS' names a seed twice"
@@ -125,6 +135,9 @@ TOKENS=$((STEPS * BATCH * SEQ))
 TRAIN_GPT=${TRAIN_GPT:-$BUILD/train_gpt}
 echo "fp8_loss_parity: $TITLE, recipes $RECIPES: $STEPS steps x $((BATCH * SEQ)) tokens = $TOKENS tokens per run," \
      "train.seed $SEED, out $OUT"
+[ "$CKPT_EVERY" -eq 0 ] ||
+  echo "fp8_loss_parity: checkpoints every $CKPT_EVERY steps in $OUT/checkpoints/<run>; a run cut short continues" \
+       "from its newest one when this command runs again"
 
 # 1. Data.
 if [ "$DRY" -eq 0 ] && [ "$REPORT_ONLY" -eq 0 ]; then
@@ -181,24 +194,48 @@ for recipe in $RECIPES; do
     echo "fp8_loss_parity: $run finished already ($OUT/$run.jsonl): kept (--force trains it again)"
     continue
   fi
+  ckpt_dir=""; [ "$CKPT_EVERY" -eq 0 ] || ckpt_dir=$OUT/checkpoints/$run
   cmd=("$TRAIN_GPT" --config "$CONFIG" --set precision.recipe="$recipe"
        --set "data.train=$DATA/pysrc_train_*.bin" --set "data.val=$DATA/pysrc_val_*.bin"
        --set train.micro_batch="$BATCH" --set train.seq_len=$SEQ --set train.global_batch_tokens=0
        --set train.steps="$STEPS" --set train.warmup_steps=100 --set train.lr=$LR --set train.final_lr_frac=0.1
        --set train.seed="$seed" --set eval.every=$((STEPS / 4)) --set eval.batches=40 --set sample.every=0
-       --set sample.tokens=64 --set checkpoint.dir= --set log.every=100 --set log.numerics_every=$((STEPS / 4))
-       --set log.jsonl="$OUT/$run.jsonl" "${EXTRA[@]}" "${vsets[@]}")
+       --set sample.tokens=64 --set checkpoint.dir="$ckpt_dir" --set log.every=100
+       --set log.numerics_every=$((STEPS / 4))
+       --set log.jsonl="$OUT/$run.jsonl")
+  # With checkpoints an unfinished run resumes (the trainer's resume=auto: from the newest complete checkpoint, if
+  # any) and its console log is appended to; --force starts it over (older checkpoints moved aside by the trainer).
+  redirect=">"
+  if [ "$CKPT_EVERY" -gt 0 ]; then
+    cmd+=(--set checkpoint.every="$CKPT_EVERY" --set checkpoint.keep=1)
+    if [ "$FORCE" -eq 1 ]; then
+      cmd+=(--set checkpoint.resume=none --set checkpoint.overwrite=true)
+    else
+      cmd+=(--set checkpoint.resume=auto)
+      redirect=">>"
+    fi
+  fi
+  cmd+=("${EXTRA[@]}" "${vsets[@]}")
   if [ "$DRY" -eq 1 ]; then
     printf '%q ' "${cmd[@]}"; echo
     continue
   fi
   if [ -n "$QUEUE" ]; then
-    { printf '%q ' "${cmd[@]}"; printf '> %q 2>&1\n' "$OUT/$run.log"; } >> "$QUEUE"
+    { printf '%q ' "${cmd[@]}"; printf '%s %q 2>&1\n' "$redirect" "$OUT/$run.log"; } >> "$QUEUE"
     continue
   fi
   echo "== $run"
-  "${cmd[@]}" 2>&1 | tee "$OUT/$run.log" | grep -E "^(device|precision|memory|step .*(/|val)|error)" || true
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fp8_loss_parity: the $run run failed (log: $OUT/$run.log)" >&2; exit 3; }
+  tee_args=("$OUT/$run.log")
+  if [ "$redirect" = ">>" ] && [ -s "$OUT/$run.log" ]; then
+    tee_args=(-a "$OUT/$run.log")
+    echo "== fp8_loss_parity: $run again, $(date -u '+%Y-%m-%d %H:%M UTC'): it continues from its newest checkpoint" \
+         "in $OUT/checkpoints/$run, if one is complete" | tee -a "$OUT/$run.log"
+  fi
+  # The trainer's status (pipefail: the grep's is always 0), whether or not any line of its output matched.
+  status=0
+  "${cmd[@]}" 2>&1 | tee "${tee_args[@]}" |
+    { grep -E "^(device|precision|memory|step .*(/|val)|resum|error)" || true; } || status=$?
+  [ "$status" -eq 0 ] || { echo "fp8_loss_parity: the $run run failed (log: $OUT/$run.log)" >&2; exit 3; }
  done
  done
 done

@@ -5,6 +5,12 @@ scripts pass and writes what a run writes to log.jsonl (a train record per step,
 that depends on the recipe and the tag (a _seed<N> suffix of the log name is not a tag), and prints the GPU it was
 given (CUDA_VISIBLE_DEVICES); a recipe named in FAKE_TRAIN_GPT_FAIL fails (exit 1) as a crashed run would;
 FAKE_TRAIN_GPT_SEED_STEP=D adds D x (train.seed - 42) to the loss, so that runs of several seeds differ.
+With checkpoint.dir set it keeps train_gpt's checkpoint contract as the scripts see it: a checkpoint (dir/step_<S>,
+complete with its DONE file) every checkpoint.every steps and at the end, the newest checkpoint.keep kept;
+checkpoint.resume=auto continues from the newest complete one ("resumed from ... at step S", the log's records after
+S moved to <log>.after-step-S); resume=none in a dir with checkpoints moves them to dir/abandoned/<n> with
+checkpoint.overwrite=true and fails without it. FAKE_TRAIN_GPT_STOP_AT=N ends a run that started before step N right
+after step N's record, with exit 137, as a killed job would.
 make_shards() writes the data files the scripts look for; workspace() gives a test a temporary directory with them.
 """
 import json
@@ -40,6 +46,61 @@ def workspace(test, prefix):
     return data, os.path.join(root, "out")
 
 
+def checkpoints(directory):
+    """The complete checkpoints in directory, oldest first: (step, path)."""
+    found = []
+    for name in os.listdir(directory) if os.path.isdir(directory) else []:
+        path = os.path.join(directory, name)
+        if re.fullmatch(r"step_\d{8}", name) and os.path.exists(os.path.join(path, "DONE")):
+            found.append((int(name[5:]), path))
+    return sorted(found)
+
+
+def write_checkpoint(ckpt, step):
+    path = os.path.join(ckpt["dir"], f"step_{step:08d}")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "DONE"), "w") as f:
+        f.write(f"{step}\n")
+    if ckpt["keep"] > 0:
+        for _, old in checkpoints(ckpt["dir"])[:-ckpt["keep"]]:
+            shutil.rmtree(old)
+
+
+def resume_point(sets, log):
+    """(first step to train - 1, checkpoint settings or None); (None, None) when the run must stop."""
+    directory = sets.get("checkpoint.dir", "")
+    if not directory:
+        return 0, None
+    ckpt = {"dir": directory, "every": int(sets.get("checkpoint.every", "0")),
+            "keep": int(sets.get("checkpoint.keep", "0"))}
+    found = checkpoints(directory)
+    resume = sets.get("checkpoint.resume", "auto")
+    if found and resume == "auto":
+        step = found[-1][0]
+        print(f"resumed from {found[-1][1]} at step {step}")
+        if os.path.exists(log):
+            with open(log) as f:
+                lines = f.readlines()
+            keep = [line for line in lines if json.loads(line)["step"] <= step]
+            with open(log + f".after-step-{step}", "w") as f:
+                f.writelines(lines[len(keep):])
+            with open(log, "w") as f:
+                f.writelines(keep)
+        return step, ckpt
+    if found:
+        if sets.get("checkpoint.overwrite", "false") != "true":
+            print(f"error: checkpoint.dir {directory} holds checkpoints and checkpoint.resume is {resume}",
+                  file=sys.stderr)
+            return None, None
+        n = 1
+        while os.path.exists(os.path.join(directory, "abandoned", str(n))):
+            n += 1
+        os.makedirs(os.path.join(directory, "abandoned", str(n)))
+        for _, path in found:
+            shutil.move(path, os.path.join(directory, "abandoned", str(n)))
+    return 0, ckpt
+
+
 def main(argv):
     if "--dry-run" in argv:  # what scripts/repro/fp8_stability.sh reads for its estimate
         print("training 8 steps x 100 tokens, 1.0e+12 FLOPs in total")
@@ -49,12 +110,22 @@ def main(argv):
     if recipe == os.environ.get("FAKE_TRAIN_GPT_FAIL"):
         print(f"fake train_gpt: {recipe} fails", file=sys.stderr)
         return 1
+    start, ckpt = resume_point(sets, log)
+    if start is None:
+        return 1
     tagged = re.sub(r"_seed\d+(?=\.jsonl$)", "", os.path.basename(log)) != recipe + ".jsonl"
     loss = 2.0 + OFFSETS.get(recipe, 0.1) + (0.001 if tagged else 0.0)
     loss += float(os.environ.get("FAKE_TRAIN_GPT_SEED_STEP", "0")) * (int(sets.get("train.seed", "42")) - 42)
-    with open(log, "w") as f:
-        for s in range(1, steps + 1):
+    stop_at = int(os.environ.get("FAKE_TRAIN_GPT_STOP_AT", "0"))
+    with open(log, "a" if start > 0 else "w") as f:
+        for s in range(start + 1, steps + 1):
             f.write(json.dumps({"type": "train", "step": s, "loss": loss + 1.0 / s, "ms": 1.0, "tokens": 100}) + "\n")
+            f.flush()
+            if ckpt and (s == steps or (ckpt["every"] > 0 and s % ckpt["every"] == 0)):
+                write_checkpoint(ckpt, s)
+            if s == stop_at:
+                print(f"fake train_gpt: killed after step {s}", file=sys.stderr)
+                return 137
         f.write(json.dumps({"type": "eval", "step": steps, "val_loss": loss}) + "\n")
     print(f"fake train_gpt: {recipe} on GPU {os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}")
     return 0

@@ -7,7 +7,8 @@ MODEL (its config, 16 x 2048, lr 3e-4), one command per recipe, identical but fo
 data and schedule), >= 100M tokens per run by default, --seed, --set / --tag placed last, --variant's runs and
 names; unknown model, recipe, corpus directory and malformed variants are rejected (exit 2). With the stand-in
 trainer: --gpus, --seeds, --variant with its tables, finished runs kept (and trained again with --force), runs
-trained into a directory without BF16 (exit 0, no table; --report alone: exit 2). The report on synthetic logs:
+trained into a directory without BF16 (exit 0, no table; --report alone: exit 2), --checkpoint-every (a run cut short
+continues from its newest checkpoint). The report on synthetic logs:
 final val loss, the difference to BF16 in percent, the tolerance column and exit code, tokens and steps, variants
 against the plain BF16 run, a missing log.
 """
@@ -114,6 +115,25 @@ class TestDry(unittest.TestCase):
         self.assertEqual(cmds[4][-4:], ["--set", "precision.bf16_layers=[0,-1]", "--set", "precision.margin=1"])
         self.assertEqual(overrides(cmds[5])["train.seed"], "43")
 
+    def test_checkpoints(self):
+        """--checkpoint-every: each run checkpoints into OUT/checkpoints/<run>, keeps the newest, and resumes an
+        unfinished run (its log appended to in a queue); --force starts over (the trainer moves old checkpoints
+        aside); without it no checkpoint is written."""
+        o = overrides(commands(run("--dry", "--recipes", "bf16").stdout)[0])
+        self.assertEqual(o["checkpoint.dir"], "")
+        self.assertNotIn("checkpoint.resume", o)
+        proc = run("--dry", "--recipes", "bf16 coat", "--checkpoint-every", "768", "--set", "train.lr=1e-3")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("checkpoints every 768 steps in runs/fp8_parity/checkpoints/<run>", proc.stdout)
+        cmds = commands(proc.stdout)
+        for recipe, cmd in zip(("bf16", "coat"), cmds):
+            o = overrides(cmd)
+            self.assertEqual((o["checkpoint.dir"], o["checkpoint.every"], o["checkpoint.keep"], o["checkpoint.resume"]),
+                             (f"runs/fp8_parity/checkpoints/{recipe}", "768", "1", "auto"))
+            self.assertEqual(cmd[-2:], ["--set", "train.lr=1e-3"])  # the user's overrides stay last
+        o = overrides(commands(run("--dry", "--recipes", "bf16", "--checkpoint-every", "768", "--force").stdout)[0])
+        self.assertEqual((o["checkpoint.resume"], o["checkpoint.overwrite"]), ("none", "true"))
+
     def test_errors(self):
         for args, env, word in ((["--model", "gpt2-xl"], None, "unknown model 'gpt2-xl'"),
                                 ([], {"MODEL": "bogus"}, "unknown model 'bogus'"),
@@ -126,7 +146,8 @@ class TestDry(unittest.TestCase):
                                 (["--variant", "x_seed3 a.b=1"], None, "not end in seed<N>"),
                                 (["--variant", "a/b a.b=1"], None, "must be letters, digits"),
                                 (["--variant", "v pow2=false"], None, "'pow2=false' is not section.key=value"),
-                                (["--variant", "v a.b=1", "--variant", "v a.b=2"], None, "'v' is given twice")):
+                                (["--variant", "v a.b=1", "--variant", "v a.b=2"], None, "'v' is given twice"),
+                                (["--checkpoint-every", "-1"], None, "--checkpoint-every must be")):
             with self.subTest(args=args, env=env):
                 proc = run("--dry", *args, env=env)
                 self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
@@ -257,6 +278,47 @@ class TestGpus(unittest.TestCase):
                    self.data, "--report", env=self.env)
         self.assertIn("| coat | ", proc.stdout)
         self.assertTrue(os.path.exists(os.path.join(self.out, "summary.md")))
+
+    def test_checkpoints_resume_a_run_cut_short(self):
+        """A run killed at step 7 of 8 (exit 3) continues from its step-6 checkpoint when the same command runs
+        again: every step once in its JSONL log, the records after the checkpoint moved aside, the console log
+        appended to; --force trains it from step 1, its checkpoints moved aside, not deleted."""
+        args = ["--steps", "8", "--recipes", "bf16 coat", "--out", self.out, "--data", self.data, "--tolerance", "1",
+                "--checkpoint-every", "3"]
+        proc = run(*args, env=dict(self.env, FAKE_TRAIN_GPT_STOP_AT="7"))
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        self.assertIn("the bf16 run failed", proc.stderr)
+        ckpts = os.path.join(self.out, "checkpoints")
+        self.assertEqual(os.listdir(os.path.join(ckpts, "bf16")), ["step_00000006"])  # checkpoint.keep=1
+
+        def steps(name):
+            with open(os.path.join(self.out, name)) as f:
+                return [(r["type"], r["step"]) for r in map(json.loads, f)]
+
+        self.assertEqual(steps("bf16.jsonl"), [("train", s) for s in range(1, 8)])
+        proc = run(*args, env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(steps("bf16.jsonl"), [("train", s) for s in range(1, 9)] + [("eval", 8)])
+        self.assertEqual(steps("bf16.jsonl.after-step-6"), [("train", 7)])
+        with open(os.path.join(self.out, "bf16.log")) as f:
+            log = f.read()
+        self.assertLess(log.index("killed after step 7"), log.index("bf16 again"))
+        self.assertLess(log.index("bf16 again"), log.index("resumed from " + os.path.join(ckpts, "bf16", "step_")))
+        self.assertEqual(os.listdir(os.path.join(ckpts, "coat")), ["step_00000008"])  # the final one
+        self.assertIn("| coat | 2.0040 | +0.20% | yes |", proc.stdout)
+        proc = run(*args, "--force", env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertTrue(os.path.isdir(os.path.join(ckpts, "bf16", "abandoned", "1", "step_00000008")))
+        with open(os.path.join(self.out, "bf16.log")) as f:
+            self.assertNotIn("again", f.read())
+        self.assertEqual(steps("bf16.jsonl"), [("train", s) for s in range(1, 9)] + [("eval", 8)])
+        # in a queue the resuming runs append to their console logs
+        queue = os.path.join(os.path.dirname(self.out), "jobs.txt")
+        proc = run("--queue", queue, "--steps", "8", "--recipes", "nvfp4", "--out", self.out, "--data", self.data,
+                   "--checkpoint-every", "3", env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(queue) as f:
+            self.assertTrue(f.read().rstrip().endswith(f">> {self.out}/nvfp4.log 2>&1"))
 
     def test_queue_only_appends(self):
         queue = os.path.join(os.path.dirname(self.out), "jobs.txt")
