@@ -11,7 +11,8 @@ the sum of durations excludes launch gaps (compare it with the trainer's own ste
       --set train.micro_batch=4 --set precision.recipe=fp8_tensorwise [--steps 2] [--csv out.csv] [--top 40]
 
 The --set overrides are passed to train_gpt after the benchmark's own (one micro-step per optimizer step, no eval,
-sampling or checkpoints). After the kernels comes the same step by family (GEMMs, attention, quantisation, norms,
+sampling or checkpoints; training data --data, by default the bundled KJV shards that dev/bench/bench.py uses,
+prepared on first use like there). After the kernels comes the same step by family (GEMMs, attention, quantisation, norms,
 activations, optimizer, ...: CATEGORIES below), the table the notes in dev/bench/NOTES.md are made of.
 --from-csv FILE prints both tables again from a step saved with --csv, without ncu (to compare profiles later).
 
@@ -32,6 +33,9 @@ import re
 import shutil
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (the benchmark's training data: DEFAULT_DATA, ensure_data)
 
 STEP_MARKER = "encoder_forward_kernel"
 
@@ -205,12 +209,22 @@ def ncu_command(args, overrides):
     return cmd
 
 
+def run_overrides(args):
+    """train_gpt's overrides of a profiled run: a few steps of one micro-step each on --data, nothing else; the
+    user's --set last, so that it wins."""
+    return ["train.global_batch_tokens=0", f"train.steps={args.steps}", "train.warmup_steps=1", "eval.every=0",
+            "sample.every=0", "sample.tokens=0", 'checkpoint.dir=""', 'data.val=""', "log.every=1",
+            f"data.train={args.data}"] + args.set
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--train-gpt", default="build/train_gpt")
     ap.add_argument("--config", help="the run's config (required unless --from-csv)")
     ap.add_argument("--from-csv", help="print the tables of a step saved with --csv instead of running ncu")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--data", default=bench.DEFAULT_DATA,
+                    help=f"training shards (default {bench.DEFAULT_DATA}, prepared when missing)")
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps to run (the last complete one is shown)")
     ap.add_argument("--top", type=int, default=40, help="kernel names to list (the rest are summed)")
     ap.add_argument("--csv", help="also write the step's kernels (launch order, name, ns) here")
@@ -230,9 +244,11 @@ def main():
     if args.detail is not None and (args.detail_count < 1 or args.detail_skip < 0):
         ap.error("--detail-count must be at least 1 and --detail-skip at least 0")
 
-    overrides = ["train.global_batch_tokens=0", f"train.steps={args.steps}", "train.warmup_steps=1", "eval.every=0",
-                 "sample.every=0", "sample.tokens=0", 'checkpoint.dir=""', 'data.val=""', "log.every=1"] + args.set
-    cmd = ncu_command(args, overrides)
+    args.python = sys.executable
+    user_data = any(o.startswith("data.train=") for o in args.set)  # --set data.train=... wins over --data
+    if not user_data and not bench.ensure_data(args, dry=False):
+        raise SystemExit(f"kernel_profile: no training shards for --data {args.data}")
+    cmd = ncu_command(args, run_overrides(args))
     print("kernel_profile:", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -583,6 +583,24 @@ class KernelProfile(unittest.TestCase):
         self.assertEqual(cmd[cmd.index("--metrics") + 1], "gpu__time_duration.sum")
         self.assertNotIn("--kernel-name", cmd)
 
+    def test_run_overrides_train_on_data(self):
+        """The profiled run trains on --data (the bench's KJV shards by default), the user's --set last; a --data that
+        matches no shard stops before ncu runs."""
+        args = types.SimpleNamespace(steps=3, data=bench.DEFAULT_DATA, set=["train.micro_batch=16"])
+        o = kprof.run_overrides(args)
+        self.assertIn("data.train=" + bench.DEFAULT_DATA, o)
+        self.assertIn("train.steps=3", o)
+        self.assertEqual(o[-1], "train.micro_batch=16")
+        argv = sys.argv
+        try:
+            sys.argv = ["kernel_profile.py", "--config", "configs/llama_1b_bf16.json", "--ncu", "/nonexistent/ncu",
+                        "--data", "/nonexistent/shard_*.bin"]
+            with self.assertRaises(SystemExit) as cm:
+                kprof.main()
+            self.assertIn("no training shards for --data /nonexistent/shard_*.bin", str(cm.exception))
+        finally:
+            sys.argv = argv
+
     def test_needs_two_steps_and_a_csv(self):
         one_step = "\n".join(NCU_CSV.splitlines()[:5])
         with self.assertRaises(SystemExit):
