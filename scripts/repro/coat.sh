@@ -19,7 +19,7 @@
 #   usage: bash scripts/repro/coat.sh [--model llama-350m|gpt2-124m] [--steps N] [--seed S | --seeds "S ..."]
 #                                     [--batch-1b B] [--batch-3b B] [--accum K] [--bench-steps N] [--out DIR]
 #                                     [--data DIR] [--corpus DIR] [--build DIR] [--gpus LIST] [--skip-bench]
-#                                     [--skip-loss] [--dry] [--report]
+#                                     [--skip-loss] [--checkpoint-every N] [--dry] [--report]
 #   --dry prints every command and runs nothing; --report writes OUT/coat.md from the logs already in OUT; --gpus 0,1,2
 #   trains the three loss runs at once, one per GPU (scripts/fp8_loss_parity.sh --gpus).
 #   COAT's Table 1 (the error of the FP8 moments on a real run's FP32 moments) is dev/tools/state_error on a
@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
     --bench-steps) BENCH_STEPS=$2; shift 2 ;;
     --seed) LOSS+=("$1" "$2"); BASE_SEED=$2; shift 2 ;;
     --seeds) LOSS+=("$1" "$2"); read -r BASE_SEED _ <<< "$2"; shift 2 ;;
-    --steps|--data|--corpus|--gpus) LOSS+=("$1" "$2"); shift 2 ;;
+    --steps|--data|--corpus|--gpus|--checkpoint-every) LOSS+=("$1" "$2"); shift 2 ;;
     --skip-bench) SKIP_BENCH=1; shift ;;
     --skip-loss) SKIP_LOSS=1; shift ;;
     --dry) DRY=1; shift ;;

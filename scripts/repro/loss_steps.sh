@@ -4,7 +4,8 @@
 #   repro_parse NAME "$@"  sets MODEL, OUT (default runs/NAME, runs/NAME_<model> for llama-350m), MODE (--dry,
 #                          --report), GPUS, BASE_SEED (--seed, or the first of --seeds: the runs logged without
 #                          _seed<N>; default 42) and PARITY (the fp8_loss_parity.sh command with the options it
-#                          takes: --steps --batch --seed --seeds --data --corpus --build); -h prints the caller's
+#                          takes: --steps --batch --seed --seeds --data --corpus --build --checkpoint-every); -h
+#                          prints the caller's
 #                          header
 #   repro_step ARGS...     one fp8_loss_parity.sh call; with --gpus its runs are appended to OUT/jobs.txt; a call
 #                          whose report finds a recipe outside its tolerance (exit 1) is a result, not a failure
@@ -21,7 +22,7 @@ repro_parse() {
       --gpus) GPUS=$2; shift 2 ;;
       --seed) pass+=("$1" "$2"); BASE_SEED=$2; shift 2 ;;
       --seeds) pass+=("$1" "$2"); read -r BASE_SEED _ <<< "$2"; shift 2 ;;
-      --steps|--batch|--data|--corpus|--build) pass+=("$1" "$2"); shift 2 ;;
+      --steps|--batch|--data|--corpus|--build|--checkpoint-every) pass+=("$1" "$2"); shift 2 ;;
       --dry|--report) MODE+=("$1"); shift ;;
       -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
       *) echo "$REPRO.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;

@@ -15,7 +15,7 @@
 #
 #   usage: bash scripts/repro/quartet.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B]
 #                                        [--seed S | --seeds "S ..."] [--out DIR] [--data DIR] [--corpus DIR]
-#                                        [--build DIR] [--gpus LIST] [--dry] [--report]
+#                                        [--build DIR] [--gpus LIST] [--checkpoint-every N] [--dry] [--report]
 #   --dry prints every command and runs nothing; --report writes the tables and plots from the logs already in OUT.
 #   --seeds "42 43 44" trains every run once per seed; the report adds each seed's losses and judges the goal on the
 #   difference to BF16 paired by seed (on GPT-2 124M one seed's gap to BF16 can be 0.7% off the mean of three).

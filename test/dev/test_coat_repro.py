@@ -70,6 +70,8 @@ class TestDry(unittest.TestCase):
         self.assertEqual([(overrides(c)["precision.recipe"], overrides(c)["train.seed"], overrides(c)["log.jsonl"])
                           for c in cmds if overrides(c)["precision.recipe"] == "coat"],
                          [("coat", "43", "runs/coat/loss/coat.jsonl"), ("coat", "44", "runs/coat/loss/coat_seed44.jsonl")])
+        cmds = commands(run("--dry", "--skip-bench", "--checkpoint-every", "512").stdout)
+        self.assertEqual([overrides(c)["checkpoint.every"] for c in cmds], ["512"] * 3)  # passed to the loss runs
         for bad in (["--model", "llama-1b"], ["--batch-1b", "0"], ["--accum", "x"], ["--bogus"]):
             with self.subTest(bad=bad):
                 self.assertEqual(run("--dry", *bad).returncode, 2)

@@ -65,6 +65,10 @@ class TestDry(unittest.TestCase):
         self.assertEqual(len(cmds), 2 * (3 + len(ABLATIONS)))
         self.assertEqual([(overrides(c)["train.seed"], overrides(c)["log.jsonl"]) for c in cmds[4:6]],
                          [("43", "runs/nvfp4/nvfp4.jsonl"), ("44", "runs/nvfp4/nvfp4_seed44.jsonl")])
+        for c in commands(run("--dry", "--checkpoint-every", "256").stdout):  # passed to every run
+            o = overrides(c)
+            self.assertEqual(o["checkpoint.every"], "256")
+            self.assertEqual(o["checkpoint.dir"], "runs/nvfp4/checkpoints/" + os.path.basename(o["log.jsonl"])[:-6])
         for args, word in ((["--model", "gpt2-xl"], "unknown model 'gpt2-xl'"), (["--bogus"], "unknown argument")):
             proc = run("--dry", *args)
             self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
