@@ -36,12 +36,12 @@
 #   A run whose log already holds its final validation (an eval record at the last step) is kept and not trained
 #   again, so an interrupted comparison resumes where it stopped and a finished log is never overwritten; --force
 #   trains every run again.
-#   --checkpoint-every N (default 0: none) checkpoints each run every N steps into OUT/checkpoints/<run> (the newest
-#   one and the final one are kept: about 1.5 GB per GPT-2 124M run), so that a run cut short (a job's time limit, a
-#   lost machine) continues from its newest checkpoint when the same command runs again, with the same bits as an
-#   uninterrupted run; its console log OUT/<run>.log is then appended to, and the trainer moves the JSONL records
-#   written after that checkpoint aside (OUT/<run>.jsonl.after-step-S). With --force such a run starts over: its
-#   checkpoints are moved to OUT/checkpoints/<run>/abandoned/ by the trainer, not deleted.
+#   --checkpoint-every N (default 0: none) checkpoints each run every N steps into OUT/checkpoints/<run> (only the
+#   newest is kept, the final one once the run ends: about 1.5 GB per GPT-2 124M run), so that a run cut short (a
+#   job's time limit, a lost machine) continues from its newest checkpoint when the same command runs again, with the
+#   same bits as an uninterrupted run; its console log OUT/<run>.log is then appended to, and the trainer moves the
+#   JSONL records written after that checkpoint aside (OUT/<run>.jsonl.after-step-S). With --force such a run starts
+#   over: its checkpoints are moved to OUT/checkpoints/<run>/abandoned/ by the trainer, not deleted.
 #   --dry prints the commands and runs nothing (no binary or data needed); --report only writes the plot and the table
 #   from the logs already in OUT (after runs made one recipe at a time).
 #   data = data/pysrc, tokenised on first use by dev/data/prepare.py --python-sources from --corpus (default: this

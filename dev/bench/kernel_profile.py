@@ -12,8 +12,8 @@ the sum of durations excludes launch gaps (compare it with the trainer's own ste
 
 The --set overrides are passed to train_gpt after the benchmark's own (one micro-step per optimizer step, no eval,
 sampling or checkpoints; training data --data, by default the bundled KJV shards that dev/bench/bench.py uses,
-prepared on first use like there). After the kernels comes the same step by family (GEMMs, attention, quantisation, norms,
-activations, optimizer, ...: CATEGORIES below), the table the notes in dev/bench/NOTES.md are made of.
+prepared on first use like there). After the kernels comes the same step by family (GEMMs, attention, quantisation,
+norms, activations, optimizer, ...: CATEGORIES below), the table the notes in dev/bench/NOTES.md are made of.
 --from-csv FILE prints both tables again from a step saved with --csv, without ncu (to compare profiles later).
 
 --detail REGEX profiles only the launches whose kernel name matches REGEX (ncu's --kernel-name regex:, after

@@ -5,8 +5,7 @@
 #                          --report), GPUS, BASE_SEED (--seed, or the first of --seeds: the runs logged without
 #                          _seed<N>; default 42) and PARITY (the fp8_loss_parity.sh command with the options it
 #                          takes: --steps --batch --seed --seeds --data --corpus --build --checkpoint-every); -h
-#                          prints the caller's
-#                          header
+#                          prints the caller's header
 #   repro_step ARGS...     one fp8_loss_parity.sh call; with --gpus its runs are appended to OUT/jobs.txt; a call
 #                          whose report finds a recipe outside its tolerance (exit 1) is a result, not a failure
 #   repro_run_queue        with --gpus: trains every queued run, one per GPU of GPUS at a time
