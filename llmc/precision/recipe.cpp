@@ -26,8 +26,8 @@
 //                   blocks with E4M3 block scales under an FP32 tensor scale; weights in 16x16 tiles, so one set of
 //                   codes serves fprop and dgrad; output gradients rounded stochastically (SR on gradients only); a
 //                   random Hadamard transform of size 16 on both weight-gradient operands, along the tokens, with
-//                   one sign vector for the run; the last block in BF16 (the paper keeps under 15% of the linears in
-//                   BF16, mostly at the end). On Hopper the products run on BF16 tensor cores from operands expanded
+//                   one sign vector for the run; the first and the last block in BF16 (the paper's 12B run kept the
+//                   first two and the last eight of 62 blocks, 16% of the linears). On Hopper the products run on BF16 tensor cores from operands expanded
 //                   exactly from the FP4 codes (llmc/precision/fp4_gemm.h): FP4 numerics and storage, not FP4 speed.
 //   mxfp4           Quartet (arXiv 2505.14669, shared/reference/fp4_recipes.md §1): x, w and dy E2M1 in 1x32 blocks
 //                   with E8M0 scales, every product of every block linear. Forward as QuEST: x and w rotated along K
@@ -101,7 +101,7 @@ const RecipePreset kPresets[] = {
        r.scaling = ScalingMode::Current;
        r.dy_stochastic_rounding = true;
        r.wgrad_hadamard = 16;
-       r.bf16_layers = {-1};
+       r.bf16_layers = {0, -1};
      }},
     {"mxfp4", "Quartet: E2M1 1x32 blocks, E8M0 scales; QuEST forward (Hadamard-32, Gaussian scales, trust masks), "
               "backward re-quantised with fresh Hadamard-32 signs and range-matched scales; FP8 products on Hopper",

@@ -77,7 +77,7 @@ TEST(Recipe, PresetFields) {
   EXPECT_FALSE(b.dy_stochastic_rounding);
   EXPECT_EQ(b.wgrad_hadamard, 0);
   // NVIDIA's NVFP4 recipe: 1x16 x and dy, 16x16 w, E4M3 block scales under an FP32 tensor scale, SR on gradients
-  // only, RHT-16 on the wgrad inputs, the last block in BF16.
+  // only, RHT-16 on the wgrad inputs, the first and the last block in BF16.
   const PrecisionRecipe n = preset("nvfp4");
   EXPECT_TRUE(n.quantize_linears);
   EXPECT_EQ(n.x, kNvfp4Rows);
@@ -85,7 +85,7 @@ TEST(Recipe, PresetFields) {
   EXPECT_EQ(n.dy, kNvfp4Rows);
   EXPECT_TRUE(n.dy_stochastic_rounding);
   EXPECT_EQ(n.wgrad_hadamard, 16);
-  EXPECT_EQ(n.bf16_layers, std::vector<int>{-1});
+  EXPECT_EQ(n.bf16_layers, (std::vector<int>{0, -1}));
   EXPECT_FALSE(n.fast_accum);
   EXPECT_FALSE(n.quantize_lm_head);
   EXPECT_TRUE(n.save_quantized_inputs);
@@ -306,7 +306,7 @@ TEST(Recipe, NamesHelpAndDescription) {
                           "scale, dy e2m1 1x16 e4m3 scales + fp32 tensor scale")) << n;
   EXPECT_TRUE(contains(n, "dy rounded stochastically; random Hadamard-16 on the wgrad operands")) << n;
   EXPECT_TRUE(contains(n, "FP4 numerics, products on BF16 tensor cores (exact expansion)")) << n;
-  EXPECT_TRUE(contains(n, "bf16 layers: -1")) << n;
+  EXPECT_TRUE(contains(n, "bf16 layers: 0 -1")) << n;
   EXPECT_TRUE(contains(n, "linear inputs saved as e2m1")) << n;
   EXPECT_FALSE(contains(n, "scaling")) << n;  // no per-tensor scaling mode to speak of
 }
@@ -437,16 +437,17 @@ TEST(Recipe, Fp4RolesAndSwitches) {
             (Encoding{ElementFormat::E2M1, kBlock1x128, ScaleFormat::FP32, false}));
 
   const PrecisionRecipe n = preset("nvfp4");
-  EXPECT_FALSE(plan_linear(n, 11, 12, LinearKind::Qkv).quantized);  // the last block stays BF16
+  EXPECT_FALSE(plan_linear(n, 11, 12, LinearKind::Qkv).quantized);  // the first and the last block stay BF16
+  EXPECT_FALSE(plan_linear(n, 0, 12, LinearKind::MlpDown).quantized);
   EXPECT_FALSE(plan_linear(n, -1, 12, LinearKind::LmHead).quantized);
-  const LinearPlan p = plan_linear(n, 0, 12, LinearKind::MlpDown);
+  const LinearPlan p = plan_linear(n, 1, 12, LinearKind::MlpDown);
   EXPECT_TRUE(p.quantized);
   EXPECT_TRUE(p.dy_stochastic_rounding);
   EXPECT_EQ(p.wgrad_hadamard, 16);
   EXPECT_FALSE(p.fast_accum_fprop);
   EXPECT_EQ(p.scaling, ScalingMode::Current);
   EXPECT_TRUE(p.save_quantized_input);
-  EXPECT_EQ(validation_error(n, 1), std::string());  // one block: it is the last, so nothing is quantised but valid
+  EXPECT_EQ(validation_error(n, 1), std::string());  // one block: first and last, so nothing is quantised but valid
   // The ablations of the NVFP4 paper are valid recipes: no SR, no RHT, 1x16 weights.
   PrecisionRecipe a = n;
   a.dy_stochastic_rounding = false;
