@@ -27,8 +27,10 @@
 //                   codes serves fprop and dgrad; output gradients rounded stochastically (SR on gradients only); a
 //                   random Hadamard transform of size 16 on both weight-gradient operands, along the tokens, with
 //                   one sign vector for the run; the first and the last block in BF16 (the paper's 12B run kept the
-//                   first two and the last eight of 62 blocks, 16% of the linears). On Hopper the products run on BF16 tensor cores from operands expanded
-//                   exactly from the FP4 codes (llmc/precision/fp4_gemm.h): FP4 numerics and storage, not FP4 speed.
+//                   first two and the last eight of 62 blocks, 16% of the linears; on GPT-2 124M the first block
+//                   lowered the final loss at every seed, the measurement in dev/bench/results/loss_gpt2_124m_100m).
+//                   On Hopper the products run on BF16 tensor cores from operands expanded exactly from the FP4 codes
+//                   (llmc/precision/fp4_gemm.h): FP4 numerics and storage, not FP4 speed.
 //   mxfp4           Quartet (arXiv 2505.14669, shared/reference/fp4_recipes.md §1): x, w and dy E2M1 in 1x32 blocks
 //                   with E8M0 scales, every product of every block linear. Forward as QuEST: x and w rotated along K
 //                   by the fixed Hadamard-32, Gaussian (sigma-based) scales, round to nearest, trust masks saved.
