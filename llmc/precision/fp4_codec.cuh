@@ -10,11 +10,14 @@
 //     1 the grid is 0, 0.5, 1 and the code is rint(2 |x|), the low bits of 2 |x| + 2^23 (an exact product, then one
 //     rounding at unit spacing). NaN -> kE2M1NanCode as llmc/core/dtypes' e2m1_encode, which it equals on every float
 //     (test/precision/test_fp4_ref: a sweep of every 331st float and the ties; test_fp4_quant: on the GPU).
-//   e2m1_sr(x, r): stochastic rounding with the 32-bit random word r: |x| >= 6 -> 6; otherwise lo = the grid value at
-//     or below |x|, g the grid step there (0.5 below 2, 1 below 4, 2 above), f = (|x| - lo) / g in [0, 1) (exact in
-//     FP32: g is a power of two and |x| - lo is exact), and the result is lo + g when u < f * 2^24 with u = r >> 8,
-//     else lo. So P(up) = ceil(f * 2^24) / 2^24: exactly f when f has at most 24 fractional bits (every |x| >= 2^-19),
-//     above f by less than 2^-24 otherwise; E[result] = |x| within g * 2^-24. The sign is x's. NaN -> kE2M1NanCode.
+//   e2m1_sr(x, r): stochastic rounding with 16 random bits u (the low half of r): |x| >= 6 -> 6; otherwise lo = the
+//     grid value at or below |x|, g the grid step there (0.5 below 2, 1 below 4, 2 above), f = (|x| - lo) / g in
+//     [0, 1) (exact in FP32: g is a power of two and |x| - lo is exact), and the result is lo + g when
+//     u < floor(f * 2^16), else lo: the rounding of adding u * 2^-16 * g to |x| and truncating to the grid. So
+//     P(up) = floor(f * 2^16) / 2^16, in (f - 2^-16, f]; E[result] = |x| exactly when f has at most 16 fractional
+//     bits and otherwise lies below |x| (towards zero) by less than g * 2^-16. The sign is x's. NaN -> kE2M1NanCode.
+//     (Blackwell's cvt.rs of four FP32 values to E2M1 takes one 32-bit random operand for the four: 16 bits per
+//     element is not fewer than that instruction can use.)
 //
 // NVFP4 (reference doc fp4_recipes.md §3, NVIDIA arXiv 2509.25149 App. B, as Transformer Engine's NVFP4 quantiser),
 // for a tensor (or one copy of it) with amax A and a block with amax a_b:
@@ -65,15 +68,15 @@ __host__ __device__ inline uint8_t e2m1_rn(float x) {
 
 __host__ __device__ inline uint8_t e2m1_sr(float x, uint32_t random) {
   const float a = fabsf(x);
-  // u < f * 2^24, with f * 2^24 from the bits: for |x| in [1, 6) the grid step is half the binade, so lo's code is the
-  // binade and the kept mantissa bit (as in e2m1_rn) and f * 2^24 the 22 mantissa bits below it, times 4; in [0.5, 1)
-  // the step is the binade (lo = 0.5, code 1) and f * 2^24 is the 23 mantissa bits times 2; below 0.5, lo = 0 and
-  // f * 2^24 = |x| * 2^25 (exact), compared as floats.
-  const uint32_t b = float_to_bits(a), u = random >> 8;
+  // u < floor(f * 2^16), with f * 2^16 from the bits: for |x| in [1, 6) the grid step is half the binade, so lo's code
+  // is the binade and the kept mantissa bit (as in e2m1_rn) and f the 22 mantissa bits below it; in [0.5, 1) the step
+  // is the binade (lo = 0.5, code 1) and f the 23 mantissa bits; below 0.5, lo = 0 and f * 2^16 = |x| * 2^17 (exact),
+  // and u < floor(|x| * 2^17) is u + 1 <= |x| * 2^17, compared as floats.
+  const uint32_t b = float_to_bits(a), u = random & 0xFFFFu;
   const bool upper = a >= 1.0f;
-  const uint32_t f24 = upper ? (b & 0x3FFFFFu) << 2 : (b & 0x7FFFFFu) << 1;
-  uint32_t m = (upper ? (b >> 22) - 252u : 1u) + (u < f24);
-  if (a < 0.5f) m = static_cast<float>(u) < mul_rn(a, 33554432.0f);
+  const uint32_t f16 = upper ? (b & 0x3FFFFFu) >> 6 : (b & 0x7FFFFFu) >> 7;
+  uint32_t m = (upper ? (b >> 22) - 252u : 1u) + (u < f16);
+  if (a < 0.5f) m = static_cast<float>(u + 1u) <= mul_rn(a, 131072.0f);
   if (!(a < 6.0f)) m = 7u;  // and NaN
   return static_cast<uint8_t>((a == a ? e2m1_sign(x) : 0u) | m);  // selects, no branch: NaN -> kE2M1NanCode
 }

@@ -129,14 +129,15 @@ __device__ inline void block_scale(bool nvfp4, float s_enc, unsigned amax_bits, 
 }
 
 // The E2M1 code of v * multiplier (a nonzero multiplier), rounded to nearest or stochastically with the element's
-// random word r.
+// 16 random bits r (fp4_rng.cuh's random_bits16).
 template <bool kStochastic>
 __device__ inline uint8_t e2m1_scaled(float v, float multiplier, uint32_t r) {
   const float y = mul_rn(v, multiplier);
   return kStochastic ? e2m1_sr(y, r) : e2m1_rn(y);
 }
 
-// Round v * multiplier (0 multiplier: code 0) for element `index` of copy `copy`, any element order.
+// Round v * multiplier (0 multiplier: code 0) for element `index` of copy `copy`, any element order: one Philox call
+// per group of eight consecutive indices.
 struct Rounder {
   bool stochastic;
   StochasticKey key;
@@ -146,25 +147,35 @@ struct Rounder {
   __device__ uint8_t operator()(float v, float multiplier, uint64_t index) {
     if (multiplier == 0.0f) return 0;
     if (!stochastic) return e2m1_scaled<false>(v, multiplier, 0);
-    if ((index >> 2) != group) {
-      group = index >> 2;
-      words = random_word4(key, index, copy);
+    if ((index >> 3) != group) {
+      group = index >> 3;
+      words = random_words8(key, index, copy);
     }
-    const uint32_t r = (index & 2) ? ((index & 1) ? words.v[3] : words.v[2]) : ((index & 1) ? words.v[1] : words.v[0]);
-    return e2m1_scaled<true>(v, multiplier, r);  // a select, not an indexed load: the words stay in registers
+    // selects, not an indexed load: the words stay in registers
+    const uint32_t w = (index & 4) ? ((index & 2) ? words.v[3] : words.v[2]) : ((index & 2) ? words.v[1] : words.v[0]);
+    return e2m1_scaled<true>(v, multiplier, (index & 1) ? w >> 16 : w);
   }
 };
 
-// A whole 1xN block rounded to nearest, as packed codes: the Rounder's codes without its per-element checks.
-// (Stochastic blocks use the Rounder: four Philox calls unrolled side by side need half again as many registers.)
-template <int N>
-__device__ inline void e2m1_rn_block(const float (&v)[N], float multiplier, uint32_t (&packed)[N / 8]) {
+// A whole 1xN block as packed codes, without the Rounder's per-element checks: rounded to nearest, or stochastically
+// when index0 (the block's first element index) is a multiple of 8, so that each group of eight elements takes one
+// Philox call at indices known here (random_half with constant k).
+template <int N, bool kStochastic>
+__device__ inline void e2m1_block(const float (&v)[N], float multiplier, uint32_t (&packed)[N / 8],
+                                  const StochasticKey& key, uint64_t index0, int copy) {
 #pragma unroll
   for (int w = 0; w < N / 8; w++) packed[w] = 0;
   if (multiplier == 0.0f) return;
 #pragma unroll
-  for (int i = 0; i < N; i++)
-    packed[i / 8] |= static_cast<uint32_t>(e2m1_scaled<false>(v[i], multiplier, 0)) << (4 * (i % 8));
+  for (int w = 0; w < N / 8; w++) {
+    Philox4 words{};
+    if constexpr (kStochastic) words = random_words8(key, index0 + 8 * w, copy);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      packed[w] |= static_cast<uint32_t>(e2m1_scaled<kStochastic>(v[8 * w + k], multiplier,
+                                                                  kStochastic ? random_half(words, k) : 0u))
+                   << (4 * k);
+  }
 }
 
 // Max two amaxes (bits) over the CTA and issue one atomic per slot (slot1 may be null). Every thread of the CTA must
@@ -284,7 +295,9 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   const uint64_t index0 = static_cast<uint64_t>(o) * a.out_cols + p0;
   uint32_t packed[N / 8];  // N / 2 bytes
   if (n == N && !a.stochastic) {
-    e2m1_rn_block(v, multiplier, packed);
+    e2m1_block<N, false>(v, multiplier, packed, a.key, index0, a.copy);
+  } else if (n == N && index0 % 8 == 0) {
+    e2m1_block<N, true>(v, multiplier, packed, a.key, index0, a.copy);
   } else {
 #pragma unroll
     for (int w = 0; w < N / 8; w++) {

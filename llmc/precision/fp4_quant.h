@@ -36,8 +36,8 @@ inline bool fp4_encoding(const Encoding& e) { return nvfp4_encoding(e) || mxfp4_
 //     the values nvfp4_to_bf16 (llmc/precision/fp4_gemm.h) would expand its codes into, written by the same pass,
 //     beside the codes or (data / data_t null) instead of them; the quantised direction a multiple of 16;
 //   q.amax (if non-null): overwritten with max |x|;
-//   args.rounding, args.sr_key: RTN or stochastic rounding (the random word of element i of a copy is
-//     random_word(sr_key, i, copy), i the element's index in that copy's row-major layout, copy 0 = data,
+//   args.rounding, args.sr_key: RTN or stochastic rounding (the 16 random bits of element i of a copy are
+//     random_bits16(sr_key, i, copy), i the element's index in that copy's row-major layout, copy 0 = data,
 //     1 = data_t; 16x16 tiles use data's index for both copies so their codes agree);
 //   args.mxfp4_scale (MXFP4): the OCP amax rule, QuEST's Gaussian scales (then the quantised directions' lengths
 //     are multiples of 32) or Quartet's range-matched scales (the amax rule's codes, elements x 3/4 before rounding:

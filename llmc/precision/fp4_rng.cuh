@@ -45,17 +45,23 @@ struct StochasticKey {
   uint32_t tensor = 0;
 };
 
-// The random word of element `index` of one output copy (copy 0: the row-wise codes, 1: the transposed codes):
-// Philox4x32-10 with key (seed low, seed high) and counter (index / 4 low, (index / 4 high) | copy << 31, step,
-// tensor), word index % 4. Consecutive elements of a block share one Philox call (random_word4 + index % 4).
-__host__ __device__ inline Philox4 random_word4(const StochasticKey& key, uint64_t index, int copy) {
-  const uint64_t group = index >> 2;
+// The 16 random bits of element `index` of one output copy (copy 0: the row-wise codes, 1: the transposed codes):
+// Philox4x32-10 with key (seed low, seed high) and counter (index / 8 low, (index / 8 high) | copy << 31, step,
+// tensor); element index % 8 takes word (index % 8) / 2, its low half for an even index and its high half for an odd
+// one. One Philox call serves eight consecutive elements (random_words8, then random_half).
+__host__ __device__ inline Philox4 random_words8(const StochasticKey& key, uint64_t index, int copy) {
+  const uint64_t group = index >> 3;
   return philox4x32_10(static_cast<uint32_t>(group),
                        static_cast<uint32_t>(group >> 32) | (static_cast<uint32_t>(copy & 1) << 31), key.step,
                        key.tensor, static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32));
 }
-__host__ __device__ inline uint32_t random_word(const StochasticKey& key, uint64_t index, int copy) {
-  return random_word4(key, index, copy).v[index & 3];
+// Element k (0..7) of a group's 16-bit draws, in the low 16 bits.
+__host__ __device__ inline uint32_t random_half(const Philox4& words, int k) {
+  const uint32_t w = words.v[(k >> 1) & 3];
+  return (k & 1) ? w >> 16 : w & 0xFFFFu;
+}
+__host__ __device__ inline uint32_t random_bits16(const StochasticKey& key, uint64_t index, int copy) {
+  return random_half(random_words8(key, index, copy), static_cast<int>(index & 7));
 }
 
 // A vector of `n` <= 32 random signs (bit i set: element i is negated) for a random Hadamard transform, drawn from

@@ -32,11 +32,13 @@ Definitions (reference doc /work/shared/reference/fp4_recipes.md):
     whose scale rounds to 0 gets zero element codes; a copy rotated by a Hadamard transform takes its NVFP4 tensor
     amax from its rotated values.
   Stochastic rounding (reference doc §0): up with probability (|y| - lo) / (hi - lo), lo <= |y| < hi neighbours on
-    the E2M1 grid, |y| >= 6 -> 6; llm8 draws it as "up when (r >> 8) < f * 2^24" from a 32-bit word r.
-  Random words: Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC'11;
+    the E2M1 grid, |y| >= 6 -> 6; llm8 draws it as "up when u < floor(f * 2^16)" from 16 random bits u (the
+    rounding of adding u * 2^-16 of a step and truncating: P(up) is f rounded down to a multiple of 2^-16).
+  Random bits: Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC'11;
     Random123's known-answer vectors in PHILOX_KAT), keyed as fp4_rng.cuh documents: key (seed low, seed high),
-    counter (index / 4 low, (index / 4 high) | copy << 31, step, tensor), word index % 4; index = the element's
-    row-major index in its copy (copy 0 = data, 1 = data_t; 16x16 tiles use data's index and copy 0 for both).
+    counter (index / 8 low, (index / 8 high) | copy << 31, step, tensor), word (index % 8) / 2, its low 16 bits for
+    an even index and its high 16 for an odd one; index = the element's row-major index in its copy (copy 0 = data,
+    1 = data_t; 16x16 tiles use data's index and copy 0 for both).
   Hadamard (reference doc §0): v <- H_N diag(s) v per N consecutive values along the quantisation direction, H_N the
     normalised Sylvester matrix, s_i = -1 where bit i of the sign word is set.
 Layouts (llmc/precision/tensor.h): codes two per byte, the even element in the low nibble, every row starting on a
@@ -113,15 +115,17 @@ def philox4x32_10(counter, key):
     return [v.astype(np.uint32) for v in c]
 
 
-def random_words(index, copy, seed, step, tensor):
-    """The 32-bit word of each element index (uint64 array) of output copy `copy` under key (seed, step, tensor)."""
+def random_bits16(index, copy, seed, step, tensor):
+    """The 16 random bits (uint32 array, < 2^16) of each element index (uint64 array) of output copy `copy` under key
+    (seed, step, tensor)."""
     index = np.asarray(index, np.uint64)
-    group = index >> np.uint64(2)
+    group = index >> np.uint64(3)
     words = philox4x32_10((group & np.uint64(0xFFFFFFFF), (group >> np.uint64(32)) | np.uint64((copy & 1) << 31),
                            np.full(index.shape, step, np.uint64), np.full(index.shape, tensor, np.uint64)),
                           (seed & 0xFFFFFFFF, seed >> 32))
-    lane = (index & np.uint64(3)).astype(np.intp)
-    return np.choose(lane, words)
+    word = np.choose(((index & np.uint64(7)) >> np.uint64(1)).astype(np.intp), words)
+    half = (index & np.uint64(1)).astype(np.uint32) * np.uint32(16)
+    return (word >> half) & np.uint32(0xFFFF)
 
 
 def random_signs(seed, step, tensor, n):
@@ -140,15 +144,16 @@ def e2m1_rtn(y):
     return code_of(np.clip(y, -E2M1_MAX, E2M1_MAX), E2M1) & 0xF
 
 
-def e2m1_stochastic(y, words):
-    """Stochastic rounding of y with the 32-bit uniform words: up with probability f = (|y| - lo) / (hi - lo), drawn
-    as (word >> 8) < f * 2^24 (exact in float64: |y| - lo and the power-of-two step are exact)."""
+def e2m1_stochastic(y, bits):
+    """Stochastic rounding of y with uniform 16-bit draws u (the low 16 bits of `bits`): up with probability
+    f = (|y| - lo) / (hi - lo) rounded down to a multiple of 2^-16, drawn as u < floor(f * 2^16) (exact in float64:
+    |y| - lo and the power-of-two step are exact)."""
     y = np.asarray(y, F32)
     a = np.abs(y).astype(np.float64)
     k = np.clip(np.searchsorted(E2M1_GRID, a, side="right") - 1, 0, len(E2M1_GRID) - 2)  # lo = grid[k] <= a
     lo, hi = E2M1_GRID[k], E2M1_GRID[k + 1]
     f = (a - lo) / (hi - lo)
-    up = (np.asarray(words, np.uint32) >> 8).astype(np.float64) < f * 2.0**24
+    up = (np.asarray(bits, np.uint32) & np.uint32(0xFFFF)).astype(np.float64) < np.floor(f * 2.0**16)
     magnitude = np.where(a >= E2M1_MAX, E2M1_MAX, np.where(up, hi, lo))
     return e2m1_rtn(np.copysign(magnitude, y))  # exact grid values: the cast only encodes
 
@@ -293,7 +298,7 @@ def block_codes_and_scales(v, family, br, bc, tensor_amax, sr, copy, gaussian=Fa
         codes = e2m1_rtn(y)
     else:
         index = np.arange(rows * cols, dtype=np.uint64).reshape(rows, cols)
-        codes = e2m1_stochastic(y, random_words(index, copy, *sr))
+        codes = e2m1_stochastic(y, random_bits16(index, copy, *sr))
     zeroed = unblock(np.broadcast_to((multiplier == 0)[:, :, None], blocks.shape), br, bc, rows, cols)
     codes = np.where(zeroed, np.uint8(0), codes).astype(np.uint8)
     with np.errstate(invalid="ignore"):

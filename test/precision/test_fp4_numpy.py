@@ -211,15 +211,19 @@ class NumpyReferenceOnItsOwn(unittest.TestCase):
             got = [int(v) for v in ref.philox4x32_10(counter, key)]
             self.assertEqual(got, list(want), [hex(v) for v in got])
 
-    def test_random_words_follow_the_keying(self):
+    def test_random_bits16_follow_the_keying(self):
         seed, step, tensor = 0x0123456789ABCDEF, 5, 9
-        index = np.arange(4 * 3 + 2, dtype=np.uint64) + np.uint64(2**33)
-        got = ref.random_words(index, 1, seed, step, tensor)
+        index = np.arange(8 * 2 + 6, dtype=np.uint64) + np.uint64(2**33)
+        got = ref.random_bits16(index, 1, seed, step, tensor)
         for i, w in zip(index, got):
-            g = int(i) >> 2
+            g = int(i) >> 3
             v = ref.philox4x32_10((g & 0xFFFFFFFF, (g >> 32) | (1 << 31), step, tensor),
                                   (seed & 0xFFFFFFFF, seed >> 32))
-            self.assertEqual(int(w), int(v[int(i) & 3]))
+            self.assertEqual(int(w), (int(v[(int(i) % 8) // 2]) >> (16 * (int(i) % 2))) & 0xFFFF)
+        # the constants test_fp4_ref's Philox.SixteenBitStreamFollowsTheKeying expects of the C++ random_bits16
+        self.assertEqual(int(ref.random_bits16(np.uint64(0), 0, seed, step, tensor)), 0x4DF1)
+        self.assertEqual(int(ref.random_bits16(np.uint64(13), 0, seed, step, tensor)), 0x85F3)
+        self.assertEqual(int(ref.random_bits16(np.uint64(13), 1, seed, step, tensor)), 0xA0ED)
 
     def test_random_signs_constants(self):
         # the constants test_fp4_ref's Fp4Rng.QuartetRotationSignsAreKeyedAndRepeat expects of the C++ random_signs
@@ -240,25 +244,29 @@ class NumpyReferenceOnItsOwn(unittest.TestCase):
     def test_stochastic_rounding_neighbours_and_probability(self):
         self.assertEqual(int(ref.e2m1_stochastic(F32(0.6), np.uint32(0))), 0x2)
         self.assertEqual(int(ref.e2m1_stochastic(F32(0.6), np.uint32(0xFFFFFFFF))), 0x1)
+        self.assertEqual(int(ref.e2m1_stochastic(F32(0.6), np.uint32(0xFFFF0000))), 0x2)  # the high half is unused
         self.assertEqual(int(ref.e2m1_stochastic(F32(-2.25), np.uint32(0))), 0xD)
         self.assertEqual(int(ref.e2m1_stochastic(F32(7.0), np.uint32(0))), 0x7)
-        # f = 0.25 at 2.25: exactly 2^22 of the 2^24 values of word >> 8 round up
-        words = (np.arange(0, 2**24, 64, dtype=np.uint64) << np.uint64(8)).astype(np.uint32)
-        up = ref.e2m1_stochastic(np.full(words.shape, F32(2.25)), words) == 0x5
-        self.assertEqual(int(up.sum()), len(words) // 4)
+        # f = 0.25 at 2.25: exactly 2^14 of the 2^16 draws round up; at 2.25 + 2^-20 (f = 0.25 + 2^-20, more bits
+        # than the draw has) the same 2^14: P(up) rounds down to a multiple of 2^-16
+        bits = np.arange(0, 2**16, dtype=np.uint32)
+        up = ref.e2m1_stochastic(np.full(bits.shape, F32(2.25)), bits) == 0x5
+        self.assertEqual(int(up.sum()), 2**14)
+        up = ref.e2m1_stochastic(np.full(bits.shape, F32(2.25 + 2.0**-20)), bits) == 0x5
+        self.assertEqual(int(up.sum()), 2**14)
 
     def test_stochastic_rounding_is_unbiased_and_keyed(self):
         # n Philox draws per value: the mean of the rounded values is y within 6 standard deviations of a Bernoulli
-        # mean on the step g (at most g / (2 sqrt n)) plus the drawing's own bias (below g * 2^-24)
+        # mean on the step g (at most g / (2 sqrt n)) plus the drawing's own bias (below g * 2^-16)
         n = 1 << 16
         index = np.arange(n, dtype=np.uint64)
         e2m1 = ml_dtypes.float4_e2m1fn
         for k, y in enumerate([0.1, 0.3, 0.6, 1.1, 1.9, 2.2, 3.7, 4.5, 5.99, -0.7, -2.9, -5.2]):
             g = 0.5 if abs(y) < 2 else 1.0 if abs(y) < 4 else 2.0
-            words = ref.random_words(index, 0, 0xC0FFEE + k, 3, 4)
-            codes = ref.e2m1_stochastic(np.full(n, F32(y)), words)
+            bits = ref.random_bits16(index, 0, 0xC0FFEE + k, 3, 4)
+            codes = ref.e2m1_stochastic(np.full(n, F32(y)), bits)
             mean = codes.astype(np.uint8).view(e2m1).astype(np.float64).mean()
-            self.assertLessEqual(abs(mean - float(F32(y))), g * (6 / (2 * np.sqrt(n)) + 2.0**-24), y)
+            self.assertLessEqual(abs(mean - float(F32(y))), g * (6 / (2 * np.sqrt(n)) + 2.0**-16), y)
         x = bf16(np.random.default_rng(3).standard_normal((32, 64)))
         a = ref.quantize(x, "nvfp4", sr=(5, 1, 2))
         self.assertTrue(all(np.array_equal(a[k], b) for k, b in ref.quantize(x, "nvfp4", sr=(5, 1, 2)).items()))

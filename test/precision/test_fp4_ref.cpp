@@ -1,4 +1,5 @@
-// test/precision/test_fp4_ref: the FP4 pieces on the CPU: Philox4x32-10 against the Random123 known-answer vectors;
+// test/precision/test_fp4_ref: the FP4 pieces on the CPU: Philox4x32-10 against the Random123 known-answer vectors
+// and the keying of stochastic rounding's 16-bit stream;
 // fp4_codec.cuh's E2M1 round-to-nearest (the kernels') against llmc/core/dtypes' bit-level e2m1_encode on a sweep
 // of FP32; the E8M0 / E4M3 scale values; the NVFP4 and MXFP4 formulas on hand-computed blocks; the Hadamard
 // transforms against dense matrices (FP64) and their orthogonality; stochastic rounding: its threshold against the
@@ -52,6 +53,22 @@ TEST(Philox, MatchesRandom123KnownAnswers) {
   EXPECT_EQ(c.v[3], 0x24126ea1u);
 }
 
+// Stochastic rounding's 16-bit stream: element i takes half (i % 2) of word (i % 8) / 2 of the Philox call with counter
+// (i / 8 low, (i / 8 high) | copy << 31, step, tensor) and key (seed low, seed high); the constants are those of
+// test/precision/fp4_numpy_ref.py's random_bits16 (test_fp4_numpy checks them on its side).
+TEST(Philox, SixteenBitStreamFollowsTheKeying) {
+  const llmc::StochasticKey key{0x0123456789ABCDEFull, 5, 9};
+  for (uint64_t i = (1ull << 33); i < (1ull << 33) + 22; i++) {
+    const uint64_t g = i >> 3;
+    const llmc::Philox4 w = llmc::philox4x32_10(static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32) | (1u << 31),
+                                                5, 9, 0x89ABCDEFu, 0x01234567u);
+    EXPECT_EQ(llmc::random_bits16(key, i, 1), (w.v[(i % 8) / 2] >> (16 * (i % 2))) & 0xFFFFu) << i;
+  }
+  EXPECT_EQ(llmc::random_bits16(key, 0, 0), 0x4df1u);
+  EXPECT_EQ(llmc::random_bits16(key, 13, 0), 0x85f3u);
+  EXPECT_EQ(llmc::random_bits16(key, 13, 1), 0xa0edu);
+}
+
 TEST(E2M1Codec, ThresholdRoundingEqualsTheBitLevelEncoder) {
   size_t bad = 0;
   for (uint64_t b = 0; b < (1ull << 32); b += 331) {
@@ -77,8 +94,11 @@ TEST(E2M1Codec, ThresholdRoundingEqualsTheBitLevelEncoder) {
 }
 
 TEST(E2M1Codec, StochasticRoundingPicksTheNeighbours) {
-  // r >> 8 = 0 always rounds up from a point strictly inside an interval, 2^24 - 1 never does
+  // u = 0 (r's low half) rounds up from a point at least 2^-16 of a step inside an interval, 2^16 - 1 never does;
+  // r's high half is not used
   EXPECT_EQ(llmc::e2m1_sr(0.6f, 0u), 0x2);
+  EXPECT_EQ(llmc::e2m1_sr(0.6f, 0xffff0000u), 0x2);
+  EXPECT_EQ(llmc::e2m1_sr(0.6f, 0x0000ffffu), 0x1);
   EXPECT_EQ(llmc::e2m1_sr(0.6f, 0xffffffffu), 0x1);
   EXPECT_EQ(llmc::e2m1_sr(-2.2f, 0u), 0xD);
   EXPECT_EQ(llmc::e2m1_sr(-2.2f, 0xffffffffu), 0xC);
@@ -91,11 +111,11 @@ TEST(E2M1Codec, StochasticRoundingPicksTheNeighbours) {
   EXPECT_EQ(llmc::e2m1_sr(NAN, 0u), llmc::kE2M1NanCode);
 }
 
-// Unbiasedness. For x in an interval [lo, lo + g), one draw is lo + g * B with B ~ Bernoulli(p), p = f rounded up to
-// a multiple of 2^-24 (f has <= 24 fractional bits for these x: exact). The mean of K draws has standard deviation
-// g * sqrt(p (1 - p) / K) <= g / (2 sqrt K); we accept |mean - x| <= 5 of those bounds (a false failure with
-// probability < 6e-7 per value for a correct implementation, by the normal approximation; K = 200000), and also
-// check the fixed-seed result is repeatable.
+// Unbiasedness. For x in an interval [lo, lo + g), one draw is lo + g * B with B ~ Bernoulli(p), p = f rounded down
+// to a multiple of 2^-16 (so E = x - g (f - p), 0 <= f - p < 2^-16). The mean of K draws has standard deviation
+// g * sqrt(p (1 - p) / K) <= g / (2 sqrt K); we accept |mean - x| <= 5 of those bounds plus g * 2^-16 (a false
+// failure with probability < 6e-7 per value for a correct implementation, by the normal approximation; K = 200000).
+// The draws are fp4_rng.cuh's 16-bit stream, eight elements per Philox call.
 TEST(E2M1Codec, StochasticRoundingIsUnbiasedWithinTheDerivedBound) {
   const int K = 200000;
   const llmc::StochasticKey key{0x5eed, 1, 2};
@@ -103,16 +123,16 @@ TEST(E2M1Codec, StochasticRoundingIsUnbiasedWithinTheDerivedBound) {
     const float a = std::fabs(x);
     const double g = a < 2 ? 0.5 : a < 4 ? 1.0 : 2.0;
     double sum = 0.0;
-    for (int k = 0; k < K; k++) sum += llmc::e2m1_decode(llmc::e2m1_sr(x, llmc::random_word(key, k, 0)));
-    const double mean = sum / K, bound = 5.0 * g / (2.0 * std::sqrt(static_cast<double>(K)));
+    for (int k = 0; k < K; k++) sum += llmc::e2m1_decode(llmc::e2m1_sr(x, llmc::random_bits16(key, k, 0)));
+    const double mean = sum / K, bound = 5.0 * g / (2.0 * std::sqrt(static_cast<double>(K))) + g / 65536.0;
     EXPECT_NEAR(mean, x, bound) << x;
   }
 }
 
 // e2m1_sr against its definition on a sweep of FP32, at both sides of each value's threshold: lo = the E2M1 grid value
-// at or below |x| and g the grid step there (found on the grid in FP64), f * 2^24 = (|x| - lo) / g * 2^24 (exact in
-// FP64), and u = r >> 8 rounds up exactly when u < f * 2^24: u = ceil(f * 2^24) - 1 must give lo + g,
-// u = ceil(f * 2^24) lo. |x| >= 6 and +-inf give +-6, NaN kE2M1NanCode, for any word.
+// at or below |x| and g the grid step there (found on the grid in FP64), c = floor((|x| - lo) / g * 2^16) (exact in
+// FP64), and u = r & 0xFFFF rounds up exactly when u < c: u = c - 1 must give lo + g, u = c lo, whatever r's high
+// half holds. |x| >= 6 and +-inf give +-6, NaN kE2M1NanCode, for any word.
 TEST(E2M1Codec, StochasticRoundingThresholdIsTheDefinition) {
   static const double grid[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
   size_t bad = 0;
@@ -128,9 +148,10 @@ TEST(E2M1Codec, StochasticRoundingThresholdIsTheDefinition) {
     } else {
       int k = 0;
       while (grid[k + 1] <= a) k++;
-      const double c = std::ceil((a - grid[k]) / (grid[k + 1] - grid[k]) * 16777216.0);
-      if (c >= 1) want.push_back({(static_cast<uint32_t>(c - 1) << 8) | 0xFFu, static_cast<uint8_t>(sign | (k + 1))});
-      if (c < 16777216.0) want.push_back({static_cast<uint32_t>(c) << 8, static_cast<uint8_t>(sign | k)});
+      const double c = std::floor((a - grid[k]) / (grid[k + 1] - grid[k]) * 65536.0);
+      const uint32_t high = static_cast<uint32_t>(b * 2654435761u) & 0xFFFF0000u;  // any high half
+      if (c >= 1) want.push_back({high | static_cast<uint32_t>(c - 1), static_cast<uint8_t>(sign | (k + 1))});
+      if (c < 65536.0) want.push_back({high | static_cast<uint32_t>(c), static_cast<uint8_t>(sign | k)});
     }
     for (const auto& [r, code] : want)
       if (llmc::e2m1_sr(x, r) != code && bad++ < 8)

@@ -58,7 +58,7 @@ BlockScale scale_of(bool nvfp4, const float* block, int len, const QuantizeArgs&
 uint8_t round_one(float v, float multiplier, const QuantizeArgs& args, uint64_t index, int copy) {
   if (multiplier == 0.0f) return 0;
   const float y = mul_rn(v, multiplier);
-  if (args.rounding == Rounding::Stochastic) return e2m1_sr(y, random_word(args.sr_key, index, copy));
+  if (args.rounding == Rounding::Stochastic) return e2m1_sr(y, random_bits16(args.sr_key, index, copy));
   return e2m1_encode(y);
 }
 
