@@ -151,9 +151,7 @@ struct Rounder {
       group = index >> 3;
       words = random_words8(key, index, copy);
     }
-    // selects, not an indexed load: the words stay in registers
-    const uint32_t w = (index & 4) ? ((index & 2) ? words.v[3] : words.v[2]) : ((index & 2) ? words.v[1] : words.v[0]);
-    return e2m1_scaled<true>(v, multiplier, (index & 1) ? w >> 16 : w);
+    return e2m1_scaled<true>(v, multiplier, random_half(words, static_cast<int>(index & 7)));
   }
 };
 

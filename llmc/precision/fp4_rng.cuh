@@ -55,9 +55,10 @@ __host__ __device__ inline Philox4 random_words8(const StochasticKey& key, uint6
                        static_cast<uint32_t>(group >> 32) | (static_cast<uint32_t>(copy & 1) << 31), key.step,
                        key.tensor, static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32));
 }
-// Element k (0..7) of a group's 16-bit draws, in the low 16 bits.
+// Element k (0..7) of a group's 16-bit draws, in the low 16 bits. Selects, not an indexed load: where k is known
+// only at run time the words stay in registers; where it is a constant the selects fold away.
 __host__ __device__ inline uint32_t random_half(const Philox4& words, int k) {
-  const uint32_t w = words.v[(k >> 1) & 3];
+  const uint32_t w = (k & 4) ? ((k & 2) ? words.v[3] : words.v[2]) : ((k & 2) ? words.v[1] : words.v[0]);
   return (k & 1) ? w >> 16 : w & 0xFFFFu;
 }
 __host__ __device__ inline uint32_t random_bits16(const StochasticKey& key, uint64_t index, int copy) {
