@@ -17,8 +17,8 @@
 #                                      [--build DIR] [--gpus LIST] [--checkpoint-every N] [--dry] [--report]
 #   --dry prints every command and runs nothing; --report writes the tables and plots from the logs already in OUT.
 #   --seeds "42 43 44" trains every run once per seed; the report adds each seed's losses and judges the goal on the
-#   difference to BF16 paired by seed (nvfp4 on GPT-2 124M over seeds 42-44: +2.50% ± 0.31, and +3.14% ± 0.34 with
-#   the last block alone in BF16, the preset before f42651c).
+#   difference to BF16 paired by seed (the nvfp4 preset on GPT-2 124M over seeds 42-44: +1.19% ± 0.10; the results
+#   and the earlier presets are in dev/bench/results/loss_gpt2_124m_100m/).
 #   --gpus 0,1,2,3 trains all the runs at once, one per GPU (scripts/repro/gpu_queue.py), then reports.
 #   The other options are scripts/fp8_loss_parity.sh's; OUT defaults to runs/nvfp4[_<model>].
 set -uo pipefail
