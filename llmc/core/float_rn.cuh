@@ -46,6 +46,22 @@ __host__ __device__ inline float div_rn(float a, float b) {
 #endif
 }
 
+// a * b + c with one rounding (IEEE fusedMultiplyAdd).
+__host__ __device__ inline float fma_rn(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+// floor(a) as an unsigned integer, for a in [0, 2^32).
+__host__ __device__ inline uint32_t floor_to_uint(float a) {
+#ifdef __CUDA_ARCH__
+  return __float2uint_rz(a);
+#else
+  return static_cast<uint32_t>(a);
+#endif
+}
 __host__ __device__ inline float sqrt_rn(float a) {
 #ifdef __CUDA_ARCH__
   return __fsqrt_rn(a);

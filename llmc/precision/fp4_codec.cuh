@@ -7,9 +7,10 @@
 //   e2m1_rn: round to nearest, ties to even, saturating at 6 (the code of |x| in [2^E, 2^(E+1)) is 2 + 2E + the
 //     mantissa bit): for |x| >= 1 the FP32 bits rounded to one mantissa bit (adding 0x1FFFFF plus the kept bit sends a
 //     tie to the even mantissa) hold (E + 127) << 1 | m from bit 22, so the code is that minus 252, capped at 7; below
-//     1 the grid is 0, 0.5, 1 and the code is rint(2 |x|), the low bits of 2 |x| + 2^23 (an exact product, then one
-//     rounding at unit spacing). NaN -> kE2M1NanCode as llmc/core/dtypes' e2m1_encode, which it equals on every float
-//     (test/precision/test_fp4_ref: a sweep of every 331st float and the ties; test_fp4_quant: on the GPU).
+//     1 the grid is 0, 0.5, 1 and the code is rint(2 |x|), the low bits of 2 |x| + 2^23 (one fused multiply-add: the
+//     product is exact, so it is one rounding at unit spacing). NaN -> kE2M1NanCode as llmc/core/dtypes' e2m1_encode,
+//     which it equals on every float (test/precision/test_fp4_ref: a sweep of every 331st float and the ties;
+//     test_fp4_quant: on the GPU).
 //   e2m1_sr(x, r): stochastic rounding with 16 random bits u (the low half of r): |x| >= 6 -> 6; otherwise lo = the
 //     grid value at or below |x|, g the grid step there (0.5 below 2, 1 below 4, 2 above), f = (|x| - lo) / g in
 //     [0, 1) (exact in FP32: g is a power of two and |x| - lo is exact), and the result is lo + g when
@@ -58,27 +59,22 @@ namespace llmc {
 __host__ __device__ inline uint8_t e2m1_sign(float x) { return static_cast<uint8_t>((float_to_bits(x) >> 31) << 3); }
 
 __host__ __device__ inline uint8_t e2m1_rn(float x) {
-  const float a = fabsf(x);
-  const uint32_t b = float_to_bits(a);
-  const uint32_t binade_and_bit = (b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22;  // 254 for 1, 259 for 6, more above
-  const uint32_t m = a < 1.0f ? float_to_bits(add_rn(mul_rn(a, 2.0f), 8388608.0f)) - 0x4B000000u
-                              : (binade_and_bit > 259u ? 7u : binade_and_bit - 252u);  // NaN: 7
-  return static_cast<uint8_t>((a == a ? e2m1_sign(x) : 0u) | m);  // selects, no branch: NaN -> kE2M1NanCode
+  const uint32_t b = float_to_bits(x) & 0x7FFFFFFFu;  // |x|
+  const uint32_t upper = ((b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22) - 252u;  // 2 for 1, 7 for 6, more above
+  const uint32_t m = b < 0x3F800000u ? float_to_bits(fma_rn(bits_to_float(b), 2.0f, 8388608.0f)) - 0x4B000000u
+                                     : (upper < 7u ? upper : 7u);  // 6 and above, NaN: 7
+  return static_cast<uint8_t>((b <= 0x7F800000u ? e2m1_sign(x) : 0u) | m);  // NaN -> kE2M1NanCode
 }
 
 __host__ __device__ inline uint8_t e2m1_sr(float x, uint32_t random) {
-  const float a = fabsf(x);
-  // u < floor(f * 2^16), with f * 2^16 from the bits: for |x| in [1, 6) the grid step is half the binade, so lo's code
-  // is the binade and the kept mantissa bit (as in e2m1_rn) and f the 22 mantissa bits below it; in [0.5, 1) the step
-  // is the binade (lo = 0.5, code 1) and f the 23 mantissa bits; below 0.5, lo = 0 and f * 2^16 = |x| * 2^17 (exact),
-  // and u < floor(|x| * 2^17) is u + 1 <= |x| * 2^17, compared as floats.
-  const uint32_t b = float_to_bits(a), u = random & 0xFFFFu;
-  const bool upper = a >= 1.0f;
-  const uint32_t f16 = upper ? (b & 0x3FFFFFu) >> 6 : (b & 0x7FFFFFu) >> 7;
-  uint32_t m = (upper ? (b >> 22) - 252u : 1u) + (u < f16);
-  if (a < 0.5f) m = static_cast<float>(u + 1u) <= mul_rn(a, 131072.0f);
-  if (!(a < 6.0f)) m = 7u;  // and NaN
-  return static_cast<uint8_t>((a == a ? e2m1_sign(x) : 0u) | m);  // selects, no branch: NaN -> kE2M1NanCode
+  // X, a fixed-point number whose high half is lo's code and whose low half is floor(f * 2^16): for |x| >= 1 the
+  // FP32 bits from bit 6 (the binade and the kept mantissa bit, from bit 16, are lo's code plus 252; below them the
+  // 16 mantissa bits after the kept one); below 1 the grid step is 0.5 and X = floor(|x| * 2^17) (an exact product,
+  // truncated): lo's code 0 below 0.5, 1 in [0.5, 1). Rounding up is u < floor(f * 2^16), u the 16 random bits.
+  const uint32_t b = float_to_bits(x) & 0x7FFFFFFFu;  // |x|
+  const uint32_t X = b >= 0x3F800000u ? (b >> 6) - (252u << 16) : floor_to_uint(mul_rn(bits_to_float(b), 131072.0f));
+  const uint32_t m = b >= 0x40C00000u ? 7u : (X >> 16) + ((random & 0xFFFFu) < (X & 0xFFFFu));  // 6 and above, NaN
+  return static_cast<uint8_t>((b <= 0x7F800000u ? e2m1_sign(x) : 0u) | m);  // NaN -> kE2M1NanCode
 }
 
 // Element `index` of a packed pair (dtypes.h's e2m1_unpack, for device code): the even element in the low nibble.
