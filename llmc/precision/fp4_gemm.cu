@@ -92,8 +92,8 @@ __global__ void __launch_bounds__(kThreads) mxfp4_to_e4m3_kernel(uint8_t* codes,
 // One thread per C output columns of a row (C = 8 or 16; Kp is a multiple of C, and C columns never straddle a
 // 16-column NVFP4 block: one scale code). `vector`: the row's code bytes are C / 2-byte aligned (K % C == 0, src
 // aligned) and out is 16-byte aligned, so the C codes are one 32- or 64-bit load and the values one or two 128-bit
-// stores; otherwise element by element (C = 8 only). The values are nvfp4_element_value's either way, exact in BF16
-// (fp4_remap.cuh).
+// stores; otherwise the codes are gathered byte by byte and the values stored element by element, zeros past K
+// (C = 8 only). The values come from the block's table (nvfp4_block_values: nvfp4_element_value's, exact in BF16).
 template <int C>
 __global__ void __launch_bounds__(kThreads) nvfp4_to_bf16_kernel(bf16* out, const uint8_t* src,
                                                                  const uint8_t* src_scales, int rows, int K, int Kp,
@@ -105,34 +105,35 @@ __global__ void __launch_bounds__(kThreads) nvfp4_to_bf16_kernel(bf16* out, cons
   const int r = static_cast<int>(i / chunks), c0 = static_cast<int>(i % chunks) * C;
   const size_t row_bytes = (static_cast<size_t>(K) + 1) / 2;
   const uint8_t* codes = src + r * row_bytes;
-  x128 v[C / 8];
-#pragma unroll
-  for (int h = 0; h < C / 8; h++) v[h] = x128::filled(0.0f);
+  uint32_t values[C / 8][4] = {};  // two BF16 per word
   if (c0 < K) {
-    const uint8_t scale = src_scales[scale_index(block, r, c0, src_ld)];
+    uint32_t words[C / 8] = {};
     if (vector) {
-      uint32_t words[C / 8];
       if constexpr (C == 16) {
         const uint2 pair = *reinterpret_cast<const uint2*>(codes + c0 / 2);
         words[0] = pair.x, words[C / 8 - 1] = pair.y;
       } else {
         words[0] = *reinterpret_cast<const uint32_t*>(codes + c0 / 2);
       }
-#pragma unroll
-      for (int k = 0; k < C; k++)
-        v[k / 8][k % 8] = __float2bfloat16_rn(
-            nvfp4_element_value(static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xFu), scale));
     } else {
-      for (int k = 0; k < C && c0 + k < K; k++)
-        v[k / 8][k % 8] = __float2bfloat16_rn(nvfp4_element_value(e2m1_nibble(codes[(c0 + k) / 2], c0 + k), scale));
+#pragma unroll
+      for (int k = 0; k < C; k++)  // unrolled: words stays in registers
+        if (c0 + k < K)
+          words[k / 8] |= static_cast<uint32_t>(e2m1_nibble(codes[(c0 + k) / 2], c0 + k)) << (4 * (k % 8));
     }
+    const Nvfp4BlockValues table = nvfp4_block_values(src_scales[scale_index(block, r, c0, src_ld)]);
+#pragma unroll
+    for (int h = 0; h < C / 8; h++) nvfp4_values_word(table, words[h], values[h]);
   }
   bf16* dst = out + static_cast<size_t>(r) * Kp + c0;
   if (vector) {
 #pragma unroll
-    for (int h = 0; h < C / 8; h++) store128(dst + 8 * h, v[h]);
+    for (int h = 0; h < C / 8; h++)
+      reinterpret_cast<uint4*>(dst)[h] = make_uint4(values[h][0], values[h][1], values[h][2], values[h][3]);
   } else {
-    for (int k = 0; k < C; k++) dst[k] = v[k / 8][k % 8];
+    for (int k = 0; k < C; k++)  // zeros past K (a gathered zero code is +-0, or NaN in a NaN-scale block)
+      dst[k] = __ushort_as_bfloat16(
+          c0 + k < K ? static_cast<unsigned short>(values[k / 8][(k % 8) / 2] >> (16 * (k % 2))) : 0);
   }
 }
 

@@ -20,8 +20,9 @@
 //   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one warp per 32-element run (a lane per element): scale,
 //     mask, inverse Hadamard by shuffles, store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
-//     tile amax is a max over the 16 lanes (shuffles), lane j writes row j's codes to data and quantises column j of
-//     the tile (the same values, the same scale: the same codes) into row j of the tile in data_t.
+//     tile amax is a max over the 16 lanes (shuffles), lane j rounds row j into data, and the 16 lanes transpose the
+//     tile's codes by shuffles (column j has the same values, the same scale and the same draws: the same codes) into
+//     row j of the tile in data_t.
 // The scale arrays are first filled with the code of 1.0 (cudaMemsetAsync), so padding entries need no thread.
 #include <algorithm>
 
@@ -176,6 +177,30 @@ __device__ inline void e2m1_block(const float (&v)[N], float multiplier, uint32_
   }
 }
 
+// The packed codes of a 1xN block of n <= N values (zeros past n: code 0), element i with index index0 + i: whole
+// blocks through e2m1_block (stochastic ones when index0 is a multiple of 8), any other block element by element.
+template <int N>
+__device__ inline void block_codes(const float (&v)[N], int n, float multiplier, bool stochastic,
+                                   const StochasticKey& key, uint64_t index0, int copy, uint32_t (&packed)[N / 8]) {
+  if (n == N && !stochastic) {
+    e2m1_block<N, false>(v, multiplier, packed, key, index0, copy);
+  } else if (n == N && index0 % 8 == 0) {
+    e2m1_block<N, true>(v, multiplier, packed, key, index0, copy);
+  } else {
+    Rounder round{stochastic, key, copy};
+#pragma unroll
+    for (int w = 0; w < N / 8; w++) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const int i = 8 * w + k;
+        if (i < n) word |= static_cast<uint32_t>(round(v[i], multiplier, index0 + i)) << (4 * k);
+      }
+      packed[w] = word;
+    }
+  }
+}
+
 // Max two amaxes (bits) over the CTA and issue one atomic per slot (slot1 may be null). Every thread of the CTA must
 // call it, at most once per kernel (it synchronises the CTA and owns its shared words).
 __device__ inline void cta_atomic_max_amax2(float* slot0, unsigned bits0, float* slot1, unsigned bits1) {
@@ -202,21 +227,26 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
   const int col_tiles = (a.cols + kCols - 1) / kCols;
   const int r0 = static_cast<int>(blockIdx.x / col_tiles) * kRunTileRows;
   const int c0 = static_cast<int>(blockIdx.x % col_tiles) * kCols;
+  constexpr int kChunksPerRow = kCols / 8;  // 8-element chunks: 2 (N = 16) or 4 (N = 32) per thread
+  constexpr int kChunksPerThread = kRunTileRows * kChunksPerRow / kThreads;
+  static_assert(kChunksPerThread * kThreads == kRunTileRows * kChunksPerRow, "whole chunks per thread");
   if (a.src_codes) {
-    constexpr int kChunksPerRow = kCols / 8;
-    for (int t = threadIdx.x; t < kRunTileRows * kChunksPerRow; t += kThreads) {
-      const int lr = t / kChunksPerRow, lc = (t % kChunksPerRow) * 8;
+#pragma unroll
+    for (int k = 0; k < kChunksPerThread; k++) {
+      const unsigned t = threadIdx.x + k * kThreads;
+      const int lr = static_cast<int>(t / kChunksPerRow), lc = static_cast<int>(t % kChunksPerRow) * 8;
       const int r = r0 + lr, c = c0 + lc;
       store128(tile + lr * kLd + lc, r < a.rows && c < a.cols ? load_mxfp4_chunk(a, r, c) : x128::filled(0.0f));
     }
   } else if (a.vector_loads) {
-    constexpr int kVectorsPerRow = kCols / 8;
-    for (int t = threadIdx.x; t < kRunTileRows * kVectorsPerRow; t += kThreads) {
-      const int lr = t / kVectorsPerRow, lc = (t % kVectorsPerRow) * 8;
-      const int r = r0 + lr, c = c0 + lc;  // cols % 8 == 0: a vector is wholly inside or wholly outside
-      x128 packed = x128::filled(0.0f);
-      if (r < a.rows && c < a.cols) packed = load128(a.x + static_cast<size_t>(r) * a.cols + c);
-      store128(tile + lr * kLd + lc, packed);
+#pragma unroll
+    for (int k = 0; k < kChunksPerThread; k++) {
+      const unsigned t = threadIdx.x + k * kThreads;
+      const int lr = static_cast<int>(t / kChunksPerRow), lc = static_cast<int>(t % kChunksPerRow) * 8;
+      const int r = r0 + lr, c = c0 + lc;  // cols % 8 == 0: a chunk is wholly inside or wholly outside
+      uint4 packed = make_uint4(0u, 0u, 0u, 0u);
+      if (r < a.rows && c < a.cols) packed = *reinterpret_cast<const uint4*>(a.x + static_cast<size_t>(r) * a.cols + c);
+      *reinterpret_cast<uint4*>(tile + lr * kLd + lc) = packed;
     }
   } else {
     for (int t = threadIdx.x; t < kRunTileRows * kCols; t += kThreads) {
@@ -289,35 +319,17 @@ __global__ void __launch_bounds__(kThreads) fp4_run_kernel(const RunArgs a) {
     a.trust_mask[static_cast<size_t>(o) * a.blocks_per_row + kb] = trusted;
   }
 
-  Rounder round{a.stochastic, a.key, a.copy};
-  const uint64_t index0 = static_cast<uint64_t>(o) * a.out_cols + p0;
   uint32_t packed[N / 8];  // N / 2 bytes
-  if (n == N && !a.stochastic) {
-    e2m1_block<N, false>(v, multiplier, packed, a.key, index0, a.copy);
-  } else if (n == N && index0 % 8 == 0) {
-    e2m1_block<N, true>(v, multiplier, packed, a.key, index0, a.copy);
-  } else {
-#pragma unroll
-    for (int w = 0; w < N / 8; w++) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const int i = 8 * w + k;
-        if (i < n) word |= static_cast<uint32_t>(round(v[i], multiplier, index0 + i)) << (4 * k);
-      }
-      packed[w] = word;
-    }
-  }
+  block_codes<N>(v, n, multiplier, a.stochastic, a.key, static_cast<uint64_t>(o) * a.out_cols + p0, a.copy, packed);
   if constexpr (N == 16) {
     if (a.values) {  // n == N: the quantised direction is a multiple of 16 (quantize_runs checks)
-      x128 v[2];
-#pragma unroll
-      for (int k = 0; k < N; k++)
-        v[k / 8][k % 8] = __float2bfloat16_rn(
-            nvfp4_element_value(static_cast<uint8_t>((packed[k / 8] >> (4 * (k % 8))) & 0xFu), scale_code));
-      bf16* out = a.values + static_cast<size_t>(o) * a.out_cols + p0;
-      store128(out, v[0]);
-      store128(out + 8, v[1]);
+      const Nvfp4BlockValues table = nvfp4_block_values(scale_code);
+      uint32_t v[2][4];
+      nvfp4_values_word(table, packed[0], v[0]);
+      nvfp4_values_word(table, packed[1], v[1]);
+      uint4* out = reinterpret_cast<uint4*>(a.values + static_cast<size_t>(o) * a.out_cols + p0);
+      out[0] = make_uint4(v[0][0], v[0][1], v[0][2], v[0][3]);
+      out[1] = make_uint4(v[1][0], v[1][1], v[1][2], v[1][3]);
     }
   }
   if (!a.codes) return;
@@ -389,23 +401,38 @@ struct TileArgs {
   StochasticKey key;
 };
 
-// 16 values (zeros past the edge) as 8 packed bytes (two words) with the tile's scale; element i has index
-// index0 + i * index_step in data's layout.
-__device__ inline uint2 tile_codes(const float (&v)[kTileSide], int n, float multiplier, Rounder& round,
-                                   uint64_t index0, uint64_t index_step) {
-  uint32_t w[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < kTileSide; i++)
-    if (i < n) w[i / 8] |= static_cast<uint32_t>(round(v[i], multiplier, index0 + i * index_step)) << (4 * (i % 8));
-  return make_uint2(w[0], w[1]);
-}
-
 __device__ inline void store_tile_row(uint8_t* dst, uint2 codes, int n, bool vector) {
   if (vector) {
     *reinterpret_cast<uint2*>(dst) = codes;
   } else {
     for (int b = 0; b < (n + 1) / 2; b++) dst[b] = static_cast<uint8_t>((b < 4 ? codes.x : codes.y) >> (8 * (b % 4)));
   }
+}
+
+// The 16 x 16 matrix of 4-bit codes held by 16 consecutive lanes (lane j: row j, its column i in nibble i % 8 of
+// word i / 8) transposed in place: lane j ends with column j. Each stage s = 8, 4, 2, 1 swaps bit s of the row index
+// with bit s of the column index: lanes j and j ^ s exchange the nibble groups that the other keeps in its rows (the
+// lower lane's columns with bit s set for the upper lane's columns with it clear). Every lane of the warp calls it.
+__device__ inline uint2 transpose_nibbles16(uint2 row, int j) {
+  {
+    const bool upper = j & 8;  // s = 8: whole words
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? row.x : row.y, 8);
+    if (upper) row.x = got;
+    else row.y = got;
+  }
+  uint32_t w[2] = {row.x, row.y};
+#pragma unroll
+  for (int s = 4; s >= 1; s /= 2) {
+    const int d = 4 * s;  // bits per group
+    const uint32_t m = s == 4 ? 0x0000FFFFu : s == 2 ? 0x00FF00FFu : 0x0F0F0F0Fu;  // groups with bit s clear
+    const bool upper = j & s;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? (w[h] & m) << d : (w[h] >> d) & m, s);
+      w[h] = (w[h] & (upper ? ~m : m)) | got;
+    }
+  }
+  return make_uint2(w[0], w[1]);
 }
 
 __global__ void __launch_bounds__(kThreads) fp4_tile_kernel(const TileArgs a) {
@@ -417,44 +444,52 @@ __global__ void __launch_bounds__(kThreads) fp4_tile_kernel(const TileArgs a) {
   const int cb = active ? static_cast<int>(tile % a.col_tiles) : 0;
   const int r0 = rb * kTileSide, c0 = cb * kTileSide;
   const int tile_rows = active ? min(kTileSide, a.rows - r0) : 0, tile_cols = active ? min(kTileSide, a.cols - c0) : 0;
-  float row[kTileSide];  // row j of the tile
+  float row[kTileSide];  // row j of the tile; zeros outside
+  const bf16* src = a.x + static_cast<size_t>(r0 + j) * a.cols + c0;
+  if (j < tile_rows && tile_cols == kTileSide && a.cols % 8 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0) {
 #pragma unroll
-  for (int i = 0; i < kTileSide; i++)
-    row[i] = j < tile_rows && i < tile_cols ? load_x(a.x, static_cast<size_t>(r0 + j) * a.cols + c0 + i) : 0.0f;
+    for (int h = 0; h < 2; h++) {
+      const x128 packed = load128(src + 8 * h);
+#pragma unroll
+      for (int k = 0; k < 8; k++) row[8 * h + k] = __bfloat162float(packed[k]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kTileSide; i++) row[i] = j < tile_rows && i < tile_cols ? load_x(src, i) : 0.0f;
+  }
   unsigned amax = 0;
 #pragma unroll
   for (int i = 0; i < kTileSide; i++) amax = max(amax, __float_as_uint(fabsf(row[i])));
 #pragma unroll
   for (int k = kTileSide / 2; k >= 1; k /= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, k, kTileSide));
-  if (!active) return;
   const float s_enc = nvfp4_tensor_encode_scale(a.tensor_amax[0]);
+  uint8_t scale_code;
+  float multiplier;
+  block_scale(true, s_enc, amax, &scale_code, &multiplier);
+  // Row j's codes (zeros past the tile's edges), and the tile's transpose for data_t: element (i, j) of data_t is
+  // element (j, i) of data, with the same value, scale and random draw (its index in data's layout), so the same code.
+  uint32_t packed[2];
+  block_codes<kTileSide>(row, tile_cols, multiplier, a.stochastic, a.key,
+                         static_cast<uint64_t>(r0 + j) * a.cols + c0, 0, packed);
+  const uint2 codes = make_uint2(packed[0], packed[1]);
+  const uint2 codes_t = a.data_t ? transpose_nibbles16(codes, j) : codes;  // a.data_t: the same for the whole grid
+  if (!active) return;
   if (id == 0) {
     if (a.tensor_scale_inv && a.data) a.tensor_scale_inv[0] = div_rn(1.0f, s_enc);
     if (a.tensor_scale_inv_t && a.data_t) a.tensor_scale_inv_t[0] = div_rn(1.0f, s_enc);
   }
-  uint8_t scale_code;
-  float multiplier;
-  block_scale(true, s_enc, amax, &scale_code, &multiplier);
   if (j == 0) {
     if (a.data) a.scales[static_cast<size_t>(rb) * a.ld + cb] = scale_code;
     if (a.data_t) a.scales_t[static_cast<size_t>(cb) * a.ld_t + rb] = scale_code;
   }
-  Rounder round{a.stochastic, a.key, 0};
   if (a.data && j < tile_rows) {
     const size_t row_bytes = (static_cast<size_t>(a.cols) + 1) / 2;
-    const uint2 codes = tile_codes(row, tile_cols, multiplier, round, static_cast<uint64_t>(r0 + j) * a.cols + c0, 1);
     store_tile_row(a.data + static_cast<size_t>(r0 + j) * row_bytes + c0 / 2, codes, tile_cols,
                    tile_cols == kTileSide && row_bytes % 8 == 0);
   }
   if (a.data_t && j < tile_cols) {
-    float col[kTileSide];  // column j of the tile
-#pragma unroll
-    for (int i = 0; i < kTileSide; i++)
-      col[i] = i < tile_rows ? load_x(a.x, static_cast<size_t>(r0 + i) * a.cols + c0 + j) : 0.0f;
     const size_t row_bytes_t = (static_cast<size_t>(a.rows) + 1) / 2;
-    const uint2 codes = tile_codes(col, tile_rows, multiplier, round, static_cast<uint64_t>(r0) * a.cols + c0 + j,
-                                   static_cast<uint64_t>(a.cols));
-    store_tile_row(a.data_t + static_cast<size_t>(c0 + j) * row_bytes_t + r0 / 2, codes, tile_rows,
+    store_tile_row(a.data_t + static_cast<size_t>(c0 + j) * row_bytes_t + r0 / 2, codes_t, tile_rows,
                    tile_rows == kTileSide && row_bytes_t % 8 == 0);
   }
 }

@@ -174,4 +174,53 @@ __host__ __device__ inline float nvfp4_element_value(uint8_t e2m1_code, uint8_t 
   return mul_rn(e2m1_value(e2m1_code), e4m3_value(e4m3_code));
 }
 
+// The BF16 bits of nvfp4_element_value as the device rounds them (__float2bfloat16_rn: exact for every finite scale;
+// the canonical NaN 0x7FFF for the NaN scale codes, whatever the element's sign).
+__host__ __device__ inline uint32_t nvfp4_element_bf16(uint8_t e2m1_code, uint8_t e4m3_code) {
+  const float v = nvfp4_element_value(e2m1_code, e4m3_code);
+#ifdef __CUDA_ARCH__
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+#else
+  return v != v ? 0x7FFFu : float_to_bits(v) >> 16;
+#endif
+}
+
+// A whole NVFP4 block at once (the expansion kernel's inner loop, and the quantiser's BF16 values): once the block's
+// E4M3 code is fixed an element's BF16 bits depend only on its 3-bit magnitude and its sign, so the block builds the
+// low and the high bytes of its eight magnitudes' values (two eight-byte tables) and expands four elements at a time
+// with byte permutes. An element's sign flips the sign bit of its high byte (the sign of a product: a negative scale
+// code gives negative magnitudes, so flipping is the multiplication's rule, zeros included); the NaN scale codes have
+// no sign flips (every element 0x7FFF).
+struct Nvfp4BlockValues {
+  uint32_t lo[2];  // byte m % 4 of lo[m / 4]: the low byte of magnitude m's BF16 value
+  uint32_t hi[2];  //                          its high byte
+  uint32_t sign;   // 0x80808080, or 0 for the NaN scale codes
+};
+__host__ __device__ inline Nvfp4BlockValues nvfp4_block_values(uint8_t e4m3_code) {
+  uint32_t pair[4];  // magnitudes 2i (low half) and 2i + 1 (high half)
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    pair[i] = nvfp4_element_bf16(static_cast<uint8_t>(2 * i), e4m3_code) |
+              nvfp4_element_bf16(static_cast<uint8_t>(2 * i + 1), e4m3_code) << 16;
+  const bool nan = (e4m3_code & 0x7F) == kE4M3NanCode;
+  return {{byte_perm(pair[0], pair[1], 0x6420u), byte_perm(pair[2], pair[3], 0x6420u)},
+          {byte_perm(pair[0], pair[1], 0x7531u), byte_perm(pair[2], pair[3], 0x7531u)},
+          nan ? 0u : 0x80808080u};
+}
+// The four elements whose E2M1 codes are the nibbles of quad (bits 0 .. 15) as BF16 pairs: the first two in *first
+// (element 0 in the low half), the last two in *second. The magnitudes select table bytes; the sign bits, moved to
+// bit 2 of each selector nibble by the shift, select 0x80 or 0x00 (mxfp4_remap_quad's way).
+__host__ __device__ inline void nvfp4_values_quad(const Nvfp4BlockValues& t, uint32_t quad, uint32_t* first,
+                                                  uint32_t* second) {
+  const uint32_t lo = byte_perm(t.lo[0], t.lo[1], quad & 0x7777u);
+  const uint32_t hi = byte_perm(t.hi[0], t.hi[1], quad & 0x7777u) ^ byte_perm(0u, t.sign, (quad >> 1) & 0x7777u);
+  *first = byte_perm(lo, hi, 0x5140u);
+  *second = byte_perm(lo, hi, 0x7362u);
+}
+// A word of eight packed codes (element k in nibble k) as eight BF16 values, two per output word.
+__host__ __device__ inline void nvfp4_values_word(const Nvfp4BlockValues& t, uint32_t codes, uint32_t (&out)[4]) {
+  nvfp4_values_quad(t, codes, &out[0], &out[1]);
+  nvfp4_values_quad(t, codes >> 16, &out[2], &out[3]);
+}
+
 }  // namespace llmc

@@ -1,14 +1,15 @@
 // test/precision/test_fp4_gemm_ref: the FP4 products' exactness rules on the CPU. The MXFP4 -> E4M3 remap of
-// llmc/precision/fp4_remap.cuh (the kernels' element function) over every (E2M1 code, E8M0 block code, outer
-// exponent R in [-150, 150]) against the E4M3 codec of llmc/core/dtypes.h: its exactness flag is exactly "the E4M3
-// code times 2^R equals the MXFP4 value", its code is the nearest E4M3 value (ties to the even code, saturating at
-// 448) found by brute force over all codes, and the closed-form rule written in fp4_remap.cuh (e <= 8; e >= -9, or
-// -8 for significand 1.5; whole blocks exact for shifts [-8, 6]) holds; the NVFP4 expansion is exact in BF16 for every
-// (E2M1, E4M3) pair. Then the references of test/reference/fp4_gemm_ref.h: the remap reference agrees element by
-// element with the kernels' element function on random operands with spread exponents, counts the inexact blocks of a
-// hand-built case (and gives the values worked out here), the expansion reference equals the element function, and
-// the FP64 GEMM reference equals a product of the FP32 dequantisation (fp4_dequantize_cpu). And the GEMM mapping of
-// the FP4 encodings (quant_gemm_operands_error and friends) and matmul_quant's FP4 argument errors, host only.
+// llmc/precision/fp4_remap.cuh (the kernels' element function) over every (E2M1 code, E8M0 block code, outer exponent R
+// in [-150, 150]) against the E4M3 codec of llmc/core/dtypes.h: its exactness flag is exactly "the E4M3 code times 2^R
+// equals the MXFP4 value", its code is the nearest E4M3 value (ties to the even code, saturating at 448) found by brute
+// force over all codes, and the closed-form rule written in fp4_remap.cuh (e <= 8; e >= -9, or -8 for significand 1.5;
+// whole blocks exact for shifts [-8, 6]) holds; the NVFP4 expansion is exact in BF16 for every (E2M1, E4M3) pair, and
+// its block table gives those values for every group of four codes under every scale code. Then the references of
+// test/reference/fp4_gemm_ref.h: the remap reference agrees element by element with the kernels' element function on
+// random operands with spread exponents, counts the inexact blocks of a hand-built case (and gives the values worked
+// out here), the expansion reference equals the element function, and the FP64 GEMM reference equals a product of the
+// FP32 dequantisation (fp4_dequantize_cpu). And the GEMM mapping of the FP4 encodings (quant_gemm_operands_error and
+// friends) and matmul_quant's FP4 argument errors, host only.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -201,6 +202,37 @@ TEST(Fp4Remap, Nvfp4ElementsAreExactInBf16) {
       ASSERT_EQ(static_cast<double>(v), want) << code << " " << s;
       ASSERT_EQ(static_cast<double>(bf16_decode(bf16_encode(v))), want) << code << " " << s;
     }
+}
+
+// The block table expands every group of four codes (all 65,536) under every E4M3 scale code into the BF16 bits of
+// each element's value: the exact product's bits for a finite scale (bf16_encode, which rounds nothing here), the
+// device's canonical NaN 0x7FFF for the NaN scale codes whatever the element's sign; words of eight codes likewise.
+TEST(Fp4Remap, Nvfp4BlockValuesAreTheElementValues) {
+  size_t bad = 0;
+  for (int s = 0; s < 256; s++) {
+    const uint8_t scale = static_cast<uint8_t>(s);
+    const Nvfp4BlockValues t = nvfp4_block_values(scale);
+    for (uint32_t quad = 0; quad < 0x10000u; quad++) {
+      uint32_t first = 0, second = 0;
+      nvfp4_values_quad(t, quad | 0xABCD0000u, &first, &second);  // the high half is not read
+      const uint32_t got[4] = {first & 0xFFFF, first >> 16, second & 0xFFFF, second >> 16};
+      for (int k = 0; k < 4; k++) {
+        const uint8_t code = static_cast<uint8_t>((quad >> (4 * k)) & 0xF);
+        const float v = nvfp4_element_value(code, scale);
+        const uint32_t want = (s & 0x7F) == 0x7F ? 0x7FFFu : bf16_encode(v);
+        if ((got[k] != want || nvfp4_element_bf16(code, scale) != want) && bad++ < 10)
+          ADD_FAILURE() << "scale " << s << " code " << +code << ": table " << got[k] << " element "
+                        << nvfp4_element_bf16(code, scale) << " want " << want;
+      }
+    }
+    uint32_t word_out[4];
+    nvfp4_values_word(t, 0xFEDCBA98u, word_out);
+    for (int k = 0; k < 8; k++) {
+      const uint32_t want = nvfp4_element_bf16(static_cast<uint8_t>(8 + k), scale);
+      EXPECT_EQ((word_out[k / 2] >> (16 * (k % 2))) & 0xFFFF, want) << "scale " << s << " element " << k;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
