@@ -17,8 +17,8 @@
 //   rotated_column_amax_kernel: the same amax pass for an NVFP4 data_t copy rotated by Hadamard-16 (even cols),
 //     without the tiles: a thread per 16 rows x 2 columns, read straight from x in 128-byte warp rows (the source
 //     amax in the same read).
-//   mxfp4_gradient_epilogue_kernel: Quartet's backward output, one warp per 32-element run (a lane per element): scale,
-//     mask, inverse Hadamard by shuffles, store (bf16) or accumulate (FP32).
+//   mxfp4_gradient_epilogue_kernel<E>: Quartet's backward output, 32 / E lanes per 32-element run (E elements each):
+//     scale, mask, inverse Hadamard (in registers, then by shuffles), store (bf16) or accumulate (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
 //     tile amax is a max over the 16 lanes (shuffles), lane j rounds row j into data, and the 16 lanes transpose the
 //     tile's codes by shuffles (column j has the same values, the same scale and the same draws: the same codes) into
@@ -786,37 +786,77 @@ void fp4_dequantize(bf16* out, const QTensor& q, bool transposed, cudaStream_t s
   launch_dequantize(out, codes, scales, nullptr, rows, cols, q.encoding, false, who, stream);
 }
 
-// Quartet's backward epilogue: one warp per 32-element run of a row, lane i holding element i (coalesced loads and
-// stores). The inverse rotation is hadamard_transform<32>'s butterflies by shuffles: at stage h the lane with bit h
-// clear keeps a + b and its partner a - b, with a the lower element and b the upper, the same FP32 operations.
+// Quartet's backward epilogue: each 32-element run of a row is held by 32 / E consecutive lanes, lane j holding its
+// elements E j .. E j + E - 1 (E = 4: 16-byte loads, whole runs only; E = 1: any cols). The inverse rotation is
+// hadamard_transform<32>'s butterflies: a stage h < E inside the lane's registers, a stage h >= E by shuffles with the
+// lane h / E away; either way the element with bit h clear becomes a + b and its partner a - b, with a the lower
+// element and b the upper, the same FP32 operations in the same order.
+template <int E>
 __global__ void __launch_bounds__(kThreads) mxfp4_gradient_epilogue_kernel(bf16* out_bf16, float* out_fp32,
                                                                            const float* g, const uint32_t* mask,
                                                                            int rows, int cols, float factor,
                                                                            int hadamard) {
-  constexpr int N = kGaussianBlock;
-  static_assert(N == kWarpSize, "one lane per element of a run");
+  constexpr int N = kGaussianBlock, L = N / E;  // lanes per run
+  static_assert(N == kWarpSize && (E == 1 || E == 4), "a run is a warp of single elements or 8 lanes of four");
   const int runs = (cols + N - 1) / N;
-  const size_t warp = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (warp >= static_cast<size_t>(rows) * runs) return;  // whole warps
-  const int r = static_cast<int>(warp / runs), kb = static_cast<int>(warp % runs);
-  const int c0 = kb * N, n = min(N, cols - c0);
-  const size_t i = static_cast<size_t>(r) * cols + c0 + lane;
-  const uint32_t bits = mask ? mask[static_cast<size_t>(r) * runs + kb] : 0xFFFFFFFFu;
-  float v = lane < n && ((bits >> lane) & 1u) ? mul_rn(g[i], factor) : 0.0f;
-  if (hadamard == N) {  // cols % 32 == 0: every lane holds an element
+  const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t run = thread / L;
+  const int j = static_cast<int>(thread % L);
+  const bool active = run < static_cast<size_t>(rows) * runs;  // the lanes past the end shuffle zeros
+  const int r = active ? static_cast<int>(run / runs) : 0, kb = active ? static_cast<int>(run % runs) : 0;
+  const int c0 = kb * N, n = active ? min(N, cols - c0) : 0;
+  const size_t i = static_cast<size_t>(r) * cols + c0 + E * j;  // the lane's first element
+  const uint32_t bits = !active ? 0u : mask ? mask[static_cast<size_t>(r) * runs + kb] : 0xFFFFFFFFu;
+  float v[E];
+  if constexpr (E == 4) {
+    const float4 q = active ? *reinterpret_cast<const float4*>(g + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+    v[0] = E * j < n ? g[i] : 0.0f;
+  }
+#pragma unroll
+  for (int e = 0; e < E; e++) v[e] = (bits >> (E * j + e)) & 1u ? mul_rn(v[e], factor) : 0.0f;
+  if (hadamard == N) {  // cols % 32 == 0: every lane holds whole elements
 #pragma unroll
     for (int h = 1; h < N; h *= 2) {
-      const float other = __shfl_xor_sync(0xffffffffu, v, h);
-      v = (lane & h) ? add_rn(other, -v) : add_rn(v, other);
+      if (h < E) {
+#pragma unroll
+        for (int e = 0; e < E; e++)
+          if (!(e & h)) {
+            const float a = v[e], b = v[e + h];
+            v[e] = add_rn(a, b);
+            v[e + h] = add_rn(a, -b);
+          }
+      } else {
+        const bool upper = j & (h / E);
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+          const float other = __shfl_xor_sync(0xffffffffu, v[e], h / E);
+          v[e] = upper ? add_rn(other, -v[e]) : add_rn(v[e], other);
+        }
+      }
     }
-    v = mul_rn(v, HadamardNorm<N>::value);
+#pragma unroll
+    for (int e = 0; e < E; e++) v[e] = mul_rn(v[e], HadamardNorm<N>::value);
   }
-  if (lane >= n) return;
-  if (out_bf16)
-    out_bf16[i] = __float2bfloat16_rn(v);
-  else
-    out_fp32[i] = add_rn(out_fp32[i], v);
+  if (E * j >= n) return;
+  if constexpr (E == 4) {
+    if (out_bf16) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+      *reinterpret_cast<uint2*>(out_bf16 + i) =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    } else {
+      float4 acc = *reinterpret_cast<const float4*>(out_fp32 + i);
+      acc.x = add_rn(acc.x, v[0]), acc.y = add_rn(acc.y, v[1]);
+      acc.z = add_rn(acc.z, v[2]), acc.w = add_rn(acc.w, v[3]);
+      *reinterpret_cast<float4*>(out_fp32 + i) = acc;
+    }
+  } else {
+    if (out_bf16)
+      out_bf16[i] = __float2bfloat16_rn(v[0]);
+    else
+      out_fp32[i] = add_rn(out_fp32[i], v[0]);
+  }
 }
 
 void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, const uint32_t* mask, int rows, int cols,
@@ -829,11 +869,16 @@ void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, co
     throw_error("%s: hadamard = %d; the inverse rotation is of size 0 (none) or %d", who, hadamard, kGaussianBlock);
   if (hadamard != 0 && cols % hadamard != 0)
     throw_error("%s: cols = %d must be a multiple of hadamard = %d", who, cols, hadamard);
-  const size_t threads = static_cast<size_t>(rows) * ceil_div(cols, kGaussianBlock) * kWarpSize;
-  if (threads == 0) return;
+  const size_t run_lanes = static_cast<size_t>(rows) * ceil_div(cols, kGaussianBlock) * kWarpSize;
+  if (run_lanes == 0) return;
   if (!g) throw_error("%s: g is null", who);
-  mxfp4_gradient_epilogue_kernel<<<grid_of(threads, who), kThreads, 0, stream>>>(out_bf16, out_fp32, g, mask, rows,
-                                                                                cols, factor, hadamard);
+  const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  if (cols % kGaussianBlock == 0 && aligned(g, 16) && (out_bf16 ? aligned(out_bf16, 8) : aligned(out_fp32, 16)))
+    mxfp4_gradient_epilogue_kernel<4><<<grid_of(run_lanes / 4, who), kThreads, 0, stream>>>(
+        out_bf16, out_fp32, g, mask, rows, cols, factor, hadamard);
+  else
+    mxfp4_gradient_epilogue_kernel<1><<<grid_of(run_lanes, who), kThreads, 0, stream>>>(out_bf16, out_fp32, g, mask,
+                                                                                        rows, cols, factor, hadamard);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -438,55 +438,72 @@ TEST(Fp4Quantize, RequantiseFromCodesEqualsDequantiseThenQuantise) {
 
 // Quartet's backward epilogue: factor * g, masked, H32 along the rows (signs 0), stored as BF16 or added to FP32, bit
 // for bit against the host doing the same FP32 operations (hadamard.cuh, float_rn.cuh); and its argument checks.
+// Shapes and offsets that reach both kernel forms: whole runs from aligned pointers (four elements per lane; 5 x 96
+// leaves a part-filled last warp), a partial last run (cols 45, no rotation) and pointers one float off alignment (one
+// element per lane).
 TEST(Fp4Quantize, GradientEpilogueMatchesHost) {
   auto rng = gpu_test::make_rng("test_fp4_quant");
-  const int rows = 48, cols = 96;
-  const size_t n = static_cast<size_t>(rows) * cols;
-  const std::vector<float> g = gpu_test::random_floats(n, rng, -3.0f, 3.0f);
-  const std::vector<float> acc0 = gpu_test::random_floats(n, rng, -1.0f, 1.0f);
-  std::vector<uint32_t> mask(static_cast<size_t>(rows) * (cols / 32));
-  for (uint32_t& w : mask) w = static_cast<uint32_t>(rng()) | static_cast<uint32_t>(rng());  // most bits set
-  Buf<float> dg(n), dacc(n);
-  Buf<uint32_t> dmask(mask.size());
-  Buf<bf16> dout(n);
-  CUDA_CHECK(cudaMemcpy(dg.p, g.data(), n * 4, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
-  const float factor = llmc::kRangeMatchProductFactor;
-  for (int hadamard : {0, 32})
-    for (bool masked : {false, true}) {
-      SCOPED_TRACE(llmc::strformat("hadamard %d, %s", hadamard, masked ? "masked" : "no mask"));
-      std::vector<float> want(n);
-      for (int r = 0; r < rows; r++)
-        for (int c0 = 0; c0 < cols; c0 += 32) {
-          float v[32];
-          for (int i = 0; i < 32; i++) {
-            const size_t idx = static_cast<size_t>(r) * cols + c0 + i;
-            const bool kept = !masked || ((mask[static_cast<size_t>(r) * (cols / 32) + c0 / 32] >> i) & 1u);
-            v[i] = kept ? llmc::mul_rn(g[idx], factor) : 0.0f;
+  struct Shape { int rows, cols, offset; };
+  for (const Shape sh : {Shape{48, 96, 0}, Shape{5, 96, 0}, Shape{5, 45, 0}, Shape{7, 64, 1}}) {
+    const int rows = sh.rows, cols = sh.cols, runs = (cols + 31) / 32;
+    const size_t n = static_cast<size_t>(rows) * cols;
+    const std::vector<float> g = gpu_test::random_floats(n, rng, -3.0f, 3.0f);
+    const std::vector<float> acc0 = gpu_test::random_floats(n, rng, -1.0f, 1.0f);
+    std::vector<uint32_t> mask(static_cast<size_t>(rows) * runs);
+    for (uint32_t& w : mask) w = static_cast<uint32_t>(rng()) | static_cast<uint32_t>(rng());  // most bits set
+    Buf<float> dg(n + 1), dacc(n + 1);
+    Buf<uint32_t> dmask(mask.size());
+    Buf<bf16> dout(n + 1);
+    float* const g_at = dg.p + sh.offset;
+    float* const acc_at = dacc.p + sh.offset;
+    bf16* const out_at = dout.p + sh.offset;
+    CUDA_CHECK(cudaMemcpy(g_at, g.data(), n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
+    const float factor = llmc::kRangeMatchProductFactor;
+    for (int hadamard : {0, 32})
+      for (bool masked : {false, true}) {
+        if (hadamard && cols % 32 != 0) continue;
+        SCOPED_TRACE(llmc::strformat("%d x %d + %d, hadamard %d, %s", rows, cols, sh.offset, hadamard,
+                                     masked ? "masked" : "no mask"));
+        std::vector<float> want(n);
+        for (int r = 0; r < rows; r++)
+          for (int c0 = 0; c0 < cols; c0 += 32) {
+            float v[32] = {};
+            for (int i = 0; i < 32 && c0 + i < cols; i++) {
+              const size_t idx = static_cast<size_t>(r) * cols + c0 + i;
+              const bool kept = !masked || ((mask[static_cast<size_t>(r) * runs + c0 / 32] >> i) & 1u);
+              v[i] = kept ? llmc::mul_rn(g[idx], factor) : 0.0f;
+            }
+            if (hadamard) llmc::hadamard_transform<32>(v, 0u);
+            for (int i = 0; i < 32 && c0 + i < cols; i++) want[static_cast<size_t>(r) * cols + c0 + i] = v[i];
           }
-          if (hadamard) llmc::hadamard_transform<32>(v, 0u);
-          for (int i = 0; i < 32; i++) want[static_cast<size_t>(r) * cols + c0 + i] = v[i];
+        const uint32_t* m = masked ? dmask.p : nullptr;
+        llmc::mxfp4_gradient_epilogue(out_at, nullptr, g_at, m, rows, cols, factor, hadamard, 0);
+        std::vector<bf16> got_bf16(n);
+        CUDA_CHECK(cudaMemcpy(got_bf16.data(), out_at, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+        std::vector<float> got(n), want_bf16(n);
+        for (size_t i = 0; i < n; i++)
+          got[i] = __bfloat162float(got_bf16[i]), want_bf16[i] = gpu_test::round_bf16(want[i]);
+        expect_bytes_equal(got, want_bf16, "bf16 out");
+        CUDA_CHECK(cudaMemcpy(acc_at, acc0.data(), n * 4, cudaMemcpyHostToDevice));
+        llmc::mxfp4_gradient_epilogue(nullptr, acc_at, g_at, m, rows, cols, factor, hadamard, 0);
+        std::vector<float> got_acc(n), want_acc(n);
+        CUDA_CHECK(cudaMemcpy(got_acc.data(), acc_at, n * 4, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) want_acc[i] = llmc::add_rn(acc0[i], want[i]);
+        expect_bytes_equal(got_acc, want_acc, "fp32 accumulated");
+        if (masked) {  // the mask must matter: some element of the masked output differs from the unmasked one
+          size_t cleared = 0;
+          for (uint32_t w : mask) cleared += 32 - __builtin_popcount(w);
+          EXPECT_GT(cleared, 0u);
         }
-      const uint32_t* m = masked ? dmask.p : nullptr;
-      llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, m, rows, cols, factor, hadamard, 0);
-      const std::vector<bf16> got_bf16 = dout.get();
-      std::vector<float> got(n), want_bf16(n);
-      for (size_t i = 0; i < n; i++) got[i] = __bfloat162float(got_bf16[i]), want_bf16[i] = gpu_test::round_bf16(want[i]);
-      expect_bytes_equal(got, want_bf16, "bf16 out");
-      CUDA_CHECK(cudaMemcpy(dacc.p, acc0.data(), n * 4, cudaMemcpyHostToDevice));
-      llmc::mxfp4_gradient_epilogue(nullptr, dacc.p, dg.p, m, rows, cols, factor, hadamard, 0);
-      std::vector<float> want_acc(n);
-      for (size_t i = 0; i < n; i++) want_acc[i] = llmc::add_rn(acc0[i], want[i]);
-      expect_bytes_equal(dacc.get(), want_acc, "fp32 accumulated");
-      if (masked) {  // the mask must matter: some element of the masked output differs from the unmasked one
-        size_t cleared = 0;
-        for (uint32_t w : mask) cleared += 32 - __builtin_popcount(w);
-        EXPECT_GT(cleared, 0u);
       }
-    }
-  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, dacc.p, dg.p, nullptr, rows, cols, factor, 0, 0), llmc::Error);
-  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, rows, cols, factor, 16, 0), llmc::Error);
-  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, rows, 48, factor, 32, 0), llmc::Error);
+  }
+  Buf<float> dg(48 * 96), dacc(48 * 96);
+  Buf<bf16> dout(48 * 96);
+  const float factor = llmc::kRangeMatchProductFactor;
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, dacc.p, dg.p, nullptr, 48, 96, factor, 0, 0), llmc::Error);
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, 48, 96, factor, 16, 0), llmc::Error);
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, 48, 48, factor, 32, 0), llmc::Error);
 }
 
 // The telemetry of a rotated MXFP4 copy measures the rotated values the quantiser saw: its amax is that of the
