@@ -1,8 +1,8 @@
 // llmc/core/float_rn.cuh: FP32 arithmetic that rounds the same way on the host and on the device, for the kernels
 // whose results must equal their host references bit for bit (quantisers, the AdamW update). Each operation is
 // correctly rounded to nearest even on both sides: on the device the __f*_rn intrinsics, which the compiler never
-// contracts into fused multiply-adds; on the host plain IEEE operations (no fast math on either side). Also the bit
-// views of a float.
+// contracts into fused multiply-adds (fma_rn is the one fused operation, asked for by name); on the host plain IEEE
+// operations (no fast math on either side). Also the bit views of a float and floor_to_uint, an exact truncation.
 #pragma once
 
 #include <cmath>
@@ -62,6 +62,7 @@ __host__ __device__ inline uint32_t floor_to_uint(float a) {
   return static_cast<uint32_t>(a);
 #endif
 }
+
 __host__ __device__ inline float sqrt_rn(float a) {
 #ifdef __CUDA_ARCH__
   return __fsqrt_rn(a);
