@@ -18,7 +18,8 @@
 //     without the tiles: a thread per 16 rows x 2 columns, read straight from x in 128-byte warp rows (the source
 //     amax in the same read).
 //   mxfp4_gradient_epilogue_kernel<E>: Quartet's backward output, 32 / E lanes per 32-element run (E elements each):
-//     scale, mask, inverse Hadamard (in registers, then by shuffles), store (bf16) or accumulate (FP32).
+//     scale, mask, inverse Hadamard (in registers, then by shuffles), the forward's signs, store (bf16) or accumulate
+//     (FP32).
 //   fp4_tile_kernel: 16x16 tiles (NVFP4 weights), 16 lanes of a warp per tile: lane j loads row j of the tile, the
 //     tile amax is a max over the 16 lanes (shuffles), lane j rounds row j into data, and the 16 lanes transpose the
 //     tile's codes by shuffles (column j has the same values, the same scale and the same draws: the same codes) into
@@ -795,7 +796,7 @@ template <int E>
 __global__ void __launch_bounds__(kThreads) mxfp4_gradient_epilogue_kernel(bf16* out_bf16, float* out_fp32,
                                                                            const float* g, const uint32_t* mask,
                                                                            int rows, int cols, float factor,
-                                                                           int hadamard) {
+                                                                           int hadamard, uint32_t signs) {
   constexpr int N = kGaussianBlock, L = N / E;  // lanes per run
   static_assert(N == kWarpSize && (E == 1 || E == 4), "a run is a warp of single elements or 8 lanes of four");
   const int runs = (cols + N - 1) / N;
@@ -837,7 +838,10 @@ __global__ void __launch_bounds__(kThreads) mxfp4_gradient_epilogue_kernel(bf16*
       }
     }
 #pragma unroll
-    for (int e = 0; e < E; e++) v[e] = mul_rn(v[e], HadamardNorm<N>::value);
+    for (int e = 0; e < E; e++) {
+      v[e] = mul_rn(v[e], HadamardNorm<N>::value);
+      if ((signs >> (E * j + e)) & 1u) v[e] = -v[e];  // S after H: the inverse of the forward's H·S
+    }
   }
   if (E * j >= n) return;
   if constexpr (E == 4) {
@@ -860,7 +864,7 @@ __global__ void __launch_bounds__(kThreads) mxfp4_gradient_epilogue_kernel(bf16*
 }
 
 void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, const uint32_t* mask, int rows, int cols,
-                             float factor, int hadamard, cudaStream_t stream) {
+                             float factor, int hadamard, uint32_t signs, cudaStream_t stream) {
   const char* who = "mxfp4_gradient_epilogue";
   if ((out_bf16 == nullptr) == (out_fp32 == nullptr))
     throw_error("%s: exactly one of out_bf16 and out_fp32 must be given", who);
@@ -869,16 +873,18 @@ void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, co
     throw_error("%s: hadamard = %d; the inverse rotation is of size 0 (none) or %d", who, hadamard, kGaussianBlock);
   if (hadamard != 0 && cols % hadamard != 0)
     throw_error("%s: cols = %d must be a multiple of hadamard = %d", who, cols, hadamard);
+  if (hadamard == 0 && signs != 0)
+    throw_error("%s: signs = 0x%08x without a rotation (hadamard = 0); the signs belong to the rotation", who, signs);
   const size_t run_lanes = static_cast<size_t>(rows) * ceil_div(cols, kGaussianBlock) * kWarpSize;
   if (run_lanes == 0) return;
   if (!g) throw_error("%s: g is null", who);
   const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   if (cols % kGaussianBlock == 0 && aligned(g, 16) && (out_bf16 ? aligned(out_bf16, 8) : aligned(out_fp32, 16)))
     mxfp4_gradient_epilogue_kernel<4><<<grid_of(run_lanes / 4, who), kThreads, 0, stream>>>(
-        out_bf16, out_fp32, g, mask, rows, cols, factor, hadamard);
+        out_bf16, out_fp32, g, mask, rows, cols, factor, hadamard, signs);
   else
-    mxfp4_gradient_epilogue_kernel<1><<<grid_of(run_lanes, who), kThreads, 0, stream>>>(out_bf16, out_fp32, g, mask,
-                                                                                        rows, cols, factor, hadamard);
+    mxfp4_gradient_epilogue_kernel<1><<<grid_of(run_lanes, who), kThreads, 0, stream>>>(
+        out_bf16, out_fp32, g, mask, rows, cols, factor, hadamard, signs);
   CUDA_CHECK_LAUNCH();
 }
 

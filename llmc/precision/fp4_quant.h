@@ -64,12 +64,13 @@ void fp4_requantize(const QTensor& q, const QTensor& src, const QuantizeArgs& ar
 // Quartet's backward epilogue (arXiv 2505.14669 Alg. 1), g (rows, cols) FP32 the product of two range-matched MXFP4
 // operands (cols a multiple of 32 when hadamard is 32), one thread per 32 elements of a row:
 //   v = factor * g (FP32, rounded to nearest even), v = 0 where mask has bit (c % 32) of word [r * cols / 32 + c / 32]
-//   clear (mask may be null: nothing masked), then, with hadamard = 32, v <- H32 · v per 32 consecutive elements of a
-//   row (hadamard.cuh with signs 0: the inverse of the forward's fixed rotation, H32 being symmetric and orthogonal),
-//   and out_bf16 = v (rounded to nearest even) or out_fp32 += v (exactly one of them non-null).
-// factor is kRangeMatchProductFactor (16/9) for two range-matched operands.
+//   clear (mask may be null: nothing masked), then, with hadamard = 32, v <- S · H32 · v per 32 consecutive elements
+//   of a row (hadamard.cuh's butterflies with signs 0, then v_i negated where bit i of signs is set: the inverse of
+//   the forward's rotation H32 · S, H32 being symmetric and orthogonal; signs 0 for Quartet's fixed H32), and
+//   out_bf16 = v (rounded to nearest even) or out_fp32 += v (exactly one of them non-null). signs must be 0 when
+//   hadamard is 0. factor is kRangeMatchProductFactor (16/9) for two range-matched operands.
 void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, const uint32_t* mask, int rows, int cols,
-                             float factor, int hadamard, cudaStream_t stream);
+                             float factor, int hadamard, uint32_t signs, cudaStream_t stream);
 
 // Numerics telemetry (quantize.h's quant_stats for this family): the kQuantStatsSlots sums of x and q.data,
 // deterministic (a fixed grid, fixed reduction order; as fp8_quant_stats). The saturated count counts codes +-6.

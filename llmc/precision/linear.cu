@@ -25,15 +25,16 @@
 // fprop, dy for dgrad, dy's transposed copy for wgrad) are written by the quantiser as their BF16 values, which the
 // product reads as they are; the stored ones (the weights, x's saved transposed copy) stay codes and are expanded.
 // Quartet plans (requantize_backward) keep the forward's own codes instead and re-quantise them in backward:
-//   forward   w (N, K) --H32 along K, Gaussian / amax scales, trust mask Mw--> Wq (N, K)           [cached]
+//   forward   R = H32, or H32·F with the run's random signs F (precision.forward_signs)
+//             w (N, K) --R along K, Gaussian / amax scales, trust mask Mw--> Wq (N, K)             [cached]
 //             x (M, K) --the same--> Xq (M, K) + Mx                                              [saved]
-//             out (M, N) = Xq · Wqᵀ                       (the rotations cancel: H32 is orthogonal)
+//             out (M, N) = Xq · Wqᵀ                       (the rotations cancel: R is orthogonal)
 //   backward  S = fresh random signs (seed, step, micro-step, linear); every re-quantisation range-matched, RTN/SR
 //             dy (M, N) --H32·S along N--> dYq [scratch 0];  --H32·S along M--> dYᵀq (N, M) [scratch 1]
 //             Wq --decoded as loaded, H32·S along N--> Wᵀq (K, N) [scratch 3]      (fp4_requantize)
-//             dx (M, K) = H32 along K of (16/9 · dYq · (Wᵀq)ᵀ ⊙ Mx)      (product in FP32 [scratch 4])
+//             dx (M, K) = R⁻¹ = F·H32 along K of (16/9 · dYq · (Wᵀq)ᵀ ⊙ Mx)   (product in FP32 [scratch 4])
 //             Xq --decoded as loaded, H32·S along M--> Xᵀq (K, M) [scratch 2]
-//             dw (N, K) += H32 along K of (16/9 · dYᵀq · (Xᵀq)ᵀ ⊙ Mw)
+//             dw (N, K) += R⁻¹ along K of (16/9 · dYᵀq · (Xᵀq)ᵀ ⊙ Mw)
 #include "llmc/precision/linear.h"
 
 #include <algorithm>
@@ -239,12 +240,18 @@ float* Linear::dy_amax_slot() const {
   return state_.amax_ptr(dy_slot_);
 }
 
+HadamardOption Linear::forward_rotation() const {
+  if (!plan_.requantize_backward || plan_.forward_hadamard == 0) return HadamardOption{};
+  const uint32_t signs = plan_.forward_random_signs ? state_.hadamard_signs(plan_.forward_hadamard) : 0u;
+  return HadamardOption{plan_.forward_hadamard, signs, true, false};
+}
+
 QuantizeArgs Linear::block_args(LinearRole role, const QTensor& q, uint32_t* trust_mask) const {
   QuantizeArgs args;
   if (plan_.requantize_backward) {  // Quartet's forward of x and w (its backward sets its own arguments)
     if (role == LinearRole::Dy) throw_error("%s: Quartet's backward quantises dy itself", name_.c_str());
     args.mxfp4_scale = plan_.forward_gaussian_scales ? Mxfp4Scale::Gaussian : Mxfp4Scale::Amax;
-    if (plan_.forward_hadamard != 0) args.hadamard = HadamardOption{plan_.forward_hadamard, 0u, true, false};
+    args.hadamard = forward_rotation();
     args.trust_mask = plan_.trust_mask ? trust_mask : nullptr;
     return args;
   }
@@ -339,9 +346,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   const bool unrecorded =
       training && !weight_cache_recorded_ && plan_.scaling == ScalingMode::Delayed && plan_.w.per_tensor();
   // Quartet's forward codes are of x and w rotated along K: their telemetry measures the rotated values.
-  HadamardOption forward_rotation;
-  if (plan_.requantize_backward && plan_.forward_hadamard != 0)
-    forward_rotation = HadamardOption{plan_.forward_hadamard, 0u, true, false};
+  const HadamardOption rotation = forward_rotation();
   if (!plan_.cache_weights) {
     // No cache: the weight's codes into scratch for this product (the cache's codes: same source, scale and cast).
     quantize_weight_into_scratch(w, training, s);
@@ -358,7 +363,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   }
   // The weight's telemetry on a requested step, from the codes this forward uses (once per step: record_numerics
   // takes each name once), also when an evaluation or a sample since the optimizer step built them.
-  if (training && state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s, forward_rotation);
+  if (training && state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s, rotation);
   // The input: row codes for fprop; the transposed copy for wgrad when it is saved quantised.
   QTensor xq;
   xq.rows = M;
@@ -407,7 +412,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   } else {
     have_saved_input_ = false;
   }
-  if (x_numerics) state_.record_numerics(name_ + ".x", xq, x, s, forward_rotation);
+  if (x_numerics) state_.record_numerics(name_ + ".x", xq, x, s, rotation);
   if (telemetry_codes != nullptr) CUDA_CHECK(cudaFreeAsync(telemetry_codes, s));
 
   // The GEMM with as much of the bias / GELU as the epilogue supports for this combination (block scales support
@@ -595,6 +600,7 @@ void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cu
                 "forward of %d rows saved them", name_.c_str(), M);
   const int h = plan_.backward_hadamard;
   const uint32_t signs = h != 0 ? state_.rotation_signs(index_, LinearRole::Dy, h) : 0u;
+  const HadamardOption rotation = forward_rotation();  // the forward's, undone by the epilogues
   // Every backward operand: range-matched scales, the plan's rounding, the micro-step's rotation along the product's
   // inner dimension (the same S on both operands of a product, so it cancels).
   auto args_for = [&](LinearRole role, bool data, bool data_t) {
@@ -623,7 +629,7 @@ void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cu
 
   float* product = reinterpret_cast<float*>(state_.scratch(kScratchProduct));
   const float factor = kRangeMatchProductFactor;
-  // dgrad: dx (M, K) = H32 along K of (16/9 · dYq (M, N) · Wᵀq (K, N)ᵀ ⊙ Mx)
+  // dgrad: dx (M, K) = the inverse forward rotation along K of (16/9 · dYq (M, N) · Wᵀq (K, N)ᵀ ⊙ Mx)
   if (dx != nullptr) {
     QTensor wt;
     wt.rows = N_;
@@ -634,13 +640,13 @@ void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cu
     fp4_requantize(wt, wq_, args_for(LinearRole::W, false, true), s);  // the saved Wq (N, K) along N
     matmul_quant(product, quant_operand(dyq, false), quant_operand(wt, true), M, K_, N_, gemm_options(), s);
     mxfp4_gradient_epilogue(dx, nullptr, product, plan_.trust_mask ? x_mask_ : nullptr, M, K_, factor,
-                            plan_.forward_hadamard, s);
+                            rotation.size, rotation.signs, s);
     if (opt.x_pre_gelu != nullptr)
       gelu_backward_inplace(dx, opt.x_pre_gelu, (size_t)M * K_, s, opt.dx_amax);
     else if (opt.dx_amax)
       amax_bf16(opt.dx_amax, dx, (size_t)M * K_, s);
   }
-  // wgrad: dw (N, K) += H32 along K of (16/9 · dYᵀq (N, M) · Xᵀq (K, M)ᵀ ⊙ Mw)
+  // wgrad: dw (N, K) += the inverse forward rotation along K of (16/9 · dYᵀq (N, M) · Xᵀq (K, M)ᵀ ⊙ Mw)
   QTensor xt;
   xt.rows = M;
   xt.cols = K_;
@@ -650,7 +656,7 @@ void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cu
   fp4_requantize(xt, x_saved_, args_for(LinearRole::X, false, true), s);  // the saved Xq (M, K) along M
   matmul_quant(product, quant_operand(dyq, true), quant_operand(xt, true), N_, K_, M, gemm_options(), s);
   mxfp4_gradient_epilogue(nullptr, dw, product, plan_.trust_mask ? w_mask_ : nullptr, N_, K_, factor,
-                          plan_.forward_hadamard, s);
+                          rotation.size, rotation.signs, s);
 }
 
 }  // namespace llmc

@@ -115,6 +115,9 @@ class Linear {
   // The quantiser arguments of a block-scaled operand `role` (rounding, random key, Hadamard transform of data_t;
   // Quartet's forward: its rotation, scale rule and trust mask, written to trust_mask when non-null).
   QuantizeArgs block_args(LinearRole role, const QTensor& q, uint32_t* trust_mask = nullptr) const;
+  // Quartet's forward rotation of x and w along K (HadamardOption{} when the plan has none): the fixed H32, or H32
+  // with the run's random signs (precision.forward_signs); the backward's epilogue undoes the same rotation.
+  HadamardOption forward_rotation() const;
   // Quartet's backward (plan_.requantize_backward): dx (M, K) and dw (N, K) += from the saved Xq, Wq and dy.
   void backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cudaStream_t s, const BackwardOptions& opt);
   // The GEMM options every quantised product of this layer starts from (the MXFP4 inexact-block counter).

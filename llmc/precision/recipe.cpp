@@ -346,6 +346,9 @@ void validate_quartet_switches(const PrecisionRecipe& r, const Roles& roles) {
     throw_error("precision.forward_hadamard must be 0 (none) or 32 (got %d)", r.forward_hadamard);
   if (r.backward_hadamard != 0 && r.backward_hadamard != 32)
     throw_error("precision.backward_hadamard must be 0 (none) or 32 (got %d)", r.backward_hadamard);
+  if (r.forward_random_signs && r.forward_hadamard == 0)
+    throw_error("precision.forward_signs = \"random\" signs the forward Hadamard transform, which is off; set "
+                "precision.forward_hadamard = 32 or precision.forward_signs = \"none\"");
   const char* ingredient = r.forward_hadamard != 0      ? "precision.forward_hadamard = 32"
                            : r.forward_gaussian_scales ? "precision.forward_scale = \"gaussian\""
                            : r.trust_mask              ? "precision.trust_mask = true"
@@ -521,6 +524,7 @@ LinearPlan plan_linear(const PrecisionRecipe& r, int layer, int n_layer, LinearK
   p.wgrad_hadamard = r.wgrad_hadamard;
   p.requantize_backward = r.backward_range_matched;
   p.forward_hadamard = r.forward_hadamard;
+  p.forward_random_signs = r.forward_random_signs;
   p.forward_gaussian_scales = r.forward_gaussian_scales;
   p.trust_mask = r.trust_mask;
   p.backward_hadamard = r.backward_hadamard;
@@ -566,7 +570,9 @@ std::string describe_recipe(const PrecisionRecipe& r) {
   if (r.wgrad_hadamard != 0) s += strformat("; random Hadamard-%d on the wgrad operands", r.wgrad_hadamard);
   if (r.backward_range_matched) {
     s += "; forward";
-    if (r.forward_hadamard != 0) s += strformat(" Hadamard-%d,", r.forward_hadamard);
+    if (r.forward_hadamard != 0)
+      s += strformat(r.forward_random_signs ? " Hadamard-%d with the run's random signs," : " Hadamard-%d,",
+                     r.forward_hadamard);
     s += r.forward_gaussian_scales ? " Gaussian (QuEST) scales" : " absmax scales";
     if (r.trust_mask) s += ", trust masks";
     s += "; backward re-quantises the saved codes";

@@ -62,6 +62,9 @@ struct PrecisionRecipe {
   // switches are its ingredients (each needs backward_range_matched, so the paper's ablations are runs of the same
   // flow).
   int forward_hadamard = 0;        // 0 or 32: the fixed Hadamard-32 on x and w along K before the forward product
+  bool forward_random_signs = false;  // (forward_signs) "random": the forward rotation is H32·S with one random sign
+                                      // vector S for the run (drawn from the run seed; a deviation from Quartet,
+                                      // whose S is the identity); "none": H32 alone
   bool forward_gaussian_scales = false;  // (forward_scale) "gaussian": QuEST's sigma-based E8M0 scales for x and w;
                                          // "absmax": the OCP amax rule
   bool trust_mask = false;         // QuEST's trust masks of x and w (1 bit per element) saved and applied to dx, dw
@@ -118,6 +121,7 @@ struct LinearPlan {
   // cache Wq (N, K) (codes, scales, trust masks; no transposed copies) and the backward re-quantises them.
   bool requantize_backward = false;    // PrecisionRecipe::backward_range_matched
   int forward_hadamard = 0;
+  bool forward_random_signs = false;
   bool forward_gaussian_scales = false;
   bool trust_mask = false;
   int backward_hadamard = 0;

@@ -346,6 +346,14 @@ const std::vector<KeySchema>& schema() {
       between(row("precision", "forward_hadamard", T::Int,
                   "Quartet forward: size of the fixed Hadamard transform of x and w along K (0 = none, or 32; needs "
                   "backward_scale = range_matched)", LLMC_ACCESS(precision.forward_hadamard)), 0, 32),
+      one_of(row("precision", "forward_signs", T::String,
+                 "Quartet forward: none (the rotation is H32, as Quartet's) or random (H32 times one random sign "
+                 "vector for the run, drawn from train.seed, on x and w alike; the backward undoes the same rotation; "
+                 "needs forward_hadamard = 32)",
+                 [](const RunConfig& c) { return json(c.precision.forward_random_signs ? "random" : "none"); },
+                 [](RunConfig& c, const json& v) {
+                   c.precision.forward_random_signs = v.get<std::string>() == "random";
+                 }), {"none", "random"}),
       one_of(row("precision", "forward_scale", T::String,
                  "Quartet forward: E8M0 scales of x and w from the block amax (absmax) or QuEST's block standard "
                  "deviation (gaussian, clips beyond about 2.92 sigma; needs backward_scale = range_matched)",

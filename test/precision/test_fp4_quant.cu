@@ -460,50 +460,57 @@ TEST(Fp4Quantize, GradientEpilogueMatchesHost) {
     CUDA_CHECK(cudaMemcpy(g_at, g.data(), n * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dmask.p, mask.data(), mask.size() * 4, cudaMemcpyHostToDevice));
     const float factor = llmc::kRangeMatchProductFactor;
+    // signs: none (Quartet's fixed H32) or a random word (the forward's H32·S undone as S·H32)
+    const uint32_t random_signs = static_cast<uint32_t>(rng());
     for (int hadamard : {0, 32})
-      for (bool masked : {false, true}) {
-        if (hadamard && cols % 32 != 0) continue;
-        SCOPED_TRACE(llmc::strformat("%d x %d + %d, hadamard %d, %s", rows, cols, sh.offset, hadamard,
-                                     masked ? "masked" : "no mask"));
-        std::vector<float> want(n);
-        for (int r = 0; r < rows; r++)
-          for (int c0 = 0; c0 < cols; c0 += 32) {
-            float v[32] = {};
-            for (int i = 0; i < 32 && c0 + i < cols; i++) {
-              const size_t idx = static_cast<size_t>(r) * cols + c0 + i;
-              const bool kept = !masked || ((mask[static_cast<size_t>(r) * runs + c0 / 32] >> i) & 1u);
-              v[i] = kept ? llmc::mul_rn(g[idx], factor) : 0.0f;
+      for (uint32_t signs : {0u, random_signs})
+        for (bool masked : {false, true}) {
+          if (hadamard && cols % 32 != 0) continue;
+          if (!hadamard && signs) continue;
+          SCOPED_TRACE(llmc::strformat("%d x %d + %d, hadamard %d, signs 0x%08x, %s", rows, cols, sh.offset, hadamard,
+                                       signs, masked ? "masked" : "no mask"));
+          std::vector<float> want(n);
+          for (int r = 0; r < rows; r++)
+            for (int c0 = 0; c0 < cols; c0 += 32) {
+              float v[32] = {};
+              for (int i = 0; i < 32 && c0 + i < cols; i++) {
+                const size_t idx = static_cast<size_t>(r) * cols + c0 + i;
+                const bool kept = !masked || ((mask[static_cast<size_t>(r) * runs + c0 / 32] >> i) & 1u);
+                v[i] = kept ? llmc::mul_rn(g[idx], factor) : 0.0f;
+              }
+              if (hadamard) llmc::hadamard_transform<32>(v, 0u);
+              for (int i = 0; i < 32; i++)
+                if ((signs >> i) & 1u) v[i] = -v[i];
+              for (int i = 0; i < 32 && c0 + i < cols; i++) want[static_cast<size_t>(r) * cols + c0 + i] = v[i];
             }
-            if (hadamard) llmc::hadamard_transform<32>(v, 0u);
-            for (int i = 0; i < 32 && c0 + i < cols; i++) want[static_cast<size_t>(r) * cols + c0 + i] = v[i];
+          const uint32_t* m = masked ? dmask.p : nullptr;
+          llmc::mxfp4_gradient_epilogue(out_at, nullptr, g_at, m, rows, cols, factor, hadamard, signs, 0);
+          std::vector<bf16> got_bf16(n);
+          CUDA_CHECK(cudaMemcpy(got_bf16.data(), out_at, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+          std::vector<float> got(n), want_bf16(n);
+          for (size_t i = 0; i < n; i++)
+            got[i] = __bfloat162float(got_bf16[i]), want_bf16[i] = gpu_test::round_bf16(want[i]);
+          expect_bytes_equal(got, want_bf16, "bf16 out");
+          CUDA_CHECK(cudaMemcpy(acc_at, acc0.data(), n * 4, cudaMemcpyHostToDevice));
+          llmc::mxfp4_gradient_epilogue(nullptr, acc_at, g_at, m, rows, cols, factor, hadamard, signs, 0);
+          std::vector<float> got_acc(n), want_acc(n);
+          CUDA_CHECK(cudaMemcpy(got_acc.data(), acc_at, n * 4, cudaMemcpyDeviceToHost));
+          for (size_t i = 0; i < n; i++) want_acc[i] = llmc::add_rn(acc0[i], want[i]);
+          expect_bytes_equal(got_acc, want_acc, "fp32 accumulated");
+          if (masked) {  // the mask must matter: some element of the masked output differs from the unmasked one
+            size_t cleared = 0;
+            for (uint32_t w : mask) cleared += 32 - __builtin_popcount(w);
+            EXPECT_GT(cleared, 0u);
           }
-        const uint32_t* m = masked ? dmask.p : nullptr;
-        llmc::mxfp4_gradient_epilogue(out_at, nullptr, g_at, m, rows, cols, factor, hadamard, 0);
-        std::vector<bf16> got_bf16(n);
-        CUDA_CHECK(cudaMemcpy(got_bf16.data(), out_at, n * sizeof(bf16), cudaMemcpyDeviceToHost));
-        std::vector<float> got(n), want_bf16(n);
-        for (size_t i = 0; i < n; i++)
-          got[i] = __bfloat162float(got_bf16[i]), want_bf16[i] = gpu_test::round_bf16(want[i]);
-        expect_bytes_equal(got, want_bf16, "bf16 out");
-        CUDA_CHECK(cudaMemcpy(acc_at, acc0.data(), n * 4, cudaMemcpyHostToDevice));
-        llmc::mxfp4_gradient_epilogue(nullptr, acc_at, g_at, m, rows, cols, factor, hadamard, 0);
-        std::vector<float> got_acc(n), want_acc(n);
-        CUDA_CHECK(cudaMemcpy(got_acc.data(), acc_at, n * 4, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < n; i++) want_acc[i] = llmc::add_rn(acc0[i], want[i]);
-        expect_bytes_equal(got_acc, want_acc, "fp32 accumulated");
-        if (masked) {  // the mask must matter: some element of the masked output differs from the unmasked one
-          size_t cleared = 0;
-          for (uint32_t w : mask) cleared += 32 - __builtin_popcount(w);
-          EXPECT_GT(cleared, 0u);
         }
-      }
   }
   Buf<float> dg(48 * 96), dacc(48 * 96);
   Buf<bf16> dout(48 * 96);
   const float factor = llmc::kRangeMatchProductFactor;
-  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, dacc.p, dg.p, nullptr, 48, 96, factor, 0, 0), llmc::Error);
-  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, 48, 96, factor, 16, 0), llmc::Error);
-  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, 48, 48, factor, 32, 0), llmc::Error);
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, dacc.p, dg.p, nullptr, 48, 96, factor, 0, 0, 0), llmc::Error);
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, 48, 96, factor, 16, 0, 0), llmc::Error);
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, 48, 48, factor, 32, 0, 0), llmc::Error);
+  EXPECT_THROW(llmc::mxfp4_gradient_epilogue(dout.p, nullptr, dg.p, nullptr, 48, 96, factor, 0, 5u, 0), llmc::Error);
 }
 
 // The telemetry of a rotated MXFP4 copy measures the rotated values the quantiser saw: its amax is that of the

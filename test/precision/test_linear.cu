@@ -747,6 +747,7 @@ PrecisionRecipe fp4_recipe(const std::string& variant) {
     if (variant == "quartet_no_mask") q.trust_mask = false;
     if (variant == "quartet_no_rotation") q.forward_hadamard = q.backward_hadamard = 0;
     if (variant == "quartet_absmax") q.forward_gaussian_scales = false;
+    if (variant == "quartet_signed") q.forward_random_signs = true;
     validate_precision_recipe(q, 4);
     return q;
   }
@@ -932,7 +933,7 @@ std::vector<float> host_decode(const HostFp4& h) {
 // (the FP32 product's and butterflies' errors mix within a block), or of the element itself.
 void quartet_epilogue_ref(std::vector<double>* ref, std::vector<double>* absref, const std::vector<double>& g,
                           const std::vector<double>& absg, const std::vector<uint32_t>* mask, int rows, int cols,
-                          int hadamard) {
+                          int hadamard, uint32_t signs) {
   const double factor = 16.0 / 9.0;
   ref->assign(g.size(), 0.0);
   absref->assign(g.size(), 0.0);
@@ -955,7 +956,7 @@ void quartet_epilogue_ref(std::vector<double>* ref, std::vector<double>* absref,
         }
         double acc = 0;
         for (int j = 0; j < 32; j++) acc += (__builtin_popcount(i & j) % 2 ? -v[j] : v[j]);
-        (*ref)[idx] = acc / std::sqrt(32.0);
+        (*ref)[idx] = ((signs >> i) & 1u ? -acc : acc) / std::sqrt(32.0);  // S · H32, the forward's H32 · S undone
         (*absref)[idx] = block_abs / std::sqrt(32.0);
       }
     }
@@ -985,7 +986,9 @@ TEST_P(LinearQuartet, ProductsFollowTheAlgorithm) {
   // Forward: x and w along K, the fixed rotation, the plan's scale rule, round to nearest, trust masks.
   QuantizeArgs fwd;
   fwd.mxfp4_scale = plan.forward_gaussian_scales ? Mxfp4Scale::Gaussian : Mxfp4Scale::Amax;
-  if (plan.forward_hadamard) fwd.hadamard = {plan.forward_hadamard, 0u, true, false};
+  const uint32_t forward_signs = plan.forward_random_signs ? state.hadamard_signs(plan.forward_hadamard) : 0u;
+  if (plan.forward_random_signs) EXPECT_NE(forward_signs, 0u);
+  if (plan.forward_hadamard) fwd.hadamard = {plan.forward_hadamard, forward_signs, true, false};
   const HostMx xq = host_mx(p.x, M, K, fwd, false), wq = host_mx(p.w, N, K, fwd, false);
   if (plan.forward_gaussian_scales) {  // the masks below must be able to matter
     EXPECT_GT(cleared_bits(xq.mask), 0u) << "Gaussian scales clip some x";
@@ -1015,10 +1018,12 @@ TEST_P(LinearQuartet, ProductsFollowTheAlgorithm) {
   fp4_reference(&ref, &absref, xq.q, wq.q, p.bias.data());
   expect_close("quartet fprop", step.out, ref, absref, std::ldexp(1.0, -8), accumulation(K) + std::ldexp(1.0, -9));
   fp4_reference(&g, &absg, dyq.q, wtq.q);
-  quartet_epilogue_ref(&ref, &absref, g, absg, plan.trust_mask ? &xq.mask : nullptr, M, K, plan.forward_hadamard);
+  quartet_epilogue_ref(&ref, &absref, g, absg, plan.trust_mask ? &xq.mask : nullptr, M, K, plan.forward_hadamard,
+                       forward_signs);
   expect_close("quartet dgrad", step.dx, ref, absref, std::ldexp(1.0, -8), accumulation(N));
   fp4_reference(&g, &absg, dytq.q, xtq.q);
-  quartet_epilogue_ref(&ref, &absref, g, absg, plan.trust_mask ? &wq.mask : nullptr, N, K, plan.forward_hadamard);
+  quartet_epilogue_ref(&ref, &absref, g, absg, plan.trust_mask ? &wq.mask : nullptr, N, K, plan.forward_hadamard,
+                       forward_signs);
   for (size_t i = 0; i < ref.size(); i++) {
     ref[i] += p.dw0[i];
     absref[i] += std::fabs(p.dw0[i]);
@@ -1045,7 +1050,7 @@ TEST_P(LinearQuartet, ProductsFollowTheAlgorithm) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, LinearQuartet,
                          ::testing::Values("quartet", "quartet_sr", "quartet_no_mask", "quartet_no_rotation",
-                                           "quartet_absmax"));
+                                           "quartet_absmax", "quartet_signed"));
 
 // precision.recompute_mlp_act: the down projection's plan keeps no quantised input (the other linears' do), and its
 // backward, handed the BF16 input again (the model recomputes it), gives the saving plan's three products bit for

@@ -177,6 +177,7 @@ TEST(Recipe, QueriesOfEveryPreset) {
       EXPECT_EQ(p.cache_weight_transpose, r.cache_weight_transpose) << c.name;
       EXPECT_EQ(p.requantize_backward, r.backward_range_matched) << c.name;
       EXPECT_EQ(p.forward_hadamard, r.forward_hadamard) << c.name;
+      EXPECT_EQ(p.forward_random_signs, r.forward_random_signs) << c.name;
       EXPECT_EQ(p.forward_gaussian_scales, r.forward_gaussian_scales) << c.name;
       EXPECT_EQ(p.trust_mask, r.trust_mask) << c.name;
       EXPECT_EQ(p.backward_hadamard, r.backward_hadamard) << c.name;
@@ -523,6 +524,15 @@ TEST(Recipe, QuartetSwitches) {
   a = q;
   a.forward_gaussian_scales = false;  // absmax forward
   EXPECT_EQ(validation_error(a), "");
+  EXPECT_FALSE(q.forward_random_signs);  // Quartet's forward rotation is H32 alone
+  a = q;
+  a.forward_random_signs = true;  // the deviation: H32 times the run's random signs
+  EXPECT_EQ(validation_error(a), "");
+  EXPECT_TRUE(contains(describe_recipe(a), "forward Hadamard-32 with the run's random signs,")) << describe_recipe(a);
+  EXPECT_EQ(plan_linear(a, 1, 4, LinearKind::MlpUp).forward_random_signs, true);
+  a.forward_hadamard = 0;
+  EXPECT_TRUE(contains(validation_error(a), "precision.forward_signs = \"random\" signs the forward Hadamard "
+                                            "transform, which is off")) << validation_error(a);
 
   PrecisionRecipe r = q;
   r.forward_hadamard = 16;

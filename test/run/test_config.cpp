@@ -114,7 +114,7 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
     ADD_FAILURE() << "no doc for " << key;
     return llmc::ConfigKeyDoc{};
   };
-  EXPECT_EQ(docs.size(), 89u);  // 13 model keys + 28 precision keys + the 48 fields of the other sections
+  EXPECT_EQ(docs.size(), 90u);  // 13 model keys + 29 precision keys + the 48 fields of the other sections
   EXPECT_EQ(doc("checkpoint.overwrite").default_value, "false");
   EXPECT_EQ(doc("train.allow_nonfinite_init").default_value, "false");
   EXPECT_EQ(doc("precision.bf16_layers").type, "int list");
@@ -127,6 +127,7 @@ TEST(Config, KeyDocsDefaultsMatchStructs) {
   EXPECT_EQ(doc("precision.forward_scale").default_value, "\"absmax\"");
   EXPECT_EQ(doc("precision.trust_mask").default_value, "false");
   EXPECT_EQ(doc("precision.forward_hadamard").default_value, "0");
+  EXPECT_EQ(doc("precision.forward_signs").default_value, "\"none\"");
   EXPECT_EQ(doc("precision.backward_hadamard").default_value, "0");
   EXPECT_EQ(doc("precision.nonlinear_fp8").default_value, "false");
   EXPECT_EQ(doc("train.lr").default_value, json(6e-4).dump());
@@ -370,6 +371,7 @@ TEST(Config, QuartetSwitches) {
   EXPECT_EQ(dumped["precision"]["backward_scale"], "range_matched");
   EXPECT_EQ(dumped["precision"]["forward_scale"], "gaussian");
   EXPECT_EQ(dumped["precision"]["forward_hadamard"], 32);
+  EXPECT_EQ(dumped["precision"]["forward_signs"], "none");
   EXPECT_EQ(dumped["precision"]["backward_hadamard"], 32);
   EXPECT_EQ(dumped["precision"]["trust_mask"], true);
   EXPECT_EQ(llmc::config_to_json(llmc::load_config_json(dumped, {})), dumped);
@@ -390,6 +392,15 @@ TEST(Config, QuartetSwitches) {
                {"precision.backward_hadamard must be 0 (none) or 32 (got 16)"});
   expect_error(load_error(with("precision", "recipe", "mxfp4"), {"precision.forward_scale=sigma"}),
                {"precision.forward_scale must be one of absmax, gaussian"});
+  c = llmc::load_config_json(with("precision", "recipe", "mxfp4"), {"precision.forward_signs=random"});
+  EXPECT_TRUE(c.precision.forward_random_signs);
+  EXPECT_EQ(llmc::config_to_json(c)["precision"]["forward_signs"], "random");
+  expect_error(load_error(with("precision", "recipe", "mxfp4"),
+                          {"precision.forward_signs=random", "precision.forward_hadamard=0"}),
+               {"precision.forward_signs = \"random\" signs the forward Hadamard transform, which is off",
+                "set precision.forward_hadamard = 32"});
+  expect_error(load_error(with("precision", "recipe", "mxfp4"), {"precision.forward_signs=yes"}),
+               {"precision.forward_signs must be one of none, random"});
   expect_error(load_error(with("precision", "recipe", "nvfp4"), {"precision.trust_mask=true"}),
                {"precision.trust_mask = true is an ingredient"});
 }
