@@ -11,7 +11,7 @@
 #   4. mxfp4 (Quartet: QuEST forward, backward re-quantised under fresh random Hadamard signs every micro-step) trains,
 #      logs what it is, reports the telemetry of its rotated tensors and the inexact-block count, repeats bit for bit
 #      and resumes bit for bit (the signs, like stochastic rounding, are keyed by the seed, step and micro-step); its
-#      SR backward and its no-mask / no-rotation ablations train too.
+#      SR backward, its no-mask / no-rotation ablations and the forward rotation with random signs train too.
 # Skipped (exit 77) without a GPU, or when the GPU has no FP8 tensor cores (the MXFP4 products need Hopper; nvfp4
 # alone runs from sm_80).
 set -euo pipefail
@@ -120,8 +120,9 @@ declare -A QVARIANT=(
   [quartet_sr]="--set precision.dy_rounding=stochastic"
   [quartet_no_mask]="--set precision.trust_mask=false"
   [quartet_no_rotation]="--set precision.forward_hadamard=0 --set precision.backward_hadamard=0"
+  [quartet_signed]="--set precision.forward_signs=random"
 )
-for name in quartet_sr quartet_no_mask quartet_no_rotation; do
+for name in quartet_sr quartet_no_mask quartet_no_rotation quartet_signed; do
   # shellcheck disable=SC2086
   "$TRAIN_GPT" "${COMMON[@]}" "${Q[@]}" ${QVARIANT[$name]} --set "checkpoint.dir=$TMP/$name" > "$TMP/$name.log" 2>&1 ||
     { cat "$TMP/$name.log"; echo "FAIL: $name run"; fail=1; continue; }
