@@ -45,7 +45,7 @@ for r in num:
     assert r["snr_db"] is None or r["snr_db"] > 5, f"{name}: implausible SNR {r}"
     assert 0 <= r["saturated_frac"] <= 1 and 0 <= r["underflow_frac"] <= 1, r
 inexact = [r["inexact_blocks"] for r in num if "inexact_blocks" in r]
-if name in ("mxfp4", "quartet", "quartet_sr", "quartet_no_mask", "quartet_no_rotation"):
+if name == "mxfp4" or name.startswith("quartet"):
     assert inexact and all(isinstance(v, int) and v >= 0 for v in inexact), f"mxfp4: no inexact-block counts: {num[:2]}"
 else:
     assert not inexact, f"{name}: inexact-block counts outside MXFP4: {inexact[:3]}"
