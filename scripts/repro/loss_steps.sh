@@ -1,7 +1,7 @@
-# scripts/repro/loss_steps.sh: sourced by scripts/repro/nvfp4.sh and quartet.sh, whose runs are scripts/fp8_loss_parity.sh
-# calls (a loss comparison, then one call per ablation): their options, and their runs one after the other or, with
-# --gpus, all of them at once over the GPUs through one queue (scripts/repro/gpu_queue.py).
-#   repro_parse NAME "$@"  sets MODEL, OUT (default runs/NAME, runs/NAME_<model> for llama-350m), MODE (--dry,
+# scripts/repro/loss_steps.sh: sourced by scripts/repro/nvfp4.sh and quartet.sh, whose runs are
+# scripts/fp8_loss_parity.sh calls (a loss comparison, then one call per ablation): their options, and their runs one
+# after the other or, with --gpus, all of them at once over the GPUs through one queue (scripts/repro/gpu_queue.py).
+#   repro_parse NAME "$@"  sets MODEL, OUT (default runs/NAME, runs/NAME_<model> for a Llama), MODE (--dry,
 #                          --report), GPUS, BASE_SEED (--seed, or the first of --seeds: the runs logged without
 #                          _seed<N>; default 42) and PARITY (the fp8_loss_parity.sh command with the options it
 #                          takes: --steps --batch --seed --seeds --data --corpus --build --checkpoint-every); -h
@@ -29,8 +29,8 @@ repro_parse() {
   done
   case "$MODEL" in
     gpt2-124m) OUT=${OUT:-runs/$REPRO} ;;
-    llama-350m) OUT=${OUT:-runs/${REPRO}_llama-350m} ;;
-    *) echo "$REPRO.sh: unknown model '$MODEL' (choose from: gpt2-124m llama-350m)" >&2; exit 2 ;;
+    llama-350m|llama-125m) OUT=${OUT:-runs/${REPRO}_$MODEL} ;;
+    *) echo "$REPRO.sh: unknown model '$MODEL' (choose from: gpt2-124m llama-350m llama-125m)" >&2; exit 2 ;;
   esac
   [ -z "$GPUS" ] || [[ "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]] ||
     { echo "$REPRO.sh: --gpus '$GPUS': give GPU indices separated by commas, e.g. 0,1,2,3" >&2; exit 2; }

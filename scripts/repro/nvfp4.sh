@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/repro/nvfp4.sh: NVIDIA's NVFP4 recipe (arXiv 2509.25149) in our numbers, in one command (issue 15):
-#   1. the loss comparison: bf16, fp8_tensorwise and nvfp4 trained from the same seed on the same data (GPT-2 124M or
-#      Llama 350M, 100.7M tokens of Python sources by default), through scripts/fp8_loss_parity.sh (--tolerance 2:
+#   1. the loss comparison: bf16, fp8_tensorwise and nvfp4 trained from the same seed on the same data (GPT-2 124M,
+#      Llama 350M or Llama 125M, 100.7M tokens of Python sources by default), through scripts/fp8_loss_parity.sh
+#      (--tolerance 2:
 #      the goal is nvfp4 within 2% of BF16's final validation loss);
 #   2. the paper's ablation (its Fig. 4): nvfp4 without stochastic rounding of the gradients
 #      (precision.dy_rounding=nearest, tag no_sr), without the random Hadamard transform of the wgrad inputs
@@ -12,7 +13,7 @@
 # On Hopper the FP4 products run on BF16 tensor cores from operands expanded exactly from the FP4 codes: the losses
 # are those of FP4 training, the speed is not FP4's (see README, "FP4 on Hopper").
 #
-#   usage: bash scripts/repro/nvfp4.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B]
+#   usage: bash scripts/repro/nvfp4.sh [--model gpt2-124m|llama-350m|llama-125m] [--steps N] [--batch B]
 #                                      [--seed S | --seeds "S ..."] [--out DIR] [--data DIR] [--corpus DIR]
 #                                      [--build DIR] [--gpus LIST] [--checkpoint-every N] [--dry] [--report]
 #   --dry prints every command and runs nothing; --report writes the tables and plots from the logs already in OUT.

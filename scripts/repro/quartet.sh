@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/repro/quartet.sh: Quartet (arXiv 2505.14669; the mxfp4 recipe) in our numbers, in one command:
-#   1. the loss comparison: bf16, fp8_tensorwise and mxfp4 trained from the same seed on the same data (GPT-2 124M or
-#      Llama 350M, 100.7M tokens of Python sources by default), through scripts/fp8_loss_parity.sh (--tolerance 3:
+#   1. the loss comparison: bf16, fp8_tensorwise and mxfp4 trained from the same seed on the same data (GPT-2 124M,
+#      Llama 350M or Llama 125M, 100.7M tokens of Python sources by default), through scripts/fp8_loss_parity.sh
+#      (--tolerance 3:
 #      the goal is mxfp4 within 3% of BF16's final validation loss; NVIDIA measured MXFP4 at 2.5% relative loss
 #      error on an 8B model);
 #   2. the ablation: mxfp4 with a stochastically rounded backward (Quartet v1/v2's choice; precision.dy_rounding=
@@ -13,7 +14,7 @@
 # On Hopper the MXFP4 products run on FP8 tensor cores from operands remapped exactly from the FP4 codes: the losses
 # are those of FP4 training, the speed is not FP4's (see README, "FP4 on Hopper").
 #
-#   usage: bash scripts/repro/quartet.sh [--model gpt2-124m|llama-350m] [--steps N] [--batch B]
+#   usage: bash scripts/repro/quartet.sh [--model gpt2-124m|llama-350m|llama-125m] [--steps N] [--batch B]
 #                                        [--seed S | --seeds "S ..."] [--out DIR] [--data DIR] [--corpus DIR]
 #                                        [--build DIR] [--gpus LIST] [--checkpoint-every N] [--dry] [--report]
 #   --dry prints every command and runs nothing; --report writes the tables and plots from the logs already in OUT.

@@ -4,7 +4,7 @@ CPU, run from the repository root.
 
 --dry: the comparison (bf16, fp8_tensorwise, nvfp4) and the four NVFP4 ablations, each one command identical to the
 plain nvfp4 run but for its one override (placed last, so it wins) and its log name; GPT-2 124M by default into
-runs/nvfp4, Llama 350M with --model into runs/nvfp4_llama-350m; an unknown model or argument exits 2. The report on
+runs/nvfp4, Llama 350M or 125M with --model into runs/nvfp4_<model>; an unknown model or argument exits 2. The report on
 synthetic logs: final losses against bf16 and fp8_tensorwise, each ablation against nvfp4 and whether it raised the
 loss, the paper's column, the goal line and its exit code, the seeds' table and the goal on seeds paired with bf16's,
 a missing log.
@@ -69,6 +69,12 @@ class TestDry(unittest.TestCase):
             o = overrides(c)
             self.assertEqual(o["checkpoint.every"], "256")
             self.assertEqual(o["checkpoint.dir"], "runs/nvfp4/checkpoints/" + os.path.basename(o["log.jsonl"])[:-6])
+        proc = run("--dry", "--model", "llama-125m")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        cmds = commands(proc.stdout)
+        self.assertIn("configs/llama_125m_bf16.json", cmds[0])
+        self.assertEqual(overrides(cmds[0])["log.jsonl"], "runs/nvfp4_llama-125m/bf16.jsonl")
+        self.assertEqual((overrides(cmds[0])["train.lr"], overrides(cmds[0])["train.seq_len"]), ("1e-3", "2048"))
         for args, word in ((["--model", "gpt2-xl"], "unknown model 'gpt2-xl'"), (["--bogus"], "unknown argument")):
             proc = run("--dry", *args)
             self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)

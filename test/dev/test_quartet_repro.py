@@ -4,7 +4,7 @@
 
 --dry: the comparison (bf16, fp8_tensorwise, mxfp4) and the three Quartet ablations (SR backward, no trust mask, no
 rotations), each identical to the plain mxfp4 run but for its overrides (placed last, so they win) and its log name;
-GPT-2 124M by default into runs/quartet, Llama 350M with --model into runs/quartet_llama-350m; an unknown model or
+GPT-2 124M by default into runs/quartet, Llama 350M or 125M with --model into runs/quartet_<model>; an unknown model or
 argument exits 2. The report on synthetic logs: final losses against bf16 and fp8_tensorwise, each ablation against
 mxfp4 and whether it raised the loss, the paper's column, the products' honest label, the goal line and its exit code.
 """
@@ -59,6 +59,12 @@ class TestDry(unittest.TestCase):
         self.assertIn("configs/llama_350m_bf16.json", cmds[0])
         self.assertEqual(overrides(cmds[0])["log.jsonl"], "runs/quartet_llama-350m/bf16.jsonl")
         self.assertEqual(overrides(cmds[-1])["train.seed"], "5")
+        proc = run("--dry", "--model", "llama-125m")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        cmds = commands(proc.stdout)
+        self.assertIn("configs/llama_125m_bf16.json", cmds[0])
+        self.assertEqual(overrides(cmds[0])["log.jsonl"], "runs/quartet_llama-125m/bf16.jsonl")
+        self.assertEqual((overrides(cmds[0])["train.lr"], overrides(cmds[0])["train.seq_len"]), ("1e-3", "2048"))
         for args, word in ((["--model", "gpt2-xl"], "unknown model 'gpt2-xl'"), (["--bogus"], "unknown argument")):
             proc = run("--dry", *args)
             self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
