@@ -69,12 +69,7 @@ class TestDry(unittest.TestCase):
             o = overrides(c)
             self.assertEqual(o["checkpoint.every"], "256")
             self.assertEqual(o["checkpoint.dir"], "runs/nvfp4/checkpoints/" + os.path.basename(o["log.jsonl"])[:-6])
-        proc = run("--dry", "--model", "llama-125m")
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        cmds = commands(proc.stdout)
-        self.assertIn("configs/llama_125m_bf16.json", cmds[0])
-        self.assertEqual(overrides(cmds[0])["log.jsonl"], "runs/nvfp4_llama-125m/bf16.jsonl")
-        self.assertEqual((overrides(cmds[0])["train.lr"], overrides(cmds[0])["train.seq_len"]), ("1e-3", "2048"))
+        check_llama_125m(self, run, "nvfp4")
         for args, word in ((["--model", "gpt2-xl"], "unknown model 'gpt2-xl'"), (["--bogus"], "unknown argument")):
             proc = run("--dry", *args)
             self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
@@ -100,6 +95,17 @@ class TestGpus(unittest.TestCase):
             self.assertIn(f"| nvfp4_{tag} | 2.0310 | +1.55% | +1.45% | +0.05% (raises the loss) |", text)
         self.assertIn("- nvfp4 within 2% of BF16: +1.50%, met", text)
         self.assertEqual(run("--gpus", "x", "--dry").returncode, 2)
+
+
+def check_llama_125m(test, run, name):
+    """--model llama-125m: Llama 125M's config, learning rate and sequence, into runs/<name>_llama-125m."""
+    proc = run("--dry", "--model", "llama-125m")
+    test.assertEqual(proc.returncode, 0, proc.stderr)
+    first = commands(proc.stdout)[0]
+    test.assertIn("configs/llama_125m_bf16.json", first)
+    o = overrides(first)
+    test.assertEqual((o["log.jsonl"], o["train.lr"], o["train.seq_len"]),
+                     (f"runs/{name}_llama-125m/bf16.jsonl", "1e-3", "2048"))
 
 
 def write_log(path, final_val, steps=8, tokens=1000, skips=0):

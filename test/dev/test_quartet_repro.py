@@ -15,7 +15,7 @@ import sys
 import tempfile
 import unittest
 
-from test_fp4_repro import write_log
+from test_fp4_repro import check_llama_125m, write_log
 from test_fp8_loss_parity import REPO_ROOT, commands, overrides
 
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "repro", "quartet.sh")
@@ -59,12 +59,7 @@ class TestDry(unittest.TestCase):
         self.assertIn("configs/llama_350m_bf16.json", cmds[0])
         self.assertEqual(overrides(cmds[0])["log.jsonl"], "runs/quartet_llama-350m/bf16.jsonl")
         self.assertEqual(overrides(cmds[-1])["train.seed"], "5")
-        proc = run("--dry", "--model", "llama-125m")
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        cmds = commands(proc.stdout)
-        self.assertIn("configs/llama_125m_bf16.json", cmds[0])
-        self.assertEqual(overrides(cmds[0])["log.jsonl"], "runs/quartet_llama-125m/bf16.jsonl")
-        self.assertEqual((overrides(cmds[0])["train.lr"], overrides(cmds[0])["train.seq_len"]), ("1e-3", "2048"))
+        check_llama_125m(self, run, "quartet")
         for args, word in ((["--model", "gpt2-xl"], "unknown model 'gpt2-xl'"), (["--bogus"], "unknown argument")):
             proc = run("--dry", *args)
             self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
