@@ -27,13 +27,8 @@ Examples:
   python3 dev/reference/gpt2.py --preset gpt2-124m --B 16 --T 1024 --time
 """
 import argparse
-import json
 import math
-import os
 import sys
-import time
-
-import numpy as np
 
 try:
     import torch
@@ -42,7 +37,7 @@ except ImportError:  # the parity test turns this exit code into a skip
     print("gpt2.py: PyTorch is not installed (pip install torch)", file=sys.stderr)
     sys.exit(77)
 
-from safetensors.numpy import load_file, save_file
+import harness  # noqa: E402  (after the torch check: it imports torch)
 
 # n_layer, n_head, n_embd; every preset uses the GPT-2 vocabulary (50257 padded to 50304) and 1024 positions,
 # except gpt2-tiny (short context for tests). Explicit --n_layer etc. override any of these.
@@ -92,16 +87,7 @@ def init_weights(cfg, seed):
 
 
 def load_weights(cfg, path):
-    tensors = load_file(path)
-    weights = {}
-    for name, shape, _, _ in param_shapes(cfg):
-        if name not in tensors:
-            sys.exit(f"gpt2.py: {path} has no tensor '{name}' (is it a model of this size?)")
-        w = torch.from_numpy(tensors[name].astype(np.float32))
-        if tuple(w.shape) != tuple(shape):
-            sys.exit(f"gpt2.py: {path}: '{name}' has shape {tuple(w.shape)}, expected {tuple(shape)}")
-        weights[name] = w
-    return weights
+    return harness.load_weights(param_shapes(cfg), path, "gpt2.py")
 
 
 def forward(w, cfg, idx, targets=None, use_sdpa=False):
@@ -138,11 +124,6 @@ def forward(w, cfg, idx, targets=None, use_sdpa=False):
     return logits, loss
 
 
-def bf16_round(master, device):
-    """Leaf FP32 tensors holding bf16(master): the weights our BF16 trainer computes with."""
-    return {n: t.to(torch.bfloat16).to(torch.float32).to(device).requires_grad_(True) for n, t in master.items()}
-
-
 def resolve_config(args):
     cfg = dict(PRESETS[args.preset]) if args.preset else {}
     for key in ("n_layer", "n_head", "n_embd", "max_seq_len", "vocab_size", "padded_vocab_size", "ffn_hidden"):
@@ -163,112 +144,39 @@ def resolve_config(args):
 
 
 def run_parity(args, cfg, device):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    harness.exact_fp32()
     B, T, V = args.B, args.T, cfg["vocab_size"]
     if T > cfg["max_seq_len"]:
         sys.exit(f"gpt2.py: --T {T} exceeds max_seq_len {cfg['max_seq_len']}")
     master = load_weights(cfg, args.init) if args.init else init_weights(cfg, args.seed)
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    tokens = torch.randint(0, V, (B, T + 1), generator=gen, dtype=torch.int64)
-    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    inputs, targets = harness.parity_batch(V, B, T, args.seed)
     inputs_d, targets_d = inputs.to(device), targets.to(device)
 
     # one forward/backward on the bf16-rounded weights
-    w = bf16_round(master, device)
+    w = harness.bf16_round(master, device)
     logits, loss = forward(w, cfg, inputs_d, targets_d)
     loss.backward()
-    state = {
-        "inputs": inputs.numpy().astype(np.int32),
-        "targets": targets.numpy().astype(np.int32),
-        "logits": np.ascontiguousarray(logits[..., :V].detach().float().cpu().numpy()),
-        "loss": np.array([loss.item()], dtype=np.float32),
-    }
-    for name, t in w.items():
-        state["grads." + name] = t.grad.detach().float().cpu().numpy()
+    state = harness.first_step_state(inputs, targets, logits, loss, w, V)
 
-    # AdamW on the FP32 master, each forward on its bf16 rounding (as llm8's optimizer + bf16 params)
-    b1, b2, eps, wd, lr, clip = args.beta1, args.beta2, args.eps, args.weight_decay, args.lr, args.grad_clip
     decay = {name: wdflag for name, _, wdflag, _ in param_shapes(cfg)}
-    m_master = {n: t.clone().to(device) for n, t in master.items()}
-    m1 = {n: torch.zeros_like(t) for n, t in m_master.items()}
-    m2 = {n: torch.zeros_like(t) for n, t in m_master.items()}
-    losses = []
-    for step in range(1, args.steps + 1):
-        w = bf16_round(m_master, device)
-        _, loss = forward(w, cfg, inputs_d, targets_d)
-        loss.backward()
-        losses.append(loss.item())
-        with torch.no_grad():
-            norm = torch.sqrt(sum((w[n].grad.double() ** 2).sum() for n in w)).item()
-            scale = clip / norm if (clip > 0 and norm > clip) else 1.0
-            for n in m_master:
-                g = w[n].grad * scale
-                m1[n].mul_(b1).add_(g, alpha=1 - b1)
-                m2[n].mul_(b2).addcmul_(g, g, value=1 - b2)
-                mhat = m1[n] / (1 - b1 ** step)
-                vhat = m2[n] / (1 - b2 ** step)
-                update = mhat / (vhat.sqrt() + eps) + (wd if decay[n] else 0.0) * m_master[n]
-                m_master[n].sub_(lr * update)
-        print(f"step {step:2d} loss {losses[-1]:.6f} grad_norm {norm:.4f}")
-    state["losses"] = np.array(losses, dtype=np.float32)
-
-    os.makedirs(args.out, exist_ok=True)
+    losses = harness.adamw_steps(master, lambda w: forward(w, cfg, inputs_d, targets_d)[1], decay, args, device)
     meta = {k: str(v) for k, v in cfg.items()}
     meta.update(arch="gpt2", preset=args.preset or "", seed=str(args.seed))
-    save_file({n: np.ascontiguousarray(t.numpy()) for n, t in master.items()}, os.path.join(args.out, "model.safetensors"), metadata=meta)
-    meta.update(B=str(B), T=str(T), steps=str(args.steps), lr=repr(lr), beta1=repr(b1), beta2=repr(b2), eps=repr(eps),
-                weight_decay=repr(wd), grad_clip=repr(clip), weight_decay_on="2-D tensors (matrices, embeddings)",
-                precision="FP32 compute on bf16-rounded FP32 master weights; TF32 off")
-    save_file(state, os.path.join(args.out, "debug_state.safetensors"), metadata=meta)
-    print(f"wrote {args.out}/model.safetensors and debug_state.safetensors: loss {state['loss'][0]:.6f}, "
-          f"losses {losses[0]:.4f} -> {losses[-1]:.4f}")
+    harness.write_parity_files(args, master, state, losses, meta)
 
 
 def run_timing(args, cfg, device):
     if device.type != "cuda":
         sys.exit("gpt2.py: --time needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = True
-    B, T, V = args.B, args.T, cfg["vocab_size"]
     params = {n: torch.nn.Parameter(t.to(device)) for n, t in init_weights(cfg, args.seed).items()}
-    decay = {name: wdflag for name, _, wdflag, _ in param_shapes(cfg)}
-    groups = [{"params": [p for n, p in params.items() if decay[n]], "weight_decay": args.weight_decay},
-              {"params": [p for n, p in params.items() if not decay[n]], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, fused=True)
+    decay_names = {name for name, _, wdflag, _ in param_shapes(cfg) if wdflag}
 
     def loss_fn(idx, tgt):
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
             return forward(params, cfg, idx, tgt, use_sdpa=True)[1]
 
-    compiled = torch.compile(loss_fn)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-
-    def step():  # one optimizer step over args.accum micro-batches (gradient accumulation)
-        for _ in range(args.accum):
-            tokens = torch.randint(0, V, (B, T + 1), generator=gen, device=device)
-            loss = compiled(tokens[:, :-1], tokens[:, 1:])
-            (loss / args.accum).backward()
-        torch.nn.utils.clip_grad_norm_(params.values(), args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    for _ in range(args.warmup):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(args.iters):
-        loss = step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - t0
-    print(json.dumps({
-        "impl": "pytorch", "preset": args.preset or "", "B": B, "T": T, "iters": args.iters,
-        "step_ms": 1000.0 * elapsed / args.iters, "tokens_per_s": B * T * args.accum * args.iters / elapsed,
-        "accum": args.accum,
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30, "loss": loss.item(),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-    }))
+    harness.time_training(params, decay_names, loss_fn, args, cfg["vocab_size"], device, "pytorch")
 
 
 def main():
@@ -276,23 +184,9 @@ def main():
     ap.add_argument("--preset", choices=sorted(PRESETS), help="model size preset")
     for key in ("n_layer", "n_head", "n_embd", "max_seq_len", "vocab_size", "padded_vocab_size", "ffn_hidden"):
         ap.add_argument("--" + key, type=int, help="override the preset's " + key)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--T", type=int, default=64)
-    ap.add_argument("--out", help="output directory (parity mode)")
-    ap.add_argument("--init", help="load the initial weights from this safetensors file (our names)")
-    ap.add_argument("--steps", type=int, default=10, help="AdamW steps on the same batch (parity mode)")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight_decay", type=float, default=0.1)
-    ap.add_argument("--grad_clip", type=float, default=1.0)
+    harness.add_common_flags(ap)
     ap.add_argument("--time", action="store_true", help="benchmark: torch.compile + bf16 autocast + fused AdamW")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed steps (--time)")
-    ap.add_argument("--iters", type=int, default=20, help="timed steps (--time)")
-    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (--time; default 1)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    harness.add_timing_flags(ap)
     args = ap.parse_args()
     cfg = resolve_config(args)
     device = torch.device(args.device)

@@ -34,13 +34,8 @@ Examples:
   python3 dev/reference/llama.py --preset llama-1b --B 4 --T 2048 --time
 """
 import argparse
-import json
 import math
-import os
 import sys
-import time
-
-import numpy as np
 
 try:
     import torch
@@ -49,7 +44,7 @@ except ImportError:  # the parity test turns this exit code into a skip
     print("llama.py: PyTorch is not installed (pip install torch)", file=sys.stderr)
     sys.exit(77)
 
-from safetensors.numpy import load_file, save_file
+import harness  # noqa: E402  (after the torch check: it imports torch)
 
 # The presets of llmc/model/llama/llama_family.cpp (vocabulary 50257 padded to 50304, RMSNorm eps 1e-5). Explicit
 # --n_layer etc. override any of these.
@@ -113,16 +108,7 @@ def init_weights(cfg, seed):
 
 
 def load_weights(cfg, path):
-    tensors = load_file(path)
-    weights = {}
-    for name, shape, _, _ in param_shapes(cfg):
-        if name not in tensors:
-            sys.exit(f"llama.py: {path} has no tensor '{name}' (is it a model of this size, tied = {cfg['tied']}?)")
-        w = torch.from_numpy(tensors[name].astype(np.float32))
-        if tuple(w.shape) != tuple(shape):
-            sys.exit(f"llama.py: {path}: '{name}' has shape {tuple(w.shape)}, expected {tuple(shape)}")
-        weights[name] = w
-    return weights
+    return harness.load_weights(param_shapes(cfg), path, "llama.py", f", tied = {cfg['tied']}")
 
 
 def rms_norm(x, weight, eps):
@@ -179,11 +165,6 @@ def forward(w, cfg, idx, targets=None, use_sdpa=False):
     if targets is not None:
         loss = F.cross_entropy(logits[..., :V].reshape(-1, V).float(), targets.reshape(-1), ignore_index=-1)
     return logits, loss
-
-
-def bf16_round(master, device):
-    """Leaf FP32 tensors holding bf16(master): the weights our BF16 trainer computes with."""
-    return {n: t.to(torch.bfloat16).to(torch.float32).to(device).requires_grad_(True) for n, t in master.items()}
 
 
 def resolve_config(args):
@@ -296,81 +277,38 @@ def check_against_hf(cfg, w_ref, logits_ref, loss_ref, inputs, targets, device):
 
 
 def run_parity(args, cfg, device):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    harness.exact_fp32()
     B, T, V = args.B, args.T, cfg["vocab_size"]
     if T > cfg["max_seq_len"]:
         sys.exit(f"llama.py: --T {T} exceeds max_seq_len {cfg['max_seq_len']}")
     master = load_weights(cfg, args.init) if args.init else init_weights(cfg, args.seed)
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    tokens = torch.randint(0, V, (B, T + 1), generator=gen, dtype=torch.int64)
-    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    inputs, targets = harness.parity_batch(V, B, T, args.seed)
     inputs_d, targets_d = inputs.to(device), targets.to(device)
 
     # one forward/backward on the bf16-rounded weights
-    w = bf16_round(master, device)
+    w = harness.bf16_round(master, device)
     logits, loss = forward(w, cfg, inputs_d, targets_d)
     loss.backward()
-    state = {
-        "inputs": inputs.numpy().astype(np.int32),
-        "targets": targets.numpy().astype(np.int32),
-        "logits": np.ascontiguousarray(logits[..., :V].detach().float().cpu().numpy()),
-        "loss": np.array([loss.item()], dtype=np.float32),
-    }
-    for name, t in w.items():
-        state["grads." + name] = t.grad.detach().float().cpu().numpy()
+    state = harness.first_step_state(inputs, targets, logits, loss, w, V)
     if args.check_hf:
         check_against_hf(cfg, w, logits, loss.item(), inputs_d, targets_d, device)
 
-    # AdamW on the FP32 master, each forward on its bf16 rounding (as llm8's optimizer + bf16 params)
-    b1, b2, eps, wd, lr, clip = args.beta1, args.beta2, args.eps, args.weight_decay, args.lr, args.grad_clip
     decay = {name: wdflag for name, _, wdflag, _ in param_shapes(cfg)}
-    m_master = {n: t.clone().to(device) for n, t in master.items()}
-    m1 = {n: torch.zeros_like(t) for n, t in m_master.items()}
-    m2 = {n: torch.zeros_like(t) for n, t in m_master.items()}
-    losses = []
-    for step in range(1, args.steps + 1):
-        w = bf16_round(m_master, device)
-        _, loss = forward(w, cfg, inputs_d, targets_d)
-        loss.backward()
-        losses.append(loss.item())
-        with torch.no_grad():
-            norm = torch.sqrt(sum((w[n].grad.double() ** 2).sum() for n in w)).item()
-            scale = clip / norm if (clip > 0 and norm > clip) else 1.0
-            for n in m_master:
-                g = w[n].grad * scale
-                m1[n].mul_(b1).add_(g, alpha=1 - b1)
-                m2[n].mul_(b2).addcmul_(g, g, value=1 - b2)
-                mhat = m1[n] / (1 - b1 ** step)
-                vhat = m2[n] / (1 - b2 ** step)
-                update = mhat / (vhat.sqrt() + eps) + (wd if decay[n] else 0.0) * m_master[n]
-                m_master[n].sub_(lr * update)
-        print(f"step {step:2d} loss {losses[-1]:.6f} grad_norm {norm:.4f}")
-    state["losses"] = np.array(losses, dtype=np.float32)
-
-    os.makedirs(args.out, exist_ok=True)
+    losses = harness.adamw_steps(master, lambda w: forward(w, cfg, inputs_d, targets_d)[1], decay, args, device)
     meta = {k: str(v) for k, v in cfg.items() if k != "tied"}
     meta.update(arch="llama", preset=args.preset or "", seed=str(args.seed),
                 tied_embeddings="true" if cfg["tied"] else "false", rope_theta=repr(float(cfg["rope_theta"])),
                 norm_eps=repr(float(cfg["norm_eps"])))
-    save_file({n: np.ascontiguousarray(t.numpy()) for n, t in master.items()},
-              os.path.join(args.out, "model.safetensors"), metadata=meta)
-    meta.update(B=str(B), T=str(T), steps=str(args.steps), lr=repr(lr), beta1=repr(b1), beta2=repr(b2), eps=repr(eps),
-                weight_decay=repr(wd), grad_clip=repr(clip), weight_decay_on="2-D tensors (matrices, embeddings)",
-                precision="FP32 compute on bf16-rounded FP32 master weights; TF32 off")
-    save_file(state, os.path.join(args.out, "debug_state.safetensors"), metadata=meta)
-    print(f"wrote {args.out}/model.safetensors and debug_state.safetensors: loss {state['loss'][0]:.6f}, "
-          f"losses {losses[0]:.4f} -> {losses[-1]:.4f}")
+    harness.write_parity_files(args, master, state, losses, meta)
 
 
 def run_timing(args, cfg, device):
     if device.type != "cuda":
         sys.exit("llama.py: --time needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = True
-    B, T, V = args.B, args.T, cfg["vocab_size"]
-    if T > cfg["max_seq_len"]:
-        sys.exit(f"llama.py: --T {T} exceeds max_seq_len {cfg['max_seq_len']}")
+    V = cfg["vocab_size"]
+    if args.T > cfg["max_seq_len"]:
+        sys.exit(f"llama.py: --T {args.T} exceeds max_seq_len {cfg['max_seq_len']}")
     decay_names = {name for name, _, wdflag, _ in param_shapes(cfg) if wdflag}
     if args.impl == "hf":
         # transformers' model with our init scheme and sizes (padded vocabulary as its vocabulary), FP32 weights
@@ -388,38 +326,8 @@ def run_timing(args, cfg, device):
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
                 return forward(named, cfg, idx, tgt, use_sdpa=True)[1]
 
-    params = list(named.values())
-    groups = [{"params": [p for n, p in named.items() if n in decay_names], "weight_decay": args.weight_decay},
-              {"params": [p for n, p in named.items() if n not in decay_names], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, fused=True)
-    compiled = torch.compile(loss_fn)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-
-    def step():  # one optimizer step over args.accum micro-batches (gradient accumulation)
-        for _ in range(args.accum):
-            tokens = torch.randint(0, V, (B, T + 1), generator=gen, device=device)
-            loss = compiled(tokens[:, :-1], tokens[:, 1:])
-            (loss / args.accum).backward()
-        torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    for _ in range(args.warmup):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(args.iters):
-        loss = step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - t0
-    print(json.dumps({
-        "impl": "pytorch-hf-llama" if args.impl == "hf" else "pytorch", "preset": args.preset or "", "B": B, "T": T,
-        "iters": args.iters, "step_ms": 1000.0 * elapsed / args.iters, "tokens_per_s": B * T * args.accum * args.iters / elapsed,
-        "accum": args.accum,
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30, "loss": loss.item(),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-    }))
+    harness.time_training(named, decay_names, loss_fn, args, V, device,
+                          "pytorch-hf-llama" if args.impl == "hf" else "pytorch")
 
 
 def main():
@@ -433,27 +341,13 @@ def main():
     tie = ap.add_mutually_exclusive_group()
     tie.add_argument("--untied", action="store_true", help="separate lm_head.weight")
     tie.add_argument("--tied", action="store_true", help="lm_head tied to model.embed_tokens.weight")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--T", type=int, default=64)
-    ap.add_argument("--out", help="output directory (parity mode)")
-    ap.add_argument("--init", help="load the initial weights from this safetensors file (our names)")
-    ap.add_argument("--steps", type=int, default=10, help="AdamW steps on the same batch (parity mode)")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight_decay", type=float, default=0.1)
-    ap.add_argument("--grad_clip", type=float, default=1.0)
+    harness.add_common_flags(ap)
     ap.add_argument("--check_hf", action="store_true",
                     help="parity mode: also check the reference against transformers' LlamaForCausalLM")
     ap.add_argument("--time", action="store_true", help="benchmark: torch.compile + bf16 autocast + fused AdamW")
     ap.add_argument("--impl", choices=("hf", "ours"), default="hf",
                     help="--time: transformers' LlamaForCausalLM with sdpa (default) or this file's model")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed steps (--time)")
-    ap.add_argument("--iters", type=int, default=20, help="timed steps (--time)")
-    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (--time; default 1)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    harness.add_timing_flags(ap)
     args = ap.parse_args()
     cfg = resolve_config(args)
     device = torch.device(args.device)
