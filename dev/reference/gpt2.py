@@ -144,25 +144,14 @@ def resolve_config(args):
 
 
 def run_parity(args, cfg, device):
-    harness.exact_fp32()
-    B, T, V = args.B, args.T, cfg["vocab_size"]
-    if T > cfg["max_seq_len"]:
-        sys.exit(f"gpt2.py: --T {T} exceeds max_seq_len {cfg['max_seq_len']}")
+    if args.T > cfg["max_seq_len"]:
+        sys.exit(f"gpt2.py: --T {args.T} exceeds max_seq_len {cfg['max_seq_len']}")
     master = load_weights(cfg, args.init) if args.init else init_weights(cfg, args.seed)
-    inputs, targets = harness.parity_batch(V, B, T, args.seed)
-    inputs_d, targets_d = inputs.to(device), targets.to(device)
-
-    # one forward/backward on the bf16-rounded weights
-    w = harness.bf16_round(master, device)
-    logits, loss = forward(w, cfg, inputs_d, targets_d)
-    loss.backward()
-    state = harness.first_step_state(inputs, targets, logits, loss, w, V)
-
     decay = {name: wdflag for name, _, wdflag, _ in param_shapes(cfg)}
-    losses = harness.adamw_steps(master, lambda w: forward(w, cfg, inputs_d, targets_d)[1], decay, args, device)
     meta = {k: str(v) for k, v in cfg.items()}
     meta.update(arch="gpt2", preset=args.preset or "", seed=str(args.seed))
-    harness.write_parity_files(args, master, state, losses, meta)
+    harness.parity(args, master, lambda w, idx, tgt: forward(w, cfg, idx, tgt), decay, cfg["vocab_size"], meta,
+                   device)
 
 
 def run_timing(args, cfg, device):

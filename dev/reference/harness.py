@@ -1,7 +1,7 @@
 """dev/reference/harness.py: what the PyTorch reference models (dev/reference/gpt2.py, dev/reference/llama.py) share
 around their forward passes, written once: the command-line flags of both modes, the weights from a safetensors file,
-the bf16 rounding of the FP32 master, the parity batch, the reference AdamW steps, the parity files, and the timed
-training loop of --time.
+parity mode (the bf16 rounding of the FP32 master, the parity batch, the first step's state, the reference AdamW
+steps, the parity files) and the timed training loop of --time.
 
 Each model file keeps what is its own: presets, parameter table, init, forward, config checks, and in --time the
 model and loss it measures.
@@ -118,6 +118,24 @@ def adamw_steps(master, loss_of, decay, args, device):
                 m_master[n].sub_(lr * update)
         print(f"step {step:2d} loss {losses[-1]:.6f} grad_norm {norm:.4f}")
     return losses
+
+
+def parity(args, master, forward, decay, V, meta, device, check=None):
+    """Parity mode on the FP32 master (name -> CPU tensor): one forward/backward of the parity batch on the
+    bf16-rounded weights, check(w, logits, loss, inputs, targets) if given (on device), args.steps reference AdamW
+    steps, and the parity files (meta: the model's metadata). forward(w, inputs, targets) -> (logits, loss) with
+    logits (B, T, Vp) of which the first V columns are the vocabulary."""
+    exact_fp32()
+    inputs, targets = parity_batch(V, args.B, args.T, args.seed)
+    inputs_d, targets_d = inputs.to(device), targets.to(device)
+    w = bf16_round(master, device)
+    logits, loss = forward(w, inputs_d, targets_d)
+    loss.backward()
+    state = first_step_state(inputs, targets, logits, loss, w, V)
+    if check is not None:
+        check(w, logits, loss, inputs_d, targets_d)
+    losses = adamw_steps(master, lambda w: forward(w, inputs_d, targets_d)[1], decay, args, device)
+    write_parity_files(args, master, state, losses, meta)
 
 
 def write_parity_files(args, master, state, losses, meta):
