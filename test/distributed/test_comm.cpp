@@ -27,8 +27,10 @@
 #include "llmc/distributed/rendezvous.h"
 #include "llmc/run/config.h"
 #include "llmc/core/common.h"
+#include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
+using llmc_test::error_of;
 using llmc::LaunchInfo;
 using llmc_test::free_port;
 using llmc_test::kPayload;
@@ -43,16 +45,6 @@ LaunchInfo detect(const std::map<std::string, std::string>& vars) {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
   });
-}
-
-// The message of the llmc::Error f throws ("" when it throws nothing).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const llmc::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 #define EXPECT_ERROR_HAS(stmt, needle)                                          \

@@ -24,8 +24,10 @@
 #include "llmc/io/safetensors.h"
 #include "llmc/distributed/zero.h"
 #include "llmc/io/optimizer_files.h"
+#include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
+using llmc_test::error_of;
 using llmc::ElementRange;
 using llmc::ParamTable;
 using llmc::ShardLayout;
@@ -36,15 +38,6 @@ ParamTable table_of(const std::string& preset) {
   llmc::ModelSpec spec;
   EXPECT_TRUE(llmc::model_preset(preset, &spec)) << preset;
   return llmc::build_param_table(spec);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const llmc::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::string strformat_trace(bool shuffle, int w0, int b0, int w1, int b1) {

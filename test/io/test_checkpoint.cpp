@@ -21,8 +21,10 @@
 #include "llmc/io/checkpoint.h"
 #include "llmc/core/common.h"
 #include "llmc/io/safetensors.h"
+#include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
+using llmc_test::thrown_error;
 using nlohmann::json;
 
 namespace {
@@ -88,18 +90,6 @@ class CheckpointTest : public llmc_test::TempDirTest {
   }
 
   std::string step_path(int64_t step) const { return llmc::step_dir_path(run_, step); }
-
-  // The message of the llmc::Error thrown by f (fails the test when nothing is thrown).
-  template <class F>
-  std::string error_of(F f) {
-    try {
-      f();
-    } catch (const llmc::Error& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << "no llmc::Error thrown";
-    return "";
-  }
 
   std::string run_;
 };
@@ -288,19 +278,19 @@ TEST_F(CheckpointTest, CorruptionIsRefusedAndPreviousStillVerifies) {
     f.seekp(2000);
     f.put(char(c ^ 0x10));
   }
-  std::string msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  std::string msg = thrown_error([&] { llmc::verify_checkpoint(step_path(300)); });
   EXPECT_TRUE(contains(msg, "checkpoint file " + model + " is corrupt (checksum mismatch)")) << msg;
   EXPECT_TRUE(contains(msg, "the previous checkpoint " + good + " is still usable")) << msg;
   EXPECT_TRUE(contains(msg, "checkpoint.resume")) << msg;
   EXPECT_EQ(llmc::verify_checkpoint(good).step, 200);
   // auto resume refuses the corrupt newest checkpoint with the same message.
-  msg = error_of([&] { llmc::resolve_resume("auto", run_); });
+  msg = thrown_error([&] { llmc::resolve_resume("auto", run_); });
   EXPECT_TRUE(contains(msg, model) && contains(msg, good)) << msg;
 
   // Truncated file.
   write_checkpoint(300);
   fs::resize_file(model, fs::file_size(model) - 10);
-  msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  msg = thrown_error([&] { llmc::verify_checkpoint(step_path(300)); });
   EXPECT_TRUE(contains(msg, model) && contains(msg, "truncated")) << msg;
   EXPECT_EQ(llmc::verify_checkpoint(good).step, 200);
 
@@ -308,7 +298,7 @@ TEST_F(CheckpointTest, CorruptionIsRefusedAndPreviousStillVerifies) {
   write_checkpoint(300);
   const std::string shard = step_path(300) + "/optimizer_rank00001.safetensors";
   fs::remove(shard);
-  msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  msg = thrown_error([&] { llmc::verify_checkpoint(step_path(300)); });
   EXPECT_TRUE(contains(msg, "checkpoint file " + shard + " is missing")) << msg;
   EXPECT_TRUE(contains(msg, good)) << msg;
 
@@ -316,15 +306,15 @@ TEST_F(CheckpointTest, CorruptionIsRefusedAndPreviousStillVerifies) {
   write_checkpoint(300);
   const std::string state = step_path(300) + "/trainer_state.json";
   std::ofstream(state, std::ios::app) << "{";
-  msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  msg = thrown_error([&] { llmc::verify_checkpoint(step_path(300)); });
   EXPECT_TRUE(contains(msg, state) && contains(msg, "corrupt")) << msg;
-  msg = error_of([&] { llmc::load_trainer_state(step_path(300)); });
+  msg = thrown_error([&] { llmc::load_trainer_state(step_path(300)); });
   EXPECT_TRUE(contains(msg, state) && contains(msg, "corrupt") && contains(msg, "invalid JSON")) << msg;
 
   // Missing DONE: incomplete.
   write_checkpoint(300);
   fs::remove(step_path(300) + "/DONE");
-  msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  msg = thrown_error([&] { llmc::verify_checkpoint(step_path(300)); });
   EXPECT_TRUE(contains(msg, "incomplete") && contains(msg, good)) << msg;
   EXPECT_EQ(llmc::verify_checkpoint(good).step, 200);
 }
@@ -332,7 +322,7 @@ TEST_F(CheckpointTest, CorruptionIsRefusedAndPreviousStillVerifies) {
 TEST_F(CheckpointTest, CorruptOnlyCheckpointSaysStartOver) {
   write_checkpoint(100);
   fs::resize_file(step_path(100) + "/notes.bin", 1);
-  std::string msg = error_of([&] { llmc::verify_checkpoint(step_path(100)); });
+  std::string msg = thrown_error([&] { llmc::verify_checkpoint(step_path(100)); });
   EXPECT_TRUE(contains(msg, "notes.bin") && contains(msg, "no earlier checkpoint in " + run_ + " verifies")) << msg;
 }
 
@@ -346,16 +336,16 @@ TEST_F(CheckpointTest, TrainerStateValidation) {
   json bad = ok;
   bad["format_version"] = 99;
   write_state(bad);
-  EXPECT_TRUE(contains(error_of([&] { llmc::load_trainer_state(run_ + "/manual"); }), "format_version 99"));
+  EXPECT_TRUE(contains(thrown_error([&] { llmc::load_trainer_state(run_ + "/manual"); }), "format_version 99"));
   bad = ok;
   bad.erase("world_size");
   write_state(bad);
-  EXPECT_TRUE(contains(error_of([&] { llmc::load_trainer_state(run_ + "/manual"); }), "'world_size'"));
+  EXPECT_TRUE(contains(thrown_error([&] { llmc::load_trainer_state(run_ + "/manual"); }), "'world_size'"));
   bad = ok;
   bad["files"] = {{{"name", "x"}, {"bytes", 3}}};
   write_state(bad);
-  EXPECT_TRUE(contains(error_of([&] { llmc::load_trainer_state(run_ + "/manual"); }), "crc32c"));
-  EXPECT_TRUE(contains(error_of([&] { llmc::load_trainer_state(run_ + "/nothing"); }), "missing"));
+  EXPECT_TRUE(contains(thrown_error([&] { llmc::load_trainer_state(run_ + "/manual"); }), "crc32c"));
+  EXPECT_TRUE(contains(thrown_error([&] { llmc::load_trainer_state(run_ + "/nothing"); }), "missing"));
 }
 
 TEST_F(CheckpointTest, ResolveResume) {
@@ -371,12 +361,12 @@ TEST_F(CheckpointTest, ResolveResume) {
   EXPECT_EQ(*llmc::resolve_resume("auto", run_), step_path(200));
   EXPECT_EQ(*llmc::resolve_resume(step_path(100), run_), step_path(100));  // explicit older step
 
-  std::string msg = error_of([&] { llmc::resolve_resume(step_path(900), run_); });
+  std::string msg = thrown_error([&] { llmc::resolve_resume(step_path(900), run_); });
   EXPECT_TRUE(contains(msg, step_path(900)) && contains(msg, "does not exist")) << msg;
-  msg = error_of([&] { llmc::resolve_resume(run_, run_); });
+  msg = thrown_error([&] { llmc::resolve_resume(run_, run_); });
   EXPECT_TRUE(contains(msg, "run directory")) << msg;
   fs::remove(step_path(200) + "/DONE");
-  msg = error_of([&] { llmc::resolve_resume(step_path(200), run_); });
+  msg = thrown_error([&] { llmc::resolve_resume(step_path(200), run_); });
   EXPECT_TRUE(contains(msg, "incomplete") && contains(msg, step_path(100))) << msg;
   // auto skips the incomplete one.
   std::vector<std::string> notes;
@@ -388,7 +378,7 @@ TEST_F(CheckpointTest, WorldSizeMismatch) {
   write_checkpoint(100);
   llmc::TrainerState st = llmc::load_trainer_state(step_path(100));
   EXPECT_NO_THROW(llmc::check_world_size(st, 2, step_path(100)));
-  std::string msg = error_of([&] { llmc::check_world_size(st, 4, step_path(100)); });
+  std::string msg = thrown_error([&] { llmc::check_world_size(st, 4, step_path(100)); });
   EXPECT_EQ(msg, llmc::world_size_mismatch_message(step_path(100), 2, 4));
   EXPECT_TRUE(contains(msg, "2 rank(s)") && contains(msg, "has 4") && contains(msg, "train.init_from")) << msg;
 }
@@ -402,17 +392,17 @@ TEST_F(CheckpointTest, PreviousCheckpointHintIsVerifiedNotGuessed) {
   write_checkpoint(300);
   corrupt(300);
   corrupt(200);  // the same size as a good one: a size check would call it usable
-  std::string msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  std::string msg = thrown_error([&] { llmc::verify_checkpoint(step_path(300)); });
   EXPECT_TRUE(contains(msg, "the previous checkpoint " + step_path(100) + " is still usable")) << msg;
   EXPECT_FALSE(contains(msg, step_path(200))) << msg;
   corrupt(100);
-  msg = error_of([&] { llmc::verify_checkpoint(step_path(300)); });
+  msg = thrown_error([&] { llmc::verify_checkpoint(step_path(300)); });
   EXPECT_TRUE(contains(msg, "no earlier checkpoint in " + run_ + " verifies")) << msg;
   EXPECT_FALSE(contains(msg, "still usable")) << msg;
   // The same for an incomplete checkpoint given to resume.
   write_checkpoint(50);
   fs::remove(step_path(300) + "/DONE");
-  msg = error_of([&] { llmc::resolve_resume(step_path(300), run_); });
+  msg = thrown_error([&] { llmc::resolve_resume(step_path(300), run_); });
   EXPECT_TRUE(contains(msg, "incomplete") && contains(msg, "the previous checkpoint " + step_path(50))) << msg;
 }
 
@@ -470,7 +460,7 @@ TEST_F(CheckpointTest, LineageIsRecordedAndOlderCheckpointsStillLoad) {
   // Lineage fields of the wrong type are corruption, named.
   j["run_id"] = 7;
   std::ofstream(state_path, std::ios::trunc) << j.dump();
-  EXPECT_TRUE(contains(error_of([&] { llmc::load_trainer_state(step_path(300)); }), "'run_id'"));
+  EXPECT_TRUE(contains(thrown_error([&] { llmc::load_trainer_state(step_path(300)); }), "'run_id'"));
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -541,7 +531,7 @@ TEST_F(CheckpointTest, RollbackAlsoMovesACompleteOldFallback) {
 TEST_F(CheckpointTest, ResumeNoneInADirectoryWithCheckpointsStopsUnlessOverwrite) {
   write_checkpoint(100);
   write_checkpoint(200);
-  std::string msg = error_of([&] { llmc::start_run("none", run_, false); });
+  std::string msg = thrown_error([&] { llmc::start_run("none", run_, false); });
   for (const std::string& part : {"checkpoint.dir " + run_, std::string("2 checkpoint(s)"), step_path(200),
                                   std::string("checkpoint.resume = \"none\""), std::string("checkpoint.overwrite=true"),
                                   std::string("checkpoint.resume=auto")})
@@ -577,7 +567,7 @@ TEST_F(CheckpointTest, ResumeFromAnotherDirectoryIntoOneWithCheckpointsStopsUnle
   run_ = path("second");
   write_checkpoint(100);
   const std::string foreign = llmc::step_dir_path(other_run, 500);
-  std::string msg = error_of([&] { llmc::start_run(foreign, run_, false); });
+  std::string msg = thrown_error([&] { llmc::start_run(foreign, run_, false); });
   EXPECT_TRUE(contains(msg, "continues a checkpoint of another directory") && contains(msg, "checkpoint.overwrite"))
       << msg;
   llmc::RunStart start = llmc::start_run(foreign, run_, true);
@@ -695,7 +685,7 @@ TEST_F(CheckpointTest, HostileTrainerStateIsRefused) {
   const std::string dir = run_ + "/manual", state = dir + "/trainer_state.json";
   auto error_for = [&](const std::string& text) {
     std::ofstream(state, std::ios::trunc) << text;
-    return error_of([&] { llmc::load_trainer_state(dir); });
+    return thrown_error([&] { llmc::load_trainer_state(dir); });
   };
   // A key twice (nlohmann kept the last silently), at the top and deeper.
   EXPECT_TRUE(contains(error_for("{\"format_version\": 1, \"step\": 5,\n\"step\": 7, \"world_size\": 1, \"files\": []}"),

@@ -31,8 +31,10 @@
 
 #include "llmc/core/common.h"
 #include "llmc/io/data.h"
+#include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
+using llmc_test::thrown_error;
 using nlohmann::json;
 
 namespace {
@@ -45,21 +47,6 @@ constexpr uint32_t kShardStride = 1000;
 constexpr uint32_t kBase32 = 70000;  // uint32 shards hold values above 65535
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-// The message of the llmc::Error thrown by f (fails the test when nothing, or something else, is thrown).
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const llmc::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected llmc::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no llmc::Error thrown";
-  return "";
-}
 
 // Writes a shard file with the given header fields (may be inconsistent on purpose), the tokens as
 // bytes_per_token little-endian integers, then extra_bytes zero bytes.
@@ -237,12 +224,12 @@ TEST_F(DataTest, HeaderErrorsNameTheFile) {
   for (const Case& c : cases) {
     const std::string p = path(c.name);
     c.write(p);
-    const std::string msg = error_of([&] { llmc::read_shard_header(p); });
+    const std::string msg = thrown_error([&] { llmc::read_shard_header(p); });
     EXPECT_TRUE(contains(msg, p)) << c.name << ": " << msg;
     EXPECT_TRUE(contains(msg, c.expect)) << c.name << ": " << msg;
   }
   const std::string missing = path("missing.bin");
-  const std::string msg = error_of([&] { llmc::read_shard_header(missing); });
+  const std::string msg = thrown_error([&] { llmc::read_shard_header(missing); });
   EXPECT_TRUE(contains(msg, missing) && contains(msg, "cannot open")) << msg;
 }
 
@@ -251,15 +238,15 @@ TEST_F(DataTest, HeaderErrorsNameTheFile) {
 
 TEST_F(DataTest, EmptyGlobNamesThePattern) {
   const std::string pattern = path("nothing_*.bin");
-  const std::string msg = error_of([&] { llmc::DataLoader(pattern, 1, 8, 0, 1, false, 0); });
+  const std::string msg = thrown_error([&] { llmc::DataLoader(pattern, 1, 8, 0, 1, false, 0); });
   EXPECT_TRUE(contains(msg, pattern)) << msg;
   const std::string plain = path("no_such_file.bin");  // a pattern without wildcards that matches nothing
-  EXPECT_TRUE(contains(error_of([&] { llmc::DataLoader(plain, 1, 8, 0, 1, false, 0); }), plain));
+  EXPECT_TRUE(contains(thrown_error([&] { llmc::DataLoader(plain, 1, 8, 0, 1, false, 0); }), plain));
 }
 
 TEST_F(DataTest, ShardShorterThanTPlusOne) {
   Corpus c = make_corpus("s", {41, 8}, 8);  // the second shard has T tokens: too short
-  const std::string msg = error_of([&] { llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0); });
+  const std::string msg = thrown_error([&] { llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0); });
   EXPECT_TRUE(contains(msg, c.paths[1])) << msg;
   EXPECT_FALSE(contains(msg, c.paths[0])) << msg;
 
@@ -276,7 +263,7 @@ TEST_F(DataTest, NotEnoughWindowsForOneBatchPerRank) {
   EXPECT_EQ(llmc::DataLoader(c.glob, 19, 8, 0, 1, false, 0).batches_per_epoch(), 1u);
   EXPECT_EQ(llmc::DataLoader(c.glob, 6, 8, 2, 3, false, 0).batches_per_epoch(), 1u);
   for (auto [B, world] : std::vector<std::pair<int, int>>{{20, 1}, {10, 2}, {7, 3}, {1, 20}}) {
-    const std::string msg = error_of([&] { llmc::DataLoader(c.glob, B, 8, 0, world, false, 0); });
+    const std::string msg = thrown_error([&] { llmc::DataLoader(c.glob, B, 8, 0, world, false, 0); });
     EXPECT_TRUE(contains(msg, c.glob) && contains(msg, "19")) << "B=" << B << " world=" << world << ": " << msg;
   }
 }
@@ -284,11 +271,11 @@ TEST_F(DataTest, NotEnoughWindowsForOneBatchPerRank) {
 TEST_F(DataTest, InvalidShardOrMixedFormatsInTheGlob) {
   Corpus c = make_corpus("m", {41, 30}, 8);
   write_raw_shard(path("m_000002.bin"), 999, 1, 10, counting_tokens(0, 10), 2);
-  std::string msg = error_of([&] { llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0); });
+  std::string msg = thrown_error([&] { llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0); });
   EXPECT_TRUE(contains(msg, path("m_000002.bin")) && contains(msg, "magic")) << msg;
 
   write_shard(path("m_000002.bin"), counting_tokens(kBase32, 30), true);  // uint32 among uint16 shards
-  msg = error_of([&] { llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0); });
+  msg = thrown_error([&] { llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0); });
   EXPECT_TRUE(contains(msg, path("m_000002.bin")) && contains(msg, "uint32")) << msg;
 }
 
@@ -574,13 +561,13 @@ TEST_F(DataTest, RestoreRefusesOtherSettings) {
   };
   for (const Case& k : cases) {
     llmc::DataLoader b(k.glob, k.cfg.B, k.cfg.T, k.cfg.rank, k.cfg.world, k.cfg.shuffle, k.cfg.seed);
-    const std::string msg = error_of([&] { b.restore(saved); });
+    const std::string msg = thrown_error([&] { b.restore(saved); });
     EXPECT_TRUE(contains(msg, k.what)) << k.what << ": " << msg;
   }
   // Fewer shards with the same settings.
   fs::remove(c.paths[3]);
   llmc::DataLoader fewer(c.glob, 2, 8, 1, 2, true, 7);
-  EXPECT_TRUE(contains(error_of([&] { fewer.restore(saved); }), "num_shards"));
+  EXPECT_TRUE(contains(thrown_error([&] { fewer.restore(saved); }), "num_shards"));
 }
 
 TEST_F(DataTest, RestoreRefusesMalformedPositions) {
@@ -611,7 +598,7 @@ TEST_F(DataTest, RestoreRefusesMalformedPositions) {
   cases.push_back({"fractional epoch", with("epoch", 1.5)});
   cases.push_back({"B as string", with("B", "2")});
   for (const auto& [what, p] : cases) {
-    const std::string msg = error_of([&] { dl.restore(p); });
+    const std::string msg = thrown_error([&] { dl.restore(p); });
     EXPECT_TRUE(contains(msg, "position")) << what << ": " << msg;
   }
   // The loader is still usable from a good position afterwards.
@@ -628,7 +615,7 @@ TEST_F(DataTest, VocabSizeGuardNamesTheShard) {
   dl.set_vocab_size(1000);
   // Shard 0 (windows 0..4) is inside the vocabulary; the first window of shard 1 is not.
   read_batches(dl, c, 1, 5);
-  const std::string msg = error_of([&] {
+  const std::string msg = thrown_error([&] {
     std::vector<int> in(8), tgt(8);
     dl.next_batch(in.data(), tgt.data());
   });
@@ -642,7 +629,7 @@ TEST_F(DataTest, VocabSizeGuardNamesTheShard) {
   EXPECT_EQ(epoch_ids(ok, c, 1).size(), 19u);
   ok.set_vocab_size(3032);
   read_batches(ok, c, 1, 18);
-  EXPECT_TRUE(contains(error_of([&] {
+  EXPECT_TRUE(contains(thrown_error([&] {
                          std::vector<int> in(8), tgt(8);
                          ok.next_batch(in.data(), tgt.data());
                        }),
@@ -698,7 +685,7 @@ TEST_F(TokenCheckTest, BadTokenInTheMiddleOfTheThirdShardIsFoundUpFront) {
         llmc::TokenCheckOptions options;
         options.threads = threads;
         options.chunk_tokens = chunk;
-        const std::string msg = error_of([&] { dl.check_tokens(c.V, options); });
+        const std::string msg = thrown_error([&] { dl.check_tokens(c.V, options); });
         const std::string where = "threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk);
         EXPECT_TRUE(contains(msg, "data shard '" + c.paths[2] + "': token " + std::to_string(bad_value) +
                                       " at position 50 is outside the model's vocabulary of " + std::to_string(c.V)))
@@ -721,13 +708,13 @@ TEST_F(TokenCheckTest, TheFirstBadTokenIsReportedWhateverTheThreadsFinishFirst) 
       llmc::TokenCheckOptions options;
       options.threads = threads;
       options.chunk_tokens = chunk;
-      const std::string msg = error_of([&] { dl.check_tokens(1000, options); });
+      const std::string msg = thrown_error([&] { dl.check_tokens(1000, options); });
       EXPECT_TRUE(contains(msg, c.paths[2] + "': token 5000 at position 13 ")) << threads << "/" << chunk << ": " << msg;
     }
   }
   const ScanCorpus tail = make({{3, 99}}, 5000);
   const llmc::DataLoader dl(tail.glob, 1, 8, 0, 1, false, 0);
-  EXPECT_TRUE(contains(error_of([&] { dl.check_tokens(1000); }), tail.paths[3] + "': token 5000 at position 99 "));
+  EXPECT_TRUE(contains(thrown_error([&] { dl.check_tokens(1000); }), tail.paths[3] + "': token 5000 at position 99 "));
 }
 
 TEST_F(TokenCheckTest, RanksShareTheScanAndTogetherCoverEveryToken) {
@@ -770,7 +757,7 @@ TEST_F(TokenCheckTest, SwitchedOffTheBatchCheckStillCatchesTheToken) {
   dl.set_vocab_size(1000);
   std::vector<int> in(8), tgt(8);
   for (int b = 0; b < 30; b++) dl.next_batch(in.data(), tgt.data());
-  EXPECT_TRUE(contains(error_of([&] { dl.next_batch(in.data(), tgt.data()); }), c.paths[2] + "': token 1000 at "
+  EXPECT_TRUE(contains(thrown_error([&] { dl.next_batch(in.data(), tgt.data()); }), c.paths[2] + "': token 1000 at "
                                                                                             "position 50 "));
   // uint16 shards cannot hold an id past a vocabulary of 65536 or more: nothing to scan.
   EXPECT_EQ(llmc::DataLoader(c.glob, 1, 8, 0, 1, false, 0).check_tokens(65536), 0u);
@@ -812,7 +799,7 @@ TEST_F(TokenCheckTest, AShardTruncatedAfterOpeningIsAReadError) {
   const ScanCorpus c = make({}, 0);
   const llmc::DataLoader dl(c.glob, 1, 8, 0, 1, false, 0);
   ASSERT_EQ(::truncate(c.paths[3].c_str(), 1024 + 100), 0);
-  const std::string msg = error_of([&] { dl.check_tokens(1000); });
+  const std::string msg = thrown_error([&] { dl.check_tokens(1000); });
   EXPECT_TRUE(contains(msg, c.paths[3]) && contains(msg, "end of file")) << msg;
 }
 

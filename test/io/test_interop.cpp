@@ -31,8 +31,10 @@
 #include "llmc/io/interop.h"
 #include "llmc/run/start_weights.h"
 #include "llmc/io/safetensors.h"
+#include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
+using llmc_test::thrown_error;
 using nlohmann::json;
 using namespace llmc;
 
@@ -109,18 +111,6 @@ float bf16_round(float x) {
   return bf16_bits_to_float(static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
 }
 
-// The message of the llmc::Error thrown by f (fails the test when nothing is thrown).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an llmc::Error";
-  return "";
-}
-
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
 class InteropTest : public llmc_test::TempDirTest {
@@ -178,7 +168,7 @@ TEST(InteropMapping, WeightDtypeNames) {
   EXPECT_EQ(parse_weight_dtype("float32"), WeightDtype::F32);
   EXPECT_EQ(parse_weight_dtype("bf16"), WeightDtype::BF16);
   EXPECT_STREQ(weight_dtype_name(WeightDtype::BF16), "bfloat16");
-  EXPECT_TRUE(contains(error_of([] { parse_weight_dtype("fp8"); }), "choices: float32, bfloat16"));
+  EXPECT_TRUE(contains(thrown_error([] { parse_weight_dtype("fp8"); }), "choices: float32, bfloat16"));
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -356,34 +346,34 @@ TEST_F(InteropTest, LlamaConfigVariantsAndErrors) {
 
   std::string msg;
   with([](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; });
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, config_path) && contains(msg, "RoPE scaling 'llama3'")) << msg;
   with([](json& c) { c["hidden_act"] = "gelu"; });
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "hidden_act 'gelu'")) << msg;
   with([](json& c) { c["attention_bias"] = true; });
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "attention_bias")) << msg;
   with([](json& c) { c["head_dim"] = 128; });
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "head_dim 128")) << msg;
   with([](json& c) { c["num_key_value_heads"] = 3; });
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "not divisible by num_key_value_heads 3")) << msg;
   // tie_word_embeddings true while the file holds an lm_head that differs from the embedding.
   with([](json& c) { c["tie_word_embeddings"] = true; });
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "lm_head.weight") && contains(msg, "tied")) << msg;
   // Untied config but no lm_head in the file.
   write_json(config_path, good);
   std::vector<Tensor> t = read_tensors(hf + "/model.safetensors");
   t.erase(std::remove_if(t.begin(), t.end(), [](const Tensor& x) { return x.name == "lm_head.weight"; }), t.end());
   write_tensors(hf + "/model.safetensors", t);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "missing: lm_head.weight")) << msg;
 
   // llm.c files hold GPT-2 only.
-  msg = error_of([&] { export_llmc(path("l.bin"), spec, w.data(), WeightDtype::F32); });
+  msg = thrown_error([&] { export_llmc(path("l.bin"), spec, w.data(), WeightDtype::F32); });
   EXPECT_TRUE(contains(msg, "l.bin") && contains(msg, "GPT-2 models only") && contains(msg, "--export-hf")) << msg;
 }
 
@@ -450,7 +440,7 @@ TEST_F(InteropTest, HfShardedCheckpointImports) {
   // An index that names the wrong shard for a tensor.
   index["weight_map"][first[0].name] = "model-00002-of-00002.safetensors";
   write_json(path("sharded/model.safetensors.index.json"), index);
-  const std::string msg = error_of([&] { import_hf(path("sharded")); });
+  const std::string msg = thrown_error([&] { import_hf(path("sharded")); });
   EXPECT_TRUE(contains(msg, "model.safetensors.index.json") && contains(msg, first[0].name) &&
               contains(msg, "model-00002-of-00002.safetensors")) << msg;
 }
@@ -484,7 +474,7 @@ TEST_F(InteropTest, HfHubStyleGpt2Imports) {
   // A lm_head that is not the embedding contradicts tie_word_embeddings.
   hub.back().bytes[0] ^= 0x40;
   write_tensors(path("hf/model.safetensors"), hub);
-  const std::string msg = error_of([&] { import_hf(path("hf")); });
+  const std::string msg = thrown_error([&] { import_hf(path("hf")); });
   EXPECT_TRUE(contains(msg, "lm_head.weight") && contains(msg, "tied") && contains(msg, "model.safetensors")) << msg;
 }
 
@@ -501,17 +491,17 @@ TEST_F(InteropTest, HfErrorsNameTheFileAndTheProblem) {
   };
   std::string msg;
 
-  msg = error_of([&] { import_hf(path("nope")); });
+  msg = thrown_error([&] { import_hf(path("nope")); });
   EXPECT_TRUE(contains(msg, "nope") && contains(msg, "not a directory")) << msg;
 
   fresh();
   fs::remove(hf + "/config.json");
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "has no config.json")) << msg;
 
   fresh();
   fs::remove(hf + "/model.safetensors");
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "neither model.safetensors nor model.safetensors.index.json")) << msg;
 
   // Unknown architecture.
@@ -520,7 +510,7 @@ TEST_F(InteropTest, HfErrorsNameTheFileAndTheProblem) {
   config["model_type"] = "mistral";
   config["architectures"] = {"MistralForCausalLM"};
   write_json(hf + "/config.json", config);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "config.json") && contains(msg, "unknown architecture") && contains(msg, "mistral") &&
               contains(msg, "MistralForCausalLM")) << msg;
 
@@ -529,16 +519,16 @@ TEST_F(InteropTest, HfErrorsNameTheFileAndTheProblem) {
   config = read_json(hf + "/config.json");
   config["activation_function"] = "gelu";
   write_json(hf + "/config.json", config);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "config.json") && contains(msg, "activation_function 'gelu'")) << msg;
   config = read_json(hf + "/config.json");
   config.erase("activation_function");
   config.erase("n_embd");
   write_json(hf + "/config.json", config);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "config.json") && contains(msg, "'n_embd' is missing")) << msg;
   write_file(hf + "/config.json", "{\"model_type\": \"gpt2\",");
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "config.json") && contains(msg, "invalid JSON")) << msg;
 }
 
@@ -555,14 +545,14 @@ TEST_F(InteropTest, HfTensorErrorsNameTheTensor) {
   t.erase(t.begin() + 3);
   const std::string removed = good[3].name;
   write_tensors(file, t);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, file) && contains(msg, "missing") && contains(msg, removed)) << msg;
 
   // Unexpected tensor.
   t = good;
   t.push_back({"transformer.h.2.ln_1.weight", "F32", {128}, std::vector<uint8_t>(512, 0)});
   write_tensors(file, t);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, file) && contains(msg, "unexpected tensor 'transformer.h.2.ln_1.weight'")) << msg;
 
   // Shape mismatch: the Conv1D weight stored (out, in) instead of (in, out).
@@ -570,7 +560,7 @@ TEST_F(InteropTest, HfTensorErrorsNameTheTensor) {
   for (Tensor& x : t)
     if (x.name == "transformer.h.0.attn.c_attn.weight") x.shape = {384, 128};
   write_tensors(file, t);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, file) && contains(msg, "'transformer.h.0.attn.c_attn.weight' has shape [384, 128]") &&
               contains(msg, "[128, 384]")) << msg;
 
@@ -582,7 +572,7 @@ TEST_F(InteropTest, HfTensorErrorsNameTheTensor) {
       x.bytes.resize(1024 * 128 * 4, 0);
     }
   write_tensors(file, t);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "'transformer.wte.weight' has shape [1024, 128]") && contains(msg, "[1000, 128]")) << msg;
 
   // Unsupported dtype.
@@ -590,12 +580,12 @@ TEST_F(InteropTest, HfTensorErrorsNameTheTensor) {
   for (Tensor& x : t)
     if (x.name == "transformer.ln_f.bias") x.dtype = "I32";
   write_tensors(file, t);
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, "'transformer.ln_f.bias' is I32") && contains(msg, file)) << msg;
 
   // A corrupt safetensors file: the reader names it.
   write_file(file, read_file(file).substr(0, 100));
-  msg = error_of([&] { import_hf(hf); });
+  msg = thrown_error([&] { import_hf(hf); });
   EXPECT_TRUE(contains(msg, file)) << msg;
 }
 
@@ -604,7 +594,7 @@ TEST_F(InteropTest, HfExportRefusesAShadowingIndex) {
   const std::vector<float> w = random_weights(spec, 1);
   fs::create_directories(path("hf"));
   write_file(path("hf/model.safetensors.index.json"), "{}");
-  const std::string msg = error_of([&] { export_hf(path("hf"), spec, w.data(), WeightDtype::F32); });
+  const std::string msg = thrown_error([&] { export_hf(path("hf"), spec, w.data(), WeightDtype::F32); });
   EXPECT_TRUE(contains(msg, "model.safetensors.index.json") && contains(msg, "empty directory")) << msg;
   EXPECT_FALSE(fs::exists(path("hf/config.json")));
 }
@@ -704,7 +694,7 @@ TEST_F(InteropTest, LlmcErrorsNameTheFile) {
     std::string b = good;
     std::memcpy(&b[index * 4], &value, 4);
     write_file(file, b);
-    return error_of([&] { import_llmc(file); });
+    return thrown_error([&] { import_llmc(file); });
   };
   msg = with_int(0, 12345);
   EXPECT_TRUE(contains(msg, file) && contains(msg, "bad magic 12345") && contains(msg, "20240326")) << msg;
@@ -721,23 +711,23 @@ TEST_F(InteropTest, LlmcErrorsNameTheFile) {
   msg = with_int(1, 3);  // a BF16 file's size read as FP32
   EXPECT_TRUE(contains(msg, file) && contains(msg, "truncated")) << msg;
   write_file(file, good.substr(0, good.size() - 2));
-  msg = error_of([&] { import_llmc(file); });
+  msg = thrown_error([&] { import_llmc(file); });
   EXPECT_TRUE(contains(msg, file) && contains(msg, "truncated")) << msg;
   write_file(file, good.substr(0, 100));
-  msg = error_of([&] { import_llmc(file); });
+  msg = thrown_error([&] { import_llmc(file); });
   EXPECT_TRUE(contains(msg, "too short for the 1024-byte header")) << msg;
-  msg = error_of([&] { import_llmc(path("missing.bin")); });
+  msg = thrown_error([&] { import_llmc(path("missing.bin")); });
   EXPECT_TRUE(contains(msg, "missing.bin")) << msg;
 
   // Specs llm.c cannot represent.
   ModelSpec wide = spec;
   wide.ffn_hidden = 3 * spec.n_embd;
   const std::vector<float> ww = random_weights(wide, 1);
-  msg = error_of([&] { export_llmc(path("wide.bin"), wide, ww.data(), WeightDtype::F32); });
+  msg = thrown_error([&] { export_llmc(path("wide.bin"), wide, ww.data(), WeightDtype::F32); });
   EXPECT_TRUE(contains(msg, "wide.bin") && contains(msg, "ffn_hidden") && contains(msg, "--export-hf")) << msg;
   ModelSpec eps = spec;
   eps.norm_eps = 1e-6f;
-  msg = error_of([&] { export_llmc(path("eps.bin"), eps, w.data(), WeightDtype::F32); });
+  msg = thrown_error([&] { export_llmc(path("eps.bin"), eps, w.data(), WeightDtype::F32); });
   EXPECT_TRUE(contains(msg, "norm_eps")) << msg;
   EXPECT_FALSE(fs::exists(path("wide.bin")) || fs::exists(path("eps.bin")) || fs::exists(path("eps.bin.tmp")));
 }
@@ -761,8 +751,8 @@ TEST_F(InteropTest, DetectsTheFormat) {
   EXPECT_EQ(detect_weights_format(path("m.bin")), WeightsFormat::Llmc);
   EXPECT_EQ(detect_weights_format(path("hf/model.safetensors")), WeightsFormat::Llm8);
   EXPECT_EQ(detect_weights_format(dir_), WeightsFormat::Llm8);
-  EXPECT_TRUE(contains(error_of([&] { detect_weights_format(path("none")); }), "does not exist"));
-  EXPECT_TRUE(contains(error_of([&] { load_weights(dir_, cfg.model, nullptr); }), "neither config.json"));
+  EXPECT_TRUE(contains(thrown_error([&] { detect_weights_format(path("none")); }), "does not exist"));
+  EXPECT_TRUE(contains(thrown_error([&] { load_weights(dir_, cfg.model, nullptr); }), "neither config.json"));
 }
 
 TEST_F(InteropTest, LoadWeightsChecksTheSpecAndRepadsTheVocabulary) {
@@ -790,12 +780,12 @@ TEST_F(InteropTest, LoadWeightsChecksTheSpecAndRepadsTheVocabulary) {
   // A config that describes another model: the error names the key and both values.
   const RunConfig deeper = tiny_config({"model.n_layer=3"});
   std::vector<float> buf(build_param_table(deeper.model).total_elements);
-  std::string msg = error_of([&] { load_weights(path("hf"), deeper.model, buf.data()); });
+  std::string msg = thrown_error([&] { load_weights(path("hf"), deeper.model, buf.data()); });
   EXPECT_TRUE(contains(msg, "config.json") && contains(msg, "model.n_layer = 2") && contains(msg, "says 3")) << msg;
-  msg = error_of([&] { load_weights(path("m.bin"), deeper.model, buf.data()); });
+  msg = thrown_error([&] { load_weights(path("m.bin"), deeper.model, buf.data()); });
   EXPECT_TRUE(contains(msg, "m.bin") && contains(msg, "model.n_layer = 2")) << msg;
   const RunConfig eps = tiny_config({"model.norm_eps=1e-6"});
-  msg = error_of([&] { load_weights(path("hf"), eps.model, loaded.data()); });
+  msg = thrown_error([&] { load_weights(path("hf"), eps.model, loaded.data()); });
   EXPECT_TRUE(contains(msg, "model.norm_eps = 1e-05") && contains(msg, "1e-06")) << msg;
   // Llama: rope_theta and tied_embeddings are part of the model.
   const RunConfig llama = tiny_config({"model.preset=llama-tiny"});
@@ -804,16 +794,16 @@ TEST_F(InteropTest, LoadWeightsChecksTheSpecAndRepadsTheVocabulary) {
   std::vector<float> lbuf(build_param_table(llama.model).total_elements);
   EXPECT_TRUE(contains(load_weights(path("llama"), llama.model, lbuf.data()), "(llama)"));
   const RunConfig theta = tiny_config({"model.preset=llama-tiny", "model.rope_theta=500000"});
-  msg = error_of([&] { load_weights(path("llama"), theta.model, lbuf.data()); });
+  msg = thrown_error([&] { load_weights(path("llama"), theta.model, lbuf.data()); });
   EXPECT_TRUE(contains(msg, "model.rope_theta = 10000.0") && contains(msg, "500000.0")) << msg;
   const RunConfig tied = tiny_config({"model.preset=llama-tiny", "model.tied_embeddings=true"});
-  msg = error_of([&] { load_weights(path("llama"), tied.model, lbuf.data()); });
+  msg = thrown_error([&] { load_weights(path("llama"), tied.model, lbuf.data()); });
   EXPECT_TRUE(contains(msg, "model.tied_embeddings = false")) << msg;
-  msg = error_of([&] { load_weights(path("hf"), llama.model, lbuf.data()); });
+  msg = thrown_error([&] { load_weights(path("hf"), llama.model, lbuf.data()); });
   EXPECT_TRUE(contains(msg, "model.arch = \"gpt2\"") && contains(msg, "\"llama\"")) << msg;
 
   const RunConfig vocab = tiny_config({"model.vocab_size=50000"});
-  msg = error_of([&] { load_weights(path("m.bin"), vocab.model, loaded.data()); });
+  msg = thrown_error([&] { load_weights(path("m.bin"), vocab.model, loaded.data()); });
   EXPECT_TRUE(contains(msg, "model.vocab_size = 50257")) << msg;
 
   // Our own model.safetensors: by name, F32, the table's shape.
@@ -823,7 +813,7 @@ TEST_F(InteropTest, LoadWeightsChecksTheSpecAndRepadsTheVocabulary) {
   std::fill(loaded.begin(), loaded.end(), -1.0f);
   EXPECT_TRUE(contains(load_weights(path("model.safetensors"), cfg.model, loaded.data()), "llm8 weights"));
   EXPECT_EQ(loaded, w);
-  msg = error_of([&] { load_weights(path("hf/model.safetensors"), cfg.model, loaded.data()); });
+  msg = thrown_error([&] { load_weights(path("hf/model.safetensors"), cfg.model, loaded.data()); });
   EXPECT_TRUE(contains(msg, "hf/model.safetensors") && contains(msg, "transformer.wte.weight") &&
               contains(msg, "[50257, 128]")) << msg;
 }
@@ -866,7 +856,7 @@ TEST_F(InteropTest, RunStartWeightsFollowTheTrainersOrder) {
   // A checkpoint of another model is refused naming the key.
   RunConfig wider = tiny_config({"checkpoint.dir=" + run, "model.max_seq_len=128"});
   std::vector<float> buf(build_param_table(wider.model).total_elements);
-  const std::string msg = error_of([&] { run_start_weights(wider, buf.data()); });
+  const std::string msg = thrown_error([&] { run_start_weights(wider, buf.data()); });
   EXPECT_TRUE(contains(msg, "step_00000007") && contains(msg, "model.max_seq_len")) << msg;
 
   // checkpoint.resume = none: init_from again.
@@ -913,17 +903,17 @@ TEST_F(InteropTest, InitFromACheckpointVerifiesItLikeAResume) {
   flip_last_bytes(step + "/model.safetensors");
   for (const std::string& source : {step, step + "/model.safetensors"}) {
     cfg.train.init_from = source;
-    const std::string msg = error_of([&] { load_init_from(cfg, values.data()); });
+    const std::string msg = thrown_error([&] { load_init_from(cfg, values.data()); });
     EXPECT_TRUE(contains(msg, "train.init_from: checkpoint file " + step + "/model.safetensors is corrupt (checksum "
                               "mismatch)")) << msg;
     // The export path reads train.init_from the same way.
-    EXPECT_TRUE(contains(error_of([&] { run_start_weights(cfg, values.data()); }), "checksum mismatch"));
+    EXPECT_TRUE(contains(thrown_error([&] { run_start_weights(cfg, values.data()); }), "checksum mismatch"));
   }
   // Incomplete (no DONE): refused too.
   const std::string fresh = write_step_dir(path("run2"), 6, cfg, w);
   fs::remove(fresh + "/DONE");
   cfg.train.init_from = fresh;
-  const std::string msg = error_of([&] { load_init_from(cfg, values.data()); });
+  const std::string msg = thrown_error([&] { load_init_from(cfg, values.data()); });
   EXPECT_TRUE(contains(msg, "train.init_from: checkpoint " + fresh + " is incomplete")) << msg;
   // A model.safetensors outside a checkpoint is read as before (nothing to verify it against).
   fs::create_directories(path("loose"));
@@ -944,18 +934,18 @@ TEST_F(InteropTest, NonFiniteInitWeightsAreRefusedNamingTheTensorAndTheElement) 
   std::vector<float> values(table.total_elements);
   for (const std::string& source : {path("hf"), path("m.bin"), llmc::step_dir_path(path("run"), 1)}) {
     cfg.train.init_from = source;
-    const std::string msg = error_of([&] { load_init_from(cfg, values.data()); });
+    const std::string msg = thrown_error([&] { load_init_from(cfg, values.data()); });
     EXPECT_TRUE(contains(msg, "transformer.h.1.attn.c_attn.weight[5, 7] = nan") &&
                 contains(msg, "train.allow_nonfinite_init") && contains(msg, source))
         << msg;
-    EXPECT_TRUE(contains(error_of([&] { run_start_weights(cfg, values.data()); }), "[5, 7] = nan")) << source;
+    EXPECT_TRUE(contains(thrown_error([&] { run_start_weights(cfg, values.data()); }), "[5, 7] = nan")) << source;
   }
   // Infinities too (BF16 has them).
   std::vector<float> inf = random_weights(cfg.model, 67);
   inf[table.get("transformer.ln_f.weight").offset + 3] = -INFINITY;
   export_llmc(path("inf.bin"), cfg.model, inf.data(), WeightDtype::BF16);
   cfg.train.init_from = path("inf.bin");
-  EXPECT_TRUE(contains(error_of([&] { load_init_from(cfg, values.data()); }), "transformer.ln_f.weight[3] = -inf"));
+  EXPECT_TRUE(contains(thrown_error([&] { load_init_from(cfg, values.data()); }), "transformer.ln_f.weight[3] = -inf"));
   // The switch lets them in.
   cfg.train.allow_nonfinite_init = true;
   cfg.train.init_from = path("hf");
@@ -968,9 +958,9 @@ TEST_F(InteropTest, ExportsNeverWriteIntoACheckpointAndOverwriteOnlyWithForce) {
   const std::string step = write_step_dir(path("run"), 5, cfg, random_weights(cfg.model, 71));
   const std::string model_before = read_file(step + "/model.safetensors");
   for (bool force : {false, true}) {
-    std::string msg = error_of([&] { export_run_weights(cfg, step, "", WeightDtype::F32, force); });
+    std::string msg = thrown_error([&] { export_run_weights(cfg, step, "", WeightDtype::F32, force); });
     EXPECT_TRUE(contains(msg, "--export-hf " + step + " is a checkpoint step directory")) << msg;
-    msg = error_of([&] { export_run_weights(cfg, "", step + "/gpt2.bin", WeightDtype::F32, force); });
+    msg = thrown_error([&] { export_run_weights(cfg, "", step + "/gpt2.bin", WeightDtype::F32, force); });
     EXPECT_TRUE(contains(msg, "checkpoint step directory " + step)) << msg;
   }
   EXPECT_EQ(read_file(step + "/model.safetensors"), model_before);
@@ -981,9 +971,9 @@ TEST_F(InteropTest, ExportsNeverWriteIntoACheckpointAndOverwriteOnlyWithForce) {
   fs::create_directories(path("hf"));
   write_file(path("hf/notes.txt"), "mine");
   write_file(path("m.bin"), "mine");
-  std::string msg = error_of([&] { export_run_weights(cfg, path("hf"), "", WeightDtype::F32, false); });
+  std::string msg = thrown_error([&] { export_run_weights(cfg, path("hf"), "", WeightDtype::F32, false); });
   EXPECT_TRUE(contains(msg, path("hf") + " is not empty") && contains(msg, "--force")) << msg;
-  msg = error_of([&] { export_run_weights(cfg, "", path("m.bin"), WeightDtype::F32, false); });
+  msg = thrown_error([&] { export_run_weights(cfg, "", path("m.bin"), WeightDtype::F32, false); });
   EXPECT_TRUE(contains(msg, path("m.bin") + " exists") && contains(msg, "--force")) << msg;
   EXPECT_FALSE(fs::exists(path("hf/model.safetensors")));
   EXPECT_EQ(read_file(path("m.bin")), "mine");
@@ -992,7 +982,7 @@ TEST_F(InteropTest, ExportsNeverWriteIntoACheckpointAndOverwriteOnlyWithForce) {
   EXPECT_EQ(detect_weights_format(path("m.bin")), WeightsFormat::Llmc);
 
   // Something that is not a regular file is never replaced; a new or empty target needs no --force.
-  msg = error_of([&] { export_run_weights(cfg, "", "/dev/null", WeightDtype::F32, true); });
+  msg = thrown_error([&] { export_run_weights(cfg, "", "/dev/null", WeightDtype::F32, true); });
   EXPECT_TRUE(contains(msg, "/dev/null exists and is not a regular file")) << msg;
   fs::create_directories(path("empty"));
   EXPECT_EQ(export_run_weights(cfg, path("empty"), path("new.bin"), WeightDtype::F32, false), 0);
@@ -1074,11 +1064,11 @@ TEST_F(InteropTest, HfJsonFilesAreReadWithTheChecks) {
   const std::string config_text = read_file(hf + "/config.json");
   // A key twice (the last won silently), deep nesting, a number that does not fit.
   write_file(hf + "/config.json", "{\"n_layer\": 2,\n\"n_layer\": 12," + config_text.substr(1));
-  EXPECT_TRUE(contains(error_of([&] { import_hf(hf); }), hf + "/config.json: duplicate key 'n_layer' (line 2)"));
+  EXPECT_TRUE(contains(thrown_error([&] { import_hf(hf); }), hf + "/config.json: duplicate key 'n_layer' (line 2)"));
   write_file(hf + "/config.json", "{\"task_specific_params\": " + std::string(100000, '[') + "}");
   llmc_test::expect_bounded_error([&] { import_hf(hf); }, {"config.json: JSON nested deeper than 64 levels"}, 2);
   write_file(hf + "/config.json", "{\"layer_norm_epsilon\": 1e999," + config_text.substr(1));
-  EXPECT_TRUE(contains(error_of([&] { import_hf(hf); }), "the number 1e999 of 'layer_norm_epsilon'"));
+  EXPECT_TRUE(contains(thrown_error([&] { import_hf(hf); }), "the number 1e999 of 'layer_norm_epsilon'"));
   // config.json as a FIFO: refused, never opened for reading.
   fs::remove(hf + "/config.json");
   llmc_test::make_fifo(hf + "/config.json");
@@ -1095,7 +1085,7 @@ TEST_F(InteropTest, HfJsonFilesAreReadWithTheChecks) {
   const std::string index = json{{"weight_map", map}}.dump(1);
   write_file(hf + "/model.safetensors.index.json",
              "{\"weight_map\": {\"transformer.wpe.weight\": \"x\",\n" + index.substr(index.find('{', 1) + 1));
-  EXPECT_TRUE(contains(error_of([&] { import_hf(hf); }), "duplicate key 'weight_map.transformer.wpe.weight'"));
+  EXPECT_TRUE(contains(thrown_error([&] { import_hf(hf); }), "duplicate key 'weight_map.transformer.wpe.weight'"));
   write_file(hf + "/model.safetensors.index.json", index);
   EXPECT_NO_THROW(import_hf(hf));
   fs::remove(shard);

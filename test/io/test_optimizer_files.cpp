@@ -23,8 +23,10 @@
 #include "llmc/io/optimizer_files.h"
 #include "llmc/io/safetensors.h"
 #include "llmc/model/model_spec.h"
+#include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
+using llmc_test::error_of;
 using llmc::ElementRange;
 using llmc::ParamTable;
 using llmc::ShardLayout;
@@ -39,15 +41,6 @@ ParamTable table_of(const std::string& preset) {
   llmc::ModelSpec spec;
   EXPECT_TRUE(llmc::model_preset(preset, &spec)) << preset;
   return llmc::build_param_table(spec);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const llmc::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::string read_file(const std::string& path) {

@@ -19,28 +19,16 @@
 
 #include "llmc/core/common.h"
 #include "llmc/io/tokenizer.h"
+#include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
 
+using llmc_test::thrown_error;
 namespace {
 
 const char* kEncoderJson = "dev/data/gpt2/encoder.json";
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const llmc::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected llmc::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no llmc::Error thrown";
-  return "";
-}
 
 // GPT-2's bytes_to_unicode() byte order, as in OpenAI's encoder.py: the printable bytes '!'..'~', 0xA1..0xAC,
 // 0xAE..0xFF, then every other byte in increasing order. Token id i < 256 is the single byte order[i].
@@ -149,7 +137,7 @@ TEST(GPT2Tokenizer, PartialUtf8TokensAreRawBytes) {
 TEST(GPT2Tokenizer, InvalidIds) {
   const llmc::GPT2Tokenizer& tok = gpt2();
   for (int id : {-1, 50257, 1 << 30, -2147483647 - 1}) {
-    const std::string msg = error_of([&] { tok.decode(id); });
+    const std::string msg = thrown_error([&] { tok.decode(id); });
     EXPECT_TRUE(contains(msg, std::to_string(id))) << msg;
   }
   EXPECT_THROW(tok.decode(std::vector<int>{15496, 50257}), llmc::Error);
@@ -189,25 +177,25 @@ TEST_F(TokenizerFiles, BrokenFilesNameTheFile) {
   };
   for (const Case& c : cases) {
     const std::string path = write(c.name, c.text);
-    const std::string msg = error_of([&] { llmc::GPT2Tokenizer tok(path); });
+    const std::string msg = thrown_error([&] { llmc::GPT2Tokenizer tok(path); });
     EXPECT_TRUE(contains(msg, path)) << c.name << ": " << msg;
   }
   const std::string missing = dir_ + "/missing/encoder.json";
-  const std::string msg = error_of([&] { llmc::GPT2Tokenizer tok(missing); });
+  const std::string msg = thrown_error([&] { llmc::GPT2Tokenizer tok(missing); });
   EXPECT_TRUE(contains(msg, missing)) << msg;
-  const std::string directory = error_of([&] { llmc::GPT2Tokenizer tok(dir_); });
+  const std::string directory = thrown_error([&] { llmc::GPT2Tokenizer tok(dir_); });
   EXPECT_TRUE(contains(directory, dir_)) << directory;
 }
 
 TEST_F(TokenizerFiles, HostileFilesAreRefusedWithinBounds) {
   // A token string given twice (nlohmann kept the last id silently), at the line it is on.
   const std::string dup = write("dup_token.json", "{\"!\": 0,\n\"<|endoftext|>\": 1,\n\"!\": 2}");
-  EXPECT_TRUE(contains(error_of([&] { llmc::GPT2Tokenizer tok(dup); }), dup + ": duplicate key '!' (line 3)"));
+  EXPECT_TRUE(contains(thrown_error([&] { llmc::GPT2Tokenizer tok(dup); }), dup + ": duplicate key '!' (line 3)"));
   // Deep nesting, and a number that does not fit.
   const std::string deep = write("deep.json", "{\"!\": " + std::string(100000, '[') + "}");
   llmc_test::expect_bounded_error([&] { llmc::GPT2Tokenizer tok(deep); }, {deep, "nested deeper than 64 levels"}, 2);
   const std::string overflow = write("overflow.json", R"({"!": 1e999, "<|endoftext|>": 1})");
-  EXPECT_TRUE(contains(error_of([&] { llmc::GPT2Tokenizer tok(overflow); }), "the number 1e999 of '!'"));
+  EXPECT_TRUE(contains(thrown_error([&] { llmc::GPT2Tokenizer tok(overflow); }), "the number 1e999 of '!'"));
   // An id past the vocabulary: refused before anything is sized by it.
   const std::string big_id = write("big_id.json", R"({"!": 9223372036854775807, "<|endoftext|>": 1})");
   llmc_test::expect_bounded_error([&] { llmc::GPT2Tokenizer tok(big_id); }, {big_id, "ids must be 0..1"}, 2,

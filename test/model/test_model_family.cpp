@@ -24,20 +24,13 @@
 #include "llmc/model/model.h"
 #include "llmc/model/model_spec.h"
 #include "llmc/run/config.h"
+#include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
+using llmc_test::error_of;
 using namespace llmc;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

@@ -16,19 +16,12 @@
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/state_format.h"
 #include "llmc/run/config.h"
+#include "test/support/error_of.h"
 
+using llmc_test::error_of;
 using llmc::StateFormat;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const llmc::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 nlohmann::json base_config() {
   return nlohmann::json::parse(R"({

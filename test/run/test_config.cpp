@@ -18,8 +18,10 @@
 #include "llmc/run/config.h"
 #include "llmc/run/memory_plan.h"
 #include "test/support/bounded_run.h"
+#include "test/support/error_of.h"
 #include "test/support/temp_dir.h"
 
+using llmc_test::error_of;
 using llmc::RunConfig;
 using nlohmann::json;
 
@@ -34,17 +36,6 @@ json base_config() {
     "data": {"train": "data/x/x_train_*.bin", "val": "data/x/x_val_*.bin"},
     "train": {"micro_batch": 2, "seq_len": 64, "steps": 10, "warmup_steps": 1}
   })");
-}
-
-// The message of the llmc::Error that f throws, or "" when it throws none.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const llmc::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // The message of the llmc::Error that loading throws, or "" when it loads.
