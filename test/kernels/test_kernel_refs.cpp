@@ -12,28 +12,15 @@
 
 #include "test/reference/kernels_ref.h"
 #include "test/reference/optim_ref.h"
-
-
+#include "test/support/finite_diff.h"
 
 namespace {
 
-std::vector<float> random_vector(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0.0;
-  for (size_t i = 0; i < a.size(); i++) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-
-// Central difference step. The references compute in FP64 and round to FP32 at the end, so the rounding noise of a
-// loss of O(10) is ~1e-6 and the difference quotient error is ~1e-6 / (2h) = 5e-5, truncation ~h^2 = 1e-4.
-constexpr float kStep = 1e-2f;
-constexpr double kFdTolerance = 2e-3;
+using llmc_test::dot;
+using llmc_test::finite_difference;
+using llmc_test::kFdStep;
+using llmc_test::kFdTolerance;
+using llmc_test::random_vector;
 
 // ---------------------------------------------------------------------------------------------------------------
 TEST(LayerNormRef, ForwardNormalises) {
@@ -74,20 +61,13 @@ TEST(LayerNormRef, BackwardMatchesFiniteDifferences) {
   llmc::layernorm_backward_cpu(dinp.data(), dweight.data(), dbias.data(), R.data(), inp.data(), weight.data(),
                                mean.data(), rstd.data(), N, C);
 
-  auto finite_difference = [&](std::vector<float>& param, size_t i) {
-    const float saved = param[i];
-    param[i] = saved + kStep;
-    const double plus = loss(inp, weight, bias);
-    param[i] = saved - kStep;
-    const double minus = loss(inp, weight, bias);
-    param[i] = saved;
-    return (plus - minus) / (2.0 * kStep);
-  };
+  auto current_loss = [&] { return loss(inp, weight, bias); };
   for (size_t i = 0; i < inp.size(); i++)
-    EXPECT_NEAR(dinp[i] - dinp0, finite_difference(inp, i), kFdTolerance) << "dinp[" << i << "]";
+    EXPECT_NEAR(dinp[i] - dinp0, finite_difference(inp, i, current_loss), kFdTolerance) << "dinp[" << i << "]";
   for (int c = 0; c < C; c++) {
-    EXPECT_NEAR(dweight[c] - dweight0, finite_difference(weight, c), kFdTolerance) << "dweight[" << c << "]";
-    EXPECT_NEAR(dbias[c] - dbias0, finite_difference(bias, c), kFdTolerance) << "dbias[" << c << "]";
+    EXPECT_NEAR(dweight[c] - dweight0, finite_difference(weight, c, current_loss), kFdTolerance)
+        << "dweight[" << c << "]";
+    EXPECT_NEAR(dbias[c] - dbias0, finite_difference(bias, c, current_loss), kFdTolerance) << "dbias[" << c << "]";
   }
 }
 
@@ -111,10 +91,10 @@ TEST(GeluRef, BackwardMatchesFiniteDifferences) {
   llmc::gelu_backward_inplace_cpu(dinout.data(), x.data(), n);
   for (size_t i = 0; i < n; i++) {
     float plus, minus;
-    const float xp = x[i] + kStep, xm = x[i] - kStep;
+    const float xp = x[i] + kFdStep, xm = x[i] - kFdStep;
     llmc::gelu_forward_cpu(&plus, &xp, 1);
     llmc::gelu_forward_cpu(&minus, &xm, 1);
-    const double derivative = (static_cast<double>(plus) - minus) / (2.0 * kStep);
+    const double derivative = (static_cast<double>(plus) - minus) / (2.0 * kFdStep);
     EXPECT_NEAR(dinout[i], dout[i] * derivative, kFdTolerance) << "x = " << x[i];
   }
 }
@@ -157,12 +137,12 @@ TEST(ClassifierRef, DlogitsMatchFiniteDifferences) {
         continue;
       }
       const float saved = logits[n * Vp + c];
-      logits[n * Vp + c] = saved + kStep;
+      logits[n * Vp + c] = saved + kFdStep;
       const double plus = row_loss(n);
-      logits[n * Vp + c] = saved - kStep;
+      logits[n * Vp + c] = saved - kFdStep;
       const double minus = row_loss(n);
       logits[n * Vp + c] = saved;
-      EXPECT_NEAR(got, dloss * (plus - minus) / (2.0 * kStep), kFdTolerance * dloss) << "row " << n << " col " << c;
+      EXPECT_NEAR(got, dloss * (plus - minus) / (2.0 * kFdStep), kFdTolerance * dloss) << "row " << n << " col " << c;
     }
   }
 }

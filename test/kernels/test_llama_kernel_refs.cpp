@@ -12,38 +12,15 @@
 #include "llmc/kernels/rmsnorm.h"
 #include "llmc/kernels/rope.h"
 #include "test/reference/kernels_ref.h"
+#include "test/support/finite_diff.h"
 
 namespace {
 
-std::vector<float> random_vector(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0.0;
-  for (size_t i = 0; i < a.size(); i++) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-
-// Central differences as in test_kernel_refs: FP64 references rounded to FP32 at the end, loss O(10): rounding noise
-// ~1e-6 / (2h) = 5e-5, truncation ~h^2 = 1e-4.
-constexpr float kStep = 1e-2f;
-constexpr double kFdTolerance = 2e-3;
-
-// d loss / d param[i] by central differences, loss() reading param.
-template <class Loss>
-double finite_difference(std::vector<float>& param, size_t i, Loss loss) {
-  const float saved = param[i];
-  param[i] = saved + kStep;
-  const double plus = loss();
-  param[i] = saved - kStep;
-  const double minus = loss();
-  param[i] = saved;
-  return (plus - minus) / (2.0 * kStep);
-}
+using llmc_test::dot;
+using llmc_test::finite_difference;
+using llmc_test::kFdStep;
+using llmc_test::kFdTolerance;
+using llmc_test::random_vector;
 
 // ---------------------------------------------------------------------------------------------------------------
 // RMSNorm
