@@ -13,6 +13,7 @@
 #include "llmc/core/common.h"
 #include "llmc/kernels/attention.h"
 #include "test/reference/kernels_ref.h"
+#include "test/support/finite_diff.h"
 
 namespace llmc {
 // Double-precision variants defined in llmc/kernels/attention.cu for this test (not part of the kernels.h interface).
@@ -125,13 +126,7 @@ TEST(AttentionReference, BackwardMatchesFiniteDifferences) {
     for (double g : dqkv) max_grad = std::max(max_grad, std::fabs(g));
     ASSERT_GT(max_grad, 1e-3) << "degenerate test: all gradients ~0";
     for (size_t i = 0; i < qkv.size(); i++) {
-      const double saved = qkv[i];
-      qkv[i] = saved + step;
-      const double up = loss();
-      qkv[i] = saved - step;
-      const double down = loss();
-      qkv[i] = saved;
-      const double numeric = (up - down) / (2 * step);
+      const double numeric = llmc_test::finite_difference(qkv, i, loss, step);
       // central differences: truncation O(step^2) ~ 1e-10, rounding ~1e-16/step ~ 1e-11
       ASSERT_NEAR(dqkv[i], numeric, 1e-7 * (1.0 + std::fabs(numeric)))
           << "dqkv[" << i << "] B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV << " HS=" << s.HS;

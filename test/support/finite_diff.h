@@ -1,8 +1,8 @@
 // test/support/finite_diff.h: what the CPU tests of the kernel references (test/kernels/test_kernel_refs.cpp,
-// test_llama_kernel_refs.cpp) use to check a backward reference against central finite differences of its forward.
-// The references compute in FP64 and round to FP32 at the end, so for a loss of O(10) the rounding noise is ~1e-6,
-// the difference quotient's error ~1e-6 / (2h) = 5e-5 and the truncation ~h^2 = 1e-4: kFdTolerance = 2e-3 for
-// h = kFdStep = 1e-2.
+// test_llama_kernel_refs.cpp, test_attention_ref.cpp) use to check a backward reference against central finite
+// differences of its forward. The FP32 references compute in FP64 and round to FP32 at the end, so for a loss of
+// O(10) the rounding noise is ~1e-6, the difference quotient's error ~1e-6 / (2h) = 5e-5 and the truncation
+// ~h^2 = 1e-4: kFdTolerance = 2e-3 for h = kFdStep = 1e-2. (FP64 references pass their own, smaller step.)
 #pragma once
 
 #include <cstddef>
@@ -29,16 +29,17 @@ inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
   return s;
 }
 
-// d loss / d param[i] by central differences with step kFdStep, loss() reading param (restored afterwards).
-template <class Loss>
-double finite_difference(std::vector<float>& param, size_t i, Loss loss) {
-  const float saved = param[i];
-  param[i] = saved + kFdStep;
+// d loss / d param[i] by central differences with the given step (FP32 references: kFdStep), loss() reading param
+// (restored afterwards).
+template <class T, class Loss>
+double finite_difference(std::vector<T>& param, size_t i, Loss loss, T step = static_cast<T>(kFdStep)) {
+  const T saved = param[i];
+  param[i] = saved + step;
   const double plus = loss();
-  param[i] = saved - kFdStep;
+  param[i] = saved - step;
   const double minus = loss();
   param[i] = saved;
-  return (plus - minus) / (2.0 * kFdStep);
+  return (plus - minus) / (2.0 * static_cast<double>(step));
 }
 
 }  // namespace llmc_test
