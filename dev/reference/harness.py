@@ -1,7 +1,7 @@
 """dev/reference/harness.py: what the PyTorch reference models (dev/reference/gpt2.py, dev/reference/llama.py) share
 around their forward passes, written once: the command-line flags of both modes, the weights from a safetensors file,
-parity mode (the bf16 rounding of the FP32 master, the parity batch, the first step's state, the reference AdamW
-steps, the parity files) and the timed training loop of --time.
+parity mode (one forward/backward of the parity batch on the bf16-rounded FP32 master, the reference AdamW steps,
+the parity files) and the timed training loop of --time.
 
 Each model file keeps what is its own: presets, parameter table, init, forward, config checks, and in --time the
 model and loss it measures.
@@ -33,7 +33,7 @@ def add_common_flags(ap):
 
 
 def add_timing_flags(ap):
-    """--time and its flags, then --device."""
+    """The flags of --time (each model adds --time itself), then --device."""
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps (--time)")
     ap.add_argument("--iters", type=int, default=20, help="timed steps (--time)")
     ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (--time; default 1)")
@@ -59,35 +59,6 @@ def load_weights(shapes, path, who, hint=""):
 def bf16_round(master, device):
     """Leaf FP32 tensors holding bf16(master): the weights our BF16 trainer computes with."""
     return {n: t.to(torch.bfloat16).to(torch.float32).to(device).requires_grad_(True) for n, t in master.items()}
-
-
-def exact_fp32():
-    """FP32 products without TF32 (parity mode)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-
-
-def parity_batch(V, B, T, seed):
-    """The parity test's batch: B x (T + 1) tokens below V from torch's CPU generator seeded with seed + 1 (the
-    weights take seed); (inputs, targets) int64 (B, T) on the CPU."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, V, (B, T + 1), generator=gen, dtype=torch.int64)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-def first_step_state(inputs, targets, logits, loss, w, V):
-    """The debug_state tensors of one forward/backward: inputs, targets (I32), logits[..., :V], loss and grads.<name>
-    (F32) of the leaf weights w."""
-    state = {
-        "inputs": inputs.numpy().astype(np.int32),
-        "targets": targets.numpy().astype(np.int32),
-        "logits": np.ascontiguousarray(logits[..., :V].detach().float().cpu().numpy()),
-        "loss": np.array([loss.item()], dtype=np.float32),
-    }
-    for name, t in w.items():
-        state["grads." + name] = t.grad.detach().float().cpu().numpy()
-    return state
 
 
 def adamw_steps(master, loss_of, decay, args, device):
@@ -125,13 +96,25 @@ def parity(args, master, forward, decay, V, meta, device, check=None):
     bf16-rounded weights, check(w, logits, loss, inputs, targets) if given (on device), args.steps reference AdamW
     steps, and the parity files (meta: the model's metadata). forward(w, inputs, targets) -> (logits, loss) with
     logits (B, T, Vp) of which the first V columns are the vocabulary."""
-    exact_fp32()
-    inputs, targets = parity_batch(V, args.B, args.T, args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = False  # FP32 products, no TF32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    # The batch: B x (T + 1) tokens below V from torch's CPU generator seeded with seed + 1 (the weights take seed).
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    tokens = torch.randint(0, V, (args.B, args.T + 1), generator=gen, dtype=torch.int64)
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     inputs_d, targets_d = inputs.to(device), targets.to(device)
     w = bf16_round(master, device)
     logits, loss = forward(w, inputs_d, targets_d)
     loss.backward()
-    state = first_step_state(inputs, targets, logits, loss, w, V)
+    state = {
+        "inputs": inputs.numpy().astype(np.int32),
+        "targets": targets.numpy().astype(np.int32),
+        "logits": np.ascontiguousarray(logits[..., :V].detach().float().cpu().numpy()),
+        "loss": np.array([loss.item()], dtype=np.float32),
+    }
+    for name, t in w.items():
+        state["grads." + name] = t.grad.detach().float().cpu().numpy()
     if check is not None:
         check(w, logits, loss, inputs_d, targets_d)
     losses = adamw_steps(master, lambda w: forward(w, inputs_d, targets_d)[1], decay, args, device)
