@@ -22,8 +22,8 @@
 #include "test/support/error_of.h"
 
 namespace fs = std::filesystem;
-
 using llmc_test::thrown_error;
+
 namespace {
 
 const char* kEncoderJson = "dev/data/gpt2/encoder.json";
