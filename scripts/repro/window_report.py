@@ -5,16 +5,18 @@ Only the steps every run reached are used, so runs that stopped early (a machine
 over what they have: the table says up to which step.
 
     usage: python3 scripts/repro/window_report.py OUT RUN... [--base bf16] [--window 768] [--last 300]
-                                                  [--title TEXT] [--md FILE]
+                                                  [--norms] [--title TEXT] [--md FILE]
 
 Reads OUT/<run>.jsonl (or .jsonl.gz). Windows: steps 1..W, W+1..2W, ... up to the last step all runs reached (a
 shorter last window is kept), then the last --last steps of that range as one more row. With one pass over the data
 each train batch is unseen when its loss is taken, so a window's mean train loss is a held-out loss on
 (window x tokens per step) tokens (runlog.TAIL_STEPS explains the same measure at the end of a run). A window's mean
-uses the finite losses only (a skipped step has none); its row gives the number of such steps left out. Prints the
-Markdown (and writes it to --md when given); when the runs trained on more than one GPU model (runlog.run_device: the
-train_gpt output beside each log) a last line names each run's. Exit status 2 when a log is missing, has no train
-records, or the base run is not among the runs.
+uses the finite losses only (a skipped step has none); its row gives the number of such steps left out. --norms adds
+a table of the median gradient norm (the train records' "norm", before clipping) per window and its difference to the
+base run: a recipe that drops gradient (a mask) or adds to it shows there. Prints the Markdown (and writes it to --md
+when given); when the runs trained on more than one GPU model (runlog.run_device: the train_gpt output beside each
+log) a last line names each run's. Exit status 2 when a log is missing, has no train records, or the base run is not
+among the runs.
 """
 import argparse
 import os
@@ -25,12 +27,15 @@ import runlog  # noqa: E402
 
 
 def load(out, run):
-    """(train {step: loss or None}, evals {step: val_loss}) of OUT/<run>.jsonl[.gz]."""
+    """(train {step: loss or None}, evals {step: val_loss}, norms {step: gradient norm}) of OUT/<run>.jsonl[.gz];
+    norms holds the train records with a finite "norm"."""
     records = runlog.read_records(os.path.join(out, f"{run}.jsonl"))
     train = dict(runlog.train_losses(records))
     evals = {r["step"]: float(r["val_loss"]) for r in records
              if r.get("type") == "eval" and runlog.finite(r.get("val_loss"))}
-    return train, evals
+    norms = {r["step"]: float(r["norm"]) for r in records
+             if r.get("type") == "train" and runlog.finite(r.get("norm"))}
+    return train, evals, norms
 
 
 def windows(last_step, width, last):
@@ -48,18 +53,31 @@ def window_mean(train, lo, hi):
     return (sum(finite) / len(finite) if finite else None), len(losses) - len(finite)
 
 
+def window_median(values, lo, hi):
+    """The median of values {step: value} over steps lo..hi, or None when none of them has one."""
+    present = [values[s] for s in range(lo, hi + 1) if s in values]
+    return runlog.median(present) if present else None
+
+
 def fmt_pct(value):
     return "—" if value is None else f"{value:+.2f}%"
 
 
-def report(out, runs, base, width, last, title=""):
+def fmt_cell(value, base_value, is_base):
+    """A table cell: the value, and for a run other than the base its difference to the base's value in brackets."""
+    if value is None:
+        return "—"
+    return f"{value:.4f}" + ("" if is_base else f" ({fmt_pct(runlog.relative_pct(value, base_value))})")
+
+
+def report(out, runs, base, width, last, title="", norms=False):
     data = {run: load(out, run) for run in runs}
-    for run, (train, _) in data.items():
+    for run, (train, _, _) in data.items():
         if not train:
             raise ValueError(f"{run}: the log holds no train records")
-    last_step = min(max(train) for train, _ in data.values())
+    last_step = min(max(train) for train, _, _ in data.values())
     lines = [title, ""] if title else []
-    reached = ", ".join(f"{run} {max(train)}" for run, (train, _) in data.items())
+    reached = ", ".join(f"{run} {max(train)}" for run, (train, _, _) in data.items())
     lines += [f"Steps every run reached: 1-{last_step} (last step per run: {reached}). Mean train loss per window of "
               f"steps; in brackets the difference to {base} ((run - {base}) / {base}).", ""]
     lines.append("| steps | " + " | ".join(runs) + " |")
@@ -69,22 +87,27 @@ def report(out, runs, base, width, last, title=""):
         cells = []
         for run in runs:
             mean, missing = means[run]
-            cell = "—" if mean is None else f"{mean:.4f}"
-            if run != base and mean is not None:
-                cell += f" ({fmt_pct(runlog.relative_pct(mean, means[base][0]))})"
+            cell = fmt_cell(mean, means[base][0], run == base)
             if missing:
                 cell += f", {missing} skipped"
             cells.append(cell)
         lines.append(f"| {lo}-{hi} | " + " | ".join(cells) + " |")
-    shared = sorted(set.intersection(*(set(evals) for _, evals in data.values())))
+    if norms:
+        lines += ["", f"Median gradient norm per window (before clipping); in brackets the difference to {base}.", ""]
+        lines.append("| steps | " + " | ".join(runs) + " |")
+        lines.append("|---|" + "---|" * len(runs))
+        for lo, hi in windows(last_step, width, last):
+            medians = {run: window_median(data[run][2], lo, hi) for run in runs}
+            cells = [fmt_cell(medians[run], medians[base], run == base) for run in runs]
+            lines.append(f"| {lo}-{hi} | " + " | ".join(cells) + " |")
+    shared = sorted(set.intersection(*(set(evals) for _, evals, _ in data.values())))
     if shared:
         lines += ["", f"Validation loss at the steps every run evaluated; in brackets the difference to {base}.", ""]
         lines.append("| step | " + " | ".join(runs) + " |")
         lines.append("|---|" + "---|" * len(runs))
         for step in shared:
             vals = {run: data[run][1][step] for run in runs}
-            cells = [f"{vals[run]:.4f}" + ("" if run == base else f" ({fmt_pct(runlog.relative_pct(vals[run], vals[base]))})")
-                     for run in runs]
+            cells = [fmt_cell(vals[run], vals[base], run == base) for run in runs]
             lines.append(f"| {step} | " + " | ".join(cells) + " |")
     devices = {run: runlog.run_device(os.path.join(out, f"{run}.jsonl")) for run in runs}
     if runlog.several_gpu_models(devices.values()):
@@ -101,6 +124,7 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=768, help="steps per window (default 768)")
     ap.add_argument("--last", type=int, default=runlog.TAIL_STEPS,
                     help=f"one more row for the last N shared steps (default {runlog.TAIL_STEPS}; 0: none)")
+    ap.add_argument("--norms", action="store_true", help="add the median gradient norm per window")
     ap.add_argument("--title", default="", help="the line above the tables")
     ap.add_argument("--md", help="also write the Markdown to this file")
     args = ap.parse_args(argv)
@@ -111,7 +135,7 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     try:
-        text = report(args.out, args.runs, args.base, args.window, args.last, args.title)
+        text = report(args.out, args.runs, args.base, args.window, args.last, args.title, args.norms)
     except (OSError, ValueError) as e:
         print(f"window_report: {e}", file=sys.stderr)
         return 2
