@@ -19,6 +19,7 @@ log) a last line names each run's. Exit status 2 when a log is missing, has no t
 among the runs.
 """
 import argparse
+import collections
 import os
 import sys
 
@@ -26,16 +27,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import runlog  # noqa: E402
 
 
+# One run's log: train {step: loss or None}, evals {step: val_loss}, norms {step: gradient norm} (the train records
+# with a finite "norm").
+RunLog = collections.namedtuple("RunLog", "train evals norms")
+
+
 def load(out, run):
-    """(train {step: loss or None}, evals {step: val_loss}, norms {step: gradient norm}) of OUT/<run>.jsonl[.gz];
-    norms holds the train records with a finite "norm"."""
+    """The RunLog of OUT/<run>.jsonl[.gz]."""
     records = runlog.read_records(os.path.join(out, f"{run}.jsonl"))
     train = dict(runlog.train_losses(records))
     evals = {r["step"]: float(r["val_loss"]) for r in records
              if r.get("type") == "eval" and runlog.finite(r.get("val_loss"))}
     norms = {r["step"]: float(r["norm"]) for r in records
              if r.get("type") == "train" and runlog.finite(r.get("norm"))}
-    return train, evals, norms
+    return RunLog(train, evals, norms)
 
 
 def windows(last_step, width, last):
@@ -70,20 +75,24 @@ def fmt_cell(value, base_value, is_base):
     return f"{value:.4f}" + ("" if is_base else f" ({fmt_pct(runlog.relative_pct(value, base_value))})")
 
 
+def table_head(first, runs):
+    """The header and separator lines of a table with a first column and one column per run."""
+    return [f"| {first} | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+
+
 def report(out, runs, base, width, last, title="", norms=False):
     data = {run: load(out, run) for run in runs}
-    for run, (train, _, _) in data.items():
-        if not train:
+    for run, log in data.items():
+        if not log.train:
             raise ValueError(f"{run}: the log holds no train records")
-    last_step = min(max(train) for train, _, _ in data.values())
+    last_step = min(max(log.train) for log in data.values())
     lines = [title, ""] if title else []
-    reached = ", ".join(f"{run} {max(train)}" for run, (train, _, _) in data.items())
+    reached = ", ".join(f"{run} {max(log.train)}" for run, log in data.items())
     lines += [f"Steps every run reached: 1-{last_step} (last step per run: {reached}). Mean train loss per window of "
               f"steps; in brackets the difference to {base} ((run - {base}) / {base}).", ""]
-    lines.append("| steps | " + " | ".join(runs) + " |")
-    lines.append("|---|" + "---|" * len(runs))
+    lines += table_head("steps", runs)
     for lo, hi in windows(last_step, width, last):
-        means = {run: window_mean(data[run][0], lo, hi) for run in runs}
+        means = {run: window_mean(data[run].train, lo, hi) for run in runs}
         cells = []
         for run in runs:
             mean, missing = means[run]
@@ -94,19 +103,17 @@ def report(out, runs, base, width, last, title="", norms=False):
         lines.append(f"| {lo}-{hi} | " + " | ".join(cells) + " |")
     if norms:
         lines += ["", f"Median gradient norm per window (before clipping); in brackets the difference to {base}.", ""]
-        lines.append("| steps | " + " | ".join(runs) + " |")
-        lines.append("|---|" + "---|" * len(runs))
+        lines += table_head("steps", runs)
         for lo, hi in windows(last_step, width, last):
-            medians = {run: window_median(data[run][2], lo, hi) for run in runs}
+            medians = {run: window_median(data[run].norms, lo, hi) for run in runs}
             cells = [fmt_cell(medians[run], medians[base], run == base) for run in runs]
             lines.append(f"| {lo}-{hi} | " + " | ".join(cells) + " |")
-    shared = sorted(set.intersection(*(set(evals) for _, evals, _ in data.values())))
+    shared = sorted(set.intersection(*(set(log.evals) for log in data.values())))
     if shared:
         lines += ["", f"Validation loss at the steps every run evaluated; in brackets the difference to {base}.", ""]
-        lines.append("| step | " + " | ".join(runs) + " |")
-        lines.append("|---|" + "---|" * len(runs))
+        lines += table_head("step", runs)
         for step in shared:
-            vals = {run: data[run][1][step] for run in runs}
+            vals = {run: data[run].evals[step] for run in runs}
             cells = [fmt_cell(vals[run], vals[base], run == base) for run in runs]
             lines.append(f"| {step} | " + " | ".join(cells) + " |")
     devices = {run: runlog.run_device(os.path.join(out, f"{run}.jsonl")) for run in runs}
