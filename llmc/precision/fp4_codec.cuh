@@ -166,10 +166,18 @@ __host__ __device__ inline uint8_t mxfp4_gaussian_scale_code(const float* v, uin
   const uint32_t bits = float_to_bits(add_rn(mul_rn(kQuestClipPerSigma, sigma), 1e-8f));  // >= 1e-8: normal
   return static_cast<uint8_t>(bits >= 0x7f800000u ? 254u : bits >> 23);
 }
-// Whether element v of a block with element multiplier m keeps its value's range (QuEST's trust mask): |v * m| < 6,
-// nothing clipped; false for a NaN v and in a zeroed block (m = 0).
+// Whether element v of a block with element multiplier m is clipped, the one definition of FP4 clipping (the
+// telemetry's clipped count, QuEST's trust mask): its scaled value, the FP32 product v * m the quantiser rounds, is
+// not below max(E2M1) = 6, or is NaN. 6 itself counts (the trust mask's boundary: the mask keeps |v * m| < 6 only);
+// so does a NaN v, and an infinite v in a zeroed block (m = 0: inf * 0 is NaN); the finite elements of a zeroed block
+// (scaled to 0) do not.
+__host__ __device__ inline bool e2m1_clipped(float v, float multiplier) {
+  return !(fabsf(mul_rn(v, multiplier)) < kE2M1Max);
+}
+// Whether element v of a block with element multiplier m keeps its value's range (QuEST's trust mask): not clipped,
+// and not in a zeroed block (m = 0: the NaN scale code's block, whose codes are all 0).
 __host__ __device__ inline bool e2m1_trusted(float v, float multiplier) {
-  return multiplier != 0.0f && fabsf(mul_rn(v, multiplier)) < 6.0f;
+  return multiplier != 0.0f && !e2m1_clipped(v, multiplier);
 }
 // 2^-X = 2^(127 - code) for the element codes (exact; 0 for the NaN code; code 254, 2^-127, is never produced)
 __host__ __device__ inline float mxfp4_element_multiplier(uint8_t code) {

@@ -51,6 +51,27 @@ __host__ __device__ inline float block_scale(float amax, float fp8max, bool pow2
   return scale_from_amax(amax, 1.0f, fp8max, 1.0f, pow2);
 }
 
+// Whether x, quantised with the multiplier `scale`, is clipped: the one definition of FP8 clipping (the telemetry's
+// clipped count). Its scaled value, the FP32 product x * scale the quantiser converts, is beyond the format's largest
+// finite value fp8max, or is NaN: the conversion saturates it (a value at fp8max is exact and does not count).
+__host__ __device__ inline bool fp8_clipped(float x, float scale, float fp8max) {
+  return !(fabsf(mul_rn(x, scale)) <= fp8max);
+}
+
+// The multiplier of a block-wise FP8 quantisation (block_scale of the block's amax a) for element x (a BF16 value) of
+// a block whose stored scale_inv is si, as fp8_clipped needs it. The scale itself is not stored, and si = 1 / scale
+// (FP32) does not determine an FP32 scale; but only an element with |x| = a can be clipped (a smaller BF16 magnitude
+// is at most a (1 - 2^-8), and a (1 - 2^-8) * scale is below fp8max), and for it block_scale(|x|) is the block's
+// scale, recognised by its reciprocal (the scale of a smaller |x| is at least 2^-8 larger, another reciprocal). So:
+// 1 / si for power-of-two scales and for si = 1 (both exact: 1 / scale = 1 only for scale 1, the scale of an all-zero
+// or non-finite block), else block_scale(|x|) where its reciprocal is si, else 0 (x is not clipped; a NaN x is
+// only in a non-finite block, si = 1).
+__host__ __device__ inline float fp8_block_multiplier(float x, float si, float fp8max, bool pow2) {
+  if (pow2 || si == 1.0f) return div_rn(1.0f, si);
+  const float candidate = block_scale(fabsf(x), fp8max, false);
+  return div_rn(1.0f, candidate) == si ? candidate : 0.0f;
+}
+
 // Index into a GEMM-ready scale_inv array (leading dimension ld) of element (r, c) of a (rows, cols) source whose
 // scales are shared by `block` (tensor.h's layouts: 1 x N runs [kb * ld + r], N x N tiles [rb * ld + cb]).
 __host__ __device__ inline size_t scale_index(BlockShape block, int r, int c, int ld) {
