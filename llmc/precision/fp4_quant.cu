@@ -908,6 +908,9 @@ void fp4_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t 
 // ---------------------------------------------------------------------------------------------------------------
 // Telemetry: a fixed grid strides over the elements in a fixed pattern; each block reduces its threads' sums in a
 // fixed order (block_sum) into a partials array; one block combines them in a fixed order (as fp8_quant_stats).
+// The clipped count needs each element's multiplier as the quantiser computed it: MXFP4 from the stored scale code,
+// NVFP4 also from the tensor's encode scale, which comes from the tensor amax of the copy: tensor_amax, a device
+// double (the amax slot of a previous pass's statistics), or null for a pass that counts nothing clipped.
 constexpr int kStatsBlocks = kQuantStatsBlocks;
 
 // The decode scale of a block: its scale value (times the tensor's decode scale for NVFP4).
@@ -920,13 +923,16 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
                                                                    const float* tensor_scale_inv, int rows, int cols,
                                                                    BlockShape block, int ld, int scale_rows,
                                                                    int scale_cols, bool nvfp4, int hadamard,
-                                                                   uint32_t signs) {
+                                                                   uint32_t signs, bool range_matched,
+                                                                   const double* tensor_amax) {
   const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t n = static_cast<size_t>(rows) * cols;
   const size_t row_bytes = (static_cast<size_t>(cols) + 1) / 2;
   const float tsi = nvfp4 ? tensor_scale_inv[0] : 1.0f;
-  double sum_x2 = 0.0, sum_err2 = 0.0, saturated = 0.0, underflow = 0.0, nonzero = 0.0;
+  const bool count_clipped = !nvfp4 || tensor_amax != nullptr;
+  const float s_enc = nvfp4 && tensor_amax ? nvfp4_tensor_encode_scale(static_cast<float>(tensor_amax[0])) : 1.0f;
+  double sum_x2 = 0.0, sum_err2 = 0.0, saturated = 0.0, underflow = 0.0, nonzero = 0.0, clipped = 0.0;
   unsigned amax = 0, max_scale = 0;
   for (size_t i = thread; i < n; i += stride) {
     const int r = static_cast<int>(i / cols), c = static_cast<int>(i % cols);
@@ -948,6 +954,11 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
     nonzero += xf != 0.0f;
     underflow += xf != 0.0f && (code & 0x7) == 0;
     saturated += (code & 0x7) == 0x7;
+    if (count_clipped) {
+      const float m = nvfp4 ? nvfp4_element_multiplier(s, s_enc)
+                            : range_matched ? mxfp4_range_matched_multiplier(s) : mxfp4_element_multiplier(s);
+      clipped += e2m1_clipped(xf, m);
+    }
     amax = max(amax, __float_as_uint(fabsf(xf)));
   }
   const size_t entries = static_cast<size_t>(scale_rows) * scale_cols;
@@ -955,8 +966,13 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
     max_scale =
         max(max_scale,
             __float_as_uint(fabsf(block_decode_scale(scales[(e / scale_cols) * ld + e % scale_cols], nvfp4, tsi))));
-  const double sums[5] = {block_sum(saturated), block_sum(underflow), block_sum(nonzero), block_sum(sum_x2),
-                          block_sum(sum_err2)};
+  double sums[kQuantStatsSlots] = {};
+  sums[kStatSaturated] = block_sum(saturated);
+  sums[kStatUnderflow] = block_sum(underflow);
+  sums[kStatNonzero] = block_sum(nonzero);
+  sums[kStatSumX2] = block_sum(sum_x2);
+  sums[kStatSumErr2] = block_sum(sum_err2);
+  sums[kStatClipped] = block_sum(clipped);
   __shared__ unsigned maxes[2][kThreads / kWarpSize];
   amax = warp_max_bits(amax);
   max_scale = warp_max_bits(max_scale);
@@ -967,15 +983,14 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
     for (int w = 0; w < kThreads / kWarpSize; w++)
       amax = max(amax, maxes[0][w]), max_scale = max(max_scale, maxes[1][w]);
     double* p = partials + static_cast<size_t>(blockIdx.x) * kQuantStatsSlots;
-    p[0] = amax;
-    p[1] = max_scale;
-    for (int k = 0; k < 5; k++) p[2 + k] = sums[k];
-    p[7] = 0.0;
+    for (int k = 0; k < kQuantStatsSlots; k++) p[k] = sums[k];
+    p[kStatAmax] = amax;
+    p[kStatScale] = max_scale;
   }
 }
 
 void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, const HadamardOption& rotation,
-                     cudaStream_t stream) {
+                     Mxfp4Scale mxfp4_scale, cudaStream_t stream) {
   const char* who = "fp4_quant_stats";
   if (!fp4_encoding(q.encoding))
     throw_error("%s: q.encoding is %s; the FP4 kernels take %s", who, encoding_name(q.encoding).c_str(), kFp4Doc);
@@ -983,6 +998,9 @@ void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, const H
   if (hadamard != 0 && ((hadamard != 16 && hadamard != 32) || q.cols % hadamard != 0))
     throw_error("%s: a rotation of size %d along cols = %d (16 or 32, dividing cols)", who, hadamard, q.cols);
   const bool nvfp4 = nvfp4_encoding(q.encoding);
+  if (nvfp4 && mxfp4_scale != Mxfp4Scale::Amax)
+    throw_error("%s: mxfp4_scale is an MXFP4 option and q is %s; pass Mxfp4Scale::Amax (the default)", who,
+                encoding_name(q.encoding).c_str());
   if (!stats_out || !x || !q.data || !q.scale_inv || (nvfp4 && !q.tensor_scale_inv))
     throw_error("%s: stats_out, x, q.data, q.scale_inv%s must be device pointers", who,
                 nvfp4 ? " and q.tensor_scale_inv" : "");
@@ -990,12 +1008,15 @@ void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, const H
   valid_scale_shape(q.encoding, q.rows, q.cols, &scale_rows, &scale_cols);
   double* partials = nullptr;
   CUDA_CHECK(cudaMallocAsync(&partials, sizeof(double) * kStatsBlocks * kQuantStatsSlots, stream));
-  fp4_quant_stats_kernel<<<kStatsBlocks, kThreads, 0, stream>>>(
-      partials, x, q.data, reinterpret_cast<const uint8_t*>(q.scale_inv), q.tensor_scale_inv, q.rows, q.cols,
-      q.encoding.block, scale_inv_ld(q.encoding, q.rows, q.cols), scale_rows, scale_cols, nvfp4, hadamard,
-      rotation.signs);
-  CUDA_CHECK_LAUNCH();
-  combine_quant_stats(stats_out, partials, static_cast<double>(q.rows) * q.cols, stream);
+  // NVFP4: a first pass for the tensor amax of the encode scale (its other sums are measured again by the second).
+  for (int pass = nvfp4 ? 0 : 1; pass < 2; pass++) {
+    fp4_quant_stats_kernel<<<kStatsBlocks, kThreads, 0, stream>>>(
+        partials, x, q.data, reinterpret_cast<const uint8_t*>(q.scale_inv), q.tensor_scale_inv, q.rows, q.cols,
+        q.encoding.block, scale_inv_ld(q.encoding, q.rows, q.cols), scale_rows, scale_cols, nvfp4, hadamard,
+        rotation.signs, mxfp4_scale == Mxfp4Scale::RangeMatched, pass == 1 && nvfp4 ? stats_out + kStatAmax : nullptr);
+    CUDA_CHECK_LAUNCH();
+    combine_quant_stats(stats_out, partials, static_cast<double>(q.rows) * q.cols, stream);
+  }
   CUDA_CHECK(cudaFreeAsync(partials, stream));
 }
 

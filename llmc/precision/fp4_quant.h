@@ -75,8 +75,11 @@ void mxfp4_gradient_epilogue(bf16* out_bf16, float* out_fp32, const float* g, co
 // Numerics telemetry (quantize.h's quant_stats for this family): the kQuantStatsSlots sums of x and q.data,
 // deterministic (a fixed grid, fixed reduction order; as fp8_quant_stats). The saturated count counts codes +-6.
 // rotation.data: q.data holds x rotated along cols; each element is compared with its rotated value (its block of
-// x loaded and transformed by hadamard.cuh, as the quantiser did).
+// x loaded and transformed by hadamard.cuh, as the quantiser did). The clipped count is fp4_codec.cuh's e2m1_clipped
+// with the quantiser's element multiplier: MXFP4 from the stored scale code (mxfp4_element_multiplier; times 3/4
+// under mxfp4_scale = RangeMatched), NVFP4 nvfp4_element_multiplier of the block code and the tensor's encode scale,
+// which comes from the amax of the copy's (rotated) values: a first pass measures it (NVFP4 telemetry reads x twice).
 void fp4_quant_stats(double* stats_out, const QTensor& q, const bf16* x, const HadamardOption& rotation,
-                     cudaStream_t stream);
+                     Mxfp4Scale mxfp4_scale, cudaStream_t stream);
 
 }  // namespace llmc

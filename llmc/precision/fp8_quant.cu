@@ -575,22 +575,23 @@ void fp8_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t 
 
 // ---------------------------------------------------------------------------------------------------------------
 // Telemetry. Stage 1: a fixed grid (kStatsBlocks x kStatsThreads, whatever the GPU) strides over 8-element groups in a
-// fixed pattern; each block reduces its threads' sums in a fixed order (block_sum) into 8 doubles of a partials
-// array (counts are exact integers in a double). Stage 2: one block combines the kStatsBlocks partials in a fixed
+// fixed pattern; each block reduces its threads' sums in a fixed order (block_sum) into kQuantStatsSlots doubles of a
+// partials array (counts are exact integers in a double). Stage 2: one block combines the kStatsBlocks partials in a fixed
 // order. The partials live in stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the caller's stream).
 constexpr int kStatsBlocks = kQuantStatsBlocks;
 constexpr int kStatsThreads = 256;
 
-// Slots (llmc/precision/quantize.h): 0 amax, 1 min scale, 2 saturated, 3 underflow, 4 nonzero, 5 sum x^2,
-// 6 sum err^2, 7 elements.
-// In the partials, slot 0 holds the amax bits and slot 1 the max scale_inv bits (as exact doubles).
+// Slots: llmc/precision/quantize.h's QuantStatsSlot. In the partials, kStatAmax holds the amax bits and kStatScale
+// the max scale_inv bits (as exact doubles).
 struct StatsArgs {
   const bf16* x;
   const uint8_t* data;
   const float* scale_inv;
+  const float* scale;          // per tensor: (1) the multiplier the cast used; blocks: null (fp8_block_multiplier)
   int rows, cols, ld;
   int scale_rows, scale_cols;  // the valid (non-padding) part of scale_inv: entries [i * ld + j], i < scale_rows, j < scale_cols
   BlockShape block;
+  bool pow2;                   // power-of-two block scales
 };
 
 // The max of two bit patterns (amax_bits) over a block of kThreads threads, exact and order independent; the results
@@ -615,11 +616,13 @@ __device__ inline void block_max_bits_in_thread0(unsigned& a, unsigned& b) {
 template <ElementFormat F>
 __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* partials, const StatsArgs a) {
   constexpr uint8_t kMaxCode = F == ElementFormat::E4M3 ? 0x7E : 0x7B;
+  const float fp8max = fp8_max_of(F);
   const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t groups = static_cast<size_t>(a.rows) * a.cols / 8;  // cols % 16 == 0: a group never leaves its row
   double sum_x2 = 0.0, sum_err2 = 0.0;
-  unsigned saturated = 0, underflow = 0, nonzero = 0, amax = 0;
+  unsigned saturated = 0, underflow = 0, nonzero = 0, clipped = 0, amax = 0;
+  const float tensor_scale = a.scale ? a.scale[0] : 0.0f;
   for (size_t gi = thread; gi < groups; gi += stride) {
     const size_t i = 8 * gi;
     const int r = static_cast<int>(i / a.cols), c = static_cast<int>(i % a.cols);
@@ -637,6 +640,7 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* 
       nonzero += xf != 0.0f;
       underflow += xf != 0.0f && (code & 0x7f) == 0;
       saturated += (code & 0x7f) == kMaxCode;
+      clipped += fp8_clipped(xf, a.scale ? tensor_scale : fp8_block_multiplier(xf, si, fp8max, a.pow2), fp8max);
       amax = max(amax, amax_bits(fabsf(xf)));
     }
   }
@@ -651,33 +655,35 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_quant_stats_kernel(double* 
   const double s_sat = block_sum(static_cast<double>(saturated));
   const double s_under = block_sum(static_cast<double>(underflow));
   const double s_nonzero = block_sum(static_cast<double>(nonzero));
+  const double s_clipped = block_sum(static_cast<double>(clipped));
   block_max_bits_in_thread0<kStatsThreads>(amax, max_si);
   if (threadIdx.x == 0) {
     double* p = partials + static_cast<size_t>(blockIdx.x) * kQuantStatsSlots;
-    p[0] = amax;
-    p[1] = max_si;
-    p[2] = s_sat;
-    p[3] = s_under;
-    p[4] = s_nonzero;
-    p[5] = s_x2;
-    p[6] = s_err2;
-    p[7] = 0.0;
+    p[kStatAmax] = amax;
+    p[kStatScale] = max_si;
+    p[kStatSaturated] = s_sat;
+    p[kStatUnderflow] = s_under;
+    p[kStatNonzero] = s_nonzero;
+    p[kStatSumX2] = s_x2;
+    p[kStatSumErr2] = s_err2;
+    p[kStatElements] = 0.0;
+    p[kStatClipped] = s_clipped;
   }
 }
 
 __global__ void __launch_bounds__(kStatsBlocks) combine_quant_stats_kernel(double* out, const double* partials,
                                                                            double elements) {
   const double* p = partials + static_cast<size_t>(threadIdx.x) * kQuantStatsSlots;  // one block's partials
-  unsigned amax = static_cast<unsigned>(p[0]), max_si = static_cast<unsigned>(p[1]);
-  double sums[5];
+  unsigned amax = static_cast<unsigned>(p[kStatAmax]), max_si = static_cast<unsigned>(p[kStatScale]);
+  double sums[kQuantStatsSlots];
 #pragma unroll
-  for (int k = 0; k < 5; k++) sums[k] = block_sum(p[2 + k]);
+  for (int k = 0; k < kQuantStatsSlots; k++) sums[k] = quant_stats_sum_slot(k) ? block_sum(p[k]) : 0.0;
   block_max_bits_in_thread0<kStatsBlocks>(amax, max_si);
   if (threadIdx.x == 0) {
-    out[0] = bits_to_float(amax);
-    out[1] = 1.0 / static_cast<double>(bits_to_float(max_si));
-    for (int k = 0; k < 5; k++) out[2 + k] = sums[k];
-    out[7] = elements;
+    for (int k = 0; k < kQuantStatsSlots; k++) out[k] = sums[k];
+    out[kStatAmax] = bits_to_float(amax);
+    out[kStatScale] = 1.0 / static_cast<double>(bits_to_float(max_si));
+    out[kStatElements] = elements;
   }
 }
 
@@ -687,7 +693,11 @@ void fp8_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStr
   if (!stats_out) throw_error("%s: stats_out is null", kernel);
   if (!q.data) throw_error("%s: q.data is null (the stats read the row-major codes)", kernel);
   if (!q.scale_inv) throw_error("%s: q.scale_inv is null", kernel);
-  StatsArgs a{x, q.data, q.scale_inv, q.rows, q.cols, scale_inv_ld(q.encoding, q.rows, q.cols), 0, 0, q.encoding.block};
+  const bool per_tensor = fp8_tensorwise_encoding(q.encoding);
+  if (per_tensor && !q.scale)
+    throw_error("%s: q.scale is null (a per-tensor cast's multiplier: the clipped count scales x by it)", kernel);
+  StatsArgs a{x,      q.data,  q.scale_inv, per_tensor ? q.scale : nullptr, q.rows, q.cols,
+              scale_inv_ld(q.encoding, q.rows, q.cols), 0, 0, q.encoding.block, q.encoding.pow2_scales()};
   valid_scale_shape(q.encoding, q.rows, q.cols, &a.scale_rows, &a.scale_cols);
   double* partials = nullptr;
   CUDA_CHECK(cudaMallocAsync(&partials, sizeof(double) * kStatsBlocks * kQuantStatsSlots, stream));

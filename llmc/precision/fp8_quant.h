@@ -90,12 +90,13 @@ void fp8_transpose_codes(uint8_t* dst, const uint8_t* src, int rows, int cols, c
 void fp8_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t stream);
 
 // Numerics telemetry of one quantisation (llmc/precision/quantize.h's quant_stats for this family): x (rows, cols)
-// bf16 and q.data quantised from it; the raw sums into stats_out (kQuantStatsSlots doubles on the device: amax, min
-// scale, saturated count, underflow count, nonzero count, sum x^2, sum err^2, element count), deterministically: a
-// fixed grid of per-block partials (FP64, fixed reduction order) combined by one block in a fixed order; the partials
-// live in stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on `stream`). err = x - dequant(q) as
-// fp8_dequantize computes it. The host reference sums in another order: counts, amax and scale agree exactly, the
-// sums to ~1e-12.
+// bf16 and q.data quantised from it; the raw sums into stats_out (kQuantStatsSlots doubles on the device, the slots
+// quantize.h names: amax, min scale, saturated count, underflow count, nonzero count, sum x^2, sum err^2, element
+// count, clipped count: scale_math.cuh's fp8_clipped with *q.scale per tensor, fp8_block_multiplier per block),
+// deterministically: a fixed grid of per-block partials (FP64, fixed reduction order) combined by one block in a
+// fixed order; the partials live in stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on `stream`).
+// err = x - dequant(q) as fp8_dequantize computes it. Per tensor, q.scale (the multiplier) is read as well. The host
+// reference sums in another order: counts, amax and scale agree exactly, the sums to ~1e-12.
 void fp8_quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream);
 
 }  // namespace llmc

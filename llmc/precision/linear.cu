@@ -246,11 +246,15 @@ HadamardOption Linear::forward_rotation() const {
   return HadamardOption{plan_.forward_hadamard, signs, true, false};
 }
 
+Mxfp4Scale Linear::forward_mxfp4_scale() const {
+  return plan_.requantize_backward && plan_.forward_gaussian_scales ? Mxfp4Scale::Gaussian : Mxfp4Scale::Amax;
+}
+
 QuantizeArgs Linear::block_args(LinearRole role, const QTensor& q, uint32_t* trust_mask) const {
   QuantizeArgs args;
   if (plan_.requantize_backward) {  // Quartet's forward of x and w (its backward sets its own arguments)
     if (role == LinearRole::Dy) throw_error("%s: Quartet's backward quantises dy itself", name_.c_str());
-    args.mxfp4_scale = plan_.forward_gaussian_scales ? Mxfp4Scale::Gaussian : Mxfp4Scale::Amax;
+    args.mxfp4_scale = forward_mxfp4_scale();
     args.hadamard = forward_rotation();
     args.trust_mask = plan_.trust_mask ? trust_mask : nullptr;
     return args;
@@ -363,7 +367,9 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   }
   // The weight's telemetry on a requested step, from the codes this forward uses (once per step: record_numerics
   // takes each name once), also when an evaluation or a sample since the optimizer step built them.
-  if (training && state_.numerics_requested()) state_.record_numerics(name_ + ".w", wq_, w, s, rotation);
+  const Mxfp4Scale forward_scale = forward_mxfp4_scale();
+  if (training && state_.numerics_requested())
+    state_.record_numerics(name_ + ".w", wq_, w, s, rotation, forward_scale);
   // The input: row codes for fprop; the transposed copy for wgrad when it is saved quantised.
   QTensor xq;
   xq.rows = M;
@@ -412,7 +418,7 @@ void Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, 
   } else {
     have_saved_input_ = false;
   }
-  if (x_numerics) state_.record_numerics(name_ + ".x", xq, x, s, rotation);
+  if (x_numerics) state_.record_numerics(name_ + ".x", xq, x, s, rotation, forward_scale);
   if (telemetry_codes != nullptr) CUDA_CHECK(cudaFreeAsync(telemetry_codes, s));
 
   // The GEMM with as much of the bias / GELU as the epilogue supports for this combination (block scales support
@@ -625,7 +631,7 @@ void Linear::backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cu
   const QuantizeArgs dy_args = args_for(LinearRole::Dy, true, true);
   quantize(dyq, dy, dy_args, s);
   if (state_.numerics_requested() && dyq.data != nullptr)
-    state_.record_numerics(name_ + ".dy", dyq, dy, s, dy_args.hadamard);
+    state_.record_numerics(name_ + ".dy", dyq, dy, s, dy_args.hadamard, dy_args.mxfp4_scale);
 
   float* product = reinterpret_cast<float*>(state_.scratch(kScratchProduct));
   const float factor = kRangeMatchProductFactor;

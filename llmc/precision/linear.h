@@ -118,6 +118,9 @@ class Linear {
   // Quartet's forward rotation of x and w along K (HadamardOption{} when the plan has none): the fixed H32, or H32
   // with the run's random signs (precision.forward_signs); the backward's epilogue undoes the same rotation.
   HadamardOption forward_rotation() const;
+  // Quartet's forward MXFP4 scale rule of x and w (Gaussian with plan_.forward_gaussian_scales; Amax otherwise and
+  // for every other plan).
+  Mxfp4Scale forward_mxfp4_scale() const;
   // Quartet's backward (plan_.requantize_backward): dx (M, K) and dw (N, K) += from the saved Xq, Wq and dy.
   void backward_requantized(bf16* dx, float* dw, const bf16* dy, int M, cudaStream_t s, const BackwardOptions& opt);
   // The GEMM options every quantised product of this layer starts from (the MXFP4 inexact-block counter).

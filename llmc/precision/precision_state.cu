@@ -194,11 +194,11 @@ void PrecisionState::weights_changed() {
 }
 
 void PrecisionState::record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s,
-                                     const HadamardOption& rotation) {
+                                     const HadamardOption& rotation, Mxfp4Scale mxfp4_scale) {
   if (q.data == nullptr) return;
   double* slot = numerics_slot(name);
   if (slot == nullptr) return;
-  quant_stats(slot, q, x, s, rotation);
+  quant_stats(slot, q, x, s, rotation, mxfp4_scale);
   numerics_names_.push_back(name);
   numerics_products_.push_back(false);
 }

@@ -156,9 +156,10 @@ class PrecisionState {
   float* temp_amax() { return amax_ + kSlotStride * slot_names_.size(); }  // the spare slot (delayed's first step)
   size_t padded_slots() const { return kSlotStride * (slot_names_.size() + 1); }
   bool history_started() const { return steps_recorded_ > 0; }
-  // rotation: q's data copy was quantised from x rotated (quant_stats measures the rotated values).
+  // rotation: q's data copy was quantised from x rotated (quant_stats measures the rotated values); mxfp4_scale: the
+  // rule of its MXFP4 block scales (the multiplier of the clipped count).
   void record_numerics(const std::string& name, const QTensor& q, const bf16* x, cudaStream_t s,
-                       const HadamardOption& rotation = HadamardOption());
+                       const HadamardOption& rotation = HadamardOption(), Mxfp4Scale mxfp4_scale = Mxfp4Scale::Amax);
   // A product's numerics: got against ref (n elements each; product_error_stats), recorded as `name`.
   template <class T>
   void record_product_numerics(const std::string& name, const T* got, const T* ref, size_t n, cudaStream_t s);

@@ -16,8 +16,8 @@ constexpr int kThreads = 256;
 __device__ inline float to_float(bf16 v) { return __bfloat162float(v); }
 __device__ inline float to_float(float v) { return v; }
 
-// Slots: 0 amax bits of ref, 1 the bits of 1.0 (no scale), 2 saturated (0), 3 underflow (ref != 0 but got == 0),
-// 4 nonzero ref, 5 sum ref^2, 6 sum (got - ref)^2, 7 left for the combine.
+// Slots (quantize.h's QuantStatsSlot): the amax bits of ref, the bits of 1.0 (no scale), saturated 0, underflow
+// (ref != 0 but got == 0), nonzero ref, sum ref^2, sum (got - ref)^2, clipped 0; the element count is the combine's.
 template <class T>
 __global__ void __launch_bounds__(kThreads) product_stats_kernel(double* partials, const T* got, const T* ref,
                                                                  size_t n) {
@@ -45,14 +45,13 @@ __global__ void __launch_bounds__(kThreads) product_stats_kernel(double* partial
   if (threadIdx.x == 0) {
     for (int w = 0; w < kThreads / kWarpSize; w++) amax = max(amax, warp_amax[w]);
     double* p = partials + static_cast<size_t>(blockIdx.x) * kQuantStatsSlots;
-    p[0] = amax;
-    p[1] = __float_as_uint(1.0f);
-    p[2] = 0.0;
-    p[3] = s_under;
-    p[4] = s_nonzero;
-    p[5] = s_ref2;
-    p[6] = s_err2;
-    p[7] = 0.0;
+    for (int k = 0; k < kQuantStatsSlots; k++) p[k] = 0.0;
+    p[kStatAmax] = amax;
+    p[kStatScale] = __float_as_uint(1.0f);
+    p[kStatUnderflow] = s_under;
+    p[kStatNonzero] = s_nonzero;
+    p[kStatSumX2] = s_ref2;
+    p[kStatSumErr2] = s_err2;
   }
 }
 

@@ -18,7 +18,7 @@ struct QuantizerFamily {
   const char* encodings;  // what it handles, for errors
   bool (*handles)(const Encoding&);
   void (*quantize)(const QTensor&, const bf16*, const QuantizeArgs&, cudaStream_t);
-  void (*stats)(double*, const QTensor&, const bf16*, const HadamardOption&, cudaStream_t);
+  void (*stats)(double*, const QTensor&, const bf16*, const HadamardOption&, Mxfp4Scale, cudaStream_t);
   bool fp4_options;  // honours QuantizeArgs' rounding, hadamard, mxfp4_scale and trust_mask (others: the defaults)
 };
 
@@ -41,9 +41,11 @@ void quantize_fp8_blockwise(const QTensor& q, const bf16* src, const QuantizeArg
   fp8_quantize_blockwise(q, src, stream);
 }
 
-// The telemetry of a family whose codes are never rotated (quant_stats refuses a rotation for it first).
+// The telemetry of a family whose codes are never rotated and have no MXFP4 scale rule (quant_stats refuses a rotation
+// or a rule other than the default for it first).
 template <void (*Stats)(double*, const QTensor&, const bf16*, cudaStream_t)>
-void unrotated_stats(double* out, const QTensor& q, const bf16* x, const HadamardOption&, cudaStream_t stream) {
+void unrotated_stats(double* out, const QTensor& q, const bf16* x, const HadamardOption&, Mxfp4Scale,
+                     cudaStream_t stream) {
   Stats(out, q, x, stream);
 }
 
@@ -122,21 +124,26 @@ void quantize(const QTensor& q, const bf16* src, const QuantizeArgs& args, cudaS
 }
 
 void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream,
-                 const HadamardOption& rotation) {
+                 const HadamardOption& rotation, Mxfp4Scale mxfp4_scale) {
   const QuantizerFamily& f = family_of("quant_stats", q.encoding);
   if (rotation.any() && !f.fp4_options)
     throw_error("quant_stats: %s (the %s quantiser) has no rotated copies to measure", encoding_name(q.encoding).c_str(),
                 f.name);
-  f.stats(stats_out, q, x, rotation, stream);
+  if (mxfp4_scale != Mxfp4Scale::Amax && !f.fp4_options)
+    throw_error("quant_stats: %s (the %s quantiser) has no MXFP4 scale rule; pass Mxfp4Scale::Amax (the default)",
+                encoding_name(q.encoding).c_str(), f.name);
+  f.stats(stats_out, q, x, rotation, mxfp4_scale, stream);
 }
 
 QuantStats finish_quant_stats(const double* s) {
   QuantStats out;
-  out.amax = s[0];
-  out.scale = s[1];
-  out.saturated_frac = s[7] > 0 ? s[2] / s[7] : 0.0;
-  out.underflow_frac = s[4] > 0 ? s[3] / s[4] : 0.0;
-  out.snr_db = s[6] > 0 ? 10.0 * std::log10(s[5] / s[6]) : INFINITY;
+  const double elements = s[kStatElements], nonzero = s[kStatNonzero];
+  out.amax = s[kStatAmax];
+  out.scale = s[kStatScale];
+  out.saturated_frac = elements > 0 ? s[kStatSaturated] / elements : 0.0;
+  out.underflow_frac = nonzero > 0 ? s[kStatUnderflow] / nonzero : 0.0;
+  out.snr_db = s[kStatSumErr2] > 0 ? 10.0 * std::log10(s[kStatSumX2] / s[kStatSumErr2]) : INFINITY;
+  out.clipped_frac = elements > 0 ? s[kStatClipped] / elements : 0.0;
   return out;
 }
 

@@ -89,24 +89,49 @@ struct QuantStats {
   double saturated_frac = 0;   // fraction of elements whose code is +-max (clipped, or rounded up to max)
   double underflow_frac = 0;   // fraction of nonzero x whose code is +-0
   double snr_db = 0;           // 10 log10(sum x^2 / sum (x - dequant(q))^2); +inf when exact
+  double clipped_frac = 0;     // fraction of elements beyond the format's range: their scaled value (the FP32
+                               // product x * multiplier that the quantiser rounds, with its multiplier) is NaN or
+                               // beyond 448 (E4M3) / 57344 (E5M2), or for E2M1 at or beyond 6 (fp8_clipped,
+                               // e2m1_clipped: one definition each). MXFP4 under QuEST's Gaussian scales: the
+                               // fraction the trust mask masks (but in a block with a non-finite element, which the
+                               // mask drops whole, only that element counts); range-matched scales clip nothing.
 };
-// The raw sums of one tensor: kQuantStatsSlots doubles on the device (amax, min scale, saturated count, underflow
-// count, nonzero count, sum x^2, sum err^2, element count), computed deterministically by q's quantiser family.
-// rotation (FP4 only): the data copy was quantised from x rotated along cols (QuantizeArgs::hadamard); the statistics
-// are then those of the rotated values the quantiser saw (amax, SNR, fractions), each rotated again from x.
-constexpr int kQuantStatsSlots = 8;
+// The raw sums of one tensor: kQuantStatsSlots doubles on the device, computed deterministically by q's quantiser
+// family (slots named below). rotation (FP4 only): the data copy was quantised from x rotated along cols
+// (QuantizeArgs::hadamard); the statistics are then those of the rotated values the quantiser saw (amax, SNR,
+// fractions), each rotated again from x. mxfp4_scale (MXFP4 only): the rule its block scales were chosen by
+// (QuantizeArgs::mxfp4_scale), which gives the element multiplier of the clipped count (the amax and Gaussian rules
+// scale by 2^-X of the stored code, range matching by 3/4 of that).
+enum QuantStatsSlot : int {
+  kStatAmax = 0,        // max |x| (partials: its FP32 bits)
+  kStatScale,           // the smallest scale (partials: the bits of the largest scale_inv)
+  kStatSaturated,       // count of codes at +-max
+  kStatUnderflow,       // count of nonzero x with code +-0
+  kStatNonzero,         // count of nonzero x
+  kStatSumX2,           // sum x^2
+  kStatSumErr2,         // sum (x - dequant(q))^2
+  kStatElements,        // element count (added by combine_quant_stats)
+  kStatClipped,         // count of clipped elements (QuantStats::clipped_frac)
+};
+constexpr int kQuantStatsSlots = kStatClipped + 1;
+// Whether a family sums slot k (combine_quant_stats adds it over the blocks in a fixed order): every slot but the
+// two maxima and the element count.
+__host__ __device__ constexpr bool quant_stats_sum_slot(int k) {
+  return k != kStatAmax && k != kStatScale && k != kStatElements;
+}
 void quant_stats(double* stats_out, const QTensor& q, const bf16* x, cudaStream_t stream,
-                 const HadamardOption& rotation = HadamardOption());
+                 const HadamardOption& rotation = HadamardOption(), Mxfp4Scale mxfp4_scale = Mxfp4Scale::Amax);
 // The numerics of a product against its reference (both n elements): the same slots, with amax, nonzero count and
-// sum x^2 of ref, underflow = ref nonzero where got is 0, sum err^2 of got - ref, no scale (1) and no saturation (0):
-// finish_quant_stats gives the product's SNR (llmc/precision/product_stats.cu; Linear's product telemetry).
+// sum x^2 of ref, underflow = ref nonzero where got is 0, sum err^2 of got - ref, no scale (1), no saturation and no
+// clipping (0): finish_quant_stats gives the product's SNR (llmc/precision/product_stats.cu; Linear's product
+// telemetry).
 void product_error_stats(double* stats_out, const bf16* got, const bf16* ref, size_t n, cudaStream_t stream);
 void product_error_stats(double* stats_out, const float* got, const float* ref, size_t n, cudaStream_t stream);
 // The families' shared second stage: a family's stats kernel runs kQuantStatsBlocks blocks, each writing
-// kQuantStatsSlots partials (slot 0 the amax bits, slot 1 the largest scale_inv bits, as exact doubles; slots 2-6 its
-// sums); this combines them in a fixed order into stats_out and adds the element count (slot 7).
+// kQuantStatsSlots partials (kStatAmax the amax bits, kStatScale the largest scale_inv bits, as exact doubles; the
+// quant_stats_sum_slot slots its sums); this combines them in a fixed order into stats_out and adds the element count.
 constexpr int kQuantStatsBlocks = 256;
 void combine_quant_stats(double* stats_out, const double* partials, double elements, cudaStream_t stream);
-QuantStats finish_quant_stats(const double* host_slots);  // the 8 slots (downloaded) -> fractions and dB
+QuantStats finish_quant_stats(const double* host_slots);  // the kQuantStatsSlots slots (downloaded) -> fractions, dB
 
 }  // namespace llmc

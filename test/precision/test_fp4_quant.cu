@@ -9,7 +9,8 @@
 // odd shapes (rows and cols not multiples of 16, odd cols: a half-filled last byte), magnitudes 2^-20 .. 2^12 per row,
 // exact zeros, an all-zero block, huge (3e38) and tiny (1e-38) values, a whole tensor of tiny values (amax ~2^-118:
 // the clamped NVFP4 scales); QuEST's Gaussian and Quartet's range-matched MXFP4 scales with their trust masks
-// (range matching must clip nothing). Non-finite inputs: a NaN or inf in a block
+// (range matching must clip nothing); the telemetry of every family against its host reference, the clipped count
+// exactly (and for Gaussian scales equal to the trust mask's cleared bits). Non-finite inputs: a NaN or inf in a block
 // gives that block the NaN scale code (E4M3 0x7F / E8M0 0xFF) and zero codes, on both sides. Every output buffer is
 // poisoned (0xEE) so an unwritten byte shows up.
 #include <algorithm>
@@ -552,6 +553,77 @@ TEST(Fp4Quantize, RotatedTelemetryMeasuresTheRotatedValues) {
   // the FP8 families have no rotated copies
   q.encoding = Encoding{llmc::ElementFormat::E4M3, llmc::kWholeTensor, llmc::ScaleFormat::FP32, false};
   EXPECT_THROW(llmc::quant_stats(slots.p, q, dx.p, 0, args.hadamard), llmc::Error);
+}
+
+// The telemetry of every FP4 family against its host reference (fp4_quant_stats_cpu): the counts (saturated,
+// underflow, clipped), amax and scale exactly, the SNR to 1e-9 relative (FP64 sums in another order); two runs
+// bit-identical. MXFP4 under the amax rule, QuEST's Gaussian scales (with outliers that clip, unrotated and rotated by
+// H32: the clipped count is then exactly the trust mask's cleared bits, no block being non-finite) and range-matched
+// scales (nothing clipped); NVFP4 1x16 (unrotated and rotated by H16: the clipped count's multiplier needs the
+// rotated copy's tensor amax) and 16x16 tiles.
+TEST(Fp4Quantize, TelemetryMatchesHostIncludingTheClippedCount) {
+  using llmc::Mxfp4Scale;
+  auto rng = gpu_test::make_rng("test_fp4_quant");
+  const int rows = 96, cols = 256;
+  std::vector<float> x = model_like(rows, cols, rng, true);
+  for (size_t i = 11; i < x.size(); i += 97) x[i] = gpu_test::round_bf16(x[i] * 64.0f);  // outliers within their rows
+  const auto xb = gpu_test::to_bf16(x);
+  Buf<bf16> dx(xb.size());
+  CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  struct Case {
+    Encoding e;
+    Mxfp4Scale rule;
+    int hadamard;
+  };
+  const Case cases[] = {{llmc::kMxfp4Encoding, Mxfp4Scale::Amax, 0},
+                        {llmc::kMxfp4Encoding, Mxfp4Scale::Gaussian, 0},
+                        {llmc::kMxfp4Encoding, Mxfp4Scale::Gaussian, 32},
+                        {llmc::kMxfp4Encoding, Mxfp4Scale::RangeMatched, 0},
+                        {llmc::kMxfp4Encoding, Mxfp4Scale::RangeMatched, 32},
+                        {llmc::kNvfp4Encoding, Mxfp4Scale::Amax, 0},
+                        {llmc::kNvfp4Encoding, Mxfp4Scale::Amax, 16},
+                        {llmc::kNvfp4WeightEncoding, Mxfp4Scale::Amax, 0}};
+  for (const Case& k : cases) {
+    const Encoding& e = k.e;
+    const bool mxfp4 = llmc::mxfp4_encoding(e), quest = k.rule == Mxfp4Scale::Gaussian;
+    const std::string what = llmc::encoding_name(e) + " rule " + std::to_string(static_cast<int>(k.rule)) +
+                             " hadamard " + std::to_string(k.hadamard);
+    Buf<uint8_t> data(llmc::code_bytes(e, rows, cols)), sc(llmc::scale_inv_bytes(e, rows, cols));
+    Buf<float> tsi(1);
+    Buf<uint32_t> mask(static_cast<size_t>(rows) * (cols / llmc::kGaussianBlock));
+    QTensor q;
+    q.rows = rows, q.cols = cols, q.encoding = e, q.data = data.p, q.scale_inv = reinterpret_cast<float*>(sc.p);
+    if (!mxfp4) q.tensor_scale_inv = tsi.p;
+    QuantizeArgs args;
+    args.mxfp4_scale = k.rule;
+    if (k.hadamard != 0) args.hadamard = {k.hadamard, k.hadamard == 32 ? 0x2468ace1u : 0xace1u, true, false};
+    if (quest) args.trust_mask = mask.p;
+    llmc::quantize(q, dx.p, args, 0);
+    Buf<double> slots(llmc::kQuantStatsSlots), slots2(llmc::kQuantStatsSlots);
+    llmc::quant_stats(slots.p, q, dx.p, 0, args.hadamard, args.mxfp4_scale);
+    llmc::quant_stats(slots2.p, q, dx.p, 0, args.hadamard, args.mxfp4_scale);
+    const std::vector<double> s = slots.get(), s2 = slots2.get();
+    ASSERT_EQ(std::memcmp(s.data(), s2.data(), sizeof(double) * s.size()), 0) << what << ": two runs differ";
+    const llmc::QuantStats got = llmc::finish_quant_stats(s.data());
+    QuantizeArgs host_args = args;
+    host_args.trust_mask = nullptr;
+    const float host_tsi = mxfp4 ? 0.0f : tsi.get()[0];
+    const llmc::QuantStats want = llmc::fp4_quant_stats_cpu(x.data(), data.get().data(), sc.get().data(), host_tsi,
+                                                            rows, cols, e, host_args);
+    EXPECT_EQ(got.amax, want.amax) << what;
+    EXPECT_EQ(got.scale, want.scale) << what;
+    EXPECT_EQ(got.saturated_frac, want.saturated_frac) << what;
+    EXPECT_EQ(got.underflow_frac, want.underflow_frac) << what;
+    EXPECT_EQ(got.clipped_frac, want.clipped_frac) << what;
+    EXPECT_NEAR(got.snr_db, want.snr_db, 1e-9 * std::fabs(want.snr_db)) << what;
+    if (k.rule == Mxfp4Scale::RangeMatched) EXPECT_EQ(got.clipped_frac, 0.0) << what;
+    if (quest) {
+      EXPECT_GT(got.clipped_frac, 0.0) << what << ": the test clips";
+      double untrusted = 0;
+      for (uint32_t w : mask.get()) untrusted += 32 - __builtin_popcount(w);
+      EXPECT_EQ(s[llmc::kStatClipped], untrusted) << what;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

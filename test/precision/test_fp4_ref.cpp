@@ -5,7 +5,8 @@
 // transforms against dense matrices (FP64) and their orthogonality; stochastic rounding: its threshold against the
 // definition (FP64) on a sweep of FP32, the same key gives the same bits, and over many draws the mean is the input
 // within a bound derived below; the reference quantiser
-// (fp4_quantize_cpu) against those formulas; the FP4 rows of the quantiser table (quantizer_error, sizes); and the
+// (fp4_quantize_cpu) against those formulas; the clipped count of the telemetry's reference against the trust mask and
+// at its boundary; the FP4 rows of the quantiser table (quantizer_error, sizes); and the
 // keying of Quartet's per-micro-step rotation signs.
 #include <cmath>
 #include <cstdint>
@@ -261,6 +262,72 @@ TEST(Fp4Reference, QuantisesBlocksAsTheFormulasSay) {
     EXPECT_EQ(s_t[i], own) << i;
     EXPECT_EQ(data_t[i], llmc::e2m1_encode(x[i] * llmc::mxfp4_element_multiplier(own))) << i;
   }
+}
+
+// The FP4 clipped count (fp4_codec.cuh's e2m1_clipped; fp4_quant_stats_cpu, which the GPU telemetry is compared
+// with): |v * m| >= 6 or NaN, the complement of QuEST's trust mask. An MXFP4 block under Gaussian scales with one
+// outlier: the outlier alone is clipped, and it is the one element the mask clears. The boundary: under the amax rule
+// a block amax of 6 (X = 0, m = 1) lands on 6 exactly and counts, 5.5 does not, 7 does (the MX rule's clip); range
+// matching clips nothing; NVFP4's block scale rounded down by E4M3 (amax 7 -> s_b 1.125) puts 7 at 6.22, and the
+// tensor amax 2688 lands at 6 (one FP32 ulp above: 2688 * RN(1 / 448)).
+TEST(Fp4Telemetry, ClippedCountIsTheTrustMasksComplement) {
+  EXPECT_TRUE(llmc::e2m1_clipped(6.0f, 1.0f));
+  EXPECT_FALSE(llmc::e2m1_clipped(std::nextafter(6.0f, 0.0f), 1.0f));
+  EXPECT_TRUE(llmc::e2m1_clipped(-12.0f, 0.5f));
+  EXPECT_TRUE(llmc::e2m1_clipped(NAN, 1.0f));
+  EXPECT_FALSE(llmc::e2m1_clipped(0.0f, 0.0f));  // a zeroed block's elements: not clipped, and not trusted
+  EXPECT_FALSE(llmc::e2m1_clipped(5.0f, 0.0f));
+  EXPECT_TRUE(llmc::e2m1_clipped(INFINITY, 0.0f));
+  EXPECT_FALSE(llmc::e2m1_trusted(0.0f, 0.0f));
+  EXPECT_EQ(llmc::e2m1_trusted(3.0f, 2.0f), !llmc::e2m1_clipped(3.0f, 2.0f));
+  EXPECT_EQ(llmc::e2m1_trusted(3.0f, 1.0f), !llmc::e2m1_clipped(3.0f, 1.0f));
+
+  const llmc::Encoding e = llmc::kMxfp4Encoding;
+  const int cols = 64;  // two blocks of 32
+  auto quantize_and_measure = [&](const std::vector<float>& x, const llmc::QuantizeArgs& args_in,
+                                  std::vector<uint32_t>* mask) {
+    std::vector<uint8_t> data(llmc::code_bytes(e, 1, cols)), s(llmc::scale_inv_bytes(e, 1, cols));
+    llmc::QuantizeArgs args = args_in;
+    llmc::Fp4CpuOut out;
+    out.data = data.data(), out.scale_inv = s.data();
+    if (mask) mask->assign(2, 0u), out.trust_mask = mask->data();
+    llmc::fp4_quantize_cpu(&out, x.data(), 1, cols, e, args, nullptr);
+    return llmc::fp4_quant_stats_cpu(x.data(), data.data(), s.data(), 0.0f, 1, cols, e, args);
+  };
+  // Gaussian: block 0 small values with one outlier (index 5), block 1 small values only
+  std::vector<float> x(cols);
+  for (int i = 0; i < cols; i++) x[i] = llmc::bf16_decode(llmc::bf16_encode(0.1f * static_cast<float>(i % 7 - 3)));
+  x[5] = 100.0f;
+  llmc::QuantizeArgs quest;
+  quest.mxfp4_scale = llmc::Mxfp4Scale::Gaussian;
+  std::vector<uint32_t> mask;
+  const llmc::QuantStats g = quantize_and_measure(x, quest, &mask);
+  EXPECT_EQ(mask[0], ~(1u << 5));
+  EXPECT_EQ(mask[1], ~0u);
+  EXPECT_EQ(g.clipped_frac, 1.0 / cols);
+  int untrusted = 0;
+  for (uint32_t w : mask) untrusted += 32 - __builtin_popcount(w);
+  EXPECT_EQ(g.clipped_frac * cols, untrusted);
+  // amax rule: block 0 amax 6 (index 0 at 6, index 1 at 5.5), block 1 amax 7 (index 33) with 6.5 (index 34)
+  std::vector<float> y(cols, 1.0f);
+  y[0] = 6.0f, y[1] = 5.5f, y[33] = 7.0f, y[34] = -6.5f;
+  const llmc::QuantStats a = quantize_and_measure(y, llmc::QuantizeArgs{}, nullptr);
+  EXPECT_EQ(a.clipped_frac, 3.0 / cols);
+  EXPECT_EQ(a.saturated_frac, 4.0 / cols);  // and 5.5, rounded up to 6
+  llmc::QuantizeArgs range_matched;
+  range_matched.mxfp4_scale = llmc::Mxfp4Scale::RangeMatched;
+  EXPECT_EQ(quantize_and_measure(y, range_matched, nullptr).clipped_frac, 0.0);
+  // NVFP4 1x16, tensor amax 2688 (s_enc 1): block 0 [2688, 1, ...], block 1 [7, 1, ...]
+  const llmc::Encoding nv = llmc::kNvfp4Encoding;
+  std::vector<float> z(32, 1.0f);
+  z[0] = 2688.0f, z[16] = 7.0f;
+  std::vector<uint8_t> data(llmc::code_bytes(nv, 1, 32)), s(llmc::scale_inv_bytes(nv, 1, 32));
+  llmc::Fp4CpuOut out;
+  out.data = data.data(), out.scale_inv = s.data();
+  llmc::fp4_quantize_cpu(&out, z.data(), 1, 32, nv, llmc::QuantizeArgs{}, nullptr);
+  const llmc::QuantStats n =
+      llmc::fp4_quant_stats_cpu(z.data(), data.data(), s.data(), out.tensor_scale_inv, 1, 32, nv, llmc::QuantizeArgs{});
+  EXPECT_EQ(n.clipped_frac, 2.0 / 32);
 }
 
 // Quartet's backward signs: PrecisionState::rotation_signs is fp4_rng.cuh's random_signs on the stochastic key of

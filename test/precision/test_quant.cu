@@ -656,6 +656,8 @@ TEST(Dequantize, MatchesHostForEveryGranularityAndTransposedCopies) {
     bad += llmc::strformat(" saturated_frac %.17g vs %.17g;", got.saturated_frac, want.saturated_frac);
   if (got.underflow_frac != want.underflow_frac)
     bad += llmc::strformat(" underflow_frac %.17g vs %.17g;", got.underflow_frac, want.underflow_frac);
+  if (got.clipped_frac != want.clipped_frac)
+    bad += llmc::strformat(" clipped_frac %.17g vs %.17g;", got.clipped_frac, want.clipped_frac);
   const bool both_inf = std::isinf(got.snr_db) && std::isinf(want.snr_db);
   if (!both_inf && !(rel(got.snr_db, want.snr_db) <= 1e-9))
     bad += llmc::strformat(" snr_db %.17g vs %.17g;", got.snr_db, want.snr_db);
@@ -670,39 +672,46 @@ TEST(QuantStats, MatchHostAndAreDeterministic) {
     DeviceBuffer<bf16> dx(to_bf16(x));
     const size_t n = x.size();
     for (BlockShape g : {llmc::kWholeTensor, llmc::kBlock1x128, llmc::kBlock128x128})
-      for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2}) {
-        DeviceBuffer<uint8_t> data(n);
-        DeviceBuffer<float> si(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), sh.rows, sh.cols));
-        // per-tensor: 4x the amax scale, so outliers saturate
-        const float scale = 4.0f * llmc::fp8_scale_from_amax_cpu(llmc::amax_bf16_cpu(x.data(), n), 1.0f,
-                                                                 encoding(f, llmc::kWholeTensor), 0);
-        DeviceBuffer<float> d_scale(std::vector<float>{scale});
-        QTensor q;
-        q.rows = sh.rows, q.cols = sh.cols, q.encoding.element = f, q.encoding.block = g, q.data = data.ptr,
-        q.scale_inv = si.ptr;
-        if (g == llmc::kWholeTensor) {
-          si.upload({1.0f / scale});
-          q.scale = d_scale.ptr;
-          llmc::fp8_quantize_tensorwise(q, dx.ptr, nullptr, 0);
-        } else {
-          quantize_blockwise(q, dx.ptr, true);
+      for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
+        for (bool pow2 : {false, true}) {  // block scales FP32 or power-of-two (the clipped count's multiplier)
+          if (pow2 && g == llmc::kWholeTensor) continue;
+          DeviceBuffer<uint8_t> data(n);
+          DeviceBuffer<float> si(llmc::scale_inv_count(encoding(ElementFormat::E4M3, g), sh.rows, sh.cols));
+          // per-tensor: 4x the amax scale, so outliers saturate
+          const float scale = 4.0f * llmc::fp8_scale_from_amax_cpu(llmc::amax_bf16_cpu(x.data(), n), 1.0f,
+                                                                   encoding(f, llmc::kWholeTensor), 0);
+          DeviceBuffer<float> d_scale(std::vector<float>{scale});
+          QTensor q;
+          q.rows = sh.rows, q.cols = sh.cols, q.encoding = encoding(f, g, pow2), q.data = data.ptr,
+          q.scale_inv = si.ptr;
+          if (g == llmc::kWholeTensor) {
+            si.upload({1.0f / scale});
+            q.scale = d_scale.ptr;
+            llmc::fp8_quantize_tensorwise(q, dx.ptr, nullptr, 0);
+          } else {
+            quantize_blockwise(q, dx.ptr, pow2);
+          }
+          // The second run goes through the dispatch point (llmc/precision/quantize.h): the same kernels, the same
+          // bits.
+          DeviceBuffer<double> slots(llmc::kQuantStatsSlots), slots2(llmc::kQuantStatsSlots);
+          llmc::fp8_quant_stats(slots.ptr, q, dx.ptr, 0);
+          llmc::quant_stats(slots2.ptr, q, dx.ptr, 0);
+          const std::vector<double> s = slots.download(), s2 = slots2.download();
+          const std::string what = llmc::strformat("stats %s %s%s %dx%d", gname(g).c_str(), fname(f),
+                                                   pow2 ? " pow2" : "", sh.rows, sh.cols);
+          ASSERT_EQ(std::memcmp(s.data(), s2.data(), sizeof(double) * s.size()), 0) << what << ": two runs differ";
+          EXPECT_EQ(s[llmc::kStatElements], double(n)) << what << ": element count";
+          const std::vector<uint8_t> codes = data.download();
+          const std::vector<float> scales = si.download();
+          const llmc::QuantStats want =
+              llmc::fp8_quant_stats_cpu(x.data(), codes.data(), scales.data(), sh.rows, sh.cols, q.encoding, scale);
+          ASSERT_TRUE(same_stats(what, llmc::finish_quant_stats(s.data()), want));
+          if (g == llmc::kWholeTensor) {
+            EXPECT_GT(want.saturated_frac, 0.0) << what << ": the test saturates";
+            EXPECT_GT(want.clipped_frac, 0.0) << what << ": the test clips";
+          }
+          EXPECT_GT(want.underflow_frac, 0.0) << what << ": the test underflows";
         }
-        // The second run goes through the dispatch point (llmc/precision/quantize.h): the same kernels, the same bits.
-        DeviceBuffer<double> slots(llmc::kQuantStatsSlots), slots2(llmc::kQuantStatsSlots);
-        llmc::fp8_quant_stats(slots.ptr, q, dx.ptr, 0);
-        llmc::quant_stats(slots2.ptr, q, dx.ptr, 0);
-        const std::vector<double> s = slots.download(), s2 = slots2.download();
-        const std::string what = llmc::strformat("stats %s %s %dx%d", gname(g).c_str(), fname(f), sh.rows, sh.cols);
-        ASSERT_EQ(std::memcmp(s.data(), s2.data(), sizeof(double) * s.size()), 0) << what << ": two runs differ";
-        EXPECT_EQ(s[7], double(n)) << what << ": element count";
-        const std::vector<uint8_t> codes = data.download();
-        const std::vector<float> scales = si.download();
-        const llmc::QuantStats want =
-            llmc::fp8_quant_stats_cpu(x.data(), codes.data(), scales.data(), sh.rows, sh.cols, encoding(f, g));
-        ASSERT_TRUE(same_stats(what, llmc::finish_quant_stats(s.data()), want));
-        if (g == llmc::kWholeTensor) EXPECT_GT(want.saturated_frac, 0.0) << what << ": the test saturates";
-        EXPECT_GT(want.underflow_frac, 0.0) << what << ": the test underflows";
-      }
   }
 }
 

@@ -3,7 +3,8 @@
 // delayed scaling over several steps (ring buffer, max vs most recent, 0 / inf / NaN amaxes keep the scale), the casts
 // against their definitions (codes within half an FP8 ulp of x * scale, each block's largest element at the top of the
 // format, padding entries 1, transposed copies, partial edge blocks), dequantisation and the telemetry on inputs whose
-// answers are known. Also the launchers' argument errors and the dispatch point's refusals (llmc/precision/quantize.h),
+// answers are known (the clipped count at and beyond max, with stored scales, and the block-wise casts' multiplier as
+// the telemetry recovers it, over every BF16 amax). Also the launchers' argument errors and the dispatch point's refusals (llmc/precision/quantize.h),
 // which are raised on the host before any CUDA call (so they are testable without a GPU).
 #include <cmath>
 #include <cstdint>
@@ -17,10 +18,12 @@
 
 #include "llmc/core/common.h"
 #include "llmc/core/dtypes.h"
+#include "llmc/core/float_rn.cuh"
 #include "llmc/precision/encoding.h"
 #include "llmc/precision/fp8_quant.h"
 #include "llmc/precision/fp4_quant.h"
 #include "llmc/precision/quantize.h"
+#include "llmc/precision/scale_math.cuh"
 #include "test/reference/precision_ref.h"
 
 namespace {
@@ -308,8 +311,8 @@ TEST(DequantizeRef, CodesTimesTheirBlockScale) {
 }
 
 TEST(QuantStatsRef, KnownCounts) {
-  // 1 x 16, per-tensor scale 1 (scale_inv 1), E4M3: two saturated (1000 clipped, 448 exact), one underflow (1e-4),
-  // two zeros, the rest exact.
+  // 1 x 16, per-tensor scale 1 (scale_inv 1), E4M3: two saturated (1000 clipped, 448 exact: saturated, not clipped),
+  // one underflow (1e-4), two zeros, the rest exact.
   const int rows = 1, cols = 16;
   std::vector<float> x = {1000.0f, 448.0f, 1e-4f, 0.0f, 0.0f, 1.0f, -2.0f, 0.5f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 0.25f, 1.5f};
   for (float& v : x) v = bf16_round(v);
@@ -317,10 +320,11 @@ TEST(QuantStatsRef, KnownCounts) {
   llmc::fp8_quantize_tensorwise_cpu(data.data(), nullptr, nullptr, x.data(), rows, cols, 1.0f, ElementFormat::E4M3);
   const float si = 1.0f;
   const llmc::QuantStats s = llmc::fp8_quant_stats_cpu(x.data(), data.data(), &si, rows, cols,
-                                                       block_encoding(ElementFormat::E4M3, llmc::kWholeTensor));
+                                                       block_encoding(ElementFormat::E4M3, llmc::kWholeTensor), 1.0f);
   EXPECT_EQ(s.amax, 1000.0);
   EXPECT_EQ(s.scale, 1.0);
   EXPECT_DOUBLE_EQ(s.saturated_frac, 2.0 / 16.0);
+  EXPECT_EQ(s.clipped_frac, 1.0 / 16.0);
   EXPECT_DOUBLE_EQ(s.underflow_frac, 1.0 / 14.0);
   double sx2 = 0, se2 = 0;
   for (int i = 0; i < cols; i++) {
@@ -339,15 +343,82 @@ TEST(QuantStatsRef, KnownCounts) {
   llmc::fp8_quantize_blockwise_cpu(dy.data(), siy.data(), nullptr, nullptr, y.data(), 4, 16,
                                    block_encoding(ElementFormat::E4M3, llmc::kBlock1x128));
   const llmc::QuantStats t = llmc::fp8_quant_stats_cpu(y.data(), dy.data(), siy.data(), 4, 16,
-                                                       block_encoding(ElementFormat::E4M3, llmc::kBlock1x128));
+                                                       block_encoding(ElementFormat::E4M3, llmc::kBlock1x128), 0.0f);
   EXPECT_EQ(t.snr_db, INFINITY);
   EXPECT_EQ(t.scale, 128.0);
   EXPECT_DOUBLE_EQ(t.saturated_frac, 49.0 / 64.0);
-  const double zeros[llmc::kQuantStatsSlots] = {0, 1, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(t.clipped_frac, 0.0);  // at 448 exactly: saturated codes, nothing beyond max
+  double zeros[llmc::kQuantStatsSlots] = {};
+  zeros[llmc::kStatScale] = 1.0;
   const llmc::QuantStats z = llmc::finish_quant_stats(zeros);
   EXPECT_EQ(z.saturated_frac, 0.0);
   EXPECT_EQ(z.underflow_frac, 0.0);
+  EXPECT_EQ(z.clipped_frac, 0.0);
   EXPECT_EQ(z.snr_db, INFINITY);
+}
+
+// The clipped count of FP8: fp8_clipped with the cast's multiplier, |x * scale| > max (max itself is exact and does
+// not count; NaN does). A stored (delayed) scale 4 puts 112 at 448 exactly, 113 and 200 beyond it; E5M2's max is
+// 57344.
+TEST(QuantStatsRef, ClippedCountsValuesBeyondMaxWithTheStoredScale) {
+  const float e4m3_max = llmc::kE4M3Max, e5m2_max = llmc::kE5M2Max;
+  EXPECT_FALSE(llmc::fp8_clipped(448.0f, 1.0f, e4m3_max));
+  EXPECT_TRUE(llmc::fp8_clipped(std::nextafter(448.0f, 1000.0f), 1.0f, e4m3_max));
+  EXPECT_TRUE(llmc::fp8_clipped(-449.0f, 1.0f, e4m3_max));
+  EXPECT_TRUE(llmc::fp8_clipped(NAN, 1.0f, e4m3_max));
+  EXPECT_FALSE(llmc::fp8_clipped(0.0f, 0.0f, e4m3_max));
+  EXPECT_FALSE(llmc::fp8_clipped(57344.0f, 1.0f, e5m2_max));
+  EXPECT_TRUE(llmc::fp8_clipped(57344.0f, 1.0f, e4m3_max));
+  const int rows = 1, cols = 16;
+  std::vector<float> x = {112.0f, 113.0f, -200.0f, 1.0f, -2.0f, 0.5f, 3.0f, 0.0f,
+                          111.0f, 64.0f, -100.0f, 7.0f, 8.0f, 0.25f, 1.5f, 2.5f};
+  for (float& v : x) v = bf16_round(v);
+  const float scale = 4.0f, si = 0.25f;
+  std::vector<uint8_t> data(cols);
+  const Encoding e4 = block_encoding(ElementFormat::E4M3, llmc::kWholeTensor);
+  llmc::fp8_quantize_tensorwise_cpu(data.data(), nullptr, nullptr, x.data(), rows, cols, scale, ElementFormat::E4M3);
+  const llmc::QuantStats s = llmc::fp8_quant_stats_cpu(x.data(), data.data(), &si, rows, cols, e4, scale);
+  EXPECT_EQ(s.clipped_frac, 2.0 / 16.0);      // 113 and -200
+  EXPECT_EQ(s.saturated_frac, 4.0 / 16.0);    // and 112 at 448, 111 rounded up to it (444)
+  // the same codes measured with another multiplier count another set: scale 2 clips nothing (200 * 2 = 400)
+  EXPECT_EQ(llmc::fp8_quant_stats_cpu(x.data(), data.data(), &si, rows, cols, e4, 2.0f).clipped_frac, 0.0);
+  // E5M2, scale 1: 57344 exact, 61440 beyond
+  std::vector<float> y(cols, 1.0f);
+  y[0] = 57344.0f, y[1] = -61440.0f;
+  const float one = 1.0f;
+  llmc::fp8_quantize_tensorwise_cpu(data.data(), nullptr, nullptr, y.data(), rows, cols, 1.0f, ElementFormat::E5M2);
+  const llmc::QuantStats t = llmc::fp8_quant_stats_cpu(y.data(), data.data(), &one, rows, cols,
+                                                       block_encoding(ElementFormat::E5M2, llmc::kWholeTensor), 1.0f);
+  EXPECT_EQ(t.clipped_frac, 1.0 / 16.0);
+  EXPECT_EQ(t.saturated_frac, 2.0 / 16.0);
+}
+
+// fp8_block_multiplier (the device telemetry's view of a block-wise cast's scale, stored only as scale_inv) decides
+// clipping as the block's own scale block_scale(a) does, for every positive finite BF16 amax a: for the amax element
+// itself and for the next BF16 magnitude below it, fp32 and power-of-two scales, E4M3 and E5M2. With FP32 scales
+// some amaxes land one FP32 ulp past max (a * RN(max / a) rounds up): those are counted, and exist.
+TEST(QuantStatsRef, BlockMultiplierDecidesClippingAsTheBlockScale) {
+  int clipped_amaxes = 0;
+  for (ElementFormat f : {ElementFormat::E4M3, ElementFormat::E5M2})
+    for (bool pow2 : {false, true}) {
+      const float fmax = llmc::fp8_max_of(f);
+      for (uint32_t b = 0x0001; b < 0x7f80; b++) {
+        const float a = llmc::bf16_decode(static_cast<uint16_t>(b));
+        const float scale = llmc::block_scale(a, fmax, pow2), si = llmc::div_rn(1.0f, scale);
+        const float below = llmc::bf16_decode(static_cast<uint16_t>(b - 1));
+        for (float x : {a, -a, below}) {
+          const bool want = llmc::fp8_clipped(x, scale, fmax);
+          ASSERT_EQ(llmc::fp8_clipped(x, llmc::fp8_block_multiplier(x, si, fmax, pow2), fmax), want)
+              << llmc::element_format_name(f) << (pow2 ? " pow2" : " fp32") << " amax " << a << " x " << x;
+          if (x == a && want) clipped_amaxes++;
+          if (x == below) EXPECT_FALSE(want) << a;
+        }
+      }
+    }
+  EXPECT_GT(clipped_amaxes, 0);
+  // an all-zero or non-finite block has scale 1 (scale_inv 1): its elements beyond max, and NaN, are clipped
+  EXPECT_EQ(llmc::fp8_block_multiplier(1000.0f, 1.0f, llmc::kE4M3Max, false), 1.0f);
+  EXPECT_TRUE(llmc::fp8_clipped(NAN, llmc::fp8_block_multiplier(NAN, 1.0f, llmc::kE4M3Max, false), llmc::kE4M3Max));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -408,6 +479,13 @@ TEST(QuantLaunchers, BadArgumentsAreClearErrors) {
   q.data = nullptr;
   expect_error([&] { llmc::fp8_quant_stats(reinterpret_cast<double*>(floats), q, x, 0); }, "q.data is null");
   expect_error([&] { llmc::fp8_dequantize(floats, q, true, 0); }, "q.data_t is null");
+  {  // per tensor, the clipped count multiplies x by the cast's scale
+    llmc::QTensor t = q;
+    t.encoding = tensor_encoding(ElementFormat::E4M3);
+    t.data = bytes;
+    t.scale = nullptr;
+    expect_error([&] { llmc::fp8_quant_stats(reinterpret_cast<double*>(floats), t, x, 0); }, "q.scale is null");
+  }
   expect_error([&] { llmc::amax_bf16(floats, reinterpret_cast<const llmc::bf16*>(uintptr_t(0x10004)), 100, 0); },
                "pointer x");
   expect_error([&] { llmc::amax_bf16(nullptr, x, 100, 0); }, "amax must be a device pointer");
@@ -458,6 +536,14 @@ TEST(QuantizeDispatch, RefusesWhatNoQuantiserHandles) {
                "quantize: this build has no quantiser for e2m1 1x16 e8m0 scales");
   expect_error([&] { llmc::quant_stats(reinterpret_cast<double*>(floats), q, x, 0); },
                "quant_stats: this build has no quantiser for e2m1");
+  // an MXFP4 scale rule (the clipped count's multiplier) is for the FP4 family's MXFP4 telemetry
+  q.encoding = tensor_encoding(ElementFormat::E4M3);
+  expect_error([&] { llmc::quant_stats(reinterpret_cast<double*>(floats), q, x, 0, {}, llmc::Mxfp4Scale::Gaussian); },
+               "has no MXFP4 scale rule; pass Mxfp4Scale::Amax");
+  q.encoding = llmc::kNvfp4Encoding;
+  expect_error([&] { llmc::quant_stats(reinterpret_cast<double*>(floats), q, x, 0, {}, llmc::Mxfp4Scale::Gaussian); },
+               "mxfp4_scale is an MXFP4 option");
+  q.encoding = {ElementFormat::E2M1, llmc::kBlock1x16, ScaleFormat::E8M0, false};
   q.encoding = {ElementFormat::E4M3, llmc::BlockShape{4, 8}};
   expect_error([&] { llmc::quantize(q, x, args, 0); }, "not an encoding");
   // Stochastic rounding, Hadamard transforms, Gaussian scales and trust masks are FP4 options: an FP8 family refuses

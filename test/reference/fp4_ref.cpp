@@ -162,6 +162,71 @@ void fp4_quantize_cpu(Fp4CpuOut* out, const float* x, int rows, int cols, const 
   }
 }
 
+QuantStats fp4_quant_stats_cpu(const float* x, const uint8_t* codes, const uint8_t* scale_inv, float tensor_scale_inv,
+                               int rows, int cols, const Encoding& e, const QuantizeArgs& args) {
+  const char* who = "fp4_quant_stats_cpu";
+  if (!fp4_encoding(e)) throw_error("%s: %s is not an FP4 encoding", who, encoding_name(e).c_str());
+  const bool nvfp4 = nvfp4_encoding(e);
+  const size_t count = static_cast<size_t>(rows) * cols;
+  std::vector<float> v(x, x + count);  // the values the quantiser saw
+  if (args.hadamard.any() && args.hadamard.data) hadamard_cpu(v.data(), count, args.hadamard.size, args.hadamard.signs);
+  const float s_enc =
+      nvfp4 ? nvfp4_tensor_encode_scale(bits_to_float(amax_bits_of(v.data(), static_cast<int>(count)))) : 1.0f;
+  // Each element's multiplier from its block's values, as fp4_quantize_cpu scales them.
+  std::vector<float> multiplier(count);
+  if (e.block == kBlock16x16) {
+    for (int rb = 0; rb < rows; rb += 16)
+      for (int cb = 0; cb < cols; cb += 16) {
+        const int r_end = std::min(rows, rb + 16), c_end = std::min(cols, cb + 16);
+        uint32_t m = 0;
+        for (int r = rb; r < r_end; r++)
+          for (int c = cb; c < c_end; c++) m = std::max(m, abs_bits_host(v[static_cast<size_t>(r) * cols + c]));
+        const float mult = amax_scale(true, bits_to_float(m), s_enc).multiplier;
+        for (int r = rb; r < r_end; r++)
+          for (int c = cb; c < c_end; c++) multiplier[static_cast<size_t>(r) * cols + c] = mult;
+      }
+  } else {
+    const int n = e.block.cols;
+    for (int r = 0; r < rows; r++)
+      for (int c0 = 0; c0 < cols; c0 += n) {
+        const int len = std::min(n, cols - c0);
+        const size_t i0 = static_cast<size_t>(r) * cols + c0;
+        const float mult = scale_of(nvfp4, v.data() + i0, len, args, s_enc).multiplier;
+        std::fill(multiplier.begin() + i0, multiplier.begin() + i0 + len, mult);
+      }
+  }
+  std::vector<float> deq(count);
+  fp4_dequantize_cpu(deq.data(), codes, scale_inv, tensor_scale_inv, rows, cols, e);
+  double s[kQuantStatsSlots] = {};
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) {
+      const size_t i = static_cast<size_t>(r) * cols + c;
+      const uint8_t code = e2m1_unpack(codes[static_cast<size_t>(r) * ((cols + 1) / 2) + c / 2], c) & 0x7;
+      const double err = static_cast<double>(v[i]) - static_cast<double>(deq[i]);
+      s[kStatSaturated] += code == 0x7;
+      s[kStatUnderflow] += v[i] != 0.0f && code == 0;
+      s[kStatNonzero] += v[i] != 0.0f;
+      s[kStatSumX2] += static_cast<double>(v[i]) * v[i];
+      s[kStatSumErr2] += err * err;
+      s[kStatClipped] += e2m1_clipped(v[i], multiplier[i]);
+    }
+  // the smallest scale: 1 / the largest decode scale of a real block (times the tensor scale_inv for NVFP4)
+  int scale_rows = 0, scale_cols = 0;
+  valid_scale_shape(e, rows, cols, &scale_rows, &scale_cols);
+  const int ld = scale_inv_ld(e, rows, cols);
+  uint32_t max_scale = 0;
+  for (int i = 0; i < scale_rows; i++)
+    for (int j = 0; j < scale_cols; j++) {
+      const uint8_t code = scale_inv[static_cast<size_t>(i) * ld + j];
+      const float decode = nvfp4 ? mul_rn(fp8_decode(code, ElementFormat::E4M3), tensor_scale_inv) : e8m0_decode(code);
+      max_scale = std::max(max_scale, abs_bits_host(decode));
+    }
+  s[kStatAmax] = bits_to_float(amax_bits_of(v.data(), static_cast<int>(count)));
+  s[kStatScale] = 1.0 / static_cast<double>(bits_to_float(max_scale));
+  s[kStatElements] = static_cast<double>(count);
+  return finish_quant_stats(s);
+}
+
 void fp4_dequantize_cpu(float* out, const uint8_t* codes, const uint8_t* scale_inv, float tensor_scale_inv, int rows,
                         int cols, const Encoding& e) {
   if (!fp4_encoding(e)) throw_error("fp4_dequantize_cpu: %s is not an FP4 encoding", encoding_name(e).c_str());

@@ -38,8 +38,10 @@ void fp8_transpose_codes_cpu(uint8_t* dst, const uint8_t* src, int rows, int col
 // Dequantisation and telemetry
 void fp8_dequantize_cpu(float* out, const uint8_t* data, const float* scale_inv, int rows, int cols,
                         const Encoding& e);
+// The telemetry of quant_stats (finished): scale is a per-tensor cast's multiplier (ignored for blocks, whose
+// multipliers come from their amax as the cast computes them); the clipped count is scale_math.cuh's fp8_clipped.
 QuantStats fp8_quant_stats_cpu(const float* x, const uint8_t* data, const float* scale_inv, int rows, int cols,
-                               const Encoding& e);
+                               const Encoding& e, float scale);
 
 // -----------------------------------------------------------------------------------------------------------------
 // FP4 (fp4_ref.cpp): x (rows, cols) of values exactly representable in bf16, e an FP4 encoding, args' rounding, sr_key,
@@ -58,6 +60,12 @@ struct Fp4CpuOut {
 };
 void fp4_quantize_cpu(Fp4CpuOut* out, const float* x, int rows, int cols, const Encoding& e, const QuantizeArgs& args,
                       const float* tensor_amax);
+// The telemetry of quant_stats (finished) of an FP4 data copy: codes / scale codes (rows, cols) encoded e,
+// tensor_scale_inv for NVFP4, quantised from x with args' hadamard (data: the statistics of the rotated values) and
+// mxfp4_scale. The clipped count is fp4_codec.cuh's e2m1_clipped with each element's multiplier from the definitions
+// (fp4_quantize_cpu's block rules on x, not the stored codes; NVFP4's tensor amax is that of the copy's values).
+QuantStats fp4_quant_stats_cpu(const float* x, const uint8_t* codes, const uint8_t* scale_inv, float tensor_scale_inv,
+                               int rows, int cols, const Encoding& e, const QuantizeArgs& args);
 // out (rows, cols) = the values of codes / scale codes (rows, cols) encoded e, tensor_scale_inv for NVFP4.
 void fp4_dequantize_cpu(float* out, const uint8_t* codes, const uint8_t* scale_inv, float tensor_scale_inv, int rows,
                         int cols, const Encoding& e);

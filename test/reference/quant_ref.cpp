@@ -4,6 +4,7 @@
 // codec (llmc/core/dtypes.h).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "llmc/core/common.h"
 #include "llmc/core/dtypes.h"
@@ -157,25 +158,38 @@ void fp8_dequantize_cpu(float* out, const uint8_t* data, const float* scale_inv,
 }
 
 QuantStats fp8_quant_stats_cpu(const float* x, const uint8_t* data, const float* scale_inv, int rows, int cols,
-                               const Encoding& e) {
+                               const Encoding& e, float scale) {
   check_cast_cpu("fp8_quant_stats_cpu", rows, cols, e.element);
   const ElementFormat f = e.element;
+  const float fmax = fp8_max_of(f);
   const uint8_t max_code = f == ElementFormat::E4M3 ? 0x7E : 0x7B;
   const int ld = scale_inv_ld(e, rows, cols);
-  double s[kQuantStatsSlots] = {0, 0, 0, 0, 0, 0, 0, 0};
+  // The multiplier of each element's block, from the definition: the given scale for the whole tensor, else
+  // block_scale of the block's amax (the cast's formula; the scale array's index is the block's).
+  std::vector<uint32_t> block_amax(e.block.whole_tensor() ? 0 : scale_inv_count(e, rows, cols), 0);
+  for (int r = 0; r < rows && !e.block.whole_tensor(); r++)
+    for (int c = 0; c < cols; c++) {
+      uint32_t& m = block_amax[scale_index(e.block, r, c, ld)];
+      m = std::max(m, abs_bits_host(x[static_cast<size_t>(r) * cols + c]));
+    }
+  double s[kQuantStatsSlots] = {};
   uint32_t amax = 0, max_si = 0;
   for (int r = 0; r < rows; r++)
     for (int c = 0; c < cols; c++) {
       const size_t i = static_cast<size_t>(r) * cols + c;
+      const size_t b = scale_index(e.block, r, c, ld);
       const float xf = x[i];
       const uint8_t code = data[i];
-      const float deq = mul_rn(fp8_decode(code, f), scale_inv[scale_index(e.block, r, c, ld)]);
+      const float deq = mul_rn(fp8_decode(code, f), scale_inv[b]);
       const double err = static_cast<double>(xf) - static_cast<double>(deq);
-      s[2] += (code & 0x7f) == max_code;
-      s[3] += xf != 0.0f && (code & 0x7f) == 0;
-      s[4] += xf != 0.0f;
-      s[5] += static_cast<double>(xf) * xf;
-      s[6] += err * err;
+      const float multiplier =
+          e.block.whole_tensor() ? scale : block_scale(bits_to_float(block_amax[b]), fmax, e.pow2_scales());
+      s[kStatSaturated] += (code & 0x7f) == max_code;
+      s[kStatUnderflow] += xf != 0.0f && (code & 0x7f) == 0;
+      s[kStatNonzero] += xf != 0.0f;
+      s[kStatSumX2] += static_cast<double>(xf) * xf;
+      s[kStatSumErr2] += err * err;
+      s[kStatClipped] += fp8_clipped(xf, multiplier, fmax);
       amax = std::max(amax, abs_bits_host(xf));
     }
   int scale_rows = 0, scale_cols = 0;
@@ -183,9 +197,9 @@ QuantStats fp8_quant_stats_cpu(const float* x, const uint8_t* data, const float*
   for (int i = 0; i < scale_rows; i++)
     for (int j = 0; j < scale_cols; j++)
       max_si = std::max(max_si, abs_bits_host(scale_inv[static_cast<size_t>(i) * ld + j]));
-  s[0] = bits_to_float(amax);
-  s[1] = 1.0 / static_cast<double>(bits_to_float(max_si));
-  s[7] = static_cast<double>(rows) * cols;
+  s[kStatAmax] = bits_to_float(amax);
+  s[kStatScale] = 1.0 / static_cast<double>(bits_to_float(max_si));
+  s[kStatElements] = static_cast<double>(rows) * cols;
   return finish_quant_stats(s);
 }
 
