@@ -54,7 +54,7 @@ cudaDeviceProp open_device(const RunConfig& cfg, const Comm& comm) {
 
 // Numerics telemetry: one JSONL record per quantised tensor (and per product, with log.numerics_products: type
 // "product_numerics", its SNR against the BF16 product of the unquantised operands) and a console line with the
-// worst SNRs.
+// worst SNRs and the tensor with the largest clipped fraction.
 void log_numerics(MetricsLogger& logger, int step, const std::vector<TensorNumerics>& numerics) {
   auto finite_or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
   struct Worst {
@@ -62,6 +62,10 @@ void log_numerics(MetricsLogger& logger, int step, const std::vector<TensorNumer
     std::string name;
     size_t count = 0;
   } tensors, products;
+  struct Largest {
+    double clipped = 0.0;
+    std::string name;
+  } clipped;
   long long inexact = 0;
   for (const TensorNumerics& t : numerics) {
     nlohmann::json record;
@@ -73,7 +77,8 @@ void log_numerics(MetricsLogger& logger, int step, const std::vector<TensorNumer
       record = {{"type", "numerics"}, {"step", step}, {"tensor", t.name},
                 {"amax", finite_or_null(t.stats.amax)}, {"scale", finite_or_null(t.stats.scale)},
                 {"saturated_frac", t.stats.saturated_frac}, {"underflow_frac", t.stats.underflow_frac},
-                {"snr_db", finite_or_null(t.stats.snr_db)}};
+                {"snr_db", finite_or_null(t.stats.snr_db)}, {"clipped_frac", t.stats.clipped_frac}};
+      if (t.stats.clipped_frac > clipped.clipped) clipped = {t.stats.clipped_frac, t.name};
     }
     if (t.inexact_blocks >= 0) {
       record["inexact_blocks"] = t.inexact_blocks;
@@ -88,8 +93,11 @@ void log_numerics(MetricsLogger& logger, int step, const std::vector<TensorNumer
     }
   }
   if (tensors.count > 0)
-    std::printf("step %d | numerics: %zu quantised tensors, lowest SNR %.1f dB (%s)%s%s\n", step, tensors.count,
+    std::printf("step %d | numerics: %zu quantised tensors, lowest SNR %.1f dB (%s)%s%s%s\n", step, tensors.count,
                 tensors.snr, tensors.name.c_str(),
+                clipped.name.empty() ? "; nothing clipped"
+                                     : strformat("; largest clipped fraction %.3g%% (%s)", 100.0 * clipped.clipped,
+                                                 clipped.name.c_str()).c_str(),
                 products.count > 0 ? strformat("; %zu products, lowest SNR %.1f dB (%s)", products.count,
                                                products.snr, products.name.c_str()).c_str()
                                    : "",

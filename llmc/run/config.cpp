@@ -410,8 +410,10 @@ const std::vector<KeySchema>& schema() {
       row("log", "jsonl", T::String, "JSONL metrics file (\"\" = <checkpoint.dir>/metrics.jsonl when dir is set)",
           LLMC_ACCESS(log.jsonl)),
       between(row("log", "numerics_every", T::Int,
-                  "FP8 numerics telemetry (amax, scale, saturated and underflow fractions, SNR of every quantised "
-                  "tensor) every N steps into the JSONL log (0 = off)", LLMC_ACCESS(log.numerics_every)), 0, L::kSteps),
+                  "numerics telemetry (amax, scale, saturated, clipped and underflow fractions, SNR of every "
+                  "quantised tensor; clipped_frac: elements whose scaled value is beyond the format's largest finite "
+                  "value or NaN, FP8 above 448 / 57344, E2M1 at or above 6, the complement of QuEST's trust mask) "
+                  "every N steps into the JSONL log (0 = off)", LLMC_ACCESS(log.numerics_every)), 0, L::kSteps),
       row("log", "numerics_products", T::Bool,
           "on numerics_every's steps also measure every quantised product (fprop, dgrad, wgrad) against the BF16 "
           "product of the unquantised operands: its SNR in \"product_numerics\" records (one BF16 GEMM more per "

@@ -71,7 +71,7 @@ struct SampleConfig {
 struct LogConfig {
   int every = 1;                  // console line every N steps
   std::string jsonl = "";         // JSONL metrics file ("" = <checkpoint.dir>/metrics.jsonl when dir is set)
-  int numerics_every = 0;         // FP8 numerics telemetry every N steps into the JSONL log (0 = off)
+  int numerics_every = 0;         // numerics telemetry every N steps into the JSONL log (0 = off)
   bool numerics_products = false; // telemetry steps also measure each quantised product against BF16's
 };
 

@@ -44,6 +44,7 @@ for role in ("x", "w", "dy"):
 for r in num:
     assert r["snr_db"] is None or r["snr_db"] > 5, f"{name}: implausible SNR {r}"
     assert 0 <= r["saturated_frac"] <= 1 and 0 <= r["underflow_frac"] <= 1, r
+    assert 0 <= r["clipped_frac"] <= r["saturated_frac"], f"clipped values end at +-max: {r}"
 inexact = [r["inexact_blocks"] for r in num if "inexact_blocks" in r]
 if name == "mxfp4" or name.startswith("quartet"):
     assert inexact and all(isinstance(v, int) and v >= 0 for v in inexact), f"mxfp4: no inexact-block counts: {num[:2]}"

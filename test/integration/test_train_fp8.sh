@@ -53,6 +53,7 @@ for step in steps:
 for r in num:
     assert r["snr_db"] is None or r["snr_db"] > 10, f"implausible SNR {r}"
     assert 0 <= r["saturated_frac"] <= 1 and 0 <= r["underflow_frac"] <= 1, r
+    assert 0 <= r["clipped_frac"] <= r["saturated_frac"], f"clipped values end at +-max: {r}"
 print(f"{sys.argv[2]}: train {train[0]:.3f} -> {train[-1]:.3f}, val {val[0]:.3f} -> {val[-1]:.3f}, "
       f"{len(num)} numerics records")
 PY
