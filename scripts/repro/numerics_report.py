@@ -5,7 +5,8 @@ tensor, so that recipes can be compared operand by operand and layer by layer (i
     usage: python3 scripts/repro/numerics_report.py LOG [LOG ...] [--step N] [--top K] [--label NAME ...] [--md FILE]
 
 Reads the "numerics" records that train_gpt writes every log.numerics_every steps (llmc/precision/quantize.h:
-{"type":"numerics","step":S,"tensor":NAME,"amax","scale","snr_db","underflow_frac","saturated_frac"}) from each
+{"type":"numerics","step":S,"tensor":NAME,"amax","scale","snr_db","underflow_frac","saturated_frac","clipped_frac"};
+logs written before clipped_frac existed lack it) from each
 LOG (.jsonl or .jsonl.gz). NAME is a parameter name and the operand: "transformer.h.3.mlp.c_fc.x" is the input of
 block 3's c_fc, ".w" its weight, ".dy" its output gradient. A tensor kind is the name without its block number
 ("transformer.h.*.mlp.c_fc.x"): one row per kind and run, over the blocks, at one step (--step, default the last step
@@ -16,6 +17,9 @@ Columns:
   amax        the largest amax over the blocks
   underflow   the fraction of nonzero elements quantised to zero: mean over the blocks, and the worst block
   saturated   the fraction of elements at the format's largest magnitude (clipped, or rounded up to it): mean, worst
+  clipped     the fraction of elements whose scaled value lies beyond the format's largest finite value (E2M1: at or
+              beyond 6, the elements QuEST's trust mask masks under Gaussian scales): mean, worst ("—" where the log
+              has no clipped_frac)
   SNR dB      10 log10(sum x^2 / sum (x - dequant(q))^2): mean over the blocks, and the lowest (an exact copy's
               infinite SNR is logged as null and left out; "—" where no block has a finite one)
 Then the --top K tensors (default 10) with the largest underflow over all runs.
@@ -93,7 +97,7 @@ def product_order(kind):
 
 def summarise(records_at_step):
     """{kind: row} for one run at one step; row: blocks, amax, underflow mean / max / worst block, saturated mean /
-    max, SNR mean / min."""
+    max, clipped mean / max (NaN where the records have no clipped_frac), SNR mean / min."""
     kinds = {}
     for r in records_at_step:
         kind, block = kind_of(r["tensor"])
@@ -105,6 +109,7 @@ def summarise(records_at_step):
         under = values("underflow_frac")
         worst = max(range(len(items)), key=lambda i: under[i])
         snr = [v for v in values("snr_db") if runlog.finite(v)]
+        clipped = [v for v in values("clipped_frac") if runlog.finite(v)]
         rows[kind] = {
             "blocks": len(items),
             "amax": max(values("amax")),
@@ -113,6 +118,8 @@ def summarise(records_at_step):
             "under_block": items[worst][0],
             "sat_mean": sum(values("saturated_frac")) / len(items),
             "sat_max": max(values("saturated_frac")),
+            "clip_mean": sum(clipped) / len(clipped) if clipped else float("nan"),
+            "clip_max": max(clipped) if clipped else float("nan"),
             "snr_mean": sum(snr) / len(snr) if snr else float("nan"),
             "snr_min": min(snr) if snr else float("nan"),
         }
@@ -121,6 +128,10 @@ def summarise(records_at_step):
 
 def pct(v):
     return f"{100 * v:.3g}%" if v else "0"
+
+
+def pct_or_dash(v):
+    return pct(v) if runlog.finite(v) else "—"
 
 
 def db(v):
@@ -139,8 +150,8 @@ def report(runs, step, top, products=None):
     summaries = [(label, summarise(by_step[step])) for label, by_step in runs]
     kinds = sorted({k for _, s in summaries for k in s}, key=kind_order)
     lines = [f"Quantisation telemetry at step {step} (per tensor kind: mean over the blocks, and the worst block).", "",
-             "| tensor | run | blocks | amax | underflow mean | worst (block) | saturated mean | worst | SNR dB mean "
-             "| lowest |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| tensor | run | blocks | amax | underflow mean | worst (block) | saturated mean | worst | clipped mean "
+             "| worst | SNR dB mean | lowest |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for kind in kinds:
         for label, s in summaries:
             if kind not in s:
@@ -149,6 +160,7 @@ def report(runs, step, top, products=None):
             block = "" if r["under_block"] is None or not r["under_max"] else f" ({r['under_block']})"
             lines.append(f"| {kind} | {label} | {r['blocks']} | {r['amax']:.4g} | {pct(r['under_mean'])} | "
                          f"{pct(r['under_max'])}{block} | {pct(r['sat_mean'])} | {pct(r['sat_max'])} | "
+                         f"{pct_or_dash(r['clip_mean'])} | {pct_or_dash(r['clip_max'])} | "
                          f"{db(r['snr_mean'])} | {db(r['snr_min'])} |")
     tensors = [(num(r, "underflow_frac"), label, r["tensor"], r) for label, by_step in runs for r in by_step[step]]
     tensors = [t for t in tensors if runlog.finite(t[0])]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """test/dev/test_numerics_report.py: scripts/repro/numerics_report.py on the CPU, on hand-written logs: tensor kinds
 (the block number taken out, names without one kept), the per-kind means, worst block and lowest SNR at one step, the
-default step (the last one every log has), the underflow list across runs, labels, .jsonl.gz logs, the product table
+default step (the last one every log has), the clipped fraction ("—" for a log written before clipped_frac), the
+underflow list across runs, labels, .jsonl.gz logs, the product table
 from "product_numerics" records (only where some log has them at the step), and the exit status 2 for a log without telemetry, a step without records and a wrong number of labels."""
 import gzip
 import json
@@ -18,9 +19,13 @@ sys.path.insert(0, os.path.dirname(SCRIPT))
 import numerics_report  # noqa: E402
 
 
-def record(step, tensor, under, snr=31.5, amax=1.0, sat=0.0):
-    return {"type": "numerics", "step": step, "tensor": tensor, "amax": amax, "scale": 2.0, "snr_db": snr,
-            "underflow_frac": under, "saturated_frac": sat}
+def record(step, tensor, under, snr=31.5, amax=1.0, sat=0.0, clip=None):
+    """A numerics record; without clip, one of a log written before clipped_frac existed."""
+    r = {"type": "numerics", "step": step, "tensor": tensor, "amax": amax, "scale": 2.0, "snr_db": snr,
+         "underflow_frac": under, "saturated_frac": sat}
+    if clip is not None:
+        r["clipped_frac"] = clip
+    return r
 
 
 def product(step, name, snr, zeroed=0.0):
@@ -44,15 +49,20 @@ class TestKinds(unittest.TestCase):
         self.assertEqual(numerics_report.kind_of("lm_head.x"), ("lm_head.x", None))
 
     def test_summarise(self):
-        rows = numerics_report.summarise([record(8, "h.0.fc.x", 0.01, snr=30.0, amax=2.0),
-                                          record(8, "h.1.fc.x", 0.03, snr=32.0, amax=5.0, sat=0.5),
+        rows = numerics_report.summarise([record(8, "h.0.fc.x", 0.01, snr=30.0, amax=2.0, clip=0.1),
+                                          record(8, "h.1.fc.x", 0.03, snr=32.0, amax=5.0, sat=0.5, clip=0.3),
                                           record(8, "h.0.fc.dy", 0.0, snr=None)])
         x = rows["h.*.fc.x"]
         self.assertEqual(x["blocks"], 2)
         self.assertAlmostEqual(x["under_mean"], 0.02)
         self.assertEqual((x["under_max"], x["under_block"], x["amax"]), (0.03, 1, 5.0))
         self.assertEqual((x["snr_mean"], x["snr_min"], x["sat_mean"], x["sat_max"]), (31.0, 30.0, 0.25, 0.5))
+        self.assertAlmostEqual(x["clip_mean"], 0.2)
+        self.assertEqual(x["clip_max"], 0.3)
         self.assertNotEqual(rows["h.*.fc.dy"]["snr_mean"], rows["h.*.fc.dy"]["snr_mean"])  # no finite SNR: NaN
+        dy = rows["h.*.fc.dy"]  # an old record without clipped_frac: NaN, not 0
+        self.assertNotEqual(dy["clip_mean"], dy["clip_mean"])
+        self.assertNotEqual(dy["clip_max"], dy["clip_max"])
 
 
     def test_summarise_products(self):
@@ -74,7 +84,8 @@ class TestCommandLine(unittest.TestCase):
         self.b = os.path.join(self.dir, "fp8_blockwise.jsonl.gz")
         write_log(self.a, [record(4, "h.0.fc.x", 0.5), record(8, "h.0.fc.x", 0.10), record(8, "h.1.fc.x", 0.20),
                            record(8, "h.0.fc.w", 0.0), record(12, "h.0.fc.x", 0.9)])
-        write_log(self.b, [record(4, "h.0.fc.x", 0.4), record(8, "h.0.fc.x", 0.01), record(8, "h.1.fc.x", 0.03),
+        write_log(self.b, [record(4, "h.0.fc.x", 0.4), record(8, "h.0.fc.x", 0.01, clip=0.002),
+                           record(8, "h.1.fc.x", 0.03, clip=0.004),
                            product(4, "h.0.fc.dgrad", 19.0), product(8, "h.0.fc.wgrad", 21.0, 0.5),
                            product(8, "h.1.fc.wgrad", 25.0), product(8, "h.0.fc.fprop", 33.0)])
 
@@ -93,7 +104,9 @@ class TestCommandLine(unittest.TestCase):
                          [["| h.*.fc.x", "fp8_tensorwise", "2"], ["| h.*.fc.x", "fp8_blockwise", "2"],
                           ["| h.*.fc.w", "fp8_tensorwise", "1"]])
         self.assertIn("| 15% | 20% (1) |", rows[0])
+        self.assertIn("| 0 | 0 | — | — |", rows[0])  # saturated; no clipped_frac in this log
         self.assertIn("| 2% | 3% (1) |", rows[1])
+        self.assertIn("| 0 | 0 | 0.3% | 0.4% |", rows[1])  # saturated, clipped mean and worst
         self.assertIn("| 0 | 0 | 0 | 0 |", rows[2])  # nothing underflows: no worst block named
         top = proc.stdout.split("most elements quantised to zero")[1].splitlines()
         top = [line for line in top if line.startswith("| fp8")]
