@@ -24,6 +24,9 @@
 #   scripts/repro/seed_report.py adds OUT/seeds.md (per recipe the seeds' final losses, their spread, and the
 #   difference to BF16 paired by seed, judged against --tolerance at two standard errors: met, not met, or undecided
 #   with the seeds that would decide it): a gap under about 1% needs it (see dev/bench/results/fp8_blockwise_llama).
+#   Because a call's first seed has no suffix, `--seed 43` and then `--seed 44` into one --out would share names: a
+#   run whose console log (OUT/<run>.log) was initialised with another train.seed is refused before anything trains
+#   (exit 2; give each seed its own --out, name the seeds in one --seeds, or --force to train the name again).
 #   --set adds overrides to every run (e.g. --set precision.pow2_scales=false) and --tag names that variant: its logs
 #   are <recipe>_<tag>.jsonl, so variants can share an output directory with the plain runs.
 #   --variant "NAME key=value ..." (repeatable) adds, beside the plain runs, one run of every recipe and seed with those
@@ -182,14 +185,39 @@ except (OSError, ValueError):  # no log yet, or a broken one: train the run (it 
 sys.exit(0 if evals and evals[-1].get("step") == int(sys.argv[2]) and runlog.finite(evals[-1].get("val_loss")) else 1)
 PY
 }
+# run_name RECIPE VARIANT SEED: a run's log name (the first seed of the call has no _seed<N> suffix).
+run_name() {
+  local name=$1$TAG${2:+_$2}
+  [ "$3" = "$SEED" ] || name=${name}_seed$3
+  echo "$name"
+}
+# logged_seed LOG: the train.seed a run's console log says it was initialised with (train_gpt's "train.seed = N"
+# line), or nothing (no log yet, or one from before the trainer printed it).
+logged_seed() { { grep -m1 -o 'train\.seed = [0-9]*' "$1" 2>/dev/null || true; } | grep -o '[0-9]*$' || true; }
+# A run of another seed under this call's name (the first seed of a call has no _seed suffix, so `--seed 43` then
+# `--seed 44` into one --out name both runs alike) would be kept as finished or resumed from the other seed's
+# checkpoint: refused before anything trains.
+if [ "$REPORT_ONLY" -eq 0 ] && [ "$FORCE" -eq 0 ]; then
+  for recipe in $RECIPES; do
+    for vname in "${VARIANT_NAMES[@]}"; do
+      for seed in $SEEDS; do
+        run=$(run_name "$recipe" "$vname" "$seed")
+        prev=$(logged_seed "$OUT/$run.log")
+        [ -z "$prev" ] || [ "$prev" = "$seed" ] ||
+          fail "$OUT/$run.log is the log of a train.seed $prev run, and this call would keep or resume it as seed" \
+               "$seed's (the first seed of a call has no _seed<N> suffix): give seed $seed its own --out, name both" \
+               "seeds in one call (--seeds \"$prev $seed\"), or --force to train $run again as seed $seed"
+      done
+    done
+  done
+fi
 for recipe in $RECIPES; do
  for vi in "${!VARIANT_NAMES[@]}"; do
  vname=${VARIANT_NAMES[$vi]}
  vsets=(); for kv in ${VARIANT_SETS[$vi]}; do vsets+=(--set "$kv"); done
  for seed in $SEEDS; do
   [ "$REPORT_ONLY" -eq 0 ] || break 3
-  run=$recipe$TAG${vname:+_$vname}
-  [ "$seed" = "$SEED" ] || run=${run}_seed$seed
+  run=$(run_name "$recipe" "$vname" "$seed")
   if [ "$FORCE" -eq 0 ] && finished "$OUT/$run.jsonl"; then
     echo "fp8_loss_parity: $run finished already ($OUT/$run.jsonl): kept (--force trains it again)"
     continue

@@ -4,7 +4,8 @@
 scripts pass and writes what a run writes to log.jsonl (a train record per step, a final eval record), with a loss
 that depends on the recipe and the tag (a _seed<N> suffix of the log name is not a tag), and prints the GPU it was
 given (CUDA_VISIBLE_DEVICES); a recipe named in FAKE_TRAIN_GPT_FAIL fails (exit 1) as a crashed run would;
-FAKE_TRAIN_GPT_SEED_STEP=D adds D x (train.seed - 42) to the loss, so that runs of several seeds differ.
+FAKE_TRAIN_GPT_SEED_STEP=D adds D x (train.seed - 42) to the loss, so that runs of several seeds differ. A fresh
+start prints train_gpt's "init: random weights (train.seed = N)" line.
 With checkpoint.dir set it keeps train_gpt's checkpoint contract as the scripts see it: a checkpoint (dir/step_<S>,
 complete with its DONE file) every checkpoint.every steps and at the end, the newest checkpoint.keep kept;
 checkpoint.resume=auto continues from the newest complete one ("resumed from ... at step S", the log's records after
@@ -113,6 +114,8 @@ def main(argv):
     start, ckpt = resume_point(sets, log)
     if start is None:
         return 1
+    if start == 0:  # train_gpt's line for a fresh start (the loss scripts read the seed from it)
+        print(f"init: random weights (train.seed = {int(sets.get('train.seed', '42'))}) in 0.0 s")
     tagged = re.sub(r"_seed\d+(?=\.jsonl$)", "", os.path.basename(log)) != recipe + ".jsonl"
     loss = 2.0 + OFFSETS.get(recipe, 0.1) + (0.001 if tagged else 0.0)
     loss += float(os.environ.get("FAKE_TRAIN_GPT_SEED_STEP", "0")) * (int(sets.get("train.seed", "42")) - 42)

@@ -6,7 +6,8 @@
 MODEL (its config, 16 x 2048, lr 3e-4), one command per recipe, identical but for the recipe and the log (same seed,
 data and schedule), >= 100M tokens per run by default, --seed, --set / --tag placed last, --variant's runs and
 names; unknown model, recipe, corpus directory and malformed variants are rejected (exit 2). With the stand-in
-trainer: --gpus, --seeds, --variant with its tables, finished runs kept (and trained again with --force), runs
+trainer: --gpus, --seeds, --variant with its tables, finished runs kept (and trained again with --force), a run of
+another seed under a call's run name refused (finished or cut short), runs
 trained into a directory without BF16 (exit 0, no table; --report alone: exit 2), --checkpoint-every (a run cut short
 continues from its newest checkpoint). The report on synthetic logs:
 final val loss, the difference to BF16 in percent, the tolerance column and exit code, tokens and steps, variants
@@ -319,6 +320,40 @@ class TestGpus(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         with open(queue) as f:
             self.assertTrue(f.read().rstrip().endswith(f">> {self.out}/nvfp4.log 2>&1"))
+
+    def test_another_seed_under_the_same_name_is_refused(self):
+        """`--seed 43` then `--seed 44` into one --out name both runs mxfp4.jsonl (a call's first seed has no suffix):
+        the second call is refused before anything trains (exit 2, naming both seeds and the ways out), instead of
+        keeping seed 43's finished run, or resuming its checkpoint, as seed 44's. --seeds "43 44" trains 44 beside
+        it; --force trains the name again as the new seed."""
+        args = ["--steps", "8", "--recipes", "mxfp4", "--out", self.out, "--data", self.data, "--checkpoint-every", "3"]
+        proc = run(*args, "--seed", "43", env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        log = os.path.join(self.out, "mxfp4.log")
+        with open(log) as f:
+            self.assertIn("train.seed = 43", f.read())
+        for cut in ("", "7"):  # finished, and cut short with a checkpoint to resume from
+            if cut:
+                os.remove(os.path.join(self.out, "mxfp4.jsonl"))
+                proc = run(*args, "--seed", "43", "--force", env=dict(self.env, FAKE_TRAIN_GPT_STOP_AT=cut))
+                self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+            proc = run(*args, "--seed", "44", env=self.env)
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertIn(f"{log} is the log of a train.seed 43 run", proc.stderr)
+            self.assertIn('--seeds "43 44"', proc.stderr)
+            self.assertNotIn("== mxfp4", proc.stdout)
+            with open(log) as f:
+                self.assertNotIn("train.seed = 44", f.read())
+        proc = run(*args, "--seeds", "43 44", env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(self.out, "mxfp4_seed44.log")) as f:
+            self.assertIn("train.seed = 44", f.read())
+        proc = run(*args, "--seed", "44", "--force", env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(log) as f:
+            text = f.read()
+        self.assertIn("train.seed = 44", text)
+        self.assertNotIn("train.seed = 43", text)
 
     def test_queue_only_appends(self):
         queue = os.path.join(os.path.dirname(self.out), "jobs.txt")
