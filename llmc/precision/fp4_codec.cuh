@@ -195,5 +195,11 @@ constexpr float kRangeMatchProductFactor = 16.0f / 9.0f;  // FP32 nearest to 16/
 __host__ __device__ inline float mxfp4_range_matched_multiplier(uint8_t code) {
   return mul_rn(mxfp4_element_multiplier(code), kRangeMatchFactor);
 }
+// The value an FP4 element stands for, from its decoded value (code times the block's decode scale, and for NVFP4 the
+// tensor's): range-matched MXFP4 codes stand for 4/3 of it, every other code for itself. In double (one IEEE
+// division: the same on host and device), for the telemetry's error sums.
+__host__ __device__ inline double fp4_represented_value(float decoded, bool range_matched) {
+  return range_matched ? static_cast<double>(decoded) / static_cast<double>(kRangeMatchFactor) : decoded;
+}
 
 }  // namespace llmc

@@ -948,7 +948,7 @@ __global__ void __launch_bounds__(kThreads) fp4_quant_stats_kernel(double* parti
     const uint8_t s = scales[scale_index(block, r, c, ld)];
     const float deq =
         nvfp4 ? mul_rn(mul_rn(e2m1_value(code), e4m3_value(s)), tsi) : mul_rn(e2m1_value(code), e8m0_value(s));
-    const double err = static_cast<double>(xf) - static_cast<double>(deq);
+    const double err = static_cast<double>(xf) - fp4_represented_value(deq, range_matched);
     sum_x2 += static_cast<double>(xf) * xf;
     sum_err2 += err * err;
     nonzero += xf != 0.0f;

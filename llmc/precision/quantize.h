@@ -88,7 +88,9 @@ struct QuantStats {
                                // (1 / the largest scale_inv of a real block, padding entries excluded)
   double saturated_frac = 0;   // fraction of elements whose code is +-max (clipped, or rounded up to max)
   double underflow_frac = 0;   // fraction of nonzero x whose code is +-0
-  double snr_db = 0;           // 10 log10(sum x^2 / sum (x - dequant(q))^2); +inf when exact
+  double snr_db = 0;           // 10 log10(sum x^2 / sum (x - dequant(q))^2); +inf when exact. dequant(q): the
+                               // value a code stands for (range-matched MXFP4: 4/3 of its decoded value;
+                               // fp4_represented_value)
   double clipped_frac = 0;     // fraction of elements beyond the format's range: their scaled value (the FP32
                                // product x * multiplier that the quantiser rounds, with its multiplier) is NaN or
                                // beyond 448 (E4M3) / 57344 (E5M2), or for E2M1 at or beyond 6 (fp8_clipped,
@@ -109,7 +111,7 @@ enum QuantStatsSlot : int {
   kStatUnderflow,       // count of nonzero x with code +-0
   kStatNonzero,         // count of nonzero x
   kStatSumX2,           // sum x^2
-  kStatSumErr2,         // sum (x - dequant(q))^2
+  kStatSumErr2,         // sum (x - dequant(q))^2 (dequant: as QuantStats::snr_db)
   kStatElements,        // element count (added by combine_quant_stats)
   kStatClipped,         // count of clipped elements (QuantStats::clipped_frac)
 };

@@ -330,6 +330,36 @@ TEST(Fp4Telemetry, ClippedCountIsTheTrustMasksComplement) {
   EXPECT_EQ(n.clipped_frac, 2.0 / 32);
 }
 
+// Range-matched codes (Quartet's backward) are stored at 3/4 of what they stand for; the telemetry measures them at
+// the value they stand for. A block whose values {0, +-4, +-8} (amax 8: X = 1, multiplier 3/8) land on the E2M1 grid
+// {0, 1.5, 3} is exact: infinite SNR (decoded at the stored value it would be 12.04 dB, 10 log10(16), whatever the
+// rounding), and the same block under the amax rule (multiplier 1/2: 0, 2, 4) is exact too.
+TEST(Fp4Telemetry, RangeMatchedCodesAreMeasuredAtTheValueTheyStandFor) {
+  const llmc::Encoding e = llmc::kMxfp4Encoding;
+  const int cols = 32;
+  std::vector<float> x(cols);
+  const float pattern[5] = {8.0f, -4.0f, 0.0f, 4.0f, -8.0f};
+  for (int i = 0; i < cols; i++) x[i] = pattern[i % 5];
+  for (llmc::Mxfp4Scale rule : {llmc::Mxfp4Scale::RangeMatched, llmc::Mxfp4Scale::Amax}) {
+    llmc::QuantizeArgs args;
+    args.mxfp4_scale = rule;
+    std::vector<uint8_t> data(llmc::code_bytes(e, 1, cols)), s(llmc::scale_inv_bytes(e, 1, cols));
+    llmc::Fp4CpuOut out;
+    out.data = data.data(), out.scale_inv = s.data();
+    llmc::fp4_quantize_cpu(&out, x.data(), 1, cols, e, args, nullptr);
+    std::vector<float> deq(cols);
+    llmc::fp4_dequantize_cpu(deq.data(), data.data(), s.data(), 0.0f, 1, cols, e);
+    const bool range_matched = rule == llmc::Mxfp4Scale::RangeMatched;
+    for (int i = 0; i < cols; i++) {  // the codes are exact: decoded at 3/4 (range-matched) or at the value itself
+      EXPECT_EQ(deq[i], range_matched ? 0.75f * x[i] : x[i]) << i;
+      EXPECT_EQ(llmc::fp4_represented_value(deq[i], range_matched), static_cast<double>(x[i])) << i;
+    }
+    const llmc::QuantStats q = llmc::fp4_quant_stats_cpu(x.data(), data.data(), s.data(), 0.0f, 1, cols, e, args);
+    EXPECT_TRUE(std::isinf(q.snr_db) && q.snr_db > 0) << "rule " << static_cast<int>(rule) << ": " << q.snr_db;
+    EXPECT_EQ(q.clipped_frac, 0.0);
+  }
+}
+
 // Quartet's backward signs: PrecisionState::rotation_signs is fp4_rng.cuh's random_signs on the stochastic key of
 // (micro-step, rank, linear, role), i.e. word 0 of Philox counter (0, 0x40000000, step, tensor) with tensor =
 // ((micro * world_size + rank) * linears + index) * 3 + role (the constants come from the NumPy reference's

@@ -197,12 +197,13 @@ QuantStats fp4_quant_stats_cpu(const float* x, const uint8_t* codes, const uint8
   }
   std::vector<float> deq(count);
   fp4_dequantize_cpu(deq.data(), codes, scale_inv, tensor_scale_inv, rows, cols, e);
+  const bool range_matched = !nvfp4 && args.mxfp4_scale == Mxfp4Scale::RangeMatched;
   double s[kQuantStatsSlots] = {};
   for (int r = 0; r < rows; r++)
     for (int c = 0; c < cols; c++) {
       const size_t i = static_cast<size_t>(r) * cols + c;
       const uint8_t code = e2m1_unpack(codes[static_cast<size_t>(r) * ((cols + 1) / 2) + c / 2], c) & 0x7;
-      const double err = static_cast<double>(v[i]) - static_cast<double>(deq[i]);
+      const double err = static_cast<double>(v[i]) - fp4_represented_value(deq[i], range_matched);
       s[kStatSaturated] += code == 0x7;
       s[kStatUnderflow] += v[i] != 0.0f && code == 0;
       s[kStatNonzero] += v[i] != 0.0f;
