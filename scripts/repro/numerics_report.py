@@ -2,7 +2,8 @@
 """scripts/repro/numerics_report.py: the quantisation telemetry of one or more runs as Markdown tables, per kind of
 tensor, so that recipes can be compared operand by operand and layer by layer (issue 18: which operands, which layers).
 
-    usage: python3 scripts/repro/numerics_report.py LOG [LOG ...] [--step N] [--top K] [--label NAME ...] [--md FILE]
+    usage: python3 scripts/repro/numerics_report.py LOG [LOG ...] [--step N | --over-steps FIELD] [--top K]
+                                                    [--label NAME ...] [--md FILE]
 
 Reads the "numerics" records that train_gpt writes every log.numerics_every steps (llmc/precision/quantize.h:
 {"type":"numerics","step":S,"tensor":NAME,"amax","scale","snr_db","underflow_frac","saturated_frac","clipped_frac"};
@@ -29,6 +30,11 @@ Where the logs also hold "product_numerics" records at that step (log.numerics_p
 "transformer.h.3.mlp.c_fc.wgrad"), a third table gives each product kind's SNR against the BF16 product of the
 unquantised operands: the mean and the lowest over the blocks, and the mean fraction of the reference's nonzero
 outputs that came out zero.
+
+--over-steps FIELD replaces those tables with one of FIELD (clipped_frac, saturated_frac, underflow_frac, snr_db or
+amax) over the run: per tensor kind and run, its mean over the blocks at every step with telemetry, then per operand
+(x, w, dy) its mean over every block tensor of that operand ("all .x"), e.g. how the share of elements QuEST's trust
+mask stops moves through training ("—" where a run has no such record at that step).
 
 Exit status 2 when a LOG cannot be read or holds no numerics record, or --step names a step without records.
 """
@@ -185,6 +191,46 @@ def report(runs, step, top, products=None):
     return "\n".join(lines) + "\n"
 
 
+OVER_STEPS_FIELDS = ("clipped_frac", "saturated_frac", "underflow_frac", "snr_db", "amax")
+
+
+def mean_finite(values):
+    values = [v for v in values if runlog.finite(v)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def over_steps(runs, field):
+    """runs: [(label, {step: [records]})]. The Markdown table of field's mean over the blocks per tensor kind and run
+    at every step any run has telemetry for, then per operand over every block tensor of that operand."""
+    steps = sorted(set().union(*(set(by_step) for _, by_step in runs)))
+    cell = db if field == "snr_db" else (lambda v: f"{v:.4g}" if runlog.finite(v) else "—") if field == "amax" \
+        else pct_or_dash
+    groups = {}  # (row name, label) -> {step: [values]}
+    for label, by_step in runs:
+        for step, records in by_step.items():
+            for r in records:
+                kind, block = kind_of(r["tensor"])
+                v = num(r, field)
+                groups.setdefault((kind, label), {}).setdefault(step, []).append(v)
+                if block is not None:
+                    row = "all ." + kind.rpartition(".")[2]
+                    groups.setdefault((row, label), {}).setdefault(step, []).append(v)
+    labels = [label for label, _ in runs]
+    names = sorted({name for name, _ in groups if not name.startswith("all .")}, key=kind_order)
+    names += sorted({name for name, _ in groups if name.startswith("all .")},
+                    key=lambda n: {"x": 0, "w": 1, "dy": 2}.get(n[5:], 3))
+    lines = [f"{field} over the run (per tensor kind: mean over the blocks; \"all .x\": over every block tensor of "
+             "that operand).", "", "| tensor | run | " + " | ".join(f"step {s}" for s in steps) + " |",
+             "|---|---|" + "---|" * len(steps)]
+    for name in names:
+        for label in labels:
+            if (name, label) in groups:
+                row = groups[(name, label)]
+                lines.append(f"| {name} | {label} | " +
+                             " | ".join(cell(mean_finite(row[s])) if s in row else "—" for s in steps) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -193,7 +239,12 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=10, help="how many tensors in the underflow list (default 10)")
     p.add_argument("--label", action="append", help="a name per log, in order (default: the file names)")
     p.add_argument("--md", help="also write the tables to this file")
+    p.add_argument("--over-steps", metavar="FIELD", choices=OVER_STEPS_FIELDS,
+                   help="instead: FIELD's mean per tensor kind at every step with telemetry (" +
+                   ", ".join(OVER_STEPS_FIELDS) + ")")
     args = p.parse_args(argv)
+    if args.over_steps and args.step is not None:
+        p.error("--over-steps reports every step: leave --step out")
     if args.label and len(args.label) != len(args.logs):
         p.error(f"--label given {len(args.label)} times for {len(args.logs)} logs: give one per log or none")
     runs, products = [], []
@@ -212,19 +263,22 @@ def main(argv=None):
         runs.append((label, by_step))
         products.append((label, numerics(records, "product_numerics", "product")))
     common = set.intersection(*(set(by_step) for _, by_step in runs))
-    if args.step is None:
-        if not common:
-            print("numerics_report: the logs share no step with telemetry; name one with --step", file=sys.stderr)
-            return 2
-        step = max(common)
+    if args.over_steps:
+        text = over_steps(runs, args.over_steps)
     else:
-        step = args.step
-        missing = [label for label, by_step in runs if step not in by_step]
-        if missing:
-            print(f"numerics_report: no telemetry at step {step} in {', '.join(missing)} (steps with telemetry: "
-                  f"{', '.join(map(str, sorted(common))) or 'none in common'})", file=sys.stderr)
-            return 2
-    text = report(runs, step, args.top, products)
+        if args.step is None:
+            if not common:
+                print("numerics_report: the logs share no step with telemetry; name one with --step", file=sys.stderr)
+                return 2
+            step = max(common)
+        else:
+            step = args.step
+            missing = [label for label, by_step in runs if step not in by_step]
+            if missing:
+                print(f"numerics_report: no telemetry at step {step} in {', '.join(missing)} (steps with telemetry: "
+                      f"{', '.join(map(str, sorted(common))) or 'none in common'})", file=sys.stderr)
+                return 2
+        text = report(runs, step, args.top, products)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as f:
             f.write(text)

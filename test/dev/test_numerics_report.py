@@ -3,7 +3,9 @@
 (the block number taken out, names without one kept), the per-kind means, worst block and lowest SNR at one step, the
 default step (the last one every log has), the clipped fraction ("—" for a log written before clipped_frac), the
 underflow list across runs, labels, .jsonl.gz logs, the product table
-from "product_numerics" records (only where some log has them at the step), and the exit status 2 for a log without telemetry, a step without records and a wrong number of labels."""
+from "product_numerics" records (only where some log has them at the step), the --over-steps table (per-kind and
+per-operand means at every step, "—" where a run has no record), and the exit status 2 for a log without telemetry, a
+step without records, a wrong number of labels and --step with --over-steps."""
 import gzip
 import json
 import os
@@ -127,6 +129,24 @@ class TestCommandLine(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertNotIn("Product error", proc.stdout)  # no product records: no product table
 
+    def test_over_steps(self):
+        proc = self.report(self.a, self.b, "--over-steps", "underflow_frac", "--label", "tw", "--label", "bw")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        lines = proc.stdout.splitlines()
+        self.assertTrue(lines[0].startswith("underflow_frac over the run"))
+        self.assertEqual(lines[2], "| tensor | run | step 4 | step 8 | step 12 |")
+        rows = [line for line in lines if line.startswith("| h.") or line.startswith("| all")]
+        self.assertEqual(rows, ["| h.*.fc.x | tw | 50% | 15% | 90% |",   # step 8: (0.10 + 0.20) / 2
+                                "| h.*.fc.x | bw | 40% | 2% | — |",      # no step 12 in this log
+                                "| h.*.fc.w | tw | — | 0 | — |",
+                                "| all .x | tw | 50% | 15% | 90% |",
+                                "| all .x | bw | 40% | 2% | — |",
+                                "| all .w | tw | — | 0 | — |"])
+        proc = self.report(self.b, "--over-steps", "clipped_frac")
+        self.assertIn("| h.*.fc.x | fp8_blockwise | — | 0.3% |", proc.stdout)  # step 4 was written without it
+        proc = self.report(self.a, "--over-steps", "snr_db")
+        self.assertIn("| h.*.fc.x | fp8_tensorwise | 31.5 | 31.5 | 31.5 |", proc.stdout)
+
     def test_errors(self):
         empty = os.path.join(self.dir, "bf16.jsonl")
         write_log(empty, [])
@@ -137,6 +157,11 @@ class TestCommandLine(unittest.TestCase):
                 proc = self.report(*args)
                 self.assertEqual(proc.returncode, 2, proc.stdout)
                 self.assertIn(word, proc.stderr)
+        proc = self.report(self.a, "--over-steps", "clipped_frac", "--step", "8")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("leave --step out", proc.stderr)
+        proc = self.report(self.a, "--over-steps", "loss")
+        self.assertEqual(proc.returncode, 2)
         proc = self.report(self.a, self.b, "--label", "x")
         self.assertEqual(proc.returncode, 2)
         self.assertIn("give one per log", proc.stderr)
