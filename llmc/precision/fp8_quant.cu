@@ -576,8 +576,8 @@ void fp8_dequantize(float* out, const QTensor& q, bool transposed, cudaStream_t 
 // ---------------------------------------------------------------------------------------------------------------
 // Telemetry. Stage 1: a fixed grid (kStatsBlocks x kStatsThreads, whatever the GPU) strides over 8-element groups in a
 // fixed pattern; each block reduces its threads' sums in a fixed order (block_sum) into kQuantStatsSlots doubles of a
-// partials array (counts are exact integers in a double). Stage 2: one block combines the kStatsBlocks partials in a fixed
-// order. The partials live in stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the caller's stream).
+// partials array (counts are exact integers in a double). Stage 2: one block combines the kStatsBlocks partials in a
+// fixed order. The partials live in stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the caller's stream).
 constexpr int kStatsBlocks = kQuantStatsBlocks;
 constexpr int kStatsThreads = 256;
 

@@ -4,8 +4,9 @@
 // against their definitions (codes within half an FP8 ulp of x * scale, each block's largest element at the top of the
 // format, padding entries 1, transposed copies, partial edge blocks), dequantisation and the telemetry on inputs whose
 // answers are known (the clipped count at and beyond max, with stored scales, and the block-wise casts' multiplier as
-// the telemetry recovers it, over every BF16 amax). Also the launchers' argument errors and the dispatch point's refusals (llmc/precision/quantize.h),
-// which are raised on the host before any CUDA call (so they are testable without a GPU).
+// the telemetry recovers it, over every BF16 amax). Also the launchers' argument errors and the dispatch point's
+// refusals (llmc/precision/quantize.h), which are raised on the host before any CUDA call (so they are testable
+// without a GPU).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
