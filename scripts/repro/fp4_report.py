@@ -55,8 +55,9 @@ PAPERS = {
                      "per parameter (effN 0.65, effD 0.95); 7B: tracks FP8 (C4 perplexity 17.77, BF16 16.40)",
             "mxfp4_sr": "v1/v2 used SR in the backward; v4 (RTN, the default here) withdraws SR's advantage",
             "mxfp4_no_mask": "QuEST (W4A4, 30M): its trust estimator 3.272 against plain STE 3.792",
-            "mxfp4_no_rotation": "Table 2, forward quantisers: QuEST (Hadamard, Gaussian scale) effN 0.64, "
-                                 "RTN-absmax 0.59",
+            "mxfp4_no_rotation": "Table 2 compares whole forward quantisers: QuEST (Hadamard, Gaussian scale) "
+                                 "effN 0.64, RTN-absmax 0.59; this run drops the rotations only (Gaussian scales "
+                                 "and mask kept)",
         },
     },
 }
