@@ -101,7 +101,7 @@ void log_numerics(MetricsLogger& logger, int step, const std::vector<TensorNumer
                 products.count > 0 ? strformat("; %zu products, lowest SNR %.1f dB (%s)", products.count,
                                                products.snr, products.name.c_str()).c_str()
                                    : "",
-                inexact > 0 ? strformat("; %lld MXFP4 blocks not exact in E4M3 since the last report", inexact).c_str() : "");
+                inexact > 0 ? strformat("; %lld MXFP4 blocks not exact in E4M3", inexact).c_str() : "");
 }
 
 }  // namespace
