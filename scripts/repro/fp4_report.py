@@ -58,6 +58,8 @@ PAPERS = {
             "mxfp4_no_rotation": "Table 2 compares whole forward quantisers: QuEST (Hadamard, Gaussian scale) "
                                  "effN 0.64, RTN-absmax 0.59; this run drops the rotations only (Gaussian scales "
                                  "and mask kept)",
+            "mxfp4_rtn_absmax": "Table 2: RTN-absmax (no rotation, amax scales, no trust mask) forward effN 0.59 "
+                                "against QuEST's 0.64",
         },
     },
 }

@@ -8,7 +8,9 @@
 #   2. the ablation: mxfp4 with a stochastically rounded backward (Quartet v1/v2's choice; precision.dy_rounding=
 #      stochastic, tag sr), without QuEST's trust mask (precision.trust_mask=false, tag no_mask), and without the
 #      Hadamard rotations of the forward and the backward (precision.forward_hadamard=0, precision.backward_hadamard=0,
-#      tag no_rotation);
+#      tag no_rotation), and with the forward quantiser of the paper's Table 2 that QuEST is compared with: RTN with
+#      amax E8M0 scales, no rotation and no trust mask (precision.forward_hadamard=0, precision.forward_scale=absmax,
+#      precision.trust_mask=false, tag rtn_absmax; the backward stays Quartet's);
 #   3. scripts/repro/fp4_report.py: OUT/quartet.md, the table of final validation losses against BF16 and
 #      fp8_tensorwise beside the paper's findings, and OUT/quartet.png, the loss curves.
 # On Hopper the MXFP4 products run on FP8 tensor cores from operands remapped exactly from the FP4 codes: the losses
@@ -31,7 +33,9 @@ repro_step --recipes mxfp4 --tolerance 3 --set precision.dy_rounding=stochastic 
 repro_step --recipes mxfp4 --tolerance 3 --set precision.trust_mask=false --tag no_mask
 repro_step --recipes mxfp4 --tolerance 3 --set precision.forward_hadamard=0 --set precision.backward_hadamard=0 \
   --tag no_rotation
+repro_step --recipes mxfp4 --tolerance 3 --set precision.forward_hadamard=0 --set precision.forward_scale=absmax \
+  --set precision.trust_mask=false --tag rtn_absmax
 repro_run_queue
 repro_mode --dry && exit 0
 python3 scripts/repro/fp4_report.py "$OUT" --paper quartet --base-seed "$BASE_SEED" --goal mxfp4=3 \
-  --runs bf16 fp8_tensorwise mxfp4 mxfp4_sr mxfp4_no_mask mxfp4_no_rotation
+  --runs bf16 fp8_tensorwise mxfp4 mxfp4_sr mxfp4_no_mask mxfp4_no_rotation mxfp4_rtn_absmax

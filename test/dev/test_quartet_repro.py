@@ -2,8 +2,8 @@
 """test/dev/test_quartet_repro.py: scripts/repro/quartet.sh's --dry output and its table (scripts/repro/fp4_report.py
 --paper quartet), on CPU, run from the repository root.
 
---dry: the comparison (bf16, fp8_tensorwise, mxfp4) and the three Quartet ablations (SR backward, no trust mask, no
-rotations), each identical to the plain mxfp4 run but for its overrides (placed last, so they win) and its log name;
+--dry: the comparison (bf16, fp8_tensorwise, mxfp4) and the four Quartet ablations (SR backward, no trust mask, no
+rotations, Table 2's RTN-absmax forward), each identical to the plain mxfp4 run but for its overrides (placed last, so they win) and its log name;
 GPT-2 124M by default into runs/quartet, Llama 350M or 125M with --model into runs/quartet_<model>; an unknown model or
 argument exits 2. The report on synthetic logs: final losses against bf16 and fp8_tensorwise, each ablation against
 mxfp4 and whether it raised the loss, the paper's column, the products' honest label, the goal line and its exit code.
@@ -21,7 +21,9 @@ from test_fp8_loss_parity import REPO_ROOT, commands, overrides
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "repro", "quartet.sh")
 REPORT = os.path.join(REPO_ROOT, "scripts", "repro", "fp4_report.py")
 ABLATIONS = {"sr": ["precision.dy_rounding=stochastic"], "no_mask": ["precision.trust_mask=false"],
-             "no_rotation": ["precision.forward_hadamard=0", "precision.backward_hadamard=0"]}
+             "no_rotation": ["precision.forward_hadamard=0", "precision.backward_hadamard=0"],
+             "rtn_absmax": ["precision.forward_hadamard=0", "precision.forward_scale=absmax",
+                            "precision.trust_mask=false"]}
 
 
 def run(*args):
@@ -67,7 +69,7 @@ class TestDry(unittest.TestCase):
 
 
 class TestReport(unittest.TestCase):
-    RUNS = ["bf16", "fp8_tensorwise", "mxfp4", "mxfp4_sr", "mxfp4_no_mask", "mxfp4_no_rotation"]
+    RUNS = ["bf16", "fp8_tensorwise", "mxfp4", "mxfp4_sr", "mxfp4_no_mask", "mxfp4_no_rotation", "mxfp4_rtn_absmax"]
 
     def setUp(self):
         self.out = tempfile.mkdtemp(prefix="test_quartet_report_")
@@ -78,7 +80,7 @@ class TestReport(unittest.TestCase):
                               capture_output=True, text=True, timeout=60)
 
     def test_table_and_goal(self):
-        for run, val in zip(self.RUNS, (2.0, 2.01, 2.05, 2.04, 2.08, 2.1)):
+        for run, val in zip(self.RUNS, (2.0, 2.01, 2.05, 2.04, 2.08, 2.1, 2.06)):
             write_log(os.path.join(self.out, run + ".jsonl"), val)
         proc = self.report("--runs", *self.RUNS, "--goal", "mxfp4=3")
         self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -91,6 +93,8 @@ class TestReport(unittest.TestCase):
         self.assertIn("| mxfp4_sr | 2.0400 | +2.00% | +1.49% | -0.49% (does not raise the loss) |", text)
         self.assertIn("| mxfp4_no_mask | 2.0800 | +4.00% | +3.48% | +1.46% (raises the loss) |", text)
         self.assertIn("| mxfp4_no_rotation | 2.1000 | +5.00% | +4.48% | +2.44% (raises the loss) |", text)
+        self.assertIn("| mxfp4_rtn_absmax | 2.0600 | +3.00% | +2.49% | +0.49% (raises the loss) | 0 | 8,000 | Table 2: "
+                      "RTN-absmax", text)
         self.assertIn("- mxfp4 within 3% of BF16: +2.50%, met", text)
         proc = self.report("--runs", *self.RUNS, "--goal", "mxfp4=2")
         self.assertEqual(proc.returncode, 1)
