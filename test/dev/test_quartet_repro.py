@@ -5,8 +5,9 @@
 --dry: the comparison (bf16, fp8_tensorwise, mxfp4) and the four Quartet ablations (SR backward, no trust mask, no
 rotations, Table 2's RTN-absmax forward), each identical to the plain mxfp4 run but for its overrides (placed last,
 so they win) and its log name; GPT-2 124M by default into runs/quartet, Llama 350M or 125M with --model into
-runs/quartet_<model>; an unknown model or argument exits 2. The report on synthetic logs: final losses against bf16 and fp8_tensorwise, each ablation against
-mxfp4 and whether it raised the loss, the paper's column, the products' honest label, the goal line and its exit code.
+runs/quartet_<model>; an unknown model or argument exits 2. The report on synthetic logs: final losses against bf16
+and fp8_tensorwise, each ablation against mxfp4 and whether it raised the loss, the paper's column, the products'
+honest label, the goal line and its exit code.
 """
 import os
 import shutil
