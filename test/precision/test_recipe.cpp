@@ -527,8 +527,8 @@ TEST(Recipe, QuartetSwitches) {
   a.forward_hadamard = 0;
   a.trust_mask = false;  // Table 2's RTN-absmax forward (no rotation, amax scales, no mask), Quartet's backward
   EXPECT_EQ(validation_error(a), "");
-  EXPECT_TRUE(contains(describe_recipe(a), "backward re-quantises the saved codes under fresh random Hadamard-32 "
-                                           "signs")) << describe_recipe(a);
+  EXPECT_TRUE(contains(describe_recipe(a), "; forward absmax scales; backward re-quantises the saved codes under fresh "
+                                           "random Hadamard-32 signs")) << describe_recipe(a);
   EXPECT_FALSE(q.forward_random_signs);  // Quartet's forward rotation is H32 alone
   a = q;
   a.forward_random_signs = true;  // the deviation: H32 times the run's random signs
