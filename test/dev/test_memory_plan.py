@@ -11,7 +11,6 @@ import contextlib
 import importlib.util
 import io
 import os
-import sys
 import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
