@@ -60,6 +60,9 @@ PAPERS = {
                                  "and mask kept)",
             "mxfp4_rtn_absmax": "Table 2: RTN-absmax (no rotation, amax scales, no trust mask) forward effN 0.59 "
                                 "against QuEST's 0.64",
+            "mxfp4_rtn_absmax_masked": "not a Table 2 row: RTN-absmax with QuEST's trust mask kept (an element at "
+                                       "or above 6 after scaling gets no gradient); its ablation column is against "
+                                       "mxfp4_rtn_absmax, i.e. what the mask costs under amax scales",
         },
     },
 }
